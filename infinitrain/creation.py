@@ -1,0 +1,131 @@
+"""Tensor factories: empty, zeros, ones, full, arange, rand, randn, tensor, from_numpy."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import dtype as _dt
+from ._native import check, lib
+from .device import CPU, as_device
+from .random import default_generator
+from .storage import Storage
+from .tensor import Tensor, _empty, _parse_size
+
+
+def _new(size, dtype, device, requires_grad) -> Tensor:
+    t = _empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), as_device(device))
+    t.requires_grad = requires_grad
+    return t
+
+
+def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _new(size, dtype, device, requires_grad)
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    if not isinstance(fill_value, numbers.Number):
+        raise TypeError(f"full(): fill_value must be a number, got {type(fill_value).__name__}")
+    if dtype is None and isinstance(fill_value, numbers.Integral) and not isinstance(fill_value, bool):
+        dtype = _dt.int64
+    t = _new(size if isinstance(size, (tuple, list)) else (size,), dtype, device, requires_grad)
+    return t.fill_(fill_value)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _new(size, dtype, device, requires_grad).fill_(0)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _new(size, dtype, device, requires_grad).fill_(1)
+
+
+def empty_like(t: Tensor, dtype=None) -> Tensor:
+    return _empty(t.shape, _dt.as_dtype(dtype or t.dtype), t.device)
+
+
+def zeros_like(t: Tensor, dtype=None) -> Tensor:
+    return empty_like(t, dtype).fill_(0)
+
+
+def ones_like(t: Tensor, dtype=None) -> Tensor:
+    return empty_like(t, dtype).fill_(1)
+
+
+def full_like(t: Tensor, fill_value, dtype=None) -> Tensor:
+    return empty_like(t, dtype).fill_(fill_value)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None,
+           requires_grad: bool = False) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange(): step must not be 0")
+    n = max(0, math.ceil((end - start) / step))
+    if dtype is None:
+        is_int = all(isinstance(v, numbers.Integral) for v in (start, end, step))
+        dtype = _dt.int64 if is_int else _dt.float32
+    t = _new((n,), dtype, device, requires_grad)
+    check(lib.it_arange(t.device.native, t.dtype.native, t._ptr(), float(start), float(step), n))
+    return t
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Uniform on [0, 1)."""
+    t = _new(size, dtype, device, requires_grad)
+    (generator or default_generator).fill_uniform(t)
+    return t
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Standard normal."""
+    t = _new(size, dtype, device, requires_grad)
+    (generator or default_generator).fill_normal(t)
+    return t
+
+
+def from_numpy(arr: np.ndarray) -> Tensor:
+    """A CPU tensor sharing arr's memory (writes show through both ways). A read-only array is
+    copied, since kernels would otherwise write into memory numpy promised not to change."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"from_numpy() expects a numpy.ndarray, got {type(arr).__name__}")
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "<" and np.little_endian is False):
+        raise TypeError(f"from_numpy(): array has non-native byte order ({arr.dtype}); use "
+                        "arr.astype(arr.dtype.newbyteorder('='))")
+    dtype = _dt.from_numpy_dtype(arr.dtype)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    item = arr.itemsize
+    if any(s < 0 or s % item for s in arr.strides):
+        raise ValueError(f"from_numpy(): strides {arr.strides} are negative or not a multiple "
+                         f"of the item size {item}; pass arr.copy()")
+    strides = tuple(s // item for s in arr.strides)
+    span = 0 if arr.size == 0 else (sum((n - 1) * s for n, s in zip(arr.shape, strides)) + 1) * item
+    address = arr.__array_interface__["data"][0]
+    storage = Storage.wrap(address, span, CPU, keepalive=arr)
+    return Tensor._make(storage, arr.shape, strides, 0, dtype)
+
+
+def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a copy of data (nested lists, numbers, numpy arrays, tensors)."""
+    if isinstance(data, Tensor):
+        t = data.to(dtype or data.dtype, copy=True)
+        t.requires_grad = requires_grad
+        return t
+    arr = np.asarray(data)
+    if dtype is None:
+        if arr.dtype.kind == "f":
+            dtype = _dt.float32 if arr.dtype not in (np.float16,) else _dt.float16
+        elif arr.dtype.kind in "iu" and arr.dtype != np.uint8:
+            dtype = _dt.int64
+        elif arr.dtype.kind == "b":
+            dtype = _dt.uint8
+        else:
+            dtype = _dt.from_numpy_dtype(arr.dtype)
+    dtype = _dt.as_dtype(dtype)
+    arr = np.ascontiguousarray(arr.astype(dtype.numpy, copy=False))
+    out = _new(arr.shape, dtype, device, requires_grad)
+    out.numpy()[...] = arr
+    return out

@@ -1,0 +1,249 @@
+"""Elementwise ops with broadcasting, reductions and matrix products."""
+from __future__ import annotations
+
+import math
+import numbers
+
+from .. import dtype as _dt
+from .._native import check, int64_array, lib
+from ..tensor import Tensor, _empty, _wrap_dim
+from . import _checks
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(ndim):
+        sizes = {s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise ValueError("shapes " + " and ".join(str(tuple(s)) for s in shapes) +
+                             " cannot be broadcast together")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _broadcast_strides(t: Tensor, shape: tuple) -> list:
+    lead = len(shape) - t.ndim
+    return [0 if i < lead or t.shape[i - lead] == 1 else t.stride(i - lead)
+            for i in range(len(shape))]
+
+
+def _float_if_int(t: Tensor) -> Tensor:
+    return t if t.dtype.is_floating_point else t.to(_dt.float32)
+
+
+# ---- elementwise -----------------------------------------------------------------------
+def unary(op: int, x: Tensor) -> Tensor:
+    _checks.floating("elementwise op", "input", x)
+    x = x.contiguous()
+    out = _empty(x.shape, x.dtype, x.device)
+    check(lib.it_unary(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(), x.numel()))
+    return out
+
+
+def unary_backward(op: int, dout: Tensor, saved: Tensor) -> Tensor:
+    """dout * f'(x); `saved` is x, or the output for exp, sqrt, tanh and sigmoid."""
+    _checks.same_device("unary backward", grad=dout, saved=saved)
+    _checks.same_dtype("unary backward", grad=dout, saved=saved)
+    _checks.shape_is("unary backward", "grad", dout, saved.shape)
+    dout, saved = dout.contiguous(), saved.contiguous()
+    out = _empty(saved.shape, saved.dtype, saved.device)
+    check(lib.it_unary_backward(saved.device.native, op, saved.dtype.native, out._ptr(),
+                                dout._ptr(), saved._ptr(), saved.numel()))
+    return out
+
+
+def binary(op: int, a: Tensor, b) -> Tensor:
+    if not isinstance(b, Tensor):
+        raise TypeError(f"expected a tensor or a number, got {type(b).__name__}")
+    _checks.same_device("elementwise op", left=a, right=b)
+    _checks.same_dtype("elementwise op", left=a, right=b)
+    shape = broadcast_shapes(a.shape, b.shape)
+    out = _empty(shape, a.dtype, a.device)
+    check(lib.it_binary(a.device.native, op, a.dtype.native, out._ptr(), a._ptr(),
+                        int64_array(_broadcast_strides(a, shape)), b._ptr(),
+                        int64_array(_broadcast_strides(b, shape)), int64_array(shape), len(shape)))
+    return out
+
+
+def scalar(op: int, x: Tensor, s) -> Tensor:
+    if not isinstance(s, numbers.Real):
+        raise TypeError(f"expected a number, got {type(s).__name__}")
+    if not x.dtype.is_floating_point and float(s) != int(s):
+        x = x.to(_dt.float32)  # int tensor with a fractional scalar: compute in float
+    x = x.contiguous()
+    out = _empty(x.shape, x.dtype, x.device)
+    check(lib.it_scalar(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(), float(s),
+                        x.numel()))
+    return out
+
+
+def add(a: Tensor, b) -> Tensor:
+    return binary(lib.IT_ADD, a, b) if isinstance(b, Tensor) else scalar(lib.IT_SCALAR_ADD, a, b)
+
+
+def sub(a: Tensor, b) -> Tensor:
+    return binary(lib.IT_SUB, a, b) if isinstance(b, Tensor) else scalar(lib.IT_SCALAR_ADD, a, -b)
+
+
+def rsub(a: Tensor, s) -> Tensor:
+    return scalar(lib.IT_SCALAR_RSUB, a, s)
+
+
+def mul(a: Tensor, b) -> Tensor:
+    return binary(lib.IT_MUL, a, b) if isinstance(b, Tensor) else scalar(lib.IT_SCALAR_MUL, a, b)
+
+
+def div(a: Tensor, b) -> Tensor:
+    a = _float_if_int(a)  # true division, as in PyTorch
+    if isinstance(b, Tensor):
+        return binary(lib.IT_DIV, a, _float_if_int(b))
+    return scalar(lib.IT_SCALAR_DIV, a, b)
+
+
+def rdiv(a: Tensor, s) -> Tensor:
+    return scalar(lib.IT_SCALAR_RDIV, _float_if_int(a), s)
+
+
+def pow(a: Tensor, b) -> Tensor:  # noqa: A001
+    if isinstance(b, Tensor):
+        return binary(lib.IT_POW, _float_if_int(a), _float_if_int(b))
+    return scalar(lib.IT_SCALAR_POW, _float_if_int(a), b)
+
+
+def swiglu(a: Tensor, b: Tensor) -> Tensor:
+    """silu(a) * b."""
+    _checks.same_device("swiglu", a=a, b=b)
+    _checks.same_dtype("swiglu", a=a, b=b)
+    _checks.shape_is("swiglu", "b", b, a.shape)
+    a, b = a.contiguous(), b.contiguous()
+    out = _empty(a.shape, a.dtype, a.device)
+    check(lib.it_swiglu_forward(a.device.native, a.dtype.native, out._ptr(), a._ptr(), b._ptr(),
+                                a.numel()))
+    return out
+
+
+def swiglu_backward(dout: Tensor, a: Tensor, b: Tensor) -> tuple:
+    _checks.same_device("swiglu backward", grad=dout, a=a, b=b)
+    _checks.same_dtype("swiglu backward", grad=dout, a=a, b=b)
+    _checks.shape_is("swiglu backward", "grad", dout, a.shape)
+    _checks.shape_is("swiglu backward", "b", b, a.shape)
+    dout, a, b = dout.contiguous(), a.contiguous(), b.contiguous()
+    da, db = _empty(a.shape, a.dtype, a.device), _empty(a.shape, a.dtype, a.device)
+    check(lib.it_swiglu_backward(a.device.native, a.dtype.native, da._ptr(), db._ptr(),
+                                 dout._ptr(), a._ptr(), b._ptr(), a.numel()))
+    return da, db
+
+
+# ---- reductions --------------------------------------------------------------------------
+def _reduce_dim(op: int, x: Tensor, d: int) -> Tensor:
+    """Reduces dimension d, keeping it with size 1."""
+    x = x.contiguous()
+    shape = x.shape
+    out = _empty(shape[:d] + (1,) + shape[d + 1:], x.dtype, x.device)
+    check(lib.it_reduce(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(),
+                        math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])))
+    return out
+
+
+def _dims(x: Tensor, dim) -> list:
+    dims = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
+    return sorted({_wrap_dim(d, x.ndim) for d in dims}, reverse=True)
+
+
+def reduce(op: int, x: Tensor, dim=None, keepdim: bool = False):
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"sum/mean/max/min of a {x.dtype.name} tensor is not supported; call "
+                        ".float() first")
+    if op in (lib.IT_MAX, lib.IT_MIN) and isinstance(dim, int):
+        values = _reduce_dim(op, x, _wrap_dim(dim, x.ndim))
+        indices = argmax(x if op == lib.IT_MAX else -x, dim, keepdim=True)
+        if not keepdim:
+            values, indices = values.squeeze(dim), indices.squeeze(dim)
+        return values, indices
+    if x.ndim == 0:
+        return x.clone()
+    if dim is None:
+        flat = x.contiguous().reshape(1, x.numel(), 1)
+        out = _reduce_dim(op, flat, 1).reshape(())
+        return out.reshape((1,) * x.ndim) if keepdim else out
+    dims = _dims(x, dim)
+    out = x
+    for d in dims:
+        out = _reduce_dim(op, out, d)
+    if not keepdim:
+        out = out.reshape([n for i, n in enumerate(out.shape) if i not in dims])
+    return out
+
+
+def argmax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    _checks.floating("argmax", "input", x)
+    if dim is None:
+        flat = x.contiguous().reshape(-1)
+        out = _empty((), _dt.int64, x.device)
+        check(lib.it_argmax(x.device.native, x.dtype.native, out._ptr(), flat._ptr(), 1,
+                            flat.numel(), 1))
+        return out.reshape((1,) * x.ndim) if keepdim else out
+    d = _wrap_dim(dim, x.ndim)
+    x = x.contiguous()
+    out = _empty(x.shape[:d] + (1,) + x.shape[d + 1:], _dt.int64, x.device)
+    check(lib.it_argmax(x.device.native, x.dtype.native, out._ptr(), x._ptr(),
+                        math.prod(x.shape[:d]), x.shape[d], math.prod(x.shape[d + 1:])))
+    return out if keepdim else out.squeeze(d)
+
+
+# ---- matrix products -----------------------------------------------------------------
+def _as_matrices(x: Tensor, batch: tuple):
+    """x expanded to batch + its last two dims, as (tensor, transposed, batch_stride) such that
+    problem i starts at tensor's data + i * batch_stride, copying only when the layout needs it."""
+    x = x.expand(batch + x.shape[-2:])
+    rows, cols = x.shape[-2:]
+    s_row, s_col = x.stride()[-2:]
+    if (s_col == 1 or cols == 1) and (s_row == cols or rows == 1):
+        trans = False
+    elif (s_row == 1 or rows == 1) and (s_col == rows or cols == 1):
+        trans = True
+    else:
+        x, trans = x.contiguous(), False
+    bshape, bstrides = x.shape[:-2], x.stride()[:-2]
+    live = [(n, s) for n, s in zip(bshape, bstrides) if n != 1]
+    if not live or all(s == 0 for _, s in live):
+        return x, trans, 0
+    uniform = all(live[i][1] == live[i + 1][1] * live[i + 1][0] for i in range(len(live) - 1))
+    if uniform and all(s != 0 for _, s in live):
+        return x, trans, live[-1][1]
+    x = x.contiguous()
+    return x, False, rows * cols
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    if not isinstance(b, Tensor):
+        raise TypeError(f"matmul: expected a tensor, got {type(b).__name__}")
+    _checks.same_device("matmul", left=a, right=b)
+    _checks.same_dtype("matmul", left=a, right=b)
+    _checks.floating("matmul", "left", a)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul: both operands need at least one dimension")
+    squeeze_rows, squeeze_cols = a.ndim == 1, b.ndim == 1
+    a2 = a.unsqueeze(0) if squeeze_rows else a
+    b2 = b.unsqueeze(-1) if squeeze_cols else b
+    m, k = a2.shape[-2:]
+    k2, n = b2.shape[-2:]
+    if k != k2:
+        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not line up "
+                         f"({k} != {k2})")
+    batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    if b2.ndim == 2 and a2.ndim > 2 and a2.is_contiguous():
+        # One large product instead of a loop over the batch: fold it into the rows of a.
+        out = matmul(a2.reshape(-1, k), b2).reshape(batch + (m, n))
+    else:
+        am, ta, sa = _as_matrices(a2, batch)
+        bm, tb, sb = _as_matrices(b2, batch)
+        out = _empty(batch + (m, n), a.dtype, a.device)
+        check(lib.it_matmul(a.device.native, a.dtype.native, out._ptr(), am._ptr(), bm._ptr(),
+                            math.prod(batch), m, n, k, int(ta), int(tb), 1.0, 0.0, sa, sb, m * n))
+    if squeeze_rows:
+        out = out.squeeze(-2)
+    if squeeze_cols:
+        out = out.squeeze(-1)
+    return out

@@ -1,0 +1,104 @@
+"""Fills, copies, casts, concatenation and triangular masks."""
+from __future__ import annotations
+
+import math
+import numbers
+
+from .. import dtype as _dt
+from .._native import check, ffi, int64_array, lib
+from ..tensor import Tensor, _empty, _wrap_dim
+from . import _checks
+
+
+def copy_into(dst: Tensor, src) -> None:
+    """dst[...] = src, broadcasting src and converting its dtype."""
+    if isinstance(src, numbers.Number):
+        if dst.is_contiguous():
+            check(lib.it_fill(dst.device.native, dst.dtype.native, dst._ptr(), float(src),
+                              dst.numel()))
+            return
+        one = _empty((), dst.dtype, dst.device)
+        check(lib.it_fill(one.device.native, one.dtype.native, one._ptr(), float(src), 1))
+        src = one
+    if not isinstance(src, Tensor):
+        raise TypeError(f"cannot copy a {type(src).__name__} into a tensor")
+    _checks.same_device("copy_", destination=dst, source=src)
+    if src.dtype is not dst.dtype:
+        src = convert(src, dst.dtype, dst.device)
+    elif src._storage is dst._storage:
+        src = src.clone()  # the copy must not read what it has already overwritten
+    try:
+        src = src.expand(dst.shape)
+    except ValueError:
+        raise ValueError(f"copy_: source of shape {tuple(src.shape)} cannot be broadcast to "
+                         f"the destination's shape {tuple(dst.shape)}") from None
+    check(lib.it_copy_strided(dst.device.native, dst.dtype.native, dst._ptr(),
+                              int64_array(dst.stride()), src._ptr(), int64_array(src.stride()),
+                              int64_array(dst.shape), dst.ndim))
+
+
+def convert(t: Tensor, dtype: _dt.dtype, device) -> Tensor:
+    if device != t.device:
+        raise NotImplementedError(f"moving tensors from {t.device} to {device} arrives with "
+                                  "the CUDA backend")
+    t = t.contiguous()
+    out = _empty(t.shape, dtype, device)
+    check(lib.it_cast(device.native, out._ptr(), dtype.native, t._ptr(), t.dtype.native,
+                      t.numel()))
+    return out
+
+
+def cat(tensors, dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat() needs at least one tensor")
+    first = tensors[0]
+    d = _wrap_dim(dim, first.ndim)
+    for i, t in enumerate(tensors[1:], 1):
+        _checks.same_device("cat", **{"tensors[0]": first, f"tensors[{i}]": t})
+        _checks.same_dtype("cat", **{"tensors[0]": first, f"tensors[{i}]": t})
+        if t.ndim != first.ndim or t.shape[:d] + t.shape[d + 1:] != first.shape[:d] + first.shape[d + 1:]:
+            raise ValueError(f"cat(): tensors[{i}] has shape {tuple(t.shape)}, which does not "
+                             f"match tensors[0]'s {tuple(first.shape)} outside dimension {d}")
+    parts = [t.contiguous() for t in tensors]
+    sizes = [t.shape[d] for t in parts]
+    shape = first.shape[:d] + (sum(sizes),) + first.shape[d + 1:]
+    out = _empty(shape, first.dtype, first.device)
+    ptrs = ffi.new("void *[]", [t._ptr() for t in parts])
+    check(lib.it_concat(out.device.native, out.dtype.native, out._ptr(), ptrs, int64_array(sizes),
+                        len(parts), math.prod(shape[:d]), math.prod(shape[d + 1:])))
+    return out
+
+
+def split_copy(t: Tensor, sizes, dim: int = 0) -> list:
+    """Splits along dim into new contiguous tensors (Tensor.split gives views instead)."""
+    d = _wrap_dim(dim, t.ndim)
+    if sum(sizes) != t.shape[d]:
+        raise ValueError(f"split: sizes {list(sizes)} do not add up to {t.shape[d]}")
+    t = t.contiguous()
+    outs = [_empty(t.shape[:d] + (s,) + t.shape[d + 1:], t.dtype, t.device) for s in sizes]
+    ptrs = ffi.new("void *[]", [o._ptr() for o in outs])
+    check(lib.it_split(t.device.native, t.dtype.native, ptrs, t._ptr(), int64_array(sizes),
+                       len(outs), math.prod(t.shape[:d]), math.prod(t.shape[d + 1:])))
+    return outs
+
+
+def stack(tensors, dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack() needs at least one tensor")
+    d = _wrap_dim(dim, tensors[0].ndim + 1)
+    return cat([t.unsqueeze(d) for t in tensors], d)
+
+
+def triangle(t: Tensor, diagonal: int, upper: bool, fill_value: float = 0.0) -> Tensor:
+    if t.ndim < 2:
+        raise ValueError(f"{'triu' if upper else 'tril'}() needs at least 2 dimensions, got "
+                         f"shape {tuple(t.shape)}")
+    t = t.contiguous()
+    out = _empty(t.shape, t.dtype, t.device)
+    rows, cols = t.shape[-2:]
+    check(lib.it_triangle(t.device.native, t.dtype.native, out._ptr(), t._ptr(),
+                          math.prod(t.shape[:-2]), rows, cols, diagonal, int(upper),
+                          float(fill_value)))
+    return out

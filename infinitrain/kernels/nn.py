@@ -1,0 +1,263 @@
+"""Normalisation, softmax, cross-entropy, attention, rotary and token embeddings.
+
+Forward functions return what their backward needs (mean/rstd, log-sum-exp); the backward
+functions return input gradients plus parameter gradients where there are parameters.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import dtype as _dt
+from .._native import check, ffi, lib
+from ..tensor import Tensor, _empty, _wrap_dim
+from . import _checks
+
+_NULL = ffi.NULL
+
+
+def _ptr_or_null(t):
+    return _NULL if t is None else t._ptr()
+
+
+def _f32_ptr(t: Tensor):
+    return ffi.cast("float *", t.data_ptr())
+
+
+def _rows(x: Tensor) -> tuple:
+    return math.prod(x.shape[:-1]), x.shape[-1]
+
+
+def _check_params(op: str, x: Tensor, **params) -> None:
+    for name, p in params.items():
+        if p is None:
+            continue
+        _checks.same_device(op, input=x, **{name: p})
+        _checks.same_dtype(op, input=x, **{name: p})
+        _checks.shape_is(op, name, p, (x.shape[-1],))
+
+
+# ---- LayerNorm / RMSNorm -------------------------------------------------------------------
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float = 1e-5):
+    """Returns (out, mean, rstd) with mean/rstd float32 of shape x.shape[:-1]."""
+    _checks.floating("layer_norm", "input", x)
+    _check_params("layer_norm", x, weight=weight, bias=bias)
+    x = x.contiguous()
+    rows, cols = _rows(x)
+    out = _empty(x.shape, x.dtype, x.device)
+    mean, rstd = (_empty(x.shape[:-1], _dt.float32, x.device) for _ in range(2))
+    check(lib.it_layernorm_forward(x.device.native, x.dtype.native, out._ptr(), _f32_ptr(mean),
+                                   _f32_ptr(rstd), x._ptr(), _ptr_or_null(weight),
+                                   _ptr_or_null(bias), rows, cols, eps))
+    return out, mean, rstd
+
+
+def layer_norm_backward(dout: Tensor, x: Tensor, weight, mean: Tensor, rstd: Tensor,
+                        has_bias: bool = True):
+    """Returns (dx, dweight, dbias); dweight/dbias are None without affine parameters."""
+    _checks.shape_is("layer_norm backward", "grad", dout, x.shape)
+    dout, x = dout.contiguous(), x.contiguous()
+    rows, cols = _rows(x)
+    dx = _empty(x.shape, x.dtype, x.device)
+    dw = _empty((cols,), x.dtype, x.device) if weight is not None else None
+    db = _empty((cols,), x.dtype, x.device) if weight is not None and has_bias else None
+    check(lib.it_layernorm_backward(x.device.native, x.dtype.native, dx._ptr(), _ptr_or_null(dw),
+                                    _ptr_or_null(db), dout._ptr(), x._ptr(), _ptr_or_null(weight),
+                                    _f32_ptr(mean), _f32_ptr(rstd), rows, cols))
+    return dx, dw, db
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float = 1e-6):
+    """Returns (out, rstd)."""
+    _checks.floating("rms_norm", "input", x)
+    _check_params("rms_norm", x, weight=weight)
+    x = x.contiguous()
+    rows, cols = _rows(x)
+    out = _empty(x.shape, x.dtype, x.device)
+    rstd = _empty(x.shape[:-1], _dt.float32, x.device)
+    check(lib.it_rmsnorm_forward(x.device.native, x.dtype.native, out._ptr(), _f32_ptr(rstd),
+                                 x._ptr(), _ptr_or_null(weight), rows, cols, eps))
+    return out, rstd
+
+
+def rms_norm_backward(dout: Tensor, x: Tensor, weight, rstd: Tensor):
+    """Returns (dx, dweight)."""
+    _checks.shape_is("rms_norm backward", "grad", dout, x.shape)
+    dout, x = dout.contiguous(), x.contiguous()
+    rows, cols = _rows(x)
+    dx = _empty(x.shape, x.dtype, x.device)
+    dw = _empty((cols,), x.dtype, x.device) if weight is not None else None
+    check(lib.it_rmsnorm_backward(x.device.native, x.dtype.native, dx._ptr(), _ptr_or_null(dw),
+                                  dout._ptr(), x._ptr(), _ptr_or_null(weight), _f32_ptr(rstd),
+                                  rows, cols))
+    return dx, dw
+
+
+# ---- softmax ---------------------------------------------------------------------------
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    _checks.floating("softmax", "input", x)
+    d = _wrap_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return softmax(x.reshape(1)).reshape(())
+    if d != x.ndim - 1:
+        return softmax(x.transpose(d, -1), -1).transpose(d, -1).contiguous()
+    x = x.contiguous()
+    rows, cols = _rows(x)
+    out = _empty(x.shape, x.dtype, x.device)
+    check(lib.it_softmax_forward(x.device.native, x.dtype.native, out._ptr(), x._ptr(), rows, cols))
+    return out
+
+
+def softmax_backward(dout: Tensor, out: Tensor, dim: int = -1) -> Tensor:
+    d = _wrap_dim(dim, out.ndim)
+    if d != out.ndim - 1:
+        return softmax_backward(dout.transpose(d, -1), out.transpose(d, -1)).transpose(d, -1).contiguous()
+    _checks.shape_is("softmax backward", "grad", dout, out.shape)
+    dout, out = dout.contiguous(), out.contiguous()
+    rows, cols = _rows(out)
+    dx = _empty(out.shape, out.dtype, out.device)
+    check(lib.it_softmax_backward(out.device.native, out.dtype.native, dx._ptr(), dout._ptr(),
+                                  out._ptr(), rows, cols))
+    return dx
+
+
+# ---- cross-entropy ---------------------------------------------------------------------
+def cross_entropy(logits: Tensor, targets: Tensor, vocab: int | None = None,
+                  ignore_index: int = -100):
+    """Per-row losses and log-sum-exp (both float32, shape [N]) of logits [N, Vp] against
+    targets [N]; only the first `vocab` columns (default: all) enter the softmax."""
+    _checks.floating("cross_entropy", "logits", logits)
+    _checks.index_tensor("cross_entropy", "targets", targets)
+    _checks.same_device("cross_entropy", logits=logits, targets=targets)
+    if logits.ndim != 2 or targets.shape != (logits.shape[0],):
+        raise ValueError(f"cross_entropy: expected logits [N, V] and targets [N], got "
+                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    logits, targets = logits.contiguous(), targets.contiguous()
+    rows, padded = logits.shape
+    vocab = padded if vocab is None else vocab
+    losses, lse = (_empty((rows,), _dt.float32, logits.device) for _ in range(2))
+    check(lib.it_cross_entropy_forward(logits.device.native, logits.dtype.native,
+                                       _f32_ptr(losses), _f32_ptr(lse), logits._ptr(),
+                                       targets._ptr(), targets.dtype.native, rows, vocab, padded,
+                                       ignore_index))
+    return losses, lse
+
+
+def cross_entropy_backward(dlosses: Tensor, logits: Tensor, lse: Tensor, targets: Tensor,
+                           vocab: int | None = None, ignore_index: int = -100,
+                           out: Tensor | None = None) -> Tensor:
+    """dlogits; `out` may be logits itself to reuse its memory."""
+    rows, padded = logits.shape
+    vocab = padded if vocab is None else vocab
+    _checks.shape_is("cross_entropy backward", "dlosses", dlosses, (rows,))
+    if dlosses.dtype is not _dt.float32:
+        raise TypeError(f"cross_entropy backward: dlosses must be float32, got {dlosses.dtype.name}")
+    logits, dlosses = logits.contiguous(), dlosses.contiguous()
+    dlogits = _empty(logits.shape, logits.dtype, logits.device) if out is None else out
+    check(lib.it_cross_entropy_backward(logits.device.native, logits.dtype.native, dlogits._ptr(),
+                                        logits._ptr(), _f32_ptr(lse), targets.contiguous()._ptr(),
+                                        targets.dtype.native, _f32_ptr(dlosses), rows, vocab,
+                                        padded, ignore_index))
+    return dlogits
+
+
+# ---- attention -------------------------------------------------------------------------
+def _attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"attention: q, k, v must be [B, H, T, D], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    if k.shape != (B, Hkv, T, D) or v.shape != k.shape:
+        raise ValueError(f"attention: k and v must be [B, H_kv, T, D] matching q {tuple(q.shape)}, "
+                         f"got {tuple(k.shape)} and {tuple(v.shape)}")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"attention: q's {H} heads are not a multiple of k/v's {Hkv} heads")
+    return B, H, Hkv, T, D
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None):
+    """Returns (out [B, H, T, D], lse float32 [B, H, T])."""
+    _checks.floating("attention", "q", q)
+    _checks.same_device("attention", q=q, k=k, v=v)
+    _checks.same_dtype("attention", q=q, k=k, v=v)
+    B, H, Hkv, T, D = _attention_shapes(q, k, v)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = _empty(q.shape, q.dtype, q.device)
+    lse = _empty((B, H, T), _dt.float32, q.device)
+    check(lib.it_attention_forward(q.device.native, q.dtype.native, out._ptr(), _f32_ptr(lse),
+                                   q._ptr(), k._ptr(), v._ptr(), B, H, Hkv, T, D, scale))
+    return out, lse
+
+
+def causal_attention_backward(dout, q, k, v, out, lse, scale: float | None = None):
+    """Returns (dq, dk, dv)."""
+    B, H, Hkv, T, D = _attention_shapes(q, k, v)
+    _checks.shape_is("attention backward", "grad", dout, q.shape)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    dout, q, k, v, out = (t.contiguous() for t in (dout, q, k, v, out))
+    dq = _empty(q.shape, q.dtype, q.device)
+    dk, dv = _empty(k.shape, k.dtype, k.device), _empty(v.shape, v.dtype, v.device)
+    check(lib.it_attention_backward(q.device.native, q.dtype.native, dq._ptr(), dk._ptr(),
+                                    dv._ptr(), dout._ptr(), q._ptr(), k._ptr(), v._ptr(),
+                                    out._ptr(), _f32_ptr(lse), B, H, Hkv, T, D, scale))
+    return dq, dk, dv
+
+
+# ---- rotary embedding ------------------------------------------------------------------
+def _rope(fn, name, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    _checks.floating(name, "input", x)
+    if x.ndim != 4:
+        raise ValueError(f"{name}: x must be [B, T, H, D], got {tuple(x.shape)}")
+    B, T, H, D = x.shape
+    for n, t in (("cos", cos), ("sin", sin)):
+        if t.dtype is not _dt.float32:
+            raise TypeError(f"{name}: {n} must be float32, got {t.dtype.name}")
+        if t.ndim != 2 or t.shape[0] < T or t.shape[1] != D // 2:
+            raise ValueError(f"{name}: {n} must be [>= {T}, {D // 2}], got {tuple(t.shape)}")
+        _checks.same_device(name, x=x, **{n: t})
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    out = _empty(x.shape, x.dtype, x.device)
+    check(fn(x.device.native, x.dtype.native, out._ptr(), x._ptr(), _f32_ptr(cos),
+             _f32_ptr(sin), B, T, H, D))
+    return out
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotates interleaved pairs of x [B, T, H, D] by angles with cos/sin [T, D/2]."""
+    return _rope(lib.it_rope_forward, "rope", x, cos, sin)
+
+
+def rope_backward(dout: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return _rope(lib.it_rope_backward, "rope backward", dout, cos, sin)
+
+
+# ---- embedding -------------------------------------------------------------------------
+def embedding(weight: Tensor, indices: Tensor) -> Tensor:
+    """weight [V, C] rows picked by indices (any shape) -> indices.shape + [C]."""
+    _checks.index_tensor("embedding", "indices", indices)
+    _checks.same_device("embedding", weight=weight, indices=indices)
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be [num_embeddings, dim], got {tuple(weight.shape)}")
+    weight, indices = weight.contiguous(), indices.contiguous()
+    V, C = weight.shape
+    out = _empty(indices.shape + (C,), weight.dtype, weight.device)
+    check(lib.it_embedding_forward(weight.device.native, weight.dtype.native, out._ptr(),
+                                   indices._ptr(), indices.dtype.native, weight._ptr(),
+                                   indices.numel(), V, C))
+    return out
+
+
+def embedding_backward(dweight: Tensor, dout: Tensor, indices: Tensor) -> Tensor:
+    """dweight[indices[n]] += dout[n]; returns dweight."""
+    _checks.index_tensor("embedding backward", "indices", indices)
+    _checks.same_dtype("embedding backward", dweight=dweight, grad=dout)
+    V, C = dweight.shape
+    _checks.shape_is("embedding backward", "grad", dout, indices.shape + (C,))
+    if not dweight.is_contiguous():
+        raise ValueError("embedding backward: dweight must be contiguous")
+    dout, indices = dout.contiguous(), indices.contiguous()
+    check(lib.it_embedding_backward(dweight.device.native, dweight.dtype.native, dweight._ptr(),
+                                    dout._ptr(), indices._ptr(), indices.dtype.native,
+                                    indices.numel(), V, C))
+    return dweight

@@ -1,0 +1,47 @@
+"""Fused optimizer updates, in place on parameter and state tensors."""
+from __future__ import annotations
+
+from .. import dtype as _dt
+from .._native import check, ffi, lib
+from ..tensor import Tensor
+from . import _checks
+
+
+def _state(op: str, name: str, s: Tensor, param: Tensor) -> None:
+    if s.dtype is not _dt.float32 or s.shape != param.shape or not s.is_contiguous():
+        raise ValueError(f"{op}: {name} must be a contiguous float32 tensor of shape "
+                         f"{tuple(param.shape)}, got {s.dtype.name} {tuple(s.shape)}")
+
+
+def _param_and_grad(op: str, param: Tensor, grad: Tensor) -> Tensor:
+    _checks.floating(op, "param", param)
+    _checks.same_device(op, param=param, grad=grad)
+    _checks.same_dtype(op, param=param, grad=grad)
+    _checks.shape_is(op, "grad", grad, param.shape)
+    if not param.is_contiguous():
+        raise ValueError(f"{op}: param must be contiguous")
+    return grad.contiguous()
+
+
+def adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, lr: float,
+               beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> None:
+    grad = _param_and_grad("adamw", param, grad)
+    _state("adamw", "exp_avg", exp_avg, param)
+    _state("adamw", "exp_avg_sq", exp_avg_sq, param)
+    check(lib.it_adamw_step(param.device.native, param.dtype.native, param._ptr(), grad._ptr(),
+                            ffi.cast("float *", exp_avg.data_ptr()),
+                            ffi.cast("float *", exp_avg_sq.data_ptr()), param.numel(), lr, beta1,
+                            beta2, eps, weight_decay, step))
+
+
+def sgd_step(param: Tensor, grad: Tensor, momentum_buf: Tensor | None, *, lr: float,
+             momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+             nesterov: bool = False, first_step: bool = False) -> None:
+    grad = _param_and_grad("sgd", param, grad)
+    buf = ffi.NULL
+    if momentum_buf is not None:
+        _state("sgd", "momentum_buffer", momentum_buf, param)
+        buf = ffi.cast("float *", momentum_buf.data_ptr())
+    check(lib.it_sgd_step(param.device.native, param.dtype.native, param._ptr(), grad._ptr(), buf,
+                          param.numel(), lr, momentum, dampening, weight_decay, int(nesterov),
+                          int(first_step)))

@@ -1,0 +1,31 @@
+"""Storage: one block of device memory from the native caching allocator, or wrapped memory
+that someone else owns (a numpy array), kept alive for as long as any tensor views it."""
+from __future__ import annotations
+
+from ._native import check, ffi, lib
+from .device import device as Device
+
+
+class Storage:
+    __slots__ = ("handle", "ptr", "nbytes", "device", "_keepalive", "__weakref__")
+
+    def __init__(self, nbytes: int, device: Device):
+        out = ffi.new("it_storage **")
+        check(lib.it_storage_new(device.native, nbytes, out))
+        self._init(out[0], nbytes, device, None)
+
+    def _init(self, raw, nbytes, device, keepalive):
+        self.handle = ffi.gc(raw, lib.it_storage_free)
+        self.ptr = int(ffi.cast("uintptr_t", lib.it_storage_data(raw)))
+        self.nbytes = nbytes
+        self.device = device
+        self._keepalive = keepalive
+
+    @classmethod
+    def wrap(cls, address: int, nbytes: int, device: Device, keepalive) -> "Storage":
+        """Memory at `address` owned by `keepalive` (never freed by the library)."""
+        out = ffi.new("it_storage **")
+        check(lib.it_storage_wrap(device.native, ffi.cast("void *", address), nbytes, out))
+        self = cls.__new__(cls)
+        self._init(out[0], nbytes, device, keepalive)
+        return self

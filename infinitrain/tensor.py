@@ -1,0 +1,618 @@
+"""Tensor: shape, strides, offset, dtype and device over a native storage.
+
+Views (view, reshape, transpose, permute, slicing, expand) only change the metadata; the
+kernels want contiguous memory, so an operation on a strided view makes it contiguous first,
+except where a kernel reads strides itself (binary ops, copies, matmul's transposes).
+"""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Iterable
+
+import numpy as np
+
+from . import dtype as _dt
+from ._native import check, ffi, int64_array, lib
+from .device import CPU, as_device
+from .device import device as Device
+from .storage import Storage
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _parse_size(size) -> tuple:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    out = []
+    for n in size:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+            raise TypeError(f"sizes must be integers, got {type(n).__name__} in {size}")
+        if n < 0:
+            raise ValueError(f"negative dimension {n} in size {tuple(size)}")
+        out.append(int(n))
+    return tuple(out)
+
+
+def _wrap_dim(dim: int, ndim: int, name: str = "dim") -> int:
+    n = builtins.max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"{name} {dim} is out of range for a tensor with {ndim} dimensions")
+    return dim % n
+
+
+class _ArrayOwner:
+    """Gives numpy a view of tensor memory while keeping the storage alive."""
+
+    def __init__(self, storage: Storage, interface: dict):
+        self.storage = storage
+        self.__array_interface__ = interface
+
+
+class Tensor:
+    __slots__ = ("_storage", "_shape", "_strides", "_offset", "dtype", "requires_grad", "grad",
+                 "grad_fn", "__weakref__")
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("create tensors with infinitrain.tensor(), empty(), zeros(), "
+                        "from_numpy() and friends")
+
+    @classmethod
+    def _make(cls, storage: Storage, shape, strides, offset: int, dtype: _dt.dtype) -> "Tensor":
+        t = object.__new__(cls)
+        t._storage = storage
+        t._shape = tuple(shape)
+        t._strides = tuple(strides)
+        t._offset = offset
+        t.dtype = dtype
+        t.requires_grad = False
+        t.grad = None
+        t.grad_fn = None
+        return t
+
+    # ---- metadata ----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._shape
+
+    @property
+    def device(self) -> Device:
+        return self._storage.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.dtype.itemsize
+
+    def size(self, dim: int | None = None):
+        return self._shape if dim is None else self._shape[_wrap_dim(dim, self.ndim)]
+
+    def dim(self) -> int:
+        return len(self._shape)
+
+    def numel(self) -> int:
+        return math.prod(self._shape)
+
+    def stride(self, dim: int | None = None):
+        return self._strides if dim is None else self._strides[_wrap_dim(dim, self.ndim)]
+
+    def storage_offset(self) -> int:
+        return self._offset
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for n, s in zip(reversed(self._shape), reversed(self._strides)):
+            if n != 1 and s != expected:
+                return False
+            expected *= n
+        return True
+
+    def data_ptr(self) -> int:
+        return self._storage.ptr + self._offset * self.dtype.itemsize
+
+    def _ptr(self):
+        """The address of the first element, as a void* for native calls."""
+        return ffi.cast("void *", self.data_ptr())
+
+    # ---- views -------------------------------------------------------------------------
+    def _view(self, shape, strides, offset=None) -> "Tensor":
+        return Tensor._make(self._storage, shape, strides,
+                            self._offset if offset is None else offset, self.dtype)
+
+    def _infer_shape(self, shape) -> tuple:
+        shape = list(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
+            else list(shape)
+        numel = self.numel()
+        if shape.count(-1) > 1:
+            raise ValueError(f"only one dimension can be -1, got {tuple(shape)}")
+        if -1 in shape:
+            rest = math.prod(n for n in shape if n != -1)
+            if rest == 0 or numel % rest:
+                raise ValueError(f"shape {tuple(shape)} is invalid for a tensor of {numel} elements")
+            shape[shape.index(-1)] = numel // rest
+        shape = _parse_size(shape)
+        if math.prod(shape) != numel:
+            raise ValueError(f"shape {shape} is invalid for a tensor of shape {self._shape} "
+                             f"({numel} elements)")
+        return shape
+
+    def view(self, *shape) -> "Tensor":
+        shape = self._infer_shape(shape)
+        if not self.is_contiguous():
+            raise ValueError(f"view(): a tensor with shape {self._shape} and strides "
+                             f"{self._strides} is not contiguous; use reshape() or "
+                             ".contiguous().view()")
+        return self._view(shape, _contiguous_strides(shape))
+
+    def reshape(self, *shape) -> "Tensor":
+        shape = self._infer_shape(shape)
+        t = self if self.is_contiguous() else self.contiguous()
+        return t._view(shape, _contiguous_strides(shape))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _wrap_dim(start_dim, self.ndim), _wrap_dim(end_dim, self.ndim)
+        return self.reshape(self._shape[:s] + (math.prod(self._shape[s:e + 1]),) + self._shape[e + 1:])
+
+    def transpose(self, dim0: int, dim1: int) -> "Tensor":
+        d0, d1 = _wrap_dim(dim0, self.ndim), _wrap_dim(dim1, self.ndim)
+        shape, strides = list(self._shape), list(self._strides)
+        shape[d0], shape[d1] = shape[d1], shape[d0]
+        strides[d0], strides[d1] = strides[d1], strides[d0]
+        return self._view(shape, strides)
+
+    def t(self) -> "Tensor":
+        if self.ndim > 2:
+            raise ValueError(f"t() expects a tensor with <= 2 dimensions, got {self.ndim}")
+        return self if self.ndim < 2 else self.transpose(0, 1)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.permute(*reversed(range(self.ndim)))
+
+    @property
+    def mT(self) -> "Tensor":
+        return self.transpose(-2, -1)
+
+    def permute(self, *dims) -> "Tensor":
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        dims = tuple(_wrap_dim(d, self.ndim) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise ValueError(f"permute(): {dims} is not a permutation of the {self.ndim} "
+                             f"dimensions of a tensor of shape {self._shape}")
+        return self._view([self._shape[d] for d in dims], [self._strides[d] for d in dims])
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        d = _wrap_dim(dim, self.ndim + 1)
+        stride = self._strides[d] * self._shape[d] if d < self.ndim else 1
+        return self._view(self._shape[:d] + (1,) + self._shape[d:],
+                          self._strides[:d] + (stride,) + self._strides[d:])
+
+    def squeeze(self, dim: int | None = None) -> "Tensor":
+        if dim is None:
+            keep = [i for i, n in enumerate(self._shape) if n != 1]
+        else:
+            d = _wrap_dim(dim, self.ndim)
+            keep = [i for i in range(self.ndim) if i != d or self._shape[i] != 1]
+        return self._view([self._shape[i] for i in keep], [self._strides[i] for i in keep])
+
+    def expand(self, *shape) -> "Tensor":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if len(shape) < self.ndim:
+            raise ValueError(f"expand(): cannot expand shape {self._shape} to {shape}")
+        lead = len(shape) - self.ndim
+        new_shape, new_strides = [], []
+        for i, n in enumerate(shape):
+            if i < lead:
+                if n < 0:
+                    raise ValueError(f"expand(): -1 is not allowed for new dimension {i}")
+                new_shape.append(n)
+                new_strides.append(0)
+                continue
+            have, stride = self._shape[i - lead], self._strides[i - lead]
+            if n == -1 or n == have:
+                new_shape.append(have)
+                new_strides.append(stride)
+            elif have == 1:
+                new_shape.append(n)
+                new_strides.append(0)
+            else:
+                raise ValueError(f"expand(): cannot expand shape {self._shape} to {tuple(shape)} "
+                                 f"(dimension {i}: {have} -> {n})")
+        return self._view(new_shape, new_strides)
+
+    def narrow(self, dim: int, start: int, length: int) -> "Tensor":
+        d = _wrap_dim(dim, self.ndim)
+        if start < 0:
+            start += self._shape[d]
+        if not (0 <= start and length >= 0 and start + length <= self._shape[d]):
+            raise IndexError(f"narrow(): [{start}, {start + length}) is out of range for "
+                             f"dimension {d} of size {self._shape[d]}")
+        shape = list(self._shape)
+        shape[d] = length
+        return self._view(shape, self._strides, self._offset + start * self._strides[d])
+
+    def split(self, split_size, dim: int = 0) -> list:
+        d = _wrap_dim(dim, self.ndim)
+        n = self._shape[d]
+        if isinstance(split_size, int):
+            if split_size <= 0:
+                raise ValueError(f"split(): split_size must be > 0, got {split_size}")
+            sizes = [builtins.min(split_size, n - i) for i in range(0, n, split_size)] or [0]
+        else:
+            sizes = list(split_size)
+            if sum(sizes) != n:
+                raise ValueError(f"split(): sizes {sizes} do not add up to {n} (dimension {d})")
+        out, at = [], 0
+        for s in sizes:
+            out.append(self.narrow(d, at, s))
+            at += s
+        return out
+
+    def chunk(self, chunks: int, dim: int = 0) -> list:
+        n = self._shape[_wrap_dim(dim, self.ndim)]
+        return self.split(builtins.max(1, -(-n // chunks)), dim)
+
+    def unbind(self, dim: int = 0) -> tuple:
+        d = _wrap_dim(dim, self.ndim)
+        return tuple(self.select(d, i) for i in range(self._shape[d]))
+
+    def select(self, dim: int, index: int) -> "Tensor":
+        d = _wrap_dim(dim, self.ndim)
+        n = self._shape[d]
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for dimension {d} of size {n}")
+        index %= n
+        return self._view(self._shape[:d] + self._shape[d + 1:],
+                          self._strides[:d] + self._strides[d + 1:],
+                          self._offset + index * self._strides[d])
+
+    def __getitem__(self, key) -> "Tensor":
+        if isinstance(key, Tensor):
+            return self._index_select(key)
+        key = key if isinstance(key, tuple) else (key,)
+        if builtins.sum(k is Ellipsis for k in key) > 1:
+            raise IndexError("an index can only have one ellipsis")
+        used = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
+        if used > self.ndim:
+            raise IndexError(f"too many indices ({used}) for a tensor of shape {self._shape}")
+        if Ellipsis in key:
+            i = key.index(Ellipsis)
+            key = key[:i] + (slice(None),) * (self.ndim - used) + key[i + 1:]
+        shape, strides, offset, d = [], [], self._offset, 0
+        for k in key:
+            if k is None:
+                shape.append(1)
+                strides.append(0)
+                continue
+            n, s = self._shape[d], self._strides[d]
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step <= 0:
+                    raise ValueError("slices with a negative or zero step are not supported")
+                length = builtins.max(0, -(-(stop - start) // step))
+                shape.append(length)
+                strides.append(s * step)
+                offset += start * s if length else 0
+            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                k = int(k)
+                if not -n <= k < n:
+                    raise IndexError(f"index {k} is out of range for dimension {d} of size {n}")
+                offset += (k % n) * s
+            else:
+                raise TypeError(f"unsupported index {k!r} ({type(k).__name__}); use ints, "
+                                "slices, None, ... or an integer tensor")
+            d += 1
+        shape += self._shape[d:]
+        strides += self._strides[d:]
+        return self._view(shape, strides, offset)
+
+    def _index_select(self, index: "Tensor") -> "Tensor":
+        """t[idx] for an integer tensor idx: rows of t (along dimension 0) gathered."""
+        from .kernels import nn
+        if index.dtype not in (_dt.int32, _dt.int64):
+            raise TypeError(f"tensors used as indices must be int32 or int64, got {index.dtype}")
+        if self.ndim == 0:
+            raise IndexError("cannot index a 0-d tensor with a tensor")
+        rows = self.reshape(self._shape[0], -1)
+        out = nn.embedding(rows, index.reshape(-1))
+        return out.view(index.shape + self._shape[1:])
+
+    def __setitem__(self, key, value) -> None:
+        self[key].copy_(value)
+
+    # ---- copies and conversion -----------------------------------------------------------
+    def contiguous(self) -> "Tensor":
+        if self.is_contiguous():
+            return self
+        out = _empty(self._shape, self.dtype, self.device)
+        out.copy_(self)
+        return out
+
+    def clone(self) -> "Tensor":
+        out = _empty(self._shape, self.dtype, self.device)
+        out.copy_(self)
+        return out
+
+    def detach(self) -> "Tensor":
+        return self._view(self._shape, self._strides)
+
+    def copy_(self, src) -> "Tensor":
+        """Copies src into this tensor (broadcasting src, converting its dtype)."""
+        from .kernels import memory
+        memory.copy_into(self, src)
+        return self
+
+    def fill_(self, value) -> "Tensor":
+        from .kernels import memory
+        memory.copy_into(self, value)
+        return self
+
+    def zero_(self) -> "Tensor":
+        return self.fill_(0)
+
+    def to(self, *args, dtype=None, device=None, copy: bool = False) -> "Tensor":
+        for a in args:
+            if isinstance(a, _dt.dtype):
+                dtype = a
+            elif isinstance(a, (str, Device)):
+                device = a
+            else:
+                raise TypeError(f"to() takes a dtype or a device, got {a!r}")
+        dtype = self.dtype if dtype is None else _dt.as_dtype(dtype)
+        device = self.device if device is None else as_device(device)
+        if dtype is self.dtype and device == self.device and not copy:
+            return self
+        from .kernels import memory
+        return memory.convert(self, dtype, device)
+
+    def float(self) -> "Tensor":
+        return self.to(_dt.float32)
+
+    def bfloat16(self) -> "Tensor":
+        return self.to(_dt.bfloat16)
+
+    def half(self) -> "Tensor":
+        return self.to(_dt.float16)
+
+    def long(self) -> "Tensor":
+        return self.to(_dt.int64)
+
+    def int(self) -> "Tensor":
+        return self.to(_dt.int32)
+
+    def cpu(self) -> "Tensor":
+        return self.to(device=CPU)
+
+    def numpy(self) -> np.ndarray:
+        """A numpy array sharing this tensor's memory (CPU only; bfloat16 as ml_dtypes)."""
+        if self.device.type != "cpu":
+            raise TypeError(f"numpy() needs a CPU tensor, this one is on {self.device}; "
+                            "call .cpu() first")
+        raw = self.dtype.numpy if self.dtype is not _dt.bfloat16 else np.dtype(np.uint16)
+        interface = {
+            "version": 3,
+            "shape": self._shape,
+            "typestr": raw.str,
+            "data": (self.data_ptr(), False),
+            "strides": tuple(s * self.itemsize for s in self._strides),
+        }
+        arr = np.asarray(_ArrayOwner(self._storage, interface))
+        return arr.view(self.dtype.numpy) if self.dtype is _dt.bfloat16 else arr
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def item(self):
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape "
+                             f"{self._shape}")
+        return self.numpy().reshape(()).item()
+
+    def __float__(self):
+        return builtins.float(self.item())
+
+    def __int__(self):
+        return builtins.int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __iter__(self):
+        return iter(self.unbind(0))
+
+    def __repr__(self) -> str:
+        body = np.array2string(np.asarray(self.numpy(), dtype=np.float32)
+                               if self.dtype is _dt.bfloat16 else self.numpy(),
+                               separator=", ", prefix="tensor(", threshold=200)
+        extras = []
+        if self.dtype not in (_dt.float32, _dt.int64):
+            extras.append(f"dtype={self.dtype!r}")
+        if self.device.type != "cpu":
+            extras.append(f"device='{self.device}'")
+        if self.requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    # ---- arithmetic (forwarded to the kernels) -----------------------------------------
+    def __add__(self, other):
+        return _ew.add(self, other)
+
+    def __radd__(self, other):
+        return _ew.add(self, other)
+
+    def __sub__(self, other):
+        return _ew.sub(self, other)
+
+    def __rsub__(self, other):
+        return _ew.rsub(self, other)
+
+    def __mul__(self, other):
+        return _ew.mul(self, other)
+
+    def __rmul__(self, other):
+        return _ew.mul(self, other)
+
+    def __truediv__(self, other):
+        return _ew.div(self, other)
+
+    def __rtruediv__(self, other):
+        return _ew.rdiv(self, other)
+
+    def __pow__(self, other):
+        return _ew.pow(self, other)
+
+    def __neg__(self):
+        return _ew.unary(lib.IT_NEG, self)
+
+    def __matmul__(self, other):
+        return _ew.matmul(self, other)
+
+    def __iadd__(self, other):
+        return self.add_(other)
+
+    def __isub__(self, other):
+        return self.sub_(other)
+
+    def __imul__(self, other):
+        return self.mul_(other)
+
+    def __itruediv__(self, other):
+        return self.div_(other)
+
+    def add_(self, other):
+        return self.copy_(_ew.add(self, other))
+
+    def sub_(self, other):
+        return self.copy_(_ew.sub(self, other))
+
+    def mul_(self, other):
+        return self.copy_(_ew.mul(self, other))
+
+    def div_(self, other):
+        return self.copy_(_ew.div(self, other))
+
+    def add(self, other):
+        return _ew.add(self, other)
+
+    def sub(self, other):
+        return _ew.sub(self, other)
+
+    def mul(self, other):
+        return _ew.mul(self, other)
+
+    def div(self, other):
+        return _ew.div(self, other)
+
+    def matmul(self, other):
+        return _ew.matmul(self, other)
+
+    def maximum(self, other):
+        return _ew.binary(lib.IT_MAXIMUM, self, other)
+
+    def minimum(self, other):
+        return _ew.binary(lib.IT_MINIMUM, self, other)
+
+    def clamp(self, min=None, max=None):  # noqa: A002
+        out = self
+        if min is not None:
+            out = _ew.scalar(lib.IT_SCALAR_MAX, out, min)
+        if max is not None:
+            out = _ew.scalar(lib.IT_SCALAR_MIN, out, max)
+        return out
+
+    def exp(self):
+        return _ew.unary(lib.IT_EXP, self)
+
+    def log(self):
+        return _ew.unary(lib.IT_LOG, self)
+
+    def sqrt(self):
+        return _ew.unary(lib.IT_SQRT, self)
+
+    def rsqrt(self):
+        return _ew.unary(lib.IT_RSQRT, self)
+
+    def abs(self):
+        return _ew.unary(lib.IT_ABS, self)
+
+    def tanh(self):
+        return _ew.unary(lib.IT_TANH, self)
+
+    def sigmoid(self):
+        return _ew.unary(lib.IT_SIGMOID, self)
+
+    def relu(self):
+        return _ew.unary(lib.IT_RELU, self)
+
+    def sin(self):
+        return _ew.unary(lib.IT_SIN, self)
+
+    def cos(self):
+        return _ew.unary(lib.IT_COS, self)
+
+    def square(self):
+        return _ew.unary(lib.IT_SQUARE, self)
+
+    def reciprocal(self):
+        return _ew.unary(lib.IT_RECIPROCAL, self)
+
+    # ---- reductions --------------------------------------------------------------------
+    def sum(self, dim=None, keepdim: bool = False):
+        return _ew.reduce(lib.IT_SUM, self, dim, keepdim)
+
+    def mean(self, dim=None, keepdim: bool = False):
+        return _ew.reduce(lib.IT_MEAN, self, dim, keepdim)
+
+    def max(self, dim=None, keepdim: bool = False):
+        return _ew.reduce(lib.IT_MAX, self, dim, keepdim)
+
+    def min(self, dim=None, keepdim: bool = False):
+        return _ew.reduce(lib.IT_MIN, self, dim, keepdim)
+
+    def argmax(self, dim=None, keepdim: bool = False):
+        return _ew.argmax(self, dim, keepdim)
+
+    def softmax(self, dim: int = -1):
+        from .kernels import nn
+        return nn.softmax(self, dim)
+
+
+def _empty(shape: Iterable[int], dtype: _dt.dtype, device: Device) -> Tensor:
+    """A new contiguous tensor with uninitialised memory."""
+    shape = tuple(shape)
+    storage = Storage(math.prod(shape) * dtype.itemsize, device)
+    return Tensor._make(storage, shape, _contiguous_strides(shape), 0, dtype)
+
+
+from .kernels import elementwise as _ew  # noqa: E402  (the kernels need Tensor defined)

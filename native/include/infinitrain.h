@@ -1,0 +1,288 @@
+/*
+ * infinitrain.h — the whole public C ABI of libinfinitrain.
+ *
+ * One header for embedding hosts and for Python (cffi reads the declarations between the
+ * IT_CDEF_BEGIN / IT_CDEF_END markers, so that block holds plain C declarations only: no
+ * preprocessor lines, no macros).
+ *
+ * Rules:
+ *  - every function returns an it_status; on failure it_last_error() (thread-local) says why.
+ *    The library never aborts, exits or prints.
+ *  - kernels take raw pointers to contiguous memory, a dtype and explicit sizes, and name
+ *    the device their pointers live on; the library dispatches to the CPU or CUDA code.
+ *  - "N rows of C" means a row-major [N, C] array. Reductions inside a kernel accumulate in
+ *    float32 whatever the storage dtype, and give the same result for any thread count.
+ *  - bfloat16/float16 are stored as uint16 bit patterns; conversion to them rounds to nearest
+ *    even.
+ */
+#ifndef INFINITRAIN_H
+#define INFINITRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+/* IT_CDEF_BEGIN */
+
+/* ---- status, errors, runtime ---------------------------------------------------------- */
+typedef enum it_status {
+    IT_OK = 0,
+    IT_ERR_INVALID_ARGUMENT = 1,  /* a size, pointer, dtype or option that cannot work */
+    IT_ERR_OUT_OF_MEMORY = 2,
+    IT_ERR_NOT_SUPPORTED = 3,     /* valid, but this dtype/op/device is not implemented */
+    IT_ERR_NO_CUDA = 4,           /* a CUDA call in a build or on a machine without CUDA */
+    IT_ERR_INDEX_OUT_OF_RANGE = 5,/* an index (token id, target) outside its range */
+    IT_ERR_INTERNAL = 6,
+    IT_ERR_CUDA = 7,
+    IT_ERR_NCCL = 8
+} it_status;
+
+const char *it_last_error(void);          /* message of the last failure on this thread */
+const char *it_status_name(it_status status);
+const char *it_version(void);
+const char *it_build_info(void);          /* BLAS, SIMD level picked at run time, OpenMP, CUDA */
+it_status it_set_num_threads(int32_t n);  /* OpenMP and BLAS threads used by CPU kernels */
+int32_t it_get_num_threads(void);
+
+/* ---- dtypes and devices --------------------------------------------------------------- */
+typedef enum it_dtype {
+    IT_FLOAT32 = 0,
+    IT_BFLOAT16 = 1,
+    IT_FLOAT16 = 2,
+    IT_INT32 = 3,
+    IT_INT64 = 4,
+    IT_UINT8 = 5
+} it_dtype;
+
+typedef enum it_device_type {
+    IT_CPU = 0,
+    IT_CUDA = 1
+} it_device_type;
+
+typedef struct it_device {
+    int32_t type;   /* an it_device_type */
+    int32_t index;  /* 0 for the CPU */
+} it_device;
+
+size_t it_dtype_size(it_dtype dtype);   /* 0 for an unknown dtype */
+it_status it_device_count(it_device_type type, int32_t *count);
+
+/* ---- storage and the caching allocator ------------------------------------------------ */
+/* A storage is a block of device memory. Blocks come from a caching allocator: a freed
+ * block goes back to a per-device cache and is reused by the next request of its size
+ * class, so a training step does not give memory back to the OS and fault it in again. */
+typedef struct it_storage it_storage;
+
+typedef struct it_memory_stats {
+    uint64_t allocated_bytes;      /* in live storages (rounded to size classes) */
+    uint64_t peak_allocated_bytes; /* highest allocated_bytes since the last reset */
+    uint64_t reserved_bytes;       /* allocated + cached */
+    uint64_t peak_reserved_bytes;
+    uint64_t num_allocs;           /* requests served */
+    uint64_t num_cache_hits;       /* requests served from the cache */
+} it_memory_stats;
+
+it_status it_storage_new(it_device device, size_t nbytes, it_storage **out);
+/* Wrap memory the caller owns (a numpy array, a host buffer); it is never freed here. */
+it_status it_storage_wrap(it_device device, void *data, size_t nbytes, it_storage **out);
+it_status it_storage_free(it_storage *storage);
+void *it_storage_data(const it_storage *storage);
+size_t it_storage_nbytes(const it_storage *storage);
+it_device it_storage_device(const it_storage *storage);
+
+it_status it_memory_stats_get(it_device device, it_memory_stats *out);
+it_status it_memory_reset_peak(it_device device);
+it_status it_memory_empty_cache(it_device device);  /* return cached blocks to the system */
+
+it_status it_memcpy(it_device dst_device, void *dst, it_device src_device, const void *src,
+                    size_t nbytes);
+
+/* ---- creation, copies and casts ------------------------------------------------------- */
+it_status it_fill(it_device device, it_dtype dtype, void *out, double value, int64_t n);
+it_status it_arange(it_device device, it_dtype dtype, void *out, double start, double step,
+                    int64_t n);
+it_status it_cast(it_device device, void *out, it_dtype out_dtype, const void *inp,
+                  it_dtype inp_dtype, int64_t n);
+/* out[i...] = inp[i...] over an ndim-dimensional shape; strides in elements (may be 0). */
+it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int64_t *out_strides,
+                          const void *inp, const int64_t *inp_strides, const int64_t *shape,
+                          int32_t ndim);
+/* Inputs/outputs viewed as [outer, sizes[i], inner]; concatenated along the middle. */
+it_status it_concat(it_device device, it_dtype dtype, void *out, const void *const *inputs,
+                    const int64_t *sizes, int32_t num_inputs, int64_t outer, int64_t inner);
+it_status it_split(it_device device, it_dtype dtype, void *const *outputs, const void *inp,
+                   const int64_t *sizes, int32_t num_outputs, int64_t outer, int64_t inner);
+/* batch matrices [rows, cols]: keep the lower (upper=0) or upper (upper=1) triangle relative
+ * to `diagonal` (as torch.tril/triu) and set the rest to fill_value. */
+it_status it_triangle(it_device device, it_dtype dtype, void *out, const void *inp, int64_t batch,
+                      int64_t rows, int64_t cols, int64_t diagonal, int32_t upper,
+                      double fill_value);
+
+/* ---- random numbers ------------------------------------------------------------------- */
+/* Counter-based: element i of a call depends only on (seed, offset + i), so the numbers are
+ * the same for any thread count and a generator advances its offset by n per call. */
+it_status it_random_uniform(it_device device, it_dtype dtype, void *out, int64_t n, double low,
+                            double high, uint64_t seed, uint64_t offset);
+it_status it_random_normal(it_device device, it_dtype dtype, void *out, int64_t n, double mean,
+                           double std, uint64_t seed, uint64_t offset);
+
+/* ---- elementwise ---------------------------------------------------------------------- */
+typedef enum it_unary_op {
+    IT_NEG = 0, IT_EXP, IT_LOG, IT_SQRT, IT_RSQRT, IT_ABS, IT_TANH, IT_SIGMOID, IT_RELU,
+    IT_SILU, IT_GELU_TANH, IT_SIN, IT_COS, IT_SQUARE, IT_RECIPROCAL
+} it_unary_op;
+
+typedef enum it_binary_op {
+    IT_ADD = 0, IT_SUB, IT_MUL, IT_DIV, IT_MAXIMUM, IT_MINIMUM, IT_POW
+} it_binary_op;
+
+typedef enum it_scalar_op {
+    IT_SCALAR_ADD = 0,   /* x + s */
+    IT_SCALAR_MUL,       /* x * s */
+    IT_SCALAR_RSUB,      /* s - x */
+    IT_SCALAR_RDIV,      /* s / x */
+    IT_SCALAR_POW,       /* x ** s */
+    IT_SCALAR_MAX,       /* max(x, s) */
+    IT_SCALAR_MIN,       /* min(x, s) */
+    IT_SCALAR_DIV        /* x / s */
+} it_scalar_op;
+
+it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, const void *inp,
+                   int64_t n);
+/* Gradient of a unary op: dinp = dout * f'(x). `saved` is the op's input x, except for
+ * IT_SIGMOID and IT_TANH where it is the op's output. Defined for IT_NEG, IT_EXP (saved = out),
+ * IT_LOG, IT_SQRT (saved = out), IT_TANH, IT_SIGMOID, IT_RELU, IT_SILU, IT_GELU_TANH,
+ * IT_SQUARE. */
+it_status it_unary_backward(it_device device, it_unary_op op, it_dtype dtype, void *dinp,
+                            const void *dout, const void *saved, int64_t n);
+/* out (contiguous, `shape`) = a op b, where a and b are read through their own strides
+ * (0 along a broadcast dimension). */
+it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out, const void *a,
+                    const int64_t *a_strides, const void *b, const int64_t *b_strides,
+                    const int64_t *shape, int32_t ndim);
+it_status it_scalar(it_device device, it_scalar_op op, it_dtype dtype, void *out, const void *inp,
+                    double scalar, int64_t n);
+/* out = silu(a) * b (LLaMA's gated MLP); backward gives da and db. */
+it_status it_swiglu_forward(it_device device, it_dtype dtype, void *out, const void *a,
+                            const void *b, int64_t n);
+it_status it_swiglu_backward(it_device device, it_dtype dtype, void *da, void *db,
+                             const void *dout, const void *a, const void *b, int64_t n);
+
+/* ---- reductions ----------------------------------------------------------------------- */
+typedef enum it_reduce_op { IT_SUM = 0, IT_MEAN, IT_MAX, IT_MIN } it_reduce_op;
+
+/* inp viewed as [outer, n, inner], reduced over n into out [outer, inner]. */
+it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out, const void *inp,
+                    int64_t outer, int64_t n, int64_t inner);
+/* out: int64 [outer, inner], index of the first maximum. */
+it_status it_argmax(it_device device, it_dtype dtype, int64_t *out, const void *inp,
+                    int64_t outer, int64_t n, int64_t inner);
+
+/* ---- matrix products ------------------------------------------------------------------ */
+/* For each of `batch` problems: C = alpha * op(A) @ op(B) + beta * C, with op(A) [M, K],
+ * op(B) [K, N], C [M, N], all row-major; trans_a means A is stored [K, M] (likewise B as
+ * [N, K]). stride_* are the element distances between problems (0 broadcasts one matrix). */
+it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, const void *b,
+                    int64_t batch, int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                    int32_t trans_b, float alpha, float beta, int64_t stride_a,
+                    int64_t stride_b, int64_t stride_c);
+
+/* ---- normalisation, softmax, loss ----------------------------------------------------- */
+/* N rows of C. mean and rstd are float32 [N], saved for the backward pass. */
+it_status it_layernorm_forward(it_device device, it_dtype dtype, void *out, float *mean,
+                               float *rstd, const void *inp, const void *weight,
+                               const void *bias, int64_t rows, int64_t cols, float eps);
+/* dweight/dbias are overwritten; weight/bias/dweight/dbias may be NULL (no affine). */
+it_status it_layernorm_backward(it_device device, it_dtype dtype, void *dinp, void *dweight,
+                                void *dbias, const void *dout, const void *inp,
+                                const void *weight, const float *mean, const float *rstd,
+                                int64_t rows, int64_t cols);
+it_status it_rmsnorm_forward(it_device device, it_dtype dtype, void *out, float *rstd,
+                             const void *inp, const void *weight, int64_t rows, int64_t cols,
+                             float eps);
+it_status it_rmsnorm_backward(it_device device, it_dtype dtype, void *dinp, void *dweight,
+                              const void *dout, const void *inp, const void *weight,
+                              const float *rstd, int64_t rows, int64_t cols);
+/* Softmax over the last dimension of N rows of C. */
+it_status it_softmax_forward(it_device device, it_dtype dtype, void *out, const void *inp,
+                             int64_t rows, int64_t cols);
+it_status it_softmax_backward(it_device device, it_dtype dtype, void *dinp, const void *dout,
+                              const void *out, int64_t rows, int64_t cols);
+/* Fused softmax + cross-entropy over N rows of logits, each `padded_vocab` wide of which the
+ * first `vocab` columns are real (llm.c pads the vocabulary; padded columns never enter the
+ * softmax and get zero gradient). targets: int32 or int64 [N]; a row whose target equals
+ * ignore_index gets loss 0 and zero gradient. losses and lse (log-sum-exp, saved for
+ * backward) are float32 [N]. */
+it_status it_cross_entropy_forward(it_device device, it_dtype dtype, float *losses, float *lse,
+                                   const void *logits, const void *targets,
+                                   it_dtype target_dtype, int64_t rows, int64_t vocab,
+                                   int64_t padded_vocab, int64_t ignore_index);
+/* dlogits = (softmax(logits) - onehot(target)) * dlosses[row]; may alias logits. */
+it_status it_cross_entropy_backward(it_device device, it_dtype dtype, void *dlogits,
+                                    const void *logits, const float *lse, const void *targets,
+                                    it_dtype target_dtype, const float *dlosses, int64_t rows,
+                                    int64_t vocab, int64_t padded_vocab, int64_t ignore_index);
+
+/* ---- attention and positions ---------------------------------------------------------- */
+/* Causal scaled-dot-product attention with grouped-query heads.
+ * q, out: [B, H, T, D]; k, v: [B, H_kv, T, D] with H % H_kv == 0 (head h reads kv head
+ * h / (H / H_kv)). lse: float32 [B, H, T], saved for backward. scale is usually 1/sqrt(D). */
+it_status it_attention_forward(it_device device, it_dtype dtype, void *out, float *lse,
+                               const void *q, const void *k, const void *v, int64_t batch,
+                               int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim,
+                               float scale);
+it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void *dk, void *dv,
+                                const void *dout, const void *q, const void *k, const void *v,
+                                const void *out, const float *lse, int64_t batch,
+                                int64_t heads, int64_t kv_heads, int64_t seq,
+                                int64_t head_dim, float scale);
+/* Rotary embedding on x [B, T, H, D], rotating interleaved pairs (x[2i], x[2i+1]) by the
+ * angle whose cos/sin are float32 [T, D/2] (LLaMA's layout). Backward rotates back. */
+it_status it_rope_forward(it_device device, it_dtype dtype, void *out, const void *inp,
+                          const float *cos, const float *sin, int64_t batch, int64_t seq,
+                          int64_t heads, int64_t head_dim);
+it_status it_rope_backward(it_device device, it_dtype dtype, void *dinp, const void *dout,
+                           const float *cos, const float *sin, int64_t batch, int64_t seq,
+                           int64_t heads, int64_t head_dim);
+
+/* ---- embedding ------------------------------------------------------------------------ */
+/* out [N, C] = weight[indices[n]]; indices int32 or int64, each in [0, num_embeddings). */
+it_status it_embedding_forward(it_device device, it_dtype dtype, void *out, const void *indices,
+                               it_dtype index_dtype, const void *weight, int64_t n,
+                               int64_t num_embeddings, int64_t cols);
+/* dweight[indices[n]] += dout[n] (scatter-add into an existing gradient). */
+it_status it_embedding_backward(it_device device, it_dtype dtype, void *dweight,
+                                const void *dout, const void *indices, it_dtype index_dtype,
+                                int64_t n, int64_t num_embeddings, int64_t cols);
+
+/* ---- optimizer updates ---------------------------------------------------------------- */
+/* Fused AdamW on n parameters (param/grad in `dtype`, m and v float32). `step` is the
+ * 1-based step count for bias correction; weight decay is decoupled (param *= 1 - lr*wd). */
+it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const void *grad,
+                        float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, int64_t step);
+/* SGD with momentum as torch.optim.SGD: g += wd*p; buf = momentum*buf + (1-dampening)*g
+ * (buf = g on the first step); g = nesterov ? g + momentum*buf : buf; p -= lr*g.
+ * momentum_buf may be NULL when momentum == 0. */
+it_status it_sgd_step(it_device device, it_dtype dtype, void *param, const void *grad,
+                      float *momentum_buf, int64_t n, float lr, float momentum, float dampening,
+                      float weight_decay, int32_t nesterov, int32_t first_step);
+
+/* IT_CDEF_END */
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* INFINITRAIN_H */

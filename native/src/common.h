@@ -1,0 +1,166 @@
+/* Internal helpers shared by every source file of libinfinitrain. Not part of the ABI. */
+#ifndef IT_COMMON_H
+#define IT_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infinitrain.h"
+
+/* ---- errors --------------------------------------------------------------------------- */
+/* Records a message for it_last_error() on this thread and returns `status`. */
+it_status it_set_error(it_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define IT_REQUIRE(cond, status, ...)                                                        \
+    do {                                                                                     \
+        if (!(cond)) return it_set_error((status), __VA_ARGS__);                             \
+    } while (0)
+#define IT_CHECK_ARG(cond, ...) IT_REQUIRE(cond, IT_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+#define IT_CHECK_PTR(p, fn) IT_CHECK_ARG((p) != NULL, "%s: %s is NULL", fn, #p)
+#define IT_CHECK_SIZE(x, fn) IT_CHECK_ARG((x) >= 0, "%s: %s must be >= 0, got %lld", fn, #x, \
+                                          (long long)(x))
+#define IT_TRY(expr)                                                                         \
+    do {                                                                                     \
+        it_status _st = (expr);                                                              \
+        if (_st != IT_OK) return _st;                                                        \
+    } while (0)
+
+/* Every kernel entry point starts here: CPU devices run the code that follows; CUDA
+ * devices are answered by the CUDA implementation once it exists (roadmap step 6). */
+it_status it_check_device(it_device device, const char *fn);
+#define IT_ON_CPU(device, fn) IT_TRY(it_check_device((device), (fn)))
+
+/* float32, bfloat16 and float16: the dtypes compute kernels accept. */
+static inline int it_is_float(it_dtype dt) {
+    return dt == IT_FLOAT32 || dt == IT_BFLOAT16 || dt == IT_FLOAT16;
+}
+const char *it_dtype_name(it_dtype dt);
+#define IT_CHECK_FLOAT(dt, fn)                                                               \
+    IT_REQUIRE(it_is_float(dt), IT_ERR_NOT_SUPPORTED,                                        \
+               "%s: dtype %s is not supported (float32, bfloat16 or float16)", fn,           \
+               it_dtype_name(dt))
+
+/* ---- SIMD dispatch -------------------------------------------------------------------- */
+/* Hot loops are compiled three times (AVX-512, AVX2+FMA, baseline x86-64) and the best one
+ * for the running CPU is picked when the library loads, so one binary runs on old and new
+ * cluster nodes alike. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(IT_NO_TARGET_CLONES)
+#define IT_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define IT_HOT
+#endif
+
+/* ---- 16-bit floats -------------------------------------------------------------------- */
+static inline float it_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t it_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+float it_f16_to_f32(uint16_t h);
+uint16_t it_f32_to_f16(float f);
+
+/* Bulk conversions (vectorised). */
+void it_convert_to_f32(it_dtype dt, const void *src, float *dst, int64_t n);
+void it_convert_from_f32(it_dtype dt, const float *src, void *dst, int64_t n);
+
+/* Row access for kernels written once in float32: a float32 row is used in place, a 16-bit
+ * row is converted into `scratch` first (and written back by it_row_store). */
+static inline const float *it_row_load(it_dtype dt, const void *base, int64_t off, int64_t n,
+                                       float *scratch) {
+    if (dt == IT_FLOAT32) return (const float *)base + off;
+    it_convert_to_f32(dt, (const uint16_t *)base + off, scratch, n);
+    return scratch;
+}
+static inline float *it_row_dest(it_dtype dt, void *base, int64_t off, float *scratch) {
+    return dt == IT_FLOAT32 ? (float *)base + off : scratch;
+}
+static inline void it_row_store(it_dtype dt, void *base, int64_t off, const float *row,
+                                int64_t n) {
+    if (dt != IT_FLOAT32) it_convert_from_f32(dt, row, (uint16_t *)base + off, n);
+}
+
+/* Elementwise kernels walk their arrays in chunks of this many elements: small enough that
+ * 16-bit chunks converted to float32 stay in L1, large enough to amortise the loop. */
+#define IT_CHUNK 2048
+
+/* Deterministic parallel sums: a long sum is split into fixed blocks whose partial sums are
+ * added in order, so the result does not depend on the number of threads. */
+#define IT_SUM_BLOCK 4096
+
+/* ---- vectorisable math ---------------------------------------------------------------- */
+/* exp(x) in float32 to ~1 ulp, written branch-free so that loops calling it vectorise
+ * (libm's expf is an opaque call). Range reduction x = n ln2 + r, degree-7 polynomial for
+ * e^r, 2^n built in the exponent bits. exp(-inf) = 0, exp(nan) = nan. */
+static inline float it_expf(float x) {
+    float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = xc - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    float y = p * scale;
+    y = x < -87.33654f ? 0.0f : y;
+    y = x > 88.72283f ? INFINITY : y;
+    return x != x ? x : y;
+}
+static inline float it_sigmoidf(float x) { return 1.0f / (1.0f + it_expf(-x)); }
+static inline float it_tanhf(float x) {
+    float ax = x < 0 ? -x : x;
+    float t = 1.0f - 2.0f / (it_expf(2.0f * ax) + 1.0f);
+    t = ax < 1e-4f ? ax : t; /* tanh(x) = x below float32 resolution of the formula above */
+    return x < 0 ? -t : t;
+}
+#define IT_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+/* ---- BLAS ----------------------------------------------------------------------------- */
+/* Tell BLAS how many threads the calling thread may use (OpenBLAS keeps this per thread);
+ * a no-op for BLAS libraries without the call. Returns the previous value. */
+int it_blas_set_threads_local(int n);
+void it_blas_set_threads(int n);
+void it_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+              int64_t ldc);
+
+/* ---- strided iteration ---------------------------------------------------------------- */
+/* Merges neighbouring dimensions that are contiguous with each other in every operand, and
+ * drops size-1 dimensions, so that strided kernels run long inner loops. `strides` holds
+ * `nops` arrays of ndim strides. Returns the new ndim (>= 1); shape/strides are rewritten. */
+int it_collapse_dims(int ndim, int64_t *shape, int64_t *const *strides, int nops);
+
+/* Element offset of the start of row r (the last dimension is the row). */
+static inline int64_t it_row_offset(int64_t r, const int64_t *shape, const int64_t *strides,
+                                    int ndim) {
+    int64_t off = 0;
+    for (int d = ndim - 2; d >= 0; d--) {
+        int64_t i = r % shape[d];
+        r /= shape[d];
+        off += i * strides[d];
+    }
+    return off;
+}
+#define IT_MAX_DIMS 16
+
+/* Aligned scratch memory for kernels (not counted by the storage allocator). */
+void *it_scratch_alloc(size_t nbytes);
+void it_scratch_free(void *p);
+
+#endif

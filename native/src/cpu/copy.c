@@ -1,0 +1,250 @@
+/* Fills, casts, strided copies, concatenation, split and triangular masks. */
+#include "common.h"
+
+int it_collapse_dims(int ndim, int64_t *shape, int64_t *const *strides, int nops) {
+    int out = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1) continue;
+        if (out > 0) {
+            int mergeable = 1;
+            for (int o = 0; o < nops; o++)
+                if (strides[o][out - 1] != shape[d] * strides[o][d]) mergeable = 0;
+            if (mergeable) {
+                shape[out - 1] *= shape[d];
+                for (int o = 0; o < nops; o++) strides[o][out - 1] = strides[o][d];
+                continue;
+            }
+        }
+        shape[out] = shape[d];
+        for (int o = 0; o < nops; o++) strides[o][out] = strides[o][d];
+        out++;
+    }
+    if (out == 0) { /* a scalar */
+        shape[0] = 1;
+        for (int o = 0; o < nops; o++) strides[o][0] = 0;
+        out = 1;
+    }
+    return out;
+}
+
+/* Element i of any dtype as double, and back (casts, fills and integer arithmetic). */
+static inline double load_double(it_dtype dt, const void *p, int64_t i) {
+    switch (dt) {
+    case IT_FLOAT32: return ((const float *)p)[i];
+    case IT_BFLOAT16: return it_bf16_to_f32(((const uint16_t *)p)[i]);
+    case IT_FLOAT16: return it_f16_to_f32(((const uint16_t *)p)[i]);
+    case IT_INT32: return ((const int32_t *)p)[i];
+    case IT_INT64: return (double)((const int64_t *)p)[i];
+    case IT_UINT8: return ((const uint8_t *)p)[i];
+    }
+    return 0;
+}
+
+static inline double clamp_to(double v, double lo, double hi) {
+    if (isnan(v)) return 0;
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+static inline void store_double(it_dtype dt, void *p, int64_t i, double v) {
+    switch (dt) {
+    case IT_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case IT_BFLOAT16: ((uint16_t *)p)[i] = it_f32_to_bf16((float)v); break;
+    case IT_FLOAT16: ((uint16_t *)p)[i] = it_f32_to_f16((float)v); break;
+    case IT_INT32: ((int32_t *)p)[i] = (int32_t)clamp_to(v, -2147483648.0, 2147483647.0); break;
+    case IT_INT64:
+        ((int64_t *)p)[i] = (int64_t)clamp_to(v, -9223372036854775808.0, 9223372036854774784.0);
+        break;
+    case IT_UINT8: ((uint8_t *)p)[i] = (uint8_t)clamp_to(v, 0, 255); break;
+    }
+}
+
+static it_status check_dtype(it_dtype dt, const char *fn) {
+    IT_CHECK_ARG(it_dtype_size(dt) != 0, "%s: unknown dtype %d", fn, (int)dt);
+    return IT_OK;
+}
+
+/* Copies one element of size es from src[i] to dst[j]. */
+#define COPY_ELEM(es, dst, j, src, i)                                                        \
+    switch (es) {                                                                            \
+    case 1: ((uint8_t *)(dst))[j] = ((const uint8_t *)(src))[i]; break;                      \
+    case 2: ((uint16_t *)(dst))[j] = ((const uint16_t *)(src))[i]; break;                    \
+    case 4: ((uint32_t *)(dst))[j] = ((const uint32_t *)(src))[i]; break;                    \
+    default: ((uint64_t *)(dst))[j] = ((const uint64_t *)(src))[i]; break;                   \
+    }
+
+/* Writes the element bit pattern `pat` (es bytes) to dst[j]. */
+static inline void put_pattern(size_t es, void *dst, int64_t j, const unsigned char *pat) {
+    memcpy((char *)dst + (size_t)j * es, pat, es);
+}
+
+it_status it_fill(it_device device, it_dtype dtype, void *out, double value, int64_t n) {
+    IT_ON_CPU(device, "it_fill");
+    IT_TRY(check_dtype(dtype, "it_fill"));
+    IT_CHECK_SIZE(n, "it_fill");
+    if (n == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_fill");
+    unsigned char pattern[8] = {0};
+    store_double(dtype, pattern, 0, value);
+    size_t es = it_dtype_size(dtype);
+    if (es == 4) {
+        uint32_t v;
+        memcpy(&v, pattern, 4);
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) ((uint32_t *)out)[i] = v;
+        return IT_OK;
+    }
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) put_pattern(es, out, i, pattern);
+    return IT_OK;
+}
+
+it_status it_arange(it_device device, it_dtype dtype, void *out, double start, double step,
+                    int64_t n) {
+    IT_ON_CPU(device, "it_arange");
+    IT_TRY(check_dtype(dtype, "it_arange"));
+    IT_CHECK_SIZE(n, "it_arange");
+    if (n == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_arange");
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) store_double(dtype, out, i, start + (double)i * step);
+    return IT_OK;
+}
+
+it_status it_cast(it_device device, void *out, it_dtype out_dtype, const void *inp,
+                  it_dtype inp_dtype, int64_t n) {
+    IT_ON_CPU(device, "it_cast");
+    IT_TRY(check_dtype(out_dtype, "it_cast"));
+    IT_TRY(check_dtype(inp_dtype, "it_cast"));
+    IT_CHECK_SIZE(n, "it_cast");
+    if (n == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_cast");
+    IT_CHECK_PTR(inp, "it_cast");
+    int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
+    if (out_dtype == inp_dtype) return it_memcpy(device, out, device, inp,
+                                                 (size_t)n * it_dtype_size(out_dtype));
+    if (it_is_float(out_dtype) && it_is_float(inp_dtype)) {
+#pragma omp parallel
+        {
+            float buf[IT_CHUNK];
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < nchunks; c++) {
+                int64_t off = c * IT_CHUNK, len = n - off < IT_CHUNK ? n - off : IT_CHUNK;
+                const float *x = it_row_load(inp_dtype, inp, off, len, buf);
+                if (out_dtype == IT_FLOAT32) memcpy((float *)out + off, x, (size_t)len * 4);
+                else it_row_store(out_dtype, out, off, x, len);
+            }
+        }
+        return IT_OK;
+    }
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        if (inp_dtype == IT_INT64 && out_dtype == IT_INT32)
+            ((int32_t *)out)[i] = (int32_t)((const int64_t *)inp)[i];
+        else if (inp_dtype == IT_INT32 && out_dtype == IT_INT64)
+            ((int64_t *)out)[i] = ((const int32_t *)inp)[i];
+        else store_double(out_dtype, out, i, load_double(inp_dtype, inp, i));
+    }
+    return IT_OK;
+}
+
+it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int64_t *out_strides,
+                          const void *inp, const int64_t *inp_strides, const int64_t *shape,
+                          int32_t ndim) {
+    IT_ON_CPU(device, "it_copy_strided");
+    IT_TRY(check_dtype(dtype, "it_copy_strided"));
+    IT_CHECK_ARG(ndim >= 0 && ndim <= IT_MAX_DIMS, "it_copy_strided: ndim %d not in [0, %d]",
+                 (int)ndim, IT_MAX_DIMS);
+    int64_t sh[IT_MAX_DIMS + 1], so[IT_MAX_DIMS + 1], si[IT_MAX_DIMS + 1], numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        IT_CHECK_SIZE(shape[d], "it_copy_strided");
+        sh[d] = shape[d], so[d] = out_strides[d], si[d] = inp_strides[d], numel *= shape[d];
+    }
+    if (numel == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_copy_strided");
+    IT_CHECK_PTR(inp, "it_copy_strided");
+    int64_t *strides[2] = {so, si};
+    int nd = it_collapse_dims(ndim, sh, strides, 2);
+    int64_t cols = sh[nd - 1], rows = numel / cols, os = so[nd - 1], is = si[nd - 1];
+    size_t es = it_dtype_size(dtype);
+#pragma omp parallel for schedule(static) if (numel > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        char *o = (char *)out + it_row_offset(r, sh, so, nd) * (int64_t)es;
+        const char *x = (const char *)inp + it_row_offset(r, sh, si, nd) * (int64_t)es;
+        if (os == 1 && is == 1) memcpy(o, x, (size_t)cols * es);
+        else for (int64_t c = 0; c < cols; c++) { COPY_ELEM(es, o, c * os, x, c * is); }
+    }
+    return IT_OK;
+}
+
+static it_status concat_or_split(const char *fn, it_dtype dtype, void *joined,
+                                 void *const *parts, const int64_t *sizes, int32_t num_parts,
+                                 int64_t outer, int64_t inner, int split) {
+    IT_TRY(check_dtype(dtype, fn));
+    IT_CHECK_ARG(num_parts >= 1, "%s: needs at least one tensor", fn);
+    IT_CHECK_SIZE(outer, fn);
+    IT_CHECK_SIZE(inner, fn);
+    int64_t total = 0;
+    for (int i = 0; i < num_parts; i++) {
+        IT_CHECK_ARG(sizes[i] >= 0, "%s: size %d is negative", fn, i);
+        IT_CHECK_ARG(parts[i] != NULL || sizes[i] * outer * inner == 0,
+                     "%s: tensor %d is NULL", fn, i);
+        total += sizes[i];
+    }
+    if (total * outer * inner == 0) return IT_OK;
+    IT_CHECK_PTR(joined, fn);
+    size_t es = it_dtype_size(dtype);
+#pragma omp parallel for schedule(static) if (total * outer * inner > 32768)
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t at = 0;
+        for (int i = 0; i < num_parts; i++) {
+            size_t len = (size_t)(sizes[i] * inner) * es;
+            char *j = (char *)joined + (size_t)((o * total + at) * inner) * es;
+            char *p = (char *)parts[i] + (size_t)(o * sizes[i] * inner) * es;
+            if (split) memcpy(p, j, len);
+            else memcpy(j, p, len);
+            at += sizes[i];
+        }
+    }
+    return IT_OK;
+}
+
+it_status it_concat(it_device device, it_dtype dtype, void *out, const void *const *inputs,
+                    const int64_t *sizes, int32_t num_inputs, int64_t outer, int64_t inner) {
+    IT_ON_CPU(device, "it_concat");
+    return concat_or_split("it_concat", dtype, out, (void *const *)inputs, sizes, num_inputs,
+                           outer, inner, 0);
+}
+
+it_status it_split(it_device device, it_dtype dtype, void *const *outputs, const void *inp,
+                   const int64_t *sizes, int32_t num_outputs, int64_t outer, int64_t inner) {
+    IT_ON_CPU(device, "it_split");
+    return concat_or_split("it_split", dtype, (void *)inp, outputs, sizes, num_outputs, outer,
+                           inner, 1);
+}
+
+it_status it_triangle(it_device device, it_dtype dtype, void *out, const void *inp, int64_t batch,
+                      int64_t rows, int64_t cols, int64_t diagonal, int32_t upper,
+                      double fill_value) {
+    IT_ON_CPU(device, "it_triangle");
+    IT_TRY(check_dtype(dtype, "it_triangle"));
+    IT_CHECK_SIZE(batch, "it_triangle");
+    IT_CHECK_SIZE(rows, "it_triangle");
+    IT_CHECK_SIZE(cols, "it_triangle");
+    if (batch * rows * cols == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_triangle");
+    IT_CHECK_PTR(inp, "it_triangle");
+    unsigned char pattern[8] = {0};
+    store_double(dtype, pattern, 0, fill_value);
+    size_t es = it_dtype_size(dtype);
+#pragma omp parallel for schedule(static) if (batch * rows * cols > 32768)
+    for (int64_t br = 0; br < batch * rows; br++) {
+        int64_t i = br % rows;
+        for (int64_t j = 0; j < cols; j++) {
+            int keep = upper ? (j - i >= diagonal) : (j - i <= diagonal);
+            int64_t at = br * cols + j;
+            if (keep) { COPY_ELEM(es, out, at, inp, at); }
+            else put_pattern(es, out, at, pattern);
+        }
+    }
+    return IT_OK;
+}

@@ -1,0 +1,96 @@
+/* Fused optimizer updates: one pass over parameter, gradient and state. The arithmetic
+ * follows torch.optim's single-tensor code path so that losses match PyTorch step by step. */
+#include "common.h"
+
+IT_HOT static void adamw_f32(float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                             float beta1, float beta2, float eps, float weight_decay,
+                             float step_size, float bc2_sqrt) {
+    float decay = 1.0f - lr * weight_decay;
+    for (int64_t i = 0; i < n; i++) {
+        float pi = p[i] * decay;
+        float mi = m[i] + (1.0f - beta1) * (g[i] - m[i]);
+        float vi = v[i] * beta2 + (1.0f - beta2) * g[i] * g[i];
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = pi - step_size * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const void *grad,
+                        float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, int64_t step) {
+    IT_ON_CPU(device, "it_adamw_step");
+    IT_CHECK_FLOAT(dtype, "it_adamw_step");
+    IT_CHECK_SIZE(n, "it_adamw_step");
+    IT_CHECK_ARG(step >= 1, "it_adamw_step: step must be >= 1 (1-based), got %lld",
+                 (long long)step);
+    IT_CHECK_ARG(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+                 "it_adamw_step: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
+    if (n == 0) return IT_OK;
+    IT_CHECK_ARG(param && grad && m && v, "it_adamw_step: NULL pointer");
+    float bc1 = 1.0f - powf(beta1, (float)step);
+    float bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)step));
+    float step_size = lr / bc1;
+    int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
+#pragma omp parallel if (nchunks > 4)
+    {
+        float pb[IT_CHUNK], gb[IT_CHUNK];
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t off = c * IT_CHUNK, len = n - off < IT_CHUNK ? n - off : IT_CHUNK;
+            float *p = dtype == IT_FLOAT32 ? (float *)param + off
+                                           : (it_convert_to_f32(dtype, (uint16_t *)param + off, pb, len), pb);
+            const float *g = it_row_load(dtype, grad, off, len, gb);
+            adamw_f32(p, g, m + off, v + off, len, lr, beta1, beta2, eps, weight_decay,
+                      step_size, bc2_sqrt);
+            it_row_store(dtype, param, off, p, len);
+        }
+    }
+    return IT_OK;
+}
+
+IT_HOT static void sgd_f32(float *p, const float *g, float *buf, int64_t n, float lr,
+                           float momentum, float dampening, float weight_decay, int nesterov,
+                           int first_step) {
+    for (int64_t i = 0; i < n; i++) {
+        float d = g[i] + weight_decay * p[i];
+        if (buf) {
+            float b = first_step ? d : momentum * buf[i] + (1.0f - dampening) * d;
+            buf[i] = b;
+            d = nesterov ? d + momentum * b : b;
+        }
+        p[i] -= lr * d;
+    }
+}
+
+it_status it_sgd_step(it_device device, it_dtype dtype, void *param, const void *grad,
+                      float *momentum_buf, int64_t n, float lr, float momentum, float dampening,
+                      float weight_decay, int32_t nesterov, int32_t first_step) {
+    IT_ON_CPU(device, "it_sgd_step");
+    IT_CHECK_FLOAT(dtype, "it_sgd_step");
+    IT_CHECK_SIZE(n, "it_sgd_step");
+    IT_CHECK_ARG(momentum == 0.0f || momentum_buf != NULL,
+                 "it_sgd_step: momentum %g needs a momentum buffer", momentum);
+    IT_CHECK_ARG(!nesterov || (momentum > 0 && dampening == 0),
+                 "it_sgd_step: Nesterov momentum needs momentum > 0 and zero dampening");
+    if (n == 0) return IT_OK;
+    IT_CHECK_ARG(param && grad, "it_sgd_step: NULL pointer");
+    float *buf = momentum != 0.0f ? momentum_buf : NULL;
+    int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
+#pragma omp parallel if (nchunks > 4)
+    {
+        float pb[IT_CHUNK], gb[IT_CHUNK];
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t off = c * IT_CHUNK, len = n - off < IT_CHUNK ? n - off : IT_CHUNK;
+            float *p = dtype == IT_FLOAT32 ? (float *)param + off
+                                           : (it_convert_to_f32(dtype, (uint16_t *)param + off, pb, len), pb);
+            const float *g = it_row_load(dtype, grad, off, len, gb);
+            sgd_f32(p, g, buf ? buf + off : NULL, len, lr, momentum, dampening, weight_decay,
+                    nesterov, first_step);
+            it_row_store(dtype, param, off, p, len);
+        }
+    }
+    return IT_OK;
+}

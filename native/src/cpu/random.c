@@ -1,0 +1,69 @@
+/* Counter-based random numbers: element i of a call is a hash of (seed, offset + i), so the
+ * result does not depend on the thread count, and a generator only has to remember
+ * (seed, offset) to reproduce or resume a stream. */
+#include "common.h"
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t random_bits(uint64_t seed_key, uint64_t counter) {
+    return mix64(mix64(counter * 0x9e3779b97f4a7c15ull + seed_key) ^ seed_key);
+}
+
+/* Uniform double in (0, 1], 53 random bits. */
+static inline double uniform_open0(uint64_t bits) {
+    return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+typedef enum { UNIFORM, NORMAL } distribution;
+
+static it_status generate(const char *fn, distribution dist, it_device device, it_dtype dtype,
+                          void *out, int64_t n, double a, double b, uint64_t seed,
+                          uint64_t offset) {
+    IT_ON_CPU(device, fn);
+    IT_CHECK_FLOAT(dtype, fn);
+    IT_CHECK_SIZE(n, fn);
+    if (n == 0) return IT_OK;
+    IT_CHECK_PTR(out, fn);
+    /* Uniform and normal draws use different keys so that their streams never coincide. */
+    uint64_t key = mix64(seed ^ (dist == UNIFORM ? 0x5851f42d4c957f2dull : 0xd1b54a32d192ed03ull));
+    int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
+#pragma omp parallel
+    {
+        float buf[IT_CHUNK];
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t off = c * IT_CHUNK, len = n - off < IT_CHUNK ? n - off : IT_CHUNK;
+            float *y = it_row_dest(dtype, out, off, buf);
+            for (int64_t i = 0; i < len; i++) {
+                uint64_t ctr = offset + (uint64_t)(off + i);
+                if (dist == UNIFORM) {
+                    double u = uniform_open0(random_bits(key, ctr)); /* (0, 1] */
+                    y[i] = (float)(a + (b - a) * (1.0 - u));         /* [a, b) */
+                } else { /* Box-Muller on two independent draws */
+                    double u1 = uniform_open0(random_bits(key, 2 * ctr));
+                    double u2 = uniform_open0(random_bits(key, 2 * ctr + 1));
+                    double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+                    y[i] = (float)(a + b * z);
+                }
+            }
+            it_row_store(dtype, out, off, y, len);
+        }
+    }
+    return IT_OK;
+}
+
+it_status it_random_uniform(it_device device, it_dtype dtype, void *out, int64_t n, double low,
+                            double high, uint64_t seed, uint64_t offset) {
+    IT_CHECK_ARG(low <= high, "it_random_uniform: low (%g) must be <= high (%g)", low, high);
+    return generate("it_random_uniform", UNIFORM, device, dtype, out, n, low, high, seed, offset);
+}
+
+it_status it_random_normal(it_device device, it_dtype dtype, void *out, int64_t n, double mean,
+                           double std, uint64_t seed, uint64_t offset) {
+    IT_CHECK_ARG(std >= 0, "it_random_normal: std must be >= 0, got %g", std);
+    return generate("it_random_normal", NORMAL, device, dtype, out, n, mean, std, seed, offset);
+}

@@ -1,0 +1,117 @@
+/* Sum, mean, max, min and argmax over the middle axis of [outer, n, inner].
+ * Long sums are cut into fixed blocks whose partial sums are added in order, so results do
+ * not depend on the thread count. */
+#include "common.h"
+
+IT_HOT static float block_sum(const float *x, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    return s;
+}
+
+static float block_extreme(const float *x, int64_t n, int is_max) {
+    float m = x[0];
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] != x[i]) return x[i];
+        m = is_max ? (x[i] > m ? x[i] : m) : (x[i] < m ? x[i] : m);
+    }
+    return m;
+}
+
+static float combine(it_reduce_op op, float acc, float v) {
+    if (op == IT_SUM || op == IT_MEAN) return acc + v;
+    if (acc != acc || v != v) return acc != acc ? acc : v;
+    return op == IT_MAX ? (v > acc ? v : acc) : (v < acc ? v : acc);
+}
+
+it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out, const void *inp,
+                    int64_t outer, int64_t n, int64_t inner) {
+    IT_ON_CPU(device, "it_reduce");
+    IT_CHECK_FLOAT(dtype, "it_reduce");
+    IT_CHECK_ARG(op >= IT_SUM && op <= IT_MIN, "it_reduce: unknown op %d", (int)op);
+    IT_CHECK_SIZE(outer, "it_reduce");
+    IT_CHECK_SIZE(inner, "it_reduce");
+    IT_CHECK_SIZE(n, "it_reduce");
+    IT_REQUIRE(n > 0 || op == IT_SUM, IT_ERR_INVALID_ARGUMENT,
+               "it_reduce: mean/max/min of an empty dimension is undefined");
+    if (outer * inner == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_reduce");
+    IT_CHECK_ARG(inp != NULL || n == 0, "it_reduce: inp is NULL");
+
+    if (inner == 1) {
+        int64_t nblocks = n > 0 ? (n + IT_SUM_BLOCK - 1) / IT_SUM_BLOCK : 1;
+        float *partial = (float *)it_scratch_alloc((size_t)(outer * nblocks) * sizeof(float));
+        IT_REQUIRE(partial, IT_ERR_OUT_OF_MEMORY, "it_reduce: out of memory");
+#pragma omp parallel if (outer * n > 32768)
+        {
+            float buf[IT_SUM_BLOCK];
+#pragma omp for schedule(static)
+            for (int64_t w = 0; w < outer * nblocks; w++) {
+                int64_t o = w / nblocks, off = (w % nblocks) * IT_SUM_BLOCK;
+                int64_t len = n - off < IT_SUM_BLOCK ? n - off : IT_SUM_BLOCK;
+                if (len <= 0) { partial[w] = 0.0f; continue; }
+                const float *x = it_row_load(dtype, inp, o * n + off, len, buf);
+                partial[w] = (op == IT_SUM || op == IT_MEAN) ? block_sum(x, len)
+                                                            : block_extreme(x, len, op == IT_MAX);
+            }
+#pragma omp for schedule(static)
+            for (int64_t o = 0; o < outer; o++) {
+                float acc = partial[o * nblocks];
+                for (int64_t b = 1; b < nblocks; b++) acc = combine(op, acc, partial[o * nblocks + b]);
+                if (op == IT_MEAN) acc /= (float)n;
+                it_row_store(dtype, out, o, &acc, 1);
+                if (dtype == IT_FLOAT32) ((float *)out)[o] = acc;
+            }
+        }
+        it_scratch_free(partial);
+        return IT_OK;
+    }
+
+    int64_t nchunks = (inner + IT_CHUNK - 1) / IT_CHUNK;
+#pragma omp parallel if (outer * n * inner > 32768)
+    {
+        float acc[IT_CHUNK], buf[IT_CHUNK];
+#pragma omp for schedule(static)
+        for (int64_t w = 0; w < outer * nchunks; w++) {
+            int64_t o = w / nchunks, i0 = (w % nchunks) * IT_CHUNK;
+            int64_t len = inner - i0 < IT_CHUNK ? inner - i0 : IT_CHUNK;
+            for (int64_t i = 0; i < len; i++) acc[i] = 0.0f;
+            for (int64_t j = 0; j < n; j++) {
+                const float *x = it_row_load(dtype, inp, (o * n + j) * inner + i0, len, buf);
+                if (j == 0) memcpy(acc, x, (size_t)len * sizeof(float));
+                else for (int64_t i = 0; i < len; i++) acc[i] = combine(op, acc[i], x[i]);
+            }
+            if (op == IT_MEAN) for (int64_t i = 0; i < len; i++) acc[i] /= (float)n;
+            if (dtype == IT_FLOAT32) memcpy((float *)out + o * inner + i0, acc, (size_t)len * 4);
+            else it_row_store(dtype, out, o * inner + i0, acc, len);
+        }
+    }
+    return IT_OK;
+}
+
+it_status it_argmax(it_device device, it_dtype dtype, int64_t *out, const void *inp,
+                    int64_t outer, int64_t n, int64_t inner) {
+    IT_ON_CPU(device, "it_argmax");
+    IT_CHECK_FLOAT(dtype, "it_argmax");
+    IT_CHECK_SIZE(outer, "it_argmax");
+    IT_CHECK_SIZE(inner, "it_argmax");
+    IT_CHECK_ARG(n > 0, "it_argmax: argmax of an empty dimension is undefined");
+    if (outer * inner == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_argmax");
+    IT_CHECK_PTR(inp, "it_argmax");
+#pragma omp parallel for schedule(static) if (outer * n * inner > 32768)
+    for (int64_t w = 0; w < outer * inner; w++) {
+        int64_t o = w / inner, i = w % inner, best = 0;
+        float bestv = 0;
+        for (int64_t j = 0; j < n; j++) {
+            int64_t at = (o * n + j) * inner + i;
+            float v = dtype == IT_FLOAT32 ? ((const float *)inp)[at]
+                    : dtype == IT_BFLOAT16 ? it_bf16_to_f32(((const uint16_t *)inp)[at])
+                    : it_f16_to_f32(((const uint16_t *)inp)[at]);
+            if (j == 0 || v > bestv || (v != v && bestv == bestv)) { best = j; bestv = v; }
+        }
+        out[w] = best;
+    }
+    return IT_OK;
+}
