@@ -1,12 +1,13 @@
 """Tensor factories: empty, zeros, ones, full, arange, rand, randn, tensor, from_numpy."""
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 
 import numpy as np
 
-from . import dtype as _dt
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from ._native import check, lib
 from .device import CPU, as_device
 from .random import default_generator

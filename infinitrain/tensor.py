@@ -6,13 +6,14 @@ except where a kernel reads strides itself (binary ops, copies, matmul's transpo
 """
 from __future__ import annotations
 
+import importlib
 import builtins
 import math
 from typing import Iterable
 
 import numpy as np
 
-from . import dtype as _dt
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from ._native import check, ffi, int64_array, lib
 from .device import CPU, as_device
 from .device import device as Device

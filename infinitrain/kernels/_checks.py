@@ -1,7 +1,9 @@
 """Argument checks shared by the kernel bindings."""
 from __future__ import annotations
 
-from .. import dtype as _dt
+import importlib
+
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 
 
 def same_device(op: str, **tensors) -> None:

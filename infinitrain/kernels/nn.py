@@ -5,9 +5,10 @@ functions return input gradients plus parameter gradients where there are parame
 """
 from __future__ import annotations
 
+import importlib
 import math
 
-from .. import dtype as _dt
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import check, ffi, lib
 from ..tensor import Tensor, _empty, _wrap_dim
 from . import _checks

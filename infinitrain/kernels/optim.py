@@ -1,7 +1,9 @@
 """Fused optimizer updates, in place on parameter and state tensors."""
 from __future__ import annotations
 
-from .. import dtype as _dt
+import importlib
+
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import check, ffi, lib
 from ..tensor import Tensor
 from . import _checks
