@@ -199,7 +199,8 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
 it_status it_layernorm_forward(it_device device, it_dtype dtype, void *out, float *mean,
                                float *rstd, const void *inp, const void *weight,
                                const void *bias, int64_t rows, int64_t cols, float eps);
-/* dweight/dbias are overwritten; weight/bias/dweight/dbias may be NULL (no affine). */
+/* dweight/dbias are overwritten; weight/bias/dweight/dbias may be NULL (no affine); dinp
+ * may be NULL (parameter gradients only) but must not alias dout or inp. */
 it_status it_layernorm_backward(it_device device, it_dtype dtype, void *dinp, void *dweight,
                                 void *dbias, const void *dout, const void *inp,
                                 const void *weight, const float *mean, const float *rstd,

@@ -131,9 +131,88 @@ static inline float it_tanhf(float x) {
 }
 #define IT_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+/* ---- row reductions ------------------------------------------------------------------- */
+/* Sums over a fixed 32 lanes: several independent vector accumulators hide the add latency,
+ * and because the lane count is fixed (not the vector width) the result is the same on every
+ * SIMD level and thread count. Inlined into IT_HOT callers. */
+#define IT_LANES 32
+static inline float it_lanes_total(const float *acc) {
+    float s = 0.0f;
+    for (int j = 0; j < IT_LANES; j++) s += acc[j];
+    return s;
+}
+static inline float it_vsum(const float *x, int64_t n) {
+    float acc[IT_LANES] = {0};
+    int64_t c = 0;
+    for (; c + IT_LANES <= n; c += IT_LANES)
+        for (int j = 0; j < IT_LANES; j++) acc[j] += x[c + j];
+    for (; c < n; c++) acc[c % IT_LANES] += x[c];
+    return it_lanes_total(acc);
+}
+static inline float it_vdot(const float *x, const float *y, int64_t n) {
+    float acc[IT_LANES] = {0};
+    int64_t c = 0;
+    for (; c + IT_LANES <= n; c += IT_LANES)
+        for (int j = 0; j < IT_LANES; j++) acc[j] += x[c + j] * y[c + j];
+    for (; c < n; c++) acc[c % IT_LANES] += x[c] * y[c];
+    return it_lanes_total(acc);
+}
+/* sum((x - m)^2) */
+static inline float it_vsumsq_centered(const float *x, float m, int64_t n) {
+    float acc[IT_LANES] = {0};
+    int64_t c = 0;
+    for (; c + IT_LANES <= n; c += IT_LANES)
+        for (int j = 0; j < IT_LANES; j++) acc[j] += (x[c + j] - m) * (x[c + j] - m);
+    for (; c < n; c++) acc[c % IT_LANES] += (x[c] - m) * (x[c] - m);
+    return it_lanes_total(acc);
+}
+/* Mean and variance in one pass, with sums shifted by x[0] so that a large mean does not
+ * cancel the variance away (the shifted-data algorithm). */
+static inline void it_vmean_var(const float *x, int64_t n, float *mean, float *var) {
+    float s1[IT_LANES] = {0}, s2[IT_LANES] = {0};
+    const float k = x[0];
+    int64_t c = 0;
+    for (; c + IT_LANES <= n; c += IT_LANES)
+        for (int j = 0; j < IT_LANES; j++) {
+            float d = x[c + j] - k;
+            s1[j] += d;
+            s2[j] += d * d;
+        }
+    for (; c < n; c++) {
+        float d = x[c] - k;
+        s1[c % IT_LANES] += d;
+        s2[c % IT_LANES] += d * d;
+    }
+    float m = it_lanes_total(s1) / (float)n;
+    float v = it_lanes_total(s2) / (float)n - m * m;
+    *mean = k + m;
+    *var = v > 0.0f ? v : 0.0f;
+}
+
+/* max(x); a NaN anywhere makes the result NaN. */
+static inline float it_vmax(const float *x, int64_t n) {
+    float acc[IT_LANES];
+    int nan = 0;
+    for (int j = 0; j < IT_LANES; j++) acc[j] = -INFINITY;
+    int64_t c = 0;
+    for (; c + IT_LANES <= n; c += IT_LANES)
+        for (int j = 0; j < IT_LANES; j++) {
+            float v = x[c + j];
+            nan |= v != v;
+            acc[j] = v > acc[j] ? v : acc[j];
+        }
+    for (; c < n; c++) {
+        nan |= x[c] != x[c];
+        acc[c % IT_LANES] = x[c] > acc[c % IT_LANES] ? x[c] : acc[c % IT_LANES];
+    }
+    float m = acc[0];
+    for (int j = 1; j < IT_LANES; j++) m = acc[j] > m ? acc[j] : m;
+    return nan ? NAN : m;
+}
+
 /* ---- BLAS ----------------------------------------------------------------------------- */
-/* Tell BLAS how many threads the calling thread may use (OpenBLAS keeps this per thread);
- * a no-op for BLAS libraries without the call. Returns the previous value. */
+/* Sets the number of BLAS threads and returns the previous value (a no-op for BLAS libraries
+ * without the call); used around OpenMP regions whose threads each call sgemm. */
 int it_blas_set_threads_local(int n);
 void it_blas_set_threads(int n);
 void it_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -98,11 +98,17 @@ void it_blas_set_threads(int n) {
 }
 
 int it_blas_set_threads_local(int n) {
-    /* OpenBLAS's pthread build asks omp_in_parallel() (a weak reference, resolved to our
-     * libgomp) and runs single-threaded inside an OpenMP region, which is what the callers
-     * of this function want; nothing to set. */
+    /* This OpenBLAS is a pthreads build: called with several threads from inside an OpenMP
+     * region it warns and may oversubscribe, so callers that run sgemm on every OpenMP thread
+     * set it to one thread around the region. The setting is process-wide. */
+#if defined(IT_BLAS_SCIPY_OPENBLAS)
+    int prev = scipy_openblas_get_num_threads();
+    if (prev != n) scipy_openblas_set_num_threads(n);
+    return prev;
+#else
     (void)n;
     return 0;
+#endif
 }
 
 it_status it_set_num_threads(int32_t n) {
@@ -210,7 +216,20 @@ IT_HOT static void f32_to_bf16_n(const float *src, uint16_t *dst, int64_t n) {
     }
 }
 
+/* Large conversions outside a parallel region are split across threads. */
+#define IT_CONVERT_PARALLEL (1 << 18)
+
 void it_convert_to_f32(it_dtype dt, const void *src, float *dst, int64_t n) {
+    if (n >= IT_CONVERT_PARALLEL && !omp_in_parallel()) {
+        int64_t nchunks = (n + IT_CONVERT_PARALLEL / 4 - 1) / (IT_CONVERT_PARALLEL / 4);
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t off = c * (IT_CONVERT_PARALLEL / 4);
+            int64_t len = n - off < IT_CONVERT_PARALLEL / 4 ? n - off : IT_CONVERT_PARALLEL / 4;
+            it_convert_to_f32(dt, (const char *)src + off * (int64_t)it_dtype_size(dt), dst + off, len);
+        }
+        return;
+    }
     if (dt == IT_FLOAT32) { memcpy(dst, src, (size_t)n * 4); return; }
     if (dt == IT_BFLOAT16) { bf16_to_f32_n((const uint16_t *)src, dst, n); return; }
     const uint16_t *s = (const uint16_t *)src;
@@ -218,6 +237,16 @@ void it_convert_to_f32(it_dtype dt, const void *src, float *dst, int64_t n) {
 }
 
 void it_convert_from_f32(it_dtype dt, const float *src, void *dst, int64_t n) {
+    if (n >= IT_CONVERT_PARALLEL && !omp_in_parallel()) {
+        int64_t nchunks = (n + IT_CONVERT_PARALLEL / 4 - 1) / (IT_CONVERT_PARALLEL / 4);
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t off = c * (IT_CONVERT_PARALLEL / 4);
+            int64_t len = n - off < IT_CONVERT_PARALLEL / 4 ? n - off : IT_CONVERT_PARALLEL / 4;
+            it_convert_from_f32(dt, src + off, (char *)dst + off * (int64_t)it_dtype_size(dt), len);
+        }
+        return;
+    }
     if (dt == IT_FLOAT32) { memcpy(dst, src, (size_t)n * 4); return; }
     if (dt == IT_BFLOAT16) { f32_to_bf16_n(src, (uint16_t *)dst, n); return; }
     uint16_t *d = (uint16_t *)dst;

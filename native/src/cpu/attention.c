@@ -8,14 +8,9 @@
 IT_HOT static void causal_softmax(float *s, float *lse, int64_t T) {
     for (int64_t i = 0; i < T; i++) {
         float *row = s + i * T;
-        float m = -INFINITY;
-        for (int64_t j = 0; j <= i; j++) m = row[j] > m ? row[j] : m;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j <= i; j++) {
-            row[j] = it_expf(row[j] - m);
-            sum += row[j];
-        }
+        float m = it_vmax(row, i + 1);
+        for (int64_t j = 0; j <= i; j++) row[j] = it_expf(row[j] - m);
+        float sum = it_vsum(row, i + 1);
         float inv = 1.0f / sum;
         for (int64_t j = 0; j <= i; j++) row[j] *= inv;
         for (int64_t j = i + 1; j < T; j++) row[j] = 0.0f;
@@ -36,9 +31,7 @@ IT_HOT static void causal_probs(float *s, const float *lse, int64_t T) {
 IT_HOT static void softmax_grad(float *dp, const float *p, const float *dout, const float *out,
                                 int64_t T, int64_t D) {
     for (int64_t i = 0; i < T; i++) {
-        float di = 0.0f;
-#pragma omp simd reduction(+ : di)
-        for (int64_t d = 0; d < D; d++) di += dout[i * D + d] * out[i * D + d];
+        float di = it_vdot(dout + i * D, out + i * D, D);
         for (int64_t j = 0; j < T; j++) dp[i * T + j] = p[i * T + j] * (dp[i * T + j] - di);
     }
 }
@@ -64,11 +57,11 @@ it_status it_attention_forward(it_device device, it_dtype dtype, void *out, floa
     IT_CHECK_ARG(out && lse && q && k && v, "it_attention_forward: NULL pointer");
     const int64_t T = seq, D = head_dim, group = heads / kv_heads, TD = T * D;
     int failed = 0;
+    int blas_threads = it_blas_set_threads_local(1);
 #pragma omp parallel
     {
         int16_t conv = dtype != IT_FLOAT32;
         float *s = (float *)it_scratch_alloc((size_t)(T * T + (conv ? 4 * TD : 0)) * 4);
-        int prev = it_blas_set_threads_local(1);
         if (!s) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < batch * heads; bh++) {
@@ -84,9 +77,9 @@ it_status it_attention_forward(it_device device, it_dtype dtype, void *out, floa
             it_sgemm(0, 0, T, D, T, 1.0f, s, T, vf, D, 0.0f, of, D);
             it_row_store(dtype, out, bh * TD, of, TD);
         }
-        it_blas_set_threads_local(prev);
         it_scratch_free(s);
     }
+    it_blas_set_threads_local(blas_threads);
     IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_attention_forward: out of memory for a "
                "%lld x %lld score block", (long long)T, (long long)T);
     return IT_OK;
@@ -104,13 +97,13 @@ it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void
                  "it_attention_backward: NULL pointer");
     const int64_t T = seq, D = head_dim, group = heads / kv_heads, TD = T * D;
     int failed = 0;
+    int blas_threads = it_blas_set_threads_local(1);
     /* One task per kv head: its group of query heads is walked in order, accumulating dK and
      * dV, so no two threads write the same memory and sums are ordered. */
 #pragma omp parallel
     {
         /* p, dp [T,T]; q, do, o, dq [T,D] (converted when 16-bit); k, v, dk, dv accumulators */
         float *s = (float *)it_scratch_alloc((size_t)(2 * T * T + 8 * TD) * 4);
-        int prev = it_blas_set_threads_local(1);
         if (!s) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bg = 0; bg < batch * kv_heads; bg++) {
@@ -145,9 +138,9 @@ it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void
                 it_row_store(dtype, dv, bg * TD, dvf, TD);
             }
         }
-        it_blas_set_threads_local(prev);
         it_scratch_free(s);
     }
+    it_blas_set_threads_local(blas_threads);
     IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_attention_backward: out of memory for "
                "%lld x %lld score blocks", (long long)T, (long long)T);
     return IT_OK;

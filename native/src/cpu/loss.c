@@ -7,12 +7,13 @@ static inline int64_t load_index(it_dtype dt, const void *p, int64_t i) {
 }
 
 IT_HOT static float row_logsumexp(const float *x, int64_t V) {
-    float m = -INFINITY;
-    for (int64_t c = 0; c < V; c++) m = x[c] > m ? x[c] : m;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < V; c++) s += it_expf(x[c] - m);
-    return m + logf(s);
+    float m = it_vmax(x, V);
+    float acc[IT_LANES] = {0};
+    int64_t c = 0;
+    for (; c + IT_LANES <= V; c += IT_LANES)
+        for (int j = 0; j < IT_LANES; j++) acc[j] += it_expf(x[c + j] - m);
+    for (; c < V; c++) acc[c % IT_LANES] += it_expf(x[c] - m);
+    return m + logf(it_lanes_total(acc));
 }
 
 IT_HOT static void row_dlogits(float *d, const float *x, float lse, int64_t target, float g,

@@ -7,13 +7,9 @@
 /* ---- row kernels (float32) ------------------------------------------------------------ */
 IT_HOT static void layernorm_row(float *y, float *mean_out, float *rstd_out, const float *x,
                                  const float *w, const float *b, int64_t C, float eps) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) s += x[c];
-    float m = s / (float)C, v = 0.0f;
-#pragma omp simd reduction(+ : v)
-    for (int64_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-    float r = 1.0f / sqrtf(v / (float)C + eps);
+    float m, v;
+    it_vmean_var(x, C, &m, &v);
+    float r = 1.0f / sqrtf(v + eps);
     if (w && b) for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m) * r * w[c] + b[c];
     else if (w) for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m) * r * w[c];
     else for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m) * r;
@@ -23,27 +19,18 @@ IT_HOT static void layernorm_row(float *y, float *mean_out, float *rstd_out, con
 
 IT_HOT static void layernorm_backward_row(float *dx, const float *dy, const float *x,
                                           const float *w, float m, float r, int64_t C) {
-    float a = 0.0f, bsum = 0.0f;
-#pragma omp simd reduction(+ : a, bsum)
-    for (int64_t c = 0; c < C; c++) {
-        float g = w ? w[c] * dy[c] : dy[c];
-        a += g;
-        bsum += g * (x[c] - m) * r;
-    }
-    a /= (float)C;
-    bsum /= (float)C;
-    for (int64_t c = 0; c < C; c++) {
-        float g = w ? w[c] * dy[c] : dy[c];
-        dx[c] = (g - a - (x[c] - m) * r * bsum) * r;
-    }
+    /* dx = r * (g - mean(g) - xhat * mean(g * xhat)), g = w * dy, xhat = (x - m) * r; dx holds
+     * g first (it may not alias dy or x). */
+    if (w) for (int64_t c = 0; c < C; c++) dx[c] = w[c] * dy[c];
+    else memcpy(dx, dy, (size_t)C * sizeof(float));
+    float a = it_vsum(dx, C) / (float)C;
+    float bsum = (it_vdot(dx, x, C) - m * a * (float)C) * r / (float)C;
+    for (int64_t c = 0; c < C; c++) dx[c] = (dx[c] - a - (x[c] - m) * r * bsum) * r;
 }
 
 IT_HOT static void rmsnorm_row(float *y, float *rstd_out, const float *x, const float *w,
                                int64_t C, float eps) {
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
-    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    float r = 1.0f / sqrtf(it_vdot(x, x, C) / (float)C + eps);
     if (w) for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * w[c];
     else for (int64_t c = 0; c < C; c++) y[c] = x[c] * r;
     *rstd_out = r;
@@ -51,67 +38,106 @@ IT_HOT static void rmsnorm_row(float *y, float *rstd_out, const float *x, const 
 
 IT_HOT static void rmsnorm_backward_row(float *dx, const float *dy, const float *x,
                                         const float *w, float r, int64_t C) {
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t c = 0; c < C; c++) dot += (w ? w[c] * dy[c] : dy[c]) * x[c] * r;
-    dot /= (float)C;
-    for (int64_t c = 0; c < C; c++) dx[c] = r * ((w ? w[c] * dy[c] : dy[c]) - x[c] * r * dot);
+    /* dx = r * (g - xhat * mean(g * xhat)), g = w * dy; dx holds g first. */
+    if (w) for (int64_t c = 0; c < C; c++) dx[c] = w[c] * dy[c];
+    else memcpy(dx, dy, (size_t)C * sizeof(float));
+    float dot = it_vdot(dx, x, C) * r / (float)C;
+    for (int64_t c = 0; c < C; c++) dx[c] = r * (dx[c] - x[c] * r * dot);
 }
 
 IT_HOT static void softmax_row(float *y, const float *x, int64_t C) {
-    float m = -INFINITY;
-    for (int64_t c = 0; c < C; c++) m = x[c] > m ? x[c] : m;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) {
-        y[c] = it_expf(x[c] - m);
-        s += y[c];
-    }
-    float inv = 1.0f / s;
-    for (int64_t c = 0; c < C; c++) y[c] *= inv;
+    float m = it_vmax(x, C);
+    float acc[IT_LANES] = {0};
+    int64_t c = 0;
+    for (; c + IT_LANES <= C; c += IT_LANES)
+        for (int j = 0; j < IT_LANES; j++) acc[j] += (y[c + j] = it_expf(x[c + j] - m));
+    for (; c < C; c++) acc[c % IT_LANES] += (y[c] = it_expf(x[c] - m));
+    float inv = 1.0f / it_lanes_total(acc);
+    for (c = 0; c < C; c++) y[c] *= inv;
 }
 
 IT_HOT static void softmax_backward_row(float *dx, const float *dy, const float *y, int64_t C) {
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t c = 0; c < C; c++) dot += dy[c] * y[c];
+    float dot = it_vdot(dy, y, C);
     for (int64_t c = 0; c < C; c++) dx[c] = y[c] * (dy[c] - dot);
 }
 
-/* Column sums for the affine gradients: dw[c] = sum_n dy[n,c] * xhat[n,c], db[c] = sum_n dy.
- * xhat = (x - mean) * rstd, or x * rstd for RMSNorm (mean == NULL). */
-IT_HOT static void affine_grad_cols(float *dw, float *db, const float *dy, const float *x,
-                                    float m, float r, int64_t len) {
-    if (db) for (int64_t c = 0; c < len; c++) db[c] += dy[c];
-    for (int64_t c = 0; c < len; c++) dw[c] += dy[c] * (x[c] - m) * r;
+/* Affine gradients dw[c] = sum_n dy[n,c] * xhat[n,c], db[c] = sum_n dy[n,c], accumulated by
+ * the row pass into per-block partial sums: blocks of IT_NORM_BLOCK rows are fixed whatever the
+ * thread count, and the partials are added in block order afterwards. */
+#define IT_NORM_BLOCK 32
+
+IT_HOT static void affine_grad_row(float *dw, float *db, const float *dy, const float *x,
+                                   float m, float r, int64_t C) {
+    if (db) for (int64_t c = 0; c < C; c++) db[c] += dy[c];
+    for (int64_t c = 0; c < C; c++) dw[c] += dy[c] * (x[c] - m) * r;
 }
 
-static it_status affine_grads(it_dtype dt, void *dweight, void *dbias, const void *dout,
-                              const void *inp, const float *mean, const float *rstd, int64_t N,
-                              int64_t C) {
-    int64_t nchunks = (C + 255) / 256;
-#pragma omp parallel
+IT_HOT static void add_partials(float *out, const float *partials, int64_t nblocks, int64_t C,
+                                int64_t c0, int64_t len) {
+    for (int64_t c = 0; c < len; c++) out[c] = 0.0f;
+    for (int64_t b = 0; b < nblocks; b++)
+        for (int64_t c = 0; c < len; c++) out[c] += partials[b * C + c0 + c];
+}
+
+/* Shared backward driver of LayerNorm (mean != NULL) and RMSNorm (mean == NULL). */
+static it_status norm_backward(const char *fn, it_dtype dt, void *dinp, void *dweight,
+                               void *dbias, const void *dout, const void *inp,
+                               const void *weight, const float *mean, const float *rstd,
+                               int64_t N, int64_t C) {
+    int64_t nblocks = (N + IT_NORM_BLOCK - 1) / IT_NORM_BLOCK;
+    float *pw = NULL, *pb = NULL;
+    if (dweight) {
+        pw = (float *)it_scratch_alloc((size_t)(nblocks * C * (dbias ? 2 : 1)) * sizeof(float));
+        IT_REQUIRE(pw, IT_ERR_OUT_OF_MEMORY, "%s: out of memory for gradient partial sums", fn);
+        if (dbias) pb = pw + nblocks * C;
+    }
+    int failed = 0;
+#pragma omp parallel if (N * C > 16384)
     {
-        float dw[256], db[256], gb[256], xb[256];
+        float *scratch = (float *)it_scratch_alloc((size_t)C * 5 * sizeof(float));
+        if (!scratch) failed = 1;
+        float *gb = scratch, *xb = scratch + C, *db = scratch + 2 * C, *wb = scratch + 3 * C;
+        const float *w = weight && scratch ? it_row_load(dt, weight, 0, C, wb) : NULL;
 #pragma omp for schedule(static)
-        for (int64_t k = 0; k < nchunks; k++) {
-            int64_t c0 = k * 256, len = C - c0 < 256 ? C - c0 : 256;
-            memset(dw, 0, sizeof dw);
-            memset(db, 0, sizeof db);
-            for (int64_t n = 0; n < N; n++) {
-                const float *g = it_row_load(dt, dout, n * C + c0, len, gb);
-                const float *x = it_row_load(dt, inp, n * C + c0, len, xb);
-                affine_grad_cols(dw, dbias ? db : NULL, g, x, mean ? mean[n] : 0.0f, rstd[n], len);
-            }
-            if (dt == IT_FLOAT32) {
-                memcpy((float *)dweight + c0, dw, (size_t)len * 4);
-                if (dbias) memcpy((float *)dbias + c0, db, (size_t)len * 4);
-            } else {
-                it_row_store(dt, dweight, c0, dw, len);
-                if (dbias) it_row_store(dt, dbias, c0, db, len);
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            if (!scratch) continue;
+            float *bw = pw ? pw + blk * C : NULL, *bb = pb ? pb + blk * C : NULL;
+            if (bw) memset(bw, 0, (size_t)C * sizeof(float));
+            if (bb) memset(bb, 0, (size_t)C * sizeof(float));
+            int64_t end = (blk + 1) * IT_NORM_BLOCK < N ? (blk + 1) * IT_NORM_BLOCK : N;
+            for (int64_t n = blk * IT_NORM_BLOCK; n < end; n++) {
+                const float *g = it_row_load(dt, dout, n * C, C, gb);
+                const float *x = it_row_load(dt, inp, n * C, C, xb);
+                float m = mean ? mean[n] : 0.0f;
+                if (dinp) {
+                    float *d = it_row_dest(dt, dinp, n * C, db);
+                    if (mean) layernorm_backward_row(d, g, x, w, m, rstd[n], C);
+                    else rmsnorm_backward_row(d, g, x, w, rstd[n], C);
+                    it_row_store(dt, dinp, n * C, d, C);
+                }
+                if (bw) affine_grad_row(bw, bb, g, x, m, rstd[n], C);
             }
         }
+        if (pw) { /* column chunks: each column's partials added in block order */
+            float *sum = scratch + 4 * C;
+#pragma omp for schedule(static)
+            for (int64_t c0 = 0; c0 < C; c0 += 256) {
+                if (!scratch) continue;
+                int64_t len = C - c0 < 256 ? C - c0 : 256;
+                add_partials(sum, pw, nblocks, C, c0, len);
+                if (dt == IT_FLOAT32) memcpy((float *)dweight + c0, sum, (size_t)len * 4);
+                else it_row_store(dt, dweight, c0, sum, len);
+                if (pb) {
+                    add_partials(sum, pb, nblocks, C, c0, len);
+                    if (dt == IT_FLOAT32) memcpy((float *)dbias + c0, sum, (size_t)len * 4);
+                    else it_row_store(dt, dbias, c0, sum, len);
+                }
+            }
+        }
+        it_scratch_free(scratch);
     }
+    it_scratch_free(pw);
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     return IT_OK;
 }
 
@@ -156,29 +182,15 @@ it_status it_layernorm_backward(it_device device, it_dtype dtype, void *dinp, vo
                                 int64_t rows, int64_t cols) {
     CHECK_ROWS("it_layernorm_backward");
     IT_CHECK_ARG(dout && inp && mean && rstd, "it_layernorm_backward: NULL pointer");
-    int64_t C = cols;
-    if (dinp && rows > 0) {
-#pragma omp parallel if (rows * cols > 16384)
-        {
-            float *scratch = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)C * 16);
-            float *gb = scratch, *xb = scratch ? scratch + C : NULL, *db = scratch ? scratch + 2 * C : NULL;
-            const float *w = weight ? it_row_load(dtype, weight, 0, C, scratch ? scratch + 3 * C : NULL) : NULL;
-#pragma omp for schedule(static)
-            for (int64_t n = 0; n < rows; n++) {
-                const float *g = it_row_load(dtype, dout, n * C, C, gb);
-                const float *x = it_row_load(dtype, inp, n * C, C, xb);
-                float *d = it_row_dest(dtype, dinp, n * C, db);
-                layernorm_backward_row(d, g, x, w, mean[n], rstd[n], C);
-                it_row_store(dtype, dinp, n * C, d, C);
-            }
-            it_scratch_free(scratch);
-        }
+    IT_CHECK_ARG(dweight || !dbias, "it_layernorm_backward: dbias needs dweight (the forward "
+                 "pass had a bias without a weight)");
+    if (rows == 0) {
+        if (dweight) IT_TRY(it_fill(device, dtype, dweight, 0.0, cols));
+        if (dbias) IT_TRY(it_fill(device, dtype, dbias, 0.0, cols));
+        return IT_OK;
     }
-    if (dweight) return affine_grads(dtype, dweight, dbias, dout, inp, mean, rstd, rows, C);
-    if (dbias) { /* bias without weight cannot happen in forward; keep it well defined */
-        IT_TRY(it_reduce(device, IT_SUM, dtype, dbias, dout, 1, rows, C));
-    }
-    return IT_OK;
+    return norm_backward("it_layernorm_backward", dtype, dinp, dweight, dbias, dout, inp, weight,
+                         mean, rstd, rows, cols);
 }
 
 it_status it_rmsnorm_forward(it_device device, it_dtype dtype, void *out, float *rstd,
@@ -210,26 +222,9 @@ it_status it_rmsnorm_backward(it_device device, it_dtype dtype, void *dinp, void
                               const float *rstd, int64_t rows, int64_t cols) {
     CHECK_ROWS("it_rmsnorm_backward");
     IT_CHECK_ARG(dout && inp && rstd, "it_rmsnorm_backward: NULL pointer");
-    int64_t C = cols;
-    if (dinp && rows > 0) {
-#pragma omp parallel if (rows * cols > 16384)
-        {
-            float *scratch = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)C * 16);
-            float *gb = scratch, *xb = scratch ? scratch + C : NULL, *db = scratch ? scratch + 2 * C : NULL;
-            const float *w = weight ? it_row_load(dtype, weight, 0, C, scratch ? scratch + 3 * C : NULL) : NULL;
-#pragma omp for schedule(static)
-            for (int64_t n = 0; n < rows; n++) {
-                const float *g = it_row_load(dtype, dout, n * C, C, gb);
-                const float *x = it_row_load(dtype, inp, n * C, C, xb);
-                float *d = it_row_dest(dtype, dinp, n * C, db);
-                rmsnorm_backward_row(d, g, x, w, rstd[n], C);
-                it_row_store(dtype, dinp, n * C, d, C);
-            }
-            it_scratch_free(scratch);
-        }
-    }
-    if (dweight) return affine_grads(dtype, dweight, NULL, dout, inp, NULL, rstd, rows, C);
-    return IT_OK;
+    if (rows == 0) return dweight ? it_fill(device, dtype, dweight, 0.0, cols) : IT_OK;
+    return norm_backward("it_rmsnorm_backward", dtype, dinp, dweight, NULL, dout, inp, weight,
+                         NULL, rstd, rows, cols);
 }
 
 it_status it_softmax_forward(it_device device, it_dtype dtype, void *out, const void *inp,

@@ -3,12 +3,7 @@
  * not depend on the thread count. */
 #include "common.h"
 
-IT_HOT static float block_sum(const float *x, int64_t n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += x[i];
-    return s;
-}
+IT_HOT static float block_sum(const float *x, int64_t n) { return it_vsum(x, n); }
 
 static float block_extreme(const float *x, int64_t n, int is_max) {
     float m = x[0];
