@@ -375,7 +375,7 @@ class Tensor:
 
     def to(self, *args, dtype=None, device=None, copy: bool = False) -> "Tensor":
         for a in args:
-            if isinstance(a, _dt.dtype):
+            if isinstance(a, _dt.dtype) or (isinstance(a, str) and a in _dt._BY_NAME):
                 dtype = a
             elif isinstance(a, (str, Device)):
                 device = a
