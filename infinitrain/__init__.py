@@ -9,10 +9,12 @@ from .creation import (arange, empty, empty_like, from_numpy, full, full_like, o
 from .device import device
 from .dtype import (bfloat16, dtype, float, float16, float32, half, int, int32, int64, long,
                     uint8)
-from .kernels.elementwise import matmul
-from .kernels.memory import cat, stack
+from .ops.math import matmul
+from .ops.shape import cat, stack
 from .random import Generator, default_generator, initial_seed, manual_seed
 from .tensor import Tensor
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from . import nn  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -77,5 +79,6 @@ __all__ = [
     "randn", "tensor", "from_numpy", "empty_like", "zeros_like", "ones_like", "full_like",
     "manual_seed", "initial_seed", "default_generator", "matmul", "cat", "stack", "tril", "triu",
     "set_num_threads", "get_num_threads", "build_info", "memory_stats", "memory_allocated",
-    "max_memory_allocated", "reset_peak_memory_stats", "empty_cache",
+    "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
+    "is_grad_enabled", "set_grad_enabled", "nn",
 ]

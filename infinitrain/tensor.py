@@ -58,15 +58,18 @@ class _ArrayOwner:
 
 class Tensor:
     __slots__ = ("_storage", "_shape", "_strides", "_offset", "dtype", "requires_grad", "grad",
-                 "grad_fn", "__weakref__")
+                 "grad_fn", "_output_nr", "_hooks", "_post_acc_hooks", "__weakref__")
 
     def __init__(self, *args, **kwargs):
         raise TypeError("create tensors with infinitrain.tensor(), empty(), zeros(), "
                         "from_numpy() and friends")
 
     @classmethod
-    def _make(cls, storage: Storage, shape, strides, offset: int, dtype: _dt.dtype) -> "Tensor":
+    def _make(cls, storage: Storage, shape, strides, offset: int, dtype) -> "Tensor":
         t = object.__new__(cls)
+        t._output_nr = 0
+        t._hooks = None
+        t._post_acc_hooks = None
         t._storage = storage
         t._shape = tuple(shape)
         t._strides = tuple(strides)
@@ -157,18 +160,25 @@ class Tensor:
                              f"({numel} elements)")
         return shape
 
+    def _tracks(self) -> bool:
+        """Whether an operation on this tensor must be recorded for autograd."""
+        return self.requires_grad and is_grad_enabled()
+
+    def _reshape_raw(self, shape) -> "Tensor":
+        return self._view(shape, _contiguous_strides(shape))
+
     def view(self, *shape) -> "Tensor":
         shape = self._infer_shape(shape)
         if not self.is_contiguous():
             raise ValueError(f"view(): a tensor with shape {self._shape} and strides "
                              f"{self._strides} is not contiguous; use reshape() or "
                              ".contiguous().view()")
-        return self._view(shape, _contiguous_strides(shape))
+        return _shape_ops.Reshape.apply(self, shape) if self._tracks() else self._reshape_raw(shape)
 
     def reshape(self, *shape) -> "Tensor":
         shape = self._infer_shape(shape)
         t = self if self.is_contiguous() else self.contiguous()
-        return t._view(shape, _contiguous_strides(shape))
+        return _shape_ops.Reshape.apply(t, shape) if t._tracks() else t._reshape_raw(shape)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
         if self.ndim == 0:
@@ -176,12 +186,22 @@ class Tensor:
         s, e = _wrap_dim(start_dim, self.ndim), _wrap_dim(end_dim, self.ndim)
         return self.reshape(self._shape[:s] + (math.prod(self._shape[s:e + 1]),) + self._shape[e + 1:])
 
+    def _permute_raw(self, dims) -> "Tensor":
+        return self._view([self._shape[d] for d in dims], [self._strides[d] for d in dims])
+
+    def permute(self, *dims) -> "Tensor":
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        dims = tuple(_wrap_dim(d, self.ndim) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise ValueError(f"permute(): {dims} is not a permutation of the {self.ndim} "
+                             f"dimensions of a tensor of shape {self._shape}")
+        return _shape_ops.Permute.apply(self, dims) if self._tracks() else self._permute_raw(dims)
+
     def transpose(self, dim0: int, dim1: int) -> "Tensor":
         d0, d1 = _wrap_dim(dim0, self.ndim), _wrap_dim(dim1, self.ndim)
-        shape, strides = list(self._shape), list(self._strides)
-        shape[d0], shape[d1] = shape[d1], shape[d0]
-        strides[d0], strides[d1] = strides[d1], strides[d0]
-        return self._view(shape, strides)
+        dims = list(range(self.ndim))
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+        return self.permute(dims)
 
     def t(self) -> "Tensor":
         if self.ndim > 2:
@@ -196,32 +216,19 @@ class Tensor:
     def mT(self) -> "Tensor":
         return self.transpose(-2, -1)
 
-    def permute(self, *dims) -> "Tensor":
-        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
-        dims = tuple(_wrap_dim(d, self.ndim) for d in dims)
-        if sorted(dims) != list(range(self.ndim)):
-            raise ValueError(f"permute(): {dims} is not a permutation of the {self.ndim} "
-                             f"dimensions of a tensor of shape {self._shape}")
-        return self._view([self._shape[d] for d in dims], [self._strides[d] for d in dims])
-
     def unsqueeze(self, dim: int) -> "Tensor":
         d = _wrap_dim(dim, self.ndim + 1)
-        stride = self._strides[d] * self._shape[d] if d < self.ndim else 1
-        return self._view(self._shape[:d] + (1,) + self._shape[d:],
-                          self._strides[:d] + (stride,) + self._strides[d:])
+        return self[(slice(None),) * d + (None,)]
 
     def squeeze(self, dim: int | None = None) -> "Tensor":
         if dim is None:
-            keep = [i for i, n in enumerate(self._shape) if n != 1]
+            key = tuple(0 if n == 1 else slice(None) for n in self._shape)
         else:
             d = _wrap_dim(dim, self.ndim)
-            keep = [i for i in range(self.ndim) if i != d or self._shape[i] != 1]
-        return self._view([self._shape[i] for i in keep], [self._strides[i] for i in keep])
+            key = (slice(None),) * d + ((0,) if self._shape[d] == 1 else ())
+        return self[key]
 
-    def expand(self, *shape) -> "Tensor":
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        if len(shape) < self.ndim:
-            raise ValueError(f"expand(): cannot expand shape {self._shape} to {shape}")
+    def _expand_raw(self, shape) -> "Tensor":
         lead = len(shape) - self.ndim
         new_shape, new_strides = [], []
         for i, n in enumerate(shape):
@@ -243,6 +250,17 @@ class Tensor:
                                  f"(dimension {i}: {have} -> {n})")
         return self._view(new_shape, new_strides)
 
+    def expand(self, *shape) -> "Tensor":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if len(shape) < self.ndim:
+            raise ValueError(f"expand(): cannot expand shape {self._shape} to {shape}")
+        if tuple(shape) == self._shape:
+            return self
+        return _shape_ops.Expand.apply(self, shape) if self._tracks() else self._expand_raw(shape)
+
+    def expand_as(self, other: "Tensor") -> "Tensor":
+        return self.expand(other.shape)
+
     def narrow(self, dim: int, start: int, length: int) -> "Tensor":
         d = _wrap_dim(dim, self.ndim)
         if start < 0:
@@ -250,9 +268,7 @@ class Tensor:
         if not (0 <= start and length >= 0 and start + length <= self._shape[d]):
             raise IndexError(f"narrow(): [{start}, {start + length}) is out of range for "
                              f"dimension {d} of size {self._shape[d]}")
-        shape = list(self._shape)
-        shape[d] = length
-        return self._view(shape, self._strides, self._offset + start * self._strides[d])
+        return self[(slice(None),) * d + (slice(start, start + length),)]
 
     def split(self, split_size, dim: int = 0) -> list:
         d = _wrap_dim(dim, self.ndim)
@@ -281,17 +297,14 @@ class Tensor:
 
     def select(self, dim: int, index: int) -> "Tensor":
         d = _wrap_dim(dim, self.ndim)
-        n = self._shape[d]
-        if not -n <= index < n:
-            raise IndexError(f"index {index} is out of range for dimension {d} of size {n}")
-        index %= n
-        return self._view(self._shape[:d] + self._shape[d + 1:],
-                          self._strides[:d] + self._strides[d + 1:],
-                          self._offset + index * self._strides[d])
+        return self[(slice(None),) * d + (index,)]
 
     def __getitem__(self, key) -> "Tensor":
         if isinstance(key, Tensor):
-            return self._index_select(key)
+            return _shape_ops.Gather.apply(self, key) if self._tracks() else self._index_select_raw(key)
+        return _shape_ops.Index.apply(self, key) if self._tracks() else self._getitem_raw(key)
+
+    def _getitem_raw(self, key) -> "Tensor":
         key = key if isinstance(key, tuple) else (key,)
         if builtins.sum(k is Ellipsis for k in key) > 1:
             raise IndexError("an index can only have one ellipsis")
@@ -329,49 +342,95 @@ class Tensor:
         strides += self._strides[d:]
         return self._view(shape, strides, offset)
 
-    def _index_select(self, index: "Tensor") -> "Tensor":
+    def _index_select_raw(self, index: "Tensor") -> "Tensor":
         """t[idx] for an integer tensor idx: rows of t (along dimension 0) gathered."""
         from .kernels import nn
         if index.dtype not in (_dt.int32, _dt.int64):
             raise TypeError(f"tensors used as indices must be int32 or int64, got {index.dtype}")
         if self.ndim == 0:
             raise IndexError("cannot index a 0-d tensor with a tensor")
-        rows = self.reshape(self._shape[0], -1)
-        out = nn.embedding(rows, index.reshape(-1))
-        return out.view(index.shape + self._shape[1:])
+        rows = self.contiguous()._reshape_raw((self._shape[0], math.prod(self._shape[1:])))
+        out = nn.embedding(rows, index.contiguous()._reshape_raw((index.numel(),)))
+        return out._reshape_raw(index.shape + self._shape[1:])
 
     def __setitem__(self, key, value) -> None:
-        self[key].copy_(value)
+        self._check_inplace("item assignment")
+        self._getitem_raw(key).copy_(value)
 
     # ---- copies and conversion -----------------------------------------------------------
+    def _clone_raw(self) -> "Tensor":
+        out = _empty(self._shape, self.dtype, self.device)
+        out.copy_(self)
+        return out
+
     def contiguous(self) -> "Tensor":
         if self.is_contiguous():
             return self
-        out = _empty(self._shape, self.dtype, self.device)
-        out.copy_(self)
-        return out
+        return _shape_ops.Clone.apply(self) if self._tracks() else self._clone_raw()
 
     def clone(self) -> "Tensor":
-        out = _empty(self._shape, self.dtype, self.device)
-        out.copy_(self)
-        return out
+        return _shape_ops.Clone.apply(self) if self._tracks() else self._clone_raw()
 
     def detach(self) -> "Tensor":
         return self._view(self._shape, self._strides)
 
+    def _check_inplace(self, what: str) -> None:
+        if self.requires_grad and is_grad_enabled():
+            raise RuntimeError(f"{what} on a tensor that requires grad would bypass autograd; "
+                               "do it under infinitrain.no_grad() or on .detach()")
+
     def copy_(self, src) -> "Tensor":
         """Copies src into this tensor (broadcasting src, converting its dtype)."""
         from .kernels import memory
+        self._check_inplace("copy_()")
         memory.copy_into(self, src)
         return self
 
     def fill_(self, value) -> "Tensor":
         from .kernels import memory
+        self._check_inplace("fill_()")
         memory.copy_into(self, value)
         return self
 
     def zero_(self) -> "Tensor":
         return self.fill_(0)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if requires_grad and not self.dtype.is_floating_point:
+            raise TypeError(f"only floating-point tensors can require gradients, not {self.dtype.name}")
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    @property
+    def data(self) -> "Tensor":
+        return self.detach()
+
+    def backward(self, gradient=None, retain_graph: bool = False) -> None:
+        from .autograd import backward
+        backward(self, gradient, retain_graph=retain_graph)
+
+    def register_hook(self, hook):
+        """hook(grad) runs when this tensor's gradient is computed; it may return a new one."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
+        if self.grad_fn is None:
+            self._hooks = (self._hooks or []) + [hook]
+        else:
+            node = self.grad_fn
+            node.hooks = node.hooks or {}
+            node.hooks.setdefault(self._output_nr, []).append(hook)
+        return hook
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """hook(tensor) runs after a gradient was accumulated into this leaf's .grad."""
+        if self.grad_fn is not None:
+            raise RuntimeError("post-accumulate-grad hooks can only be registered on leaves")
+        self._post_acc_hooks = (self._post_acc_hooks or []) + [hook]
+        return hook
 
     def to(self, *args, dtype=None, device=None, copy: bool = False) -> "Tensor":
         for a in args:
@@ -385,6 +444,8 @@ class Tensor:
         device = self.device if device is None else as_device(device)
         if dtype is self.dtype and device == self.device and not copy:
             return self
+        if device == self.device and self._tracks():
+            return _shape_ops.Convert.apply(self, dtype)
         from .kernels import memory
         return memory.convert(self, dtype, device)
 
@@ -461,43 +522,45 @@ class Tensor:
             extras.append(f"dtype={self.dtype!r}")
         if self.device.type != "cpu":
             extras.append(f"device='{self.device}'")
-        if self.requires_grad:
+        if self.grad_fn is not None:
+            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
+        elif self.requires_grad:
             extras.append("requires_grad=True")
         return "tensor(" + body + "".join(", " + e for e in extras) + ")"
 
-    # ---- arithmetic (forwarded to the kernels) -----------------------------------------
+    # ---- arithmetic (differentiable, through infinitrain.ops) --------------------------
     def __add__(self, other):
-        return _ew.add(self, other)
+        return _ops.add(self, other)
 
     def __radd__(self, other):
-        return _ew.add(self, other)
+        return _ops.add(self, other)
 
     def __sub__(self, other):
-        return _ew.sub(self, other)
+        return _ops.sub(self, other)
 
     def __rsub__(self, other):
-        return _ew.rsub(self, other)
+        return _ops.rsub(self, other)
 
     def __mul__(self, other):
-        return _ew.mul(self, other)
+        return _ops.mul(self, other)
 
     def __rmul__(self, other):
-        return _ew.mul(self, other)
+        return _ops.mul(self, other)
 
     def __truediv__(self, other):
-        return _ew.div(self, other)
+        return _ops.div(self, other)
 
     def __rtruediv__(self, other):
-        return _ew.rdiv(self, other)
+        return _ops.rdiv(self, other)
 
     def __pow__(self, other):
-        return _ew.pow(self, other)
+        return _ops.pow(self, other)
 
     def __neg__(self):
-        return _ew.unary(lib.IT_NEG, self)
+        return _ops.unary(lib.IT_NEG, self)
 
     def __matmul__(self, other):
-        return _ew.matmul(self, other)
+        return _ops.matmul(self, other)
 
     def __iadd__(self, other):
         return self.add_(other)
@@ -511,32 +574,50 @@ class Tensor:
     def __itruediv__(self, other):
         return self.div_(other)
 
-    def add_(self, other):
-        return self.copy_(_ew.add(self, other))
+    def _inplace(self, op: int, scalar_op: int, other, what: str):
+        """self = self op other, written straight into self's memory where it can be."""
+        self._check_inplace(what)
+        if self.is_contiguous() and (not isinstance(other, Tensor) or (
+                other.dtype is self.dtype and other._storage is not self._storage)):
+            if isinstance(other, Tensor):
+                _ew.binary(op, self, other, out=self)
+            else:
+                _ew.scalar(scalar_op, self, other, out=self)
+            return self
+        return self.copy_(_ew.binary(op, self, other) if isinstance(other, Tensor)
+                          else _ew.scalar(scalar_op, self, other))
+
+    def add_(self, other, alpha: float = 1.0):
+        if alpha != 1.0:
+            other = other * alpha
+        return self._inplace(lib.IT_ADD, lib.IT_SCALAR_ADD, other, "add_()")
 
     def sub_(self, other):
-        return self.copy_(_ew.sub(self, other))
+        return self._inplace(lib.IT_SUB, lib.IT_SCALAR_ADD,
+                             other if isinstance(other, Tensor) else -other, "sub_()")
 
     def mul_(self, other):
-        return self.copy_(_ew.mul(self, other))
+        return self._inplace(lib.IT_MUL, lib.IT_SCALAR_MUL, other, "mul_()")
 
     def div_(self, other):
-        return self.copy_(_ew.div(self, other))
+        if not self.dtype.is_floating_point:
+            raise TypeError(f"div_() of a {self.dtype.name} tensor would need a float result")
+        return self._inplace(lib.IT_DIV, lib.IT_SCALAR_DIV, other, "div_()")
 
     def add(self, other):
-        return _ew.add(self, other)
+        return _ops.add(self, other)
 
     def sub(self, other):
-        return _ew.sub(self, other)
+        return _ops.sub(self, other)
 
     def mul(self, other):
-        return _ew.mul(self, other)
+        return _ops.mul(self, other)
 
     def div(self, other):
-        return _ew.div(self, other)
+        return _ops.div(self, other)
 
     def matmul(self, other):
-        return _ew.matmul(self, other)
+        return _ops.matmul(self, other)
 
     def maximum(self, other):
         return _ew.binary(lib.IT_MAXIMUM, self, other)
@@ -545,55 +626,50 @@ class Tensor:
         return _ew.binary(lib.IT_MINIMUM, self, other)
 
     def clamp(self, min=None, max=None):  # noqa: A002
-        out = self
-        if min is not None:
-            out = _ew.scalar(lib.IT_SCALAR_MAX, out, min)
-        if max is not None:
-            out = _ew.scalar(lib.IT_SCALAR_MIN, out, max)
-        return out
+        return _ops.clamp(self, min, max)
 
     def exp(self):
-        return _ew.unary(lib.IT_EXP, self)
+        return _ops.unary(lib.IT_EXP, self)
 
     def log(self):
-        return _ew.unary(lib.IT_LOG, self)
+        return _ops.unary(lib.IT_LOG, self)
 
     def sqrt(self):
-        return _ew.unary(lib.IT_SQRT, self)
+        return _ops.unary(lib.IT_SQRT, self)
 
     def rsqrt(self):
-        return _ew.unary(lib.IT_RSQRT, self)
+        return _ops.unary(lib.IT_RSQRT, self)
 
     def abs(self):
-        return _ew.unary(lib.IT_ABS, self)
+        return _ops.unary(lib.IT_ABS, self)
 
     def tanh(self):
-        return _ew.unary(lib.IT_TANH, self)
+        return _ops.unary(lib.IT_TANH, self)
 
     def sigmoid(self):
-        return _ew.unary(lib.IT_SIGMOID, self)
+        return _ops.unary(lib.IT_SIGMOID, self)
 
     def relu(self):
-        return _ew.unary(lib.IT_RELU, self)
+        return _ops.unary(lib.IT_RELU, self)
 
     def sin(self):
-        return _ew.unary(lib.IT_SIN, self)
+        return _ops.unary(lib.IT_SIN, self)
 
     def cos(self):
-        return _ew.unary(lib.IT_COS, self)
+        return _ops.unary(lib.IT_COS, self)
 
     def square(self):
-        return _ew.unary(lib.IT_SQUARE, self)
+        return _ops.unary(lib.IT_SQUARE, self)
 
     def reciprocal(self):
-        return _ew.unary(lib.IT_RECIPROCAL, self)
+        return _ops.unary(lib.IT_RECIPROCAL, self)
 
     # ---- reductions --------------------------------------------------------------------
     def sum(self, dim=None, keepdim: bool = False):
-        return _ew.reduce(lib.IT_SUM, self, dim, keepdim)
+        return _ops.sum(self, dim, keepdim)
 
     def mean(self, dim=None, keepdim: bool = False):
-        return _ew.reduce(lib.IT_MEAN, self, dim, keepdim)
+        return _ops.mean(self, dim, keepdim)
 
     def max(self, dim=None, keepdim: bool = False):
         return _ew.reduce(lib.IT_MAX, self, dim, keepdim)
@@ -605,8 +681,7 @@ class Tensor:
         return _ew.argmax(self, dim, keepdim)
 
     def softmax(self, dim: int = -1):
-        from .kernels import nn
-        return nn.softmax(self, dim)
+        return _ops.softmax(self, dim)
 
 
 def _empty(shape: Iterable[int], dtype: _dt.dtype, device: Device) -> Tensor:
@@ -616,4 +691,8 @@ def _empty(shape: Iterable[int], dtype: _dt.dtype, device: Device) -> Tensor:
     return Tensor._make(storage, shape, _contiguous_strides(shape), 0, dtype)
 
 
-from .kernels import elementwise as _ew  # noqa: E402  (the kernels need Tensor defined)
+# Below Tensor because they need it defined.
+from .autograd.grad_mode import is_grad_enabled  # noqa: E402
+from .kernels import elementwise as _ew  # noqa: E402
+from .ops import math as _ops  # noqa: E402
+from .ops import shape as _shape_ops  # noqa: E402

@@ -54,26 +54,40 @@ def unary_backward(op: int, dout: Tensor, saved: Tensor) -> Tensor:
     return out
 
 
-def binary(op: int, a: Tensor, b) -> Tensor:
+def _check_out(out: Tensor, shape: tuple, like: Tensor) -> None:
+    if tuple(out.shape) != tuple(shape) or out.dtype is not like.dtype or not out.is_contiguous():
+        raise ValueError(f"out= must be a contiguous {like.dtype.name} tensor of shape {tuple(shape)}, "
+                         f"got {out.dtype.name} {tuple(out.shape)}")
+
+
+def binary(op: int, a: Tensor, b, out: Tensor | None = None) -> Tensor:
     if not isinstance(b, Tensor):
         raise TypeError(f"expected a tensor or a number, got {type(b).__name__}")
     _checks.same_device("elementwise op", left=a, right=b)
     _checks.same_dtype("elementwise op", left=a, right=b)
     shape = broadcast_shapes(a.shape, b.shape)
-    out = _empty(shape, a.dtype, a.device)
+    if out is None:
+        out = _empty(shape, a.dtype, a.device)
+    else:
+        _check_out(out, shape, a)
     check(lib.it_binary(a.device.native, op, a.dtype.native, out._ptr(), a._ptr(),
                         int64_array(_broadcast_strides(a, shape)), b._ptr(),
                         int64_array(_broadcast_strides(b, shape)), int64_array(shape), len(shape)))
     return out
 
 
-def scalar(op: int, x: Tensor, s) -> Tensor:
+def scalar(op: int, x: Tensor, s, out: Tensor | None = None) -> Tensor:
     if not isinstance(s, numbers.Real):
         raise TypeError(f"expected a number, got {type(s).__name__}")
     if not x.dtype.is_floating_point and float(s) != int(s):
+        if out is not None:
+            raise TypeError(f"cannot write a fractional result into a {x.dtype.name} tensor")
         x = x.to(_dt.float32)  # int tensor with a fractional scalar: compute in float
     x = x.contiguous()
-    out = _empty(x.shape, x.dtype, x.device)
+    if out is None:
+        out = _empty(x.shape, x.dtype, x.device)
+    else:
+        _check_out(out, x.shape, x)
     check(lib.it_scalar(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(), float(s),
                         x.numel()))
     return out
@@ -194,6 +208,29 @@ def argmax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 
 
 # ---- matrix products -----------------------------------------------------------------
+def linear(x2d: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x2d [N, in] @ weight[out, in]^T + bias: one sgemm, the bias preloaded into the output
+    and accumulated into by the product (beta = 1) instead of a separate pass."""
+    _checks.same_device("linear", input=x2d, weight=weight, bias=bias)
+    _checks.same_dtype("linear", input=x2d, weight=weight, bias=bias)
+    _checks.floating("linear", "input", x2d)
+    n, k = x2d.shape
+    o = weight.shape[0]
+    if weight.shape != (o, k):
+        raise ValueError(f"linear: input has {k} features but weight has shape {tuple(weight.shape)} "
+                         f"(expected [out_features, {k}])")
+    if bias is not None and bias.shape != (o,):
+        raise ValueError(f"linear: bias has shape {tuple(bias.shape)}, expected ({o},)")
+    x2d, weight = x2d.contiguous(), weight.contiguous()
+    out = _empty((n, o), x2d.dtype, x2d.device)
+    if bias is not None:
+        out.copy_(bias.expand(n, o))
+    check(lib.it_matmul(x2d.device.native, x2d.dtype.native, out._ptr(), x2d._ptr(), weight._ptr(),
+                        1, n, o, k, 0, 1, 1.0, 1.0 if bias is not None else 0.0, 0, 0, 0))
+    return out
+
+
+
 def _as_matrices(x: Tensor, batch: tuple):
     """x expanded to batch + its last two dims, as (tensor, transposed, batch_stride) such that
     problem i starts at tensor's data + i * batch_stride, copying only when the layout needs it."""

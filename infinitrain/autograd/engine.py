@@ -1,0 +1,132 @@
+"""The backward pass: walks the recorded graph from the roots in reverse topological order
+(Kahn's algorithm on the number of consumers of each node), sums the gradients that reach
+each node, calls its backward, frees what it saved, and accumulates into leaves.
+
+Leaf gradients are accumulated in place into an existing .grad (so that .grad can be a view
+into a communication bucket), and post-accumulate-grad hooks run right after: DDP launches a
+bucket's all-reduce from them while the rest of the backward pass goes on.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .grad_mode import no_grad
+
+
+def _dependencies(roots) -> dict:
+    """For every node reachable from the roots: how many edges point into it."""
+    deps, seen, stack = {}, set(), [n for n in roots]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for edge in node.edges:
+            if edge is not None and edge[0] is not None:
+                child = edge[0]
+                deps[child] = deps.get(child, 0) + 1
+                stack.append(child)
+    return deps
+
+
+def _accumulate_leaf(leaf, grad, fresh: set) -> None:
+    for hook in getattr(leaf, "_hooks", None) or ():
+        out = hook(grad)
+        if out is not None:
+            grad = out
+    if leaf.grad is None:
+        # One gradient object can reach several leaves (a + b passes its grad to both): the
+        # second gets a copy, so that later in-place accumulation never writes into another.
+        if id(grad) in fresh or not grad.is_contiguous() or grad.dtype is not leaf.dtype:
+            grad = grad.to(leaf.dtype, copy=True).contiguous()
+        fresh.add(id(grad))
+        leaf.grad = grad
+    else:
+        leaf.grad.add_(grad)
+    for hook in getattr(leaf, "_post_acc_hooks", None) or ():
+        hook(leaf)
+
+
+def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
+    from ..creation import ones_like
+    from ..tensor import Tensor
+    tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+    if grad_tensors is None:
+        grad_tensors = [None] * len(tensors)
+    elif isinstance(grad_tensors, Tensor):
+        grad_tensors = [grad_tensors]
+    with no_grad():
+        pending = {}   # node -> list of summed grads per output
+        fresh = set()
+        roots = []
+        for t, g in zip(tensors, grad_tensors):
+            if not t.requires_grad:
+                raise RuntimeError("backward(): the tensor does not require grad and has no "
+                                   "grad_fn (was it computed under no_grad, or from tensors "
+                                   "without requires_grad=True?)")
+            if g is None:
+                if t.numel() != 1:
+                    raise RuntimeError(f"backward(): a gradient must be given for a non-scalar "
+                                       f"output of shape {tuple(t.shape)}")
+                g = ones_like(t)
+            elif tuple(g.shape) != tuple(t.shape):
+                raise ValueError(f"backward(): gradient of shape {tuple(g.shape)} for a tensor "
+                                 f"of shape {tuple(t.shape)}")
+            else:
+                g = g.clone()
+            if t.grad_fn is None:
+                _accumulate_leaf(t, g, fresh)
+                continue
+            slots = pending.setdefault(t.grad_fn, [None] * t.grad_fn.num_outputs)
+            slots[t._output_nr] = g if slots[t._output_nr] is None else slots[t._output_nr] + g
+            roots.append(t.grad_fn)
+
+        deps = _dependencies(roots)
+        ready = deque(n for n in dict.fromkeys(roots) if deps.get(n, 0) == 0)
+        while ready:
+            node = ready.popleft()
+            grads = pending.pop(node)
+            if node.hooks:
+                for nr, hooks in node.hooks.items():
+                    for hook in hooks:
+                        out = hook(grads[nr])
+                        if out is not None:
+                            grads[nr] = out
+            grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
+            in_grads = node.function.backward(node.ctx, *grads)
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            if not retain_graph:
+                node.ctx.release()
+            if len(in_grads) < len(node.edges):
+                raise RuntimeError(f"{node.name()} returned {len(in_grads)} gradients for "
+                                   f"{len(node.edges)} inputs")
+            for edge, g in zip(node.edges, in_grads):
+                if edge is None or g is None:
+                    if edge is not None and edge[0] is not None:
+                        _release_dependency(edge[0], deps, ready, pending)
+                    continue
+                child, where = edge
+                if child is None:
+                    _accumulate_leaf(where, g, fresh)
+                    continue
+                slots = pending.setdefault(child, [None] * child.num_outputs)
+                slots[where] = g if slots[where] is None else slots[where] + g
+                _release_dependency(child, deps, ready, pending)
+
+
+def _release_dependency(child, deps, ready, pending) -> None:
+    deps[child] -= 1
+    if deps[child] == 0:
+        if child in pending:
+            ready.append(child)
+        else:  # nothing reached it: its inputs get nothing either, but count them down
+            for edge in child.edges:
+                if edge is not None and edge[0] is not None:
+                    _release_dependency(edge[0], deps, ready, pending)
+
+
+def _zeros_for(node, output_nr):
+    shape, dtype, device = node.ctx.output_meta[output_nr]
+    from ..tensor import _empty
+    return _empty(shape, dtype, device).fill_(0)

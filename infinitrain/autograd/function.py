@@ -1,0 +1,96 @@
+"""Function: a differentiable operation with forward(ctx, ...) and backward(ctx, *grads).
+
+Function.apply runs forward without recording, then, if grad mode is on and an input needs a
+gradient, links the outputs to a Node that remembers the context and where each input's
+gradient goes: to the node that produced the input, or to the input itself if it is a leaf.
+"""
+from __future__ import annotations
+
+from .grad_mode import is_grad_enabled, no_grad
+
+
+class Context:
+    """What forward leaves for backward. Saved tensors are released as soon as backward has
+    used them, so a graph can be walked once (as in PyTorch without retain_graph)."""
+
+    def __init__(self, needs_input_grad: tuple):
+        self.needs_input_grad = needs_input_grad
+        self._saved = ()
+        self._released = False
+
+    def save_for_backward(self, *tensors) -> None:
+        self._saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple:
+        if self._released:
+            raise RuntimeError("trying to run backward through the graph a second time (its "
+                               "saved tensors were freed after the first); call "
+                               "backward(retain_graph=True) the first time if you need that")
+        return self._saved
+
+    def release(self) -> None:
+        self._saved = ()
+        self._released = True
+        for name in [k for k in vars(self) if k not in ("needs_input_grad", "_saved", "_released")]:
+            delattr(self, name)  # anything else forward stashed (tensors kept as attributes)
+
+
+class Node:
+    """One recorded application of a Function."""
+
+    __slots__ = ("function", "ctx", "edges", "num_outputs", "hooks", "__weakref__")
+
+    def __init__(self, function, ctx: Context, edges: list, num_outputs: int):
+        self.function = function
+        self.ctx = ctx
+        self.edges = edges            # per input: (Node, output_nr), (None, leaf tensor) or None
+        self.num_outputs = num_outputs
+        self.hooks = None             # {output_nr: [fn]} from register_hook on non-leaf outputs
+
+    def name(self) -> str:
+        return self.function.__name__ + "Backward"
+
+    def __repr__(self) -> str:
+        return f"<{self.name()}>"
+
+
+def _edge(t):
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    return (None, t)  # a leaf that requires grad
+
+
+class Function:
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        from ..tensor import Tensor
+        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        record = any(needs) and is_grad_enabled()
+        ctx = Context(needs)
+        with no_grad():
+            out = cls.forward(ctx, *args, **kwargs)
+        if not record:
+            return out
+        outputs = out if isinstance(out, tuple) else (out,)
+        edges = [_edge(a) if need else None for a, need in zip(args, needs)]
+        node = Node(cls, ctx, edges, len(outputs))
+        if len(outputs) > 1:  # to make zeros for outputs that get no gradient
+            ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
+        for i, o in enumerate(outputs):
+            if isinstance(o, Tensor) and o.dtype.is_floating_point:
+                if o.grad_fn is not None or o.requires_grad or any(o is a for a in args):
+                    o = o.detach()  # forward returned an input or a recorded tensor: re-wrap
+                    outputs = outputs[:i] + (o,) + outputs[i + 1:]
+                o.requires_grad = True
+                o.grad_fn = node
+                o._output_nr = i
+        return outputs if isinstance(out, tuple) else outputs[0]

@@ -1,0 +1,52 @@
+"""In-place initialisers (torch.nn.init)."""
+from __future__ import annotations
+
+import math
+
+from ..autograd import no_grad
+from ..random import default_generator
+
+
+def _fill(tensor, fill):
+    """Runs fill(target) on the tensor's memory, through a contiguous copy if it is strided."""
+    if tensor.is_contiguous():
+        fill(tensor.detach())
+    else:
+        from ..tensor import _empty
+        tmp = _empty(tensor.shape, tensor.dtype, tensor.device)
+        fill(tmp)
+        tensor.copy_(tmp)
+    return tensor
+
+
+@no_grad()
+def normal_(tensor, mean: float = 0.0, std: float = 1.0, generator=None):
+    g = generator or default_generator
+    return _fill(tensor, lambda t: g.fill_normal(t, mean, std))
+
+
+@no_grad()
+def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None):
+    g = generator or default_generator
+    return _fill(tensor, lambda t: g.fill_uniform(t, a, b))
+
+
+@no_grad()
+def zeros_(tensor):
+    return tensor.fill_(0)
+
+
+@no_grad()
+def ones_(tensor):
+    return tensor.fill_(1)
+
+
+@no_grad()
+def constant_(tensor, value: float):
+    return tensor.fill_(value)
+
+
+def kaiming_uniform_linear_(weight, generator=None):
+    """PyTorch's default Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    bound = 1.0 / math.sqrt(weight.shape[1]) if weight.shape[1] else 0.0
+    return uniform_(weight, -bound, bound, generator)

@@ -1,0 +1,27 @@
+"""Parameter: a Tensor that a Module registers as trainable."""
+from __future__ import annotations
+
+from ..tensor import Tensor
+
+
+class Parameter(Tensor):
+    __slots__ = ()
+
+    def __new__(cls, data: Tensor, requires_grad: bool = True):
+        if not isinstance(data, Tensor):
+            raise TypeError(f"Parameter(data) needs a Tensor, got {type(data).__name__}")
+        p = cls._make(data._storage, data.shape, data.stride(), data._offset, data.dtype)
+        p.requires_grad = requires_grad
+        return p
+
+    def __init__(self, data=None, requires_grad: bool = True):
+        pass
+
+    def _assign(self, t: Tensor) -> None:
+        """Points this parameter at t's memory (dtype/device changes keep the same object, so
+        optimizers and hooks that hold it stay valid)."""
+        self._storage, self._shape, self._strides = t._storage, t.shape, t.stride()
+        self._offset, self.dtype = t._offset, t.dtype
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()

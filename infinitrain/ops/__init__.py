@@ -1,0 +1,1 @@
+"""Differentiable operations: autograd Functions over the native kernels."""

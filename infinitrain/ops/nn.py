@@ -1,0 +1,160 @@
+"""Differentiable neural-network operations, each one fused Function over the native kernels."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._native import lib
+from ..autograd import Function
+from ..kernels import elementwise as ew
+from ..kernels import nn as knn
+from ..tensor import Tensor, _empty
+
+
+class Linear(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x2 = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(x2, weight)
+        ctx.in_shape = x.shape
+        ctx.has_bias = bias is not None
+        return ew.linear(x2, weight, bias).reshape(x.shape[:-1] + (weight.shape[0],))
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, weight = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = ew.matmul(g2, weight).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
+        gw = ew.matmul(g2.t(), x2) if ctx.needs_input_grad[1] else None
+        gb = ew.reduce(lib.IT_SUM, g2, 0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        out, mean, rstd = knn.layer_norm(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = knn.layer_norm_backward(g, x, weight, mean, rstd, ctx.has_bias)
+        return dx, dw, db, None
+
+
+class RMSNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        out, rstd = knn.rms_norm(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = knn.rms_norm_backward(g, x, weight, rstd)
+        return dx, dw, None
+
+
+class CrossEntropy(Function):
+    """Mean (or sum, or per-row) cross-entropy of logits [N, V'] over the first `vocab` columns."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, vocab, ignore_index, reduction):
+        losses, lse = knn.cross_entropy(logits, targets, vocab, ignore_index)
+        ctx.save_for_backward(logits, lse, targets)
+        ctx.vocab, ctx.ignore_index, ctx.reduction = vocab, ignore_index, reduction
+        if reduction == "none":
+            return losses
+        total = losses.sum()
+        if reduction == "sum":
+            return total
+        count = int(np.count_nonzero(targets.numpy() != ignore_index))
+        ctx.count = count
+        return ew.div(total, max(count, 1)) if count else ew.mul(total, float("nan"))
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, lse, targets = ctx.saved_tensors
+        n = logits.shape[0]
+        if ctx.reduction == "none":
+            dlosses = g.float().contiguous()
+        else:
+            scale = g.float().item() / (ctx.count if ctx.reduction == "mean" and ctx.count else 1)
+            dlosses = _empty((n,), lse.dtype, lse.device).fill_(scale)
+        return knn.cross_entropy_backward(dlosses, logits, lse, targets, ctx.vocab,
+                                          ctx.ignore_index), None, None, None, None
+
+
+class Embedding(Function):
+    @staticmethod
+    def forward(ctx, indices, weight):
+        ctx.save_for_backward(indices)
+        ctx.weight_meta = (weight.shape, weight.dtype, weight.device)
+        return knn.embedding(weight, indices)
+
+    @staticmethod
+    def backward(ctx, g):
+        (indices,) = ctx.saved_tensors
+        shape, dtype, device = ctx.weight_meta
+        dweight = _empty(shape, dtype, device).fill_(0)
+        return None, knn.embedding_backward(dweight, g.contiguous(), indices)
+
+
+class CausalAttention(Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        out, lse = knn.causal_attention(q, k, v, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = knn.causal_attention_backward(g, q, k, v, out, lse, ctx.scale)
+        return dq, dk, dv, None
+
+
+class Rope(Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return knn.rope(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        return knn.rope_backward(g, cos, sin), None, None
+
+
+class Dropout(Function):
+    @staticmethod
+    def forward(ctx, x, p, generator):
+        from ..random import default_generator
+        u = _empty(x.shape, x.dtype, x.device)
+        (generator or default_generator).fill_uniform(u)
+        # keep = (u >= p): (u - p) scaled far past 1 and clamped to [0, 1] is exactly 0 or 1,
+        # since uniform draws are multiples of 2^-24 away from p unless equal to it.
+        keep = ew.scalar(lib.IT_SCALAR_MIN, ew.scalar(lib.IT_SCALAR_MAX,
+                         ew.mul(ew.sub(u, p), 1e30), 0.0), 1.0)
+        mask = ew.mul(keep, 1.0 / (1.0 - p))
+        ctx.save_for_backward(mask)
+        return ew.mul(x, mask)
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        return ew.mul(g, mask), None, None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    return Linear.apply(x, weight, bias)
+
+
+def causal_attention(q, k, v, scale=None):
+    return CausalAttention.apply(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
