@@ -60,6 +60,11 @@ LIBRARY_PATH = _find("INFINITRAIN_LIBRARY", f"lib/{_LIB_NAME}",
 HEADER_PATH = _find("INFINITRAIN_HEADER", "include/infinitrain.h",
                     _PKG_DIR.parent / "native" / "include" / "infinitrain.h")
 
+# OpenMP threads that spin after a parallel region steal the cores from OpenBLAS's own
+# (pthreads) workers that run the next matrix product, and the other way round: measured on a
+# GPT-2 step, passive waiting is ~40% faster. libgomp reads this when it loads, which is now.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ffi = cffi.FFI()
 ffi.cdef(_read_cdef(HEADER_PATH))
 lib = ffi.dlopen(str(LIBRARY_PATH))

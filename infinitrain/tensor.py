@@ -167,6 +167,14 @@ class Tensor:
     def _reshape_raw(self, shape) -> "Tensor":
         return self._view(shape, _contiguous_strides(shape))
 
+    def _reshape_strided(self, *shape) -> "Tensor":
+        """Splits the last dimension of a view whose last dimension is contiguous."""
+        if self._strides[-1] != 1 or math.prod(shape[self.ndim - 1:]) != self._shape[-1]:
+            raise ValueError(f"cannot split the last dimension of {self._shape} into {shape}")
+        tail = shape[self.ndim - 1:]
+        return self._view(self._shape[:-1] + tuple(tail),
+                          self._strides[:-1] + _contiguous_strides(tail))
+
     def view(self, *shape) -> "Tensor":
         shape = self._infer_shape(shape)
         if not self.is_contiguous():

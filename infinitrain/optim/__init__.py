@@ -1,0 +1,7 @@
+"""Optimizers and learning-rate schedules, named as in torch.optim."""
+from . import lr_scheduler
+from .adam import Adam, AdamW
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]

@@ -1,0 +1,73 @@
+"""Learning-rate schedules (torch.optim.lr_scheduler style: call step() after optimizer.step())."""
+from __future__ import annotations
+
+import math
+
+
+class LRScheduler:
+    def __init__(self, optimizer, last_epoch: int = -1):
+        self.optimizer = optimizer
+        self.base_lrs = [g.setdefault("initial_lr", g["lr"]) for g in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self.step()
+
+    def factor(self, step: int) -> float:
+        raise NotImplementedError
+
+    def get_last_lr(self) -> list:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
+            g["lr"] = base * self.factor(self.last_epoch)
+
+    def state_dict(self) -> dict:
+        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_epoch = int(state["last_epoch"]) - 1
+        self.base_lrs = list(state["base_lrs"])
+        self.step()
+
+
+class ConstantLR(LRScheduler):
+    def factor(self, step: int) -> float:
+        return 1.0
+
+
+class LambdaLR(LRScheduler):
+    def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
+        self.lr_lambda = lr_lambda
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step: int) -> float:
+        return self.lr_lambda(step)
+
+
+class WarmupCosineLR(LRScheduler):
+    """Linear warmup from lr/warmup to lr over `warmup_steps` (step k uses (k+1)/warmup, as
+    llm.c does), then cosine decay to lr * min_lr_ratio at `total_steps`."""
+
+    def __init__(self, optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0,
+                 last_epoch: int = -1):
+        if warmup_steps < 0 or total_steps <= 0:
+            raise ValueError(f"WarmupCosineLR: warmup_steps ({warmup_steps}) must be >= 0 and "
+                             f"total_steps ({total_steps}) > 0")
+        self.warmup, self.total, self.min_ratio = warmup_steps, total_steps, min_lr_ratio
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if step >= self.total:
+            return self.min_ratio
+        progress = (step - self.warmup) / max(1, self.total - self.warmup)
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class WarmupConstantLR(WarmupCosineLR):
+    """Linear warmup, then constant."""
+
+    def factor(self, step: int) -> float:
+        return (step + 1) / self.warmup if step < self.warmup else 1.0

@@ -1,0 +1,100 @@
+"""Optimizer: parameter groups, per-parameter state, zero_grad and state_dict, as torch.optim."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import no_grad
+from ..tensor import Tensor
+
+
+class Optimizer:
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        params = list(params)
+        if not params:
+            raise ValueError(f"{type(self).__name__} got an empty parameter list")
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        self.param_groups = []
+        self.state = {}  # Parameter -> dict (keyed by the parameter object itself)
+        for g in groups:
+            self.add_param_group(g)
+
+    def add_param_group(self, group: dict) -> None:
+        group = dict(group)
+        group["params"] = list(group["params"])
+        for p in group["params"]:
+            if not isinstance(p, Tensor) or not p.requires_grad:
+                raise ValueError(f"{type(self).__name__}: every parameter must be a tensor with "
+                                 "requires_grad=True")
+            if not p.dtype.is_floating_point:
+                raise TypeError(f"{type(self).__name__}: cannot optimise a {p.dtype.name} tensor")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in group["params"]):
+            raise ValueError("a parameter appears in more than one parameter group")
+        for k, v in self.defaults.items():
+            group.setdefault(k, v)
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        with no_grad():
+                            p.grad.zero_()
+
+    def step(self):
+        raise NotImplementedError
+
+    # ---- state_dict: parameters are numbered in group order, as in PyTorch ----------------
+    def state_dict(self) -> dict:
+        index, groups = 0, []
+        numbered = {}
+        for g in self.param_groups:
+            ids = []
+            for p in g["params"]:
+                numbered[id(p)] = index
+                ids.append(index)
+                index += 1
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": ids})
+        state = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p in self.state:
+                    state[numbered[id(p)]] = {k: (v.clone() if isinstance(v, Tensor) else v)
+                                              for k, v in self.state[p].items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"optimizer state has {len(groups)} parameter groups, this optimizer "
+                             f"has {len(self.param_groups)}")
+        params = []
+        for saved, own in zip(groups, self.param_groups):
+            if len(saved["params"]) != len(own["params"]):
+                raise ValueError(f"a parameter group has {len(own['params'])} parameters but the "
+                                 f"saved one has {len(saved['params'])}")
+            params += own["params"]
+        self.state = {}
+        for i, st in state_dict["state"].items():
+            p = params[int(i)]
+            new = {}
+            for k, v in st.items():
+                if isinstance(v, (Tensor, np.ndarray)):
+                    t = v if isinstance(v, Tensor) else _from_array(v)
+                    if tuple(t.shape) != tuple(p.shape) and t.numel() > 1:
+                        raise ValueError(f"optimizer state '{k}' of parameter {i} has shape "
+                                         f"{tuple(t.shape)}, the parameter {tuple(p.shape)}")
+                    v = t.clone()
+                new[k] = v
+            self.state[p] = new
+        for saved, own in zip(groups, self.param_groups):
+            own.update({k: v for k, v in saved.items() if k != "params"})
+
+
+def _from_array(a):
+    from ..creation import from_numpy
+    return from_numpy(np.ascontiguousarray(a))
