@@ -15,14 +15,17 @@ from .storage import Storage
 from .tensor import Tensor, _empty, _parse_size
 
 
-def _new(size, dtype, device, requires_grad) -> Tensor:
-    t = _empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), as_device(device))
-    t.requires_grad = requires_grad
-    return t
+def _new(size, dtype, device) -> Tensor:
+    return _empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), as_device(device))
+
+
+def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
+    """Marks a freshly filled tensor as a leaf that requires grad (after filling it)."""
+    return t.requires_grad_(requires_grad) if requires_grad else t
 
 
 def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _new(size, dtype, device, requires_grad)
+    return _leaf(_new(size, dtype, device), requires_grad)
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -30,16 +33,16 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = Fal
         raise TypeError(f"full(): fill_value must be a number, got {type(fill_value).__name__}")
     if dtype is None and isinstance(fill_value, numbers.Integral) and not isinstance(fill_value, bool):
         dtype = _dt.int64
-    t = _new(size if isinstance(size, (tuple, list)) else (size,), dtype, device, requires_grad)
-    return t.fill_(fill_value)
+    t = _new(size if isinstance(size, (tuple, list)) else (size,), dtype, device)
+    return _leaf(t.fill_(fill_value), requires_grad)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _new(size, dtype, device, requires_grad).fill_(0)
+    return _leaf(_new(size, dtype, device).fill_(0), requires_grad)
 
 
 def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _new(size, dtype, device, requires_grad).fill_(1)
+    return _leaf(_new(size, dtype, device).fill_(1), requires_grad)
 
 
 def empty_like(t: Tensor, dtype=None) -> Tensor:
@@ -68,23 +71,23 @@ def arange(start, end=None, step=1, *, dtype=None, device=None,
     if dtype is None:
         is_int = all(isinstance(v, numbers.Integral) for v in (start, end, step))
         dtype = _dt.int64 if is_int else _dt.float32
-    t = _new((n,), dtype, device, requires_grad)
+    t = _new((n,), dtype, device)
     check(lib.it_arange(t.device.native, t.dtype.native, t._ptr(), float(start), float(step), n))
-    return t
+    return _leaf(t, requires_grad)
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Uniform on [0, 1)."""
-    t = _new(size, dtype, device, requires_grad)
+    t = _new(size, dtype, device)
     (generator or default_generator).fill_uniform(t)
-    return t
+    return _leaf(t, requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Standard normal."""
-    t = _new(size, dtype, device, requires_grad)
+    t = _new(size, dtype, device)
     (generator or default_generator).fill_normal(t)
-    return t
+    return _leaf(t, requires_grad)
 
 
 def from_numpy(arr: np.ndarray) -> Tensor:
@@ -112,9 +115,7 @@ def from_numpy(arr: np.ndarray) -> Tensor:
 def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of data (nested lists, numbers, numpy arrays, tensors)."""
     if isinstance(data, Tensor):
-        t = data.to(dtype or data.dtype, copy=True)
-        t.requires_grad = requires_grad
-        return t
+        return _leaf(data.detach().to(dtype or data.dtype, copy=True), requires_grad)
     arr = np.asarray(data)
     if dtype is None:
         if arr.dtype.kind == "f":
@@ -127,6 +128,6 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Ten
             dtype = _dt.from_numpy_dtype(arr.dtype)
     dtype = _dt.as_dtype(dtype)
     arr = np.ascontiguousarray(arr.astype(dtype.numpy, copy=False))
-    out = _new(arr.shape, dtype, device, requires_grad)
+    out = _new(arr.shape, dtype, device)
     out.numpy()[...] = arr
-    return out
+    return _leaf(out, requires_grad)

@@ -92,6 +92,8 @@ def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
                         out = hook(grads[nr])
                         if out is not None:
                             grads[nr] = out
+            if node.ctx._released:
+                node.ctx.saved_tensors  # raises: this graph was already walked
             grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
             in_grads = node.function.backward(node.ctx, *grads)
             if not isinstance(in_grads, tuple):

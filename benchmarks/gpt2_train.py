@@ -1,0 +1,106 @@
+"""GPT-2 training throughput and peak memory: infinitrain against PyTorch's CPU build on the
+same configuration, threads and data, each run in a fresh process.
+
+    python benchmarks/gpt2_train.py                      # small and 124M, 1 and 2 threads
+    python benchmarks/gpt2_train.py --configs small --threads 2 --steps 5
+
+Configurations: small = 4 layers, 256 wide, seq 256, batch 8; 124M = GPT-2 (d12), seq 256,
+batch 4; vocab 50257 (infinitrain pads it to 50304 as llm.c does), fp32, AdamW. Prints
+median tok/s over the measured steps (after warm-up), peak RSS of the process, and the ratio.
+Needs `pip install torch==2.13.0`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CONFIGS = {"small": dict(model="small", B=8, T=256), "124M": dict(model="gpt2", B=4, T=256)}
+
+
+def child(framework: str, config: str, threads: int, steps: int, warmup: int) -> dict:
+    import resource
+    import time
+
+    import numpy as np
+    cfg = CONFIGS[config]
+    B, T = cfg["B"], cfg["T"]
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 50257, (B, T + 1)) for _ in range(warmup + steps)]
+    times = []
+    if framework == "infinitrain":
+        import infinitrain as it
+        from infinitrain.models import gpt2
+        it.manual_seed(0)
+        model = gpt2(cfg["model"])
+        opt = it.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+        for b in batches:
+            x, y = it.from_numpy(b[:, :-1].copy()), it.from_numpy(b[:, 1:].copy())
+            t0 = time.perf_counter()
+            _, loss = model(x, y, return_logits=False)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            times.append(time.perf_counter() - t0)
+    else:
+        import torch
+        torch.set_num_threads(threads)
+        sys.path.insert(0, str(Path(__file__).parent))
+        from torch_gpt2 import TorchGPT2
+        from infinitrain.models import GPT2_PRESETS
+        c = GPT2_PRESETS[cfg["model"]]
+        torch.manual_seed(0)
+        # the unpadded vocabulary, as a PyTorch user would write it (padding only adds work there)
+        model = TorchGPT2(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size, c.vocab_size)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+        for b in batches:
+            x, y = torch.from_numpy(b[:, :-1].copy()), torch.from_numpy(b[:, 1:].copy())
+            t0 = time.perf_counter()
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss.item()
+            times.append(time.perf_counter() - t0)
+    measured = sorted(times[warmup:])
+    median = measured[len(measured) // 2]
+    return {"tok_s": B * T / median, "ms": median * 1e3,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--threads", type=int, nargs="*", default=[1, 2])
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "CONFIG", "THREADS"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.steps, a.warmup)))
+        return
+    print(f"{'config':7s} {'threads':>7s} | {'infinitrain tok/s':>17s} {'peak RSS':>9s} | "
+          f"{'PyTorch tok/s':>13s} {'peak RSS':>9s} | {'speed':>6s} {'memory':>6s}")
+    for config in a.configs:
+        for n in a.threads:
+            res = {}
+            for fw in ("infinitrain", "torch"):
+                env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n))
+                out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--warmup",
+                                      str(a.warmup), "--child", fw, config, str(n)],
+                                     env=env, capture_output=True, text=True)
+                if out.returncode != 0:
+                    sys.exit(f"{fw} {config} failed:\n{out.stderr[-2000:]}")
+                res[fw] = json.loads(out.stdout.strip().splitlines()[-1])
+            i, t = res["infinitrain"], res["torch"]
+            print(f"{config:7s} {n:7d} | {i['tok_s']:17.0f} {i['rss_mb']:7.0f}MB | {t['tok_s']:13.0f} "
+                  f"{t['rss_mb']:7.0f}MB | {i['tok_s'] / t['tok_s']:5.2f}x {i['rss_mb'] / t['rss_mb']:5.2f}x",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
