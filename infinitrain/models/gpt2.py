@@ -17,6 +17,7 @@ from ..nn import init
 from ..nn.module import Module
 from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict, ModuleList
 from ..ops import nn as ops_nn
+from .base import CausalLM
 from ..data.llmc import DataFormatError, _atomic_write
 
 LLMC_GPT2_MAGIC = 20240326
@@ -87,7 +88,8 @@ class Block(Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT2(Module):
+class GPT2(CausalLM):
+    config_class = GPT2Config
     def __init__(self, config: GPT2Config, seed: int | None = None):
         super().__init__()
         self.config = config
@@ -139,25 +141,6 @@ class GPT2(Module):
             loss = ops_nn.CrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(-1),
                                              self.config.vocab_size, -100, "mean")
         return (logits[..., :self.config.vocab_size] if return_logits else None), loss
-
-    @no_grad()
-    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int = 0):
-        """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix)."""
-        rng = np.random.default_rng(seed)
-        tokens = idx.numpy().astype(np.int64)
-        for _ in range(max_new_tokens):
-            ctx = tokens[:, -self.config.block_size:]
-            logits, _ = self(creation.from_numpy(np.ascontiguousarray(ctx)))
-            last = logits[:, -1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
-            if top_k:
-                kth = np.sort(last, axis=-1)[:, -top_k][:, None]
-                last = np.where(last < kth, -np.inf, last)
-            p = np.exp(last - last.max(-1, keepdims=True))
-            p /= p.sum(-1, keepdims=True)
-            nxt = np.array([[rng.choice(p.shape[-1], p=row)] for row in p])
-            tokens = np.concatenate([tokens, nxt], axis=1)
-        return creation.from_numpy(tokens)
 
     # ---- llm.c checkpoints -------------------------------------------------------------
     def _llmc_tensors(self):

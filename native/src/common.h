@@ -210,6 +210,15 @@ static inline float it_vmax(const float *x, int64_t n) {
     return nan ? NAN : m;
 }
 
+/* ---- streaming stores ------------------------------------------------------------------ */
+/* Outputs larger than the caches are written with non-temporal stores: a normal store first
+ * reads the destination line into the cache (read-for-ownership), so an output costs two DRAM
+ * transfers instead of one. Used for rows that are computed in a cache-resident scratch row.
+ * Call it_stream_fence() before the data is read by another thread (end of the kernel). */
+#define IT_STREAM_MIN_BYTES ((int64_t)16 << 20)
+void it_store_scaled_stream(float *dst, const float *src, float scale, int64_t n);
+void it_stream_fence(void);
+
 /* ---- BLAS ----------------------------------------------------------------------------- */
 /* Sets the number of BLAS threads and returns the previous value (a no-op for BLAS libraries
  * without the call); used around OpenMP regions whose threads each call sgemm. */

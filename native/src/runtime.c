@@ -146,6 +146,24 @@ void it_scratch_free(void *p) {
     it_storage_free(s);
 }
 
+/* ---- streaming stores ------------------------------------------------------------------ */
+#if defined(__x86_64__) || defined(__SSE__)
+#include <xmmintrin.h>
+void it_store_scaled_stream(float *dst, const float *src, float scale, int64_t n) {
+    int64_t c = 0;
+    for (; c < n && ((uintptr_t)(dst + c) & 15); c++) dst[c] = src[c] * scale;
+    __m128 s = _mm_set1_ps(scale);
+    for (; c + 4 <= n; c += 4) _mm_stream_ps(dst + c, _mm_mul_ps(_mm_loadu_ps(src + c), s));
+    for (; c < n; c++) dst[c] = src[c] * scale;
+}
+void it_stream_fence(void) { _mm_sfence(); }
+#else
+void it_store_scaled_stream(float *dst, const float *src, float scale, int64_t n) {
+    for (int64_t c = 0; c < n; c++) dst[c] = src[c] * scale;
+}
+void it_stream_fence(void) {}
+#endif
+
 /* ---- dtypes --------------------------------------------------------------------------- */
 size_t it_dtype_size(it_dtype dtype) {
     switch (dtype) {

@@ -45,15 +45,19 @@ IT_HOT static void rmsnorm_backward_row(float *dx, const float *dy, const float 
     for (int64_t c = 0; c < C; c++) dx[c] = r * (dx[c] - x[c] * r * dot);
 }
 
-IT_HOT static void softmax_row(float *y, const float *x, int64_t C) {
+/* e = exp(x - max(x)) into `e` (a cache-resident row, or y itself); returns 1 / sum(e). */
+IT_HOT static float softmax_exp_row(float *e, const float *x, int64_t C) {
     float m = it_vmax(x, C);
     float acc[IT_LANES] = {0};
     int64_t c = 0;
     for (; c + IT_LANES <= C; c += IT_LANES)
-        for (int j = 0; j < IT_LANES; j++) acc[j] += (y[c + j] = it_expf(x[c + j] - m));
-    for (; c < C; c++) acc[c % IT_LANES] += (y[c] = it_expf(x[c] - m));
-    float inv = 1.0f / it_lanes_total(acc);
-    for (c = 0; c < C; c++) y[c] *= inv;
+        for (int j = 0; j < IT_LANES; j++) acc[j] += (e[c + j] = it_expf(x[c + j] - m));
+    for (; c < C; c++) acc[c % IT_LANES] += (e[c] = it_expf(x[c] - m));
+    return 1.0f / it_lanes_total(acc);
+}
+
+IT_HOT static void scale_row(float *y, float s, int64_t C) {
+    for (int64_t c = 0; c < C; c++) y[c] *= s;
 }
 
 IT_HOT static void softmax_backward_row(float *dx, const float *dy, const float *y, int64_t C) {
@@ -157,22 +161,32 @@ it_status it_layernorm_forward(it_device device, it_dtype dtype, void *out, floa
     IT_CHECK_ARG(out && mean && rstd && inp, "it_layernorm_forward: NULL pointer");
     IT_CHECK_ARG(weight || !bias, "it_layernorm_forward: a bias needs a weight");
     int64_t C = cols;
+    int stream = dtype == IT_FLOAT32 && rows * cols * 4 >= IT_STREAM_MIN_BYTES && out != inp;
+    int failed = 0;
 #pragma omp parallel if (rows * cols > 16384)
     {
-        float *scratch = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)C * 16);
+        int scratched = dtype != IT_FLOAT32 || stream;
+        float *scratch = scratched ? (float *)it_scratch_alloc((size_t)C * 16) : NULL;
+        if (scratched && !scratch) failed = 1;
         float *xb = scratch, *yb = scratch ? scratch + C : NULL;
         const float *w = NULL, *b = NULL;
-        if (weight) w = it_row_load(dtype, weight, 0, C, scratch ? scratch + 2 * C : NULL);
-        if (bias) b = it_row_load(dtype, bias, 0, C, scratch ? scratch + 3 * C : NULL);
+        if (scratch || !scratched) {
+            if (weight) w = it_row_load(dtype, weight, 0, C, scratch ? scratch + 2 * C : NULL);
+            if (bias) b = it_row_load(dtype, bias, 0, C, scratch ? scratch + 3 * C : NULL);
+        }
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < rows; n++) {
+            if (scratched && !scratch) continue;
             const float *x = it_row_load(dtype, inp, n * C, C, xb);
-            float *y = it_row_dest(dtype, out, n * C, yb);
+            float *y = stream ? yb : it_row_dest(dtype, out, n * C, yb);
             layernorm_row(y, mean + n, rstd + n, x, w, b, C, eps);
-            it_row_store(dtype, out, n * C, y, C);
+            if (stream) it_store_scaled_stream((float *)out + n * C, y, 1.0f, C);
+            else it_row_store(dtype, out, n * C, y, C);
         }
+        if (stream) it_stream_fence();
         it_scratch_free(scratch);
     }
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_layernorm_forward: out of memory");
     return IT_OK;
 }
 
@@ -233,19 +247,32 @@ it_status it_softmax_forward(it_device device, it_dtype dtype, void *out, const 
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(out && inp, "it_softmax_forward: NULL pointer");
     int64_t C = cols;
+    /* A large float32 output is computed row by row in scratch and streamed out. */
+    int stream = dtype == IT_FLOAT32 && rows * cols * 4 >= IT_STREAM_MIN_BYTES && out != inp;
+    int failed = 0;
 #pragma omp parallel if (rows * cols > 16384)
     {
-        float *scratch = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)C * 8);
+        int scratched = dtype != IT_FLOAT32 || stream;
+        float *scratch = scratched ? (float *)it_scratch_alloc((size_t)C * 8) : NULL;
+        if (scratched && !scratch) failed = 1;
         float *xb = scratch, *yb = scratch ? scratch + C : NULL;
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < rows; n++) {
+            if (scratched && !scratch) continue;
             const float *x = it_row_load(dtype, inp, n * C, C, xb);
+            if (stream) {
+                float inv = softmax_exp_row(yb, x, C);
+                it_store_scaled_stream((float *)out + n * C, yb, inv, C);
+                continue;
+            }
             float *y = it_row_dest(dtype, out, n * C, yb);
-            softmax_row(y, x, C);
+            scale_row(y, softmax_exp_row(y, x, C), C);
             it_row_store(dtype, out, n * C, y, C);
         }
+        if (stream) it_stream_fence();
         it_scratch_free(scratch);
     }
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_softmax_forward: out of memory");
     return IT_OK;
 }
 

@@ -1,0 +1,26 @@
+"""Trains LLaMA-3 on llm.c token shards, with the same flags and log line as the GPT-2 example.
+
+    python -m infinitrain.examples.llama3 --model small --num_iteration 50 --sample_every 50
+
+With no data flags it trains the `small` preset (GPT-2 vocabulary) on Shakespeare;
+--llmc_filepath starts from an InfiniTrain/llm.c-style LLaMA-3 checkpoint (magic 20240803).
+Presets: llama3.2-1b, llama3.2-3b, llama3-8b, small, tiny. Run with --help for the flags.
+"""
+from __future__ import annotations
+
+import sys
+
+from infinitrain.examples.lm_train import parse_args, train
+from infinitrain.models import LLAMA3_PRESETS, LLaMA3, llama3
+
+
+def build_model(args):
+    return LLaMA3.from_llmc(args.llmc_filepath) if args.llmc_filepath else llama3(args.model)
+
+
+def main(argv=None) -> int:
+    return train(parse_args(argv, __doc__, LLAMA3_PRESETS, "small"), build_model)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

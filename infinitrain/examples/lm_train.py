@@ -1,0 +1,166 @@
+"""The language-model training loop shared by the GPT-2 and LLaMA-3 examples: InfiniTrain's
+flags, llm.c's data order, one log line per step:
+
+    step    1/10 | train loss 10.996094 | lr 1.00e-04 | (123.45 ms | 1234 tok/s | peak used:   512 MB | DP=1, TP=1, SP=0, PP=1)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import infinitrain as it
+from infinitrain.checkpoint import load_checkpoint, save_checkpoint
+from infinitrain.data import Tokenizer, TokenLoader
+from infinitrain.data.prepare import shakespeare_files
+from infinitrain.nn.utils import clip_grad_norm_
+from infinitrain.optim import AdamW
+from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
+
+
+def parse_args(argv, description: str, presets, default_model: str):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input_bin", default=None, help="training token shard(s), a path or glob (default: Shakespeare)")
+    p.add_argument("--input_val_bin", default=None, help="validation token shard(s)")
+    p.add_argument("--tokenizer_bin", default=None, help="llm.c tokenizer file, to print samples")
+    p.add_argument("--llmc_filepath", default=None, help="start from this llm.c checkpoint (overrides --model)")
+    p.add_argument("--model", default=default_model, choices=sorted(presets), help=f"preset (default {default_model})")
+    p.add_argument("--batch_size", type=int, default=4, help="sequences per micro-batch")
+    p.add_argument("--sequence_length", type=int, default=64)
+    p.add_argument("--total_batch_size", type=int, default=None,
+                   help="tokens per optimizer step; gradient accumulation makes up the difference "
+                        "(default: batch_size * sequence_length)")
+    p.add_argument("--num_iteration", type=int, default=10)
+    p.add_argument("--learning_rate", type=float, default=1e-4)
+    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW decay, on 2-D weights only")
+    p.add_argument("--grad_clip", type=float, default=0.0, help="max gradient norm (0 = no clipping)")
+    p.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps, then constant")
+    p.add_argument("--dtype", default="float32", choices=["float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--val_loss_every", type=int, default=0, help="0 = never")
+    p.add_argument("--val_max_steps", type=int, default=20)
+    p.add_argument("--sample_every", type=int, default=0, help="0 = never")
+    p.add_argument("--sample_length", type=int, default=64)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--save", default=None, help="folder for checkpoints to resume from")
+    p.add_argument("--save_interval", type=int, default=0, help="save every N steps (0 = only at the end)")
+    p.add_argument("--max_checkpoint_keep", type=int, default=0, help="keep the newest K (0 = all)")
+    p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
+    return p.parse_args(argv)
+
+
+def train(args, build_model) -> int:
+    """Trains build_model(args) (a GPT-2 or LLaMA-3 style model) as the flags say."""
+    if args.device != "cpu":
+        it.zeros(1, device=args.device)  # raises the library's clear error until CUDA lands
+    B, T = args.batch_size, args.sequence_length
+    tokens_per_micro = B * T
+    total = args.total_batch_size or tokens_per_micro
+    if total % tokens_per_micro:
+        sys.exit(f"--total_batch_size {total} is not a multiple of batch_size * sequence_length "
+                 f"= {tokens_per_micro}")
+    accum = total // tokens_per_micro
+
+    if args.input_bin is None:
+        files = shakespeare_files()
+        args.input_bin = str(files["train"])
+        args.input_val_bin = args.input_val_bin or str(files["val"])
+        args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])
+
+    it.manual_seed(args.seed)
+    model = build_model(args)
+    cfg = model.config
+    if T > cfg.block_size:
+        sys.exit(f"--sequence_length {T} exceeds the model's block size {cfg.block_size}")
+    padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
+    print(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
+          f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
+          f"{model.num_parameters():,} parameters", flush=True)
+    print(f"batch: {B} x {T} tokens x {accum} accumulation steps = {total} tokens per step | "
+          f"{it.get_num_threads()} threads", flush=True)
+
+    train = TokenLoader(args.input_bin, B, T, vocab_size=cfg.vocab_size)
+    val = TokenLoader(args.input_val_bin, B, T, vocab_size=cfg.vocab_size) if args.input_val_bin else None
+    tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                       {"params": no_decay, "weight_decay": 0.0}],
+                      lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    schedule = WarmupConstantLR(optimizer, args.warmup_iters, args.num_iteration) \
+        if args.warmup_iters else ConstantLR(optimizer)
+
+    first = 1
+    if args.load:
+        meta = load_checkpoint(args.load, model, optimizer)
+        train.load_state(meta["extra"]["train_loader"])
+        schedule.load_state_dict(meta["extra"]["schedule"])
+        first = meta["step"] + 1
+        print(f"resumed from {args.load} at step {meta['step']}", flush=True)
+
+    def save(step: int) -> None:
+        path = save_checkpoint(args.save, step, model, optimizer,
+                               extra={"train_loader": train.state(), "schedule": schedule.state_dict()},
+                               keep=args.max_checkpoint_keep or None)
+        print(f"saved {path}", flush=True)
+
+    for step in range(first, args.num_iteration + 1):
+        if val is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
+            print(f"val loss {evaluate(model, val, args.val_max_steps):.6f}", flush=True)
+        if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
+            sample(model, tokenizer, args)
+
+        it.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        lr = optimizer.param_groups[0]["lr"]
+        loss_sum = 0.0
+        for _ in range(accum):
+            x, y = train.next_batch()
+            _, loss = model(x, y, return_logits=False)
+            (loss / accum if accum > 1 else loss).backward()
+            loss_sum += loss.item()
+        if args.grad_clip > 0:
+            clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        ms = (time.perf_counter() - t0) * 1e3
+        peak_mb = it.memory_stats()["peak_allocated_bytes"] // 2**20
+        print(f"step {step:4d}/{args.num_iteration} | train loss {loss_sum / accum:.6f} | lr {lr:.2e} | "
+              f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | peak used: {peak_mb:5d} MB | "
+              f"DP=1, TP=1, SP=0, PP=1)", flush=True)
+        if args.save and args.save_interval and step % args.save_interval == 0:
+            save(step)
+
+    if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
+        save(args.num_iteration)
+    if val is not None and args.val_loss_every:
+        print(f"val loss {evaluate(model, val, args.val_max_steps):.6f}", flush=True)
+    if tokenizer is not None and args.sample_every:
+        sample(model, tokenizer, args)
+    return 0
+
+
+@it.no_grad()
+def evaluate(model, loader, max_steps: int) -> float:
+    model.eval()
+    loader.reset()
+    steps = max(1, min(max_steps, len(loader.shards[0]) // (loader.B * loader.T)))
+    total = 0.0
+    for _ in range(steps):
+        x, y = loader.next_batch()
+        total += model(x, y, return_logits=False)[1].item()
+    model.train()
+    return total / steps
+
+
+def sample(model, tokenizer, args) -> None:
+    model.eval()
+    start = it.tensor([[tokenizer.eot_token]])
+    out = model.generate(start, args.sample_length, temperature=1.0, top_k=40, seed=args.seed)
+    text = tokenizer.decode(out.numpy()[0, 1:])
+    model.train()
+    print("---- sample ----\n" + text + "\n----------------", flush=True)
+

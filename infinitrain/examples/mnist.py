@@ -1,0 +1,82 @@
+"""Trains an MLP on the real MNIST digits (prepared on first use, offline) and prints one line
+per epoch:
+
+    epoch 1 | train loss 0.2345 | test accuracy 96.12% | (3.4 s)
+
+    python -m infinitrain.examples.mnist [--epochs 5] [--batch_size 128] [--train_subset N]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import infinitrain as it
+import infinitrain.nn.functional as F
+from infinitrain.data import DataLoader, TensorDataset
+from infinitrain.data.prepare import load_mnist
+from infinitrain.models.mlp import MLP
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=None, help="mnist.npz (default: prepared under $INFINITRAIN_DATA)")
+    p.add_argument("--model", default="mlp", choices=["mlp"])
+    p.add_argument("--hidden", type=int, nargs="*", default=[512, 256])
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch_size", type=int, default=128)
+    p.add_argument("--learning_rate", type=float, default=1e-3)
+    p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--train_subset", type=int, default=0, help="train on the first N images (0 = all 50,000)")
+    p.add_argument("--seed", type=int, default=42)
+    return p.parse_args(argv)
+
+
+def as_inputs(images: np.ndarray) -> np.ndarray:
+    return (images.reshape(len(images), -1).astype(np.float32) / 255.0 - 0.1307) / 0.3081
+
+
+@it.no_grad()
+def accuracy(model, images, labels, batch: int = 1000) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, len(images), batch):
+        logits = model(it.from_numpy(as_inputs(images[i:i + batch])))
+        correct += int((logits.argmax(-1).numpy() == labels[i:i + batch]).sum())
+    model.train()
+    return 100.0 * correct / len(images)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    data = load_mnist(args.data)
+    train_x, train_y = data["train_images"], data["train_labels"]
+    if args.train_subset:
+        train_x, train_y = train_x[:args.train_subset], train_y[:args.train_subset]
+    it.manual_seed(args.seed)
+    model = MLP(784, tuple(args.hidden), 10, args.dropout)
+    opt = it.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    loader = DataLoader(TensorDataset(as_inputs(train_x), train_y), batch_size=args.batch_size,
+                        shuffle=True, seed=args.seed)
+    print(f"MLP {[784, *args.hidden, 10]} | {model.num_parameters():,} parameters | "
+          f"{len(train_x):,} training images, {len(data['test_labels']):,} test images", flush=True)
+    acc = 0.0
+    for epoch in range(1, args.epochs + 1):
+        t0, total, n = time.perf_counter(), 0.0, 0
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total, n = total + loss.item() * len(y), n + len(y)
+        acc = accuracy(model, data["test_images"], data["test_labels"])
+        print(f"epoch {epoch} | train loss {total / n:.4f} | test accuracy {acc:.2f}% | "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

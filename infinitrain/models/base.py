@@ -1,0 +1,43 @@
+"""What GPT-2 and LLaMA-3 share as causal language models: sampling."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import creation
+from ..autograd import no_grad
+from ..nn.module import Module
+
+
+class CausalLM(Module):
+    """A model whose forward(idx, targets=None) returns (logits [B, T, V], loss)."""
+
+    config_class = None  # the dataclass of the model's configuration
+
+    def save_pretrained(self, folder) -> None:
+        """Weights as safetensors plus config.json."""
+        from ..checkpoint import save_pretrained
+        save_pretrained(self, folder)
+
+    @classmethod
+    def from_pretrained(cls, folder):
+        from ..checkpoint import from_pretrained
+        return from_pretrained(cls, folder)
+
+    @no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 seed: int = 0):
+        """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix)."""
+        rng = np.random.default_rng(seed)
+        tokens = idx.numpy().astype(np.int64)
+        for _ in range(max_new_tokens):
+            ctx = tokens[:, -self.config.block_size:]
+            logits, _ = self(creation.from_numpy(np.ascontiguousarray(ctx)))
+            last = logits[:, -1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
+            if top_k:
+                kth = np.sort(last, axis=-1)[:, -top_k][:, None]
+                last = np.where(last < kth, -np.inf, last)
+            p = np.exp(last - last.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            nxt = np.array([[rng.choice(p.shape[-1], p=row)] for row in p])
+            tokens = np.concatenate([tokens, nxt], axis=1)
+        return creation.from_numpy(tokens)

@@ -1,0 +1,272 @@
+"""LLaMA-3: RMSNorm, rotary embeddings (rope_theta, LLaMA-3.1 scaling), grouped-query attention,
+SwiGLU MLP sized by ffn_dim_multiplier/multiple_of, untied LM head. Reads and writes
+InfiniTrain's llm.c-style LLaMA-3 checkpoints (magic 20240803)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from .. import creation
+from ..autograd import no_grad
+from ..data.llmc import DataFormatError, _atomic_write
+from ..nn import functional as F
+from ..nn import init
+from ..nn.module import Module
+from ..nn.modules import Embedding, Linear, ModuleDict, ModuleList, RMSNorm
+from ..ops import nn as ops_nn
+from .base import CausalLM
+
+LLMC_LLAMA3_MAGIC = 20240803
+LLMC_LLAMA3_VERSION = 3  # float32
+
+
+@dataclass(frozen=True)
+class LLaMA3Config:
+    block_size: int = 8192
+    vocab_size: int = 128256
+    n_layer: int = 32
+    n_head: int = 32
+    n_kv_head: int = 8
+    n_embd: int = 4096
+    ffn_dim_multiplier: float | None = 1.3
+    multiple_of: int = 1024
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    use_scaled_rope: bool = False
+    rope_scaling_factor: float = 8.0  # LLaMA-3.1: 8, LLaMA-3.2: 32
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = 2 * (4 * self.n_embd) // 3
+        if self.ffn_dim_multiplier:
+            hidden = int(round(self.ffn_dim_multiplier * hidden))
+        return (hidden + self.multiple_of - 1) // self.multiple_of * self.multiple_of
+
+    def validate(self) -> None:
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}), "
+                             f"and n_head of n_kv_head ({self.n_kv_head})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+
+
+PRESETS = {
+    "llama3.2-1b": LLaMA3Config(block_size=8192, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
+                                ffn_dim_multiplier=1.5, multiple_of=256, use_scaled_rope=True,
+                                rope_scaling_factor=32.0),
+    "llama3.2-3b": LLaMA3Config(block_size=8192, n_layer=28, n_head=24, n_kv_head=8, n_embd=3072,
+                                ffn_dim_multiplier=1.0, multiple_of=256, use_scaled_rope=True,
+                                rope_scaling_factor=32.0),
+    "llama3-8b": LLaMA3Config(block_size=8192, n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
+                              ffn_dim_multiplier=1.3, multiple_of=1024),
+    # quick runs on the GPT-2 vocabulary (Shakespeare data), and tests
+    "small": LLaMA3Config(block_size=1024, vocab_size=50257, n_layer=4, n_head=4, n_kv_head=2,
+                          n_embd=256, ffn_dim_multiplier=None, multiple_of=64, rope_theta=10000.0),
+    "tiny": LLaMA3Config(block_size=256, vocab_size=50257, n_layer=2, n_head=4, n_kv_head=2,
+                         n_embd=64, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0),
+}
+
+
+def rope_frequencies(cfg: LLaMA3Config) -> np.ndarray:
+    """Inverse frequencies of the rotary pairs, with LLaMA-3.1's long-context scaling: low
+    frequencies divided by the factor, high ones kept, a smooth blend in between."""
+    D = cfg.head_dim
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    if not cfg.use_scaled_rope:
+        return inv
+    factor, low_ff, high_ff, old_len = cfg.rope_scaling_factor, 1.0, 4.0, 8192.0
+    wavelen = 2 * math.pi / inv
+    smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+    scaled = np.where(wavelen > old_len / low_ff, inv / factor, inv)
+    middle = (wavelen <= old_len / low_ff) & (wavelen >= old_len / high_ff)
+    return np.where(middle, (1 - smooth) * inv / factor + smooth * inv, scaled)
+
+
+class Attention(Module):
+    def __init__(self, cfg: LLaMA3Config):
+        super().__init__()
+        self.n_head, self.n_kv_head, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.c_attn = Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.n_kv_head) * D, bias=False)
+        self.c_proj = Linear(cfg.n_embd, cfg.n_embd, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = ops_nn.split_heads(self.c_attn(x), self.n_head, self.n_kv_head)  # [B, h, T, D]
+        # the rotary kernel reads [B, T, H, D]; [B, H, T, D] is the same with batch B*H and H = 1
+        q = F.rotary_embedding(q.reshape(B * self.n_head, T, 1, -1), cos, sin).reshape(q.shape)
+        k = F.rotary_embedding(k.reshape(B * self.n_kv_head, T, 1, -1), cos, sin).reshape(k.shape)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(Module):
+    def __init__(self, cfg: LLaMA3Config):
+        super().__init__()
+        self.c_fc = Linear(cfg.n_embd, cfg.ffn_hidden, bias=False)    # up
+        self.c_fc2 = Linear(cfg.n_embd, cfg.ffn_hidden, bias=False)   # gate (silu)
+        self.c_proj = Linear(cfg.ffn_hidden, cfg.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.swiglu(self.c_fc2(x), self.c_fc(x)))
+
+
+class Block(Module):
+    def __init__(self, cfg: LLaMA3Config):
+        super().__init__()
+        self.ln_1 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ln_2 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.ln_1(x), cos, sin)
+        return x + self.mlp(self.ln_2(x))
+
+
+class LLaMA3(CausalLM):
+    config_class = LLaMA3Config
+    def __init__(self, config: LLaMA3Config, seed: int | None = None):
+        super().__init__()
+        config.validate()
+        self.config = config
+        C = config.n_embd
+        self.transformer = ModuleDict(dict(
+            wte=Embedding(config.vocab_size, C),
+            h=ModuleList(Block(config) for _ in range(config.n_layer)),
+            ln_f=RMSNorm(C, eps=config.norm_eps),
+        ))
+        self.lm_head = Linear(C, config.vocab_size, bias=False)
+        angles = np.outer(np.arange(config.block_size), rope_frequencies(config))
+        self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
+        self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
+        self._init_weights(seed)
+
+    @no_grad()
+    def _init_weights(self, seed):
+        from ..random import Generator, default_generator
+        gen = Generator(seed) if seed is not None else default_generator
+        for name, m in self.named_modules():
+            if isinstance(m, (Linear, Embedding)):
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else 0.02
+                init.normal_(m.weight, 0.0, std, generator=gen)
+
+    def to(self, *args, **kwargs) -> "LLaMA3":
+        cos, sin = self.rope_cos, self.rope_sin
+        super().to(*args, **kwargs)
+        self._buffers["rope_cos"], self._buffers["rope_sin"] = cos, sin  # tables stay float32
+        return self
+
+    def forward(self, idx, targets=None, return_logits: bool = True):
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds the model's block size {self.config.block_size}")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.transformer.wte(idx)
+        for block in self.transformer.h:
+            x = block(x, cos, sin)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            if tuple(targets.shape) != (B, T):
+                raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
+            loss = ops_nn.CrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(-1),
+                                             self.config.vocab_size, -100, "mean")
+        return (logits if return_logits else None), loss
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def _llmc_tensors(self):
+        h = self.transformer.h
+        names = ["ln_1.weight", "attn.c_attn.weight", "attn.c_proj.weight", "ln_2.weight",
+                 "mlp.c_fc.weight", "mlp.c_fc2.weight", "mlp.c_proj.weight"]
+        out = [("wte", [self.transformer.wte.weight])]
+        for n in names:
+            out.append((n, [_get(b, n) for b in h]))
+        return out + [("ln_f.weight", [self.transformer.ln_f.weight]),
+                      ("lm_head", [self.lm_head.weight])]
+
+    def save_llmc(self, path) -> None:
+        c = self.config
+        header = np.zeros(256, dtype="<i4")
+        ints = [LLMC_LLAMA3_MAGIC, LLMC_LLAMA3_VERSION, c.block_size, c.vocab_size, c.n_layer,
+                c.n_head, c.n_kv_head, c.n_embd]
+        header[:8] = ints
+        floats = header.view("<f4")
+        floats[8] = c.ffn_dim_multiplier or 0.0
+        header[9] = c.multiple_of
+        floats[10], floats[11] = c.norm_eps, c.rope_theta
+        header[12], header[13], header[14], header[15] = int(c.use_scaled_rope), 4, 3, 1
+        floats[16] = c.rope_scaling_factor  # ours: not read by loaders that stop at field 15
+        parts = [header.tobytes()]
+        for _, params in self._llmc_tensors():
+            for p in params:
+                parts.append(np.ascontiguousarray(p.float().numpy()).astype("<f4").tobytes())
+        _atomic_write(path, b"".join(parts))
+
+    @classmethod
+    def from_llmc(cls, path) -> "LLaMA3":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        size = path.stat().st_size
+        if size < 1024:
+            raise DataFormatError(f"{path}: {size} bytes is shorter than the llm.c header")
+        header = np.fromfile(path, dtype="<i4", count=256)
+        floats = header.view("<f4")
+        if int(header[0]) != LLMC_LLAMA3_MAGIC:
+            raise DataFormatError(f"{path}: magic number {int(header[0])} is not an llm.c LLaMA-3 "
+                                  f"checkpoint's ({LLMC_LLAMA3_MAGIC})")
+        if int(header[1]) != LLMC_LLAMA3_VERSION:
+            raise DataFormatError(f"{path}: version {int(header[1])} is not supported (3 = float32)")
+        # float32 fields, read back as the shortest decimal that round-trips (1.3, not 1.2999999523)
+        ffn_mult, norm_eps, theta = (float(str(floats[i])) for i in (8, 10, 11))
+        suspicious = {name: v for name, v in (("ffn_dim_multiplier", ffn_mult),
+                      ("norm_eps", norm_eps), ("rope_theta", theta))
+                      if (v != 0 and abs(v) < 1.2e-38) or (name != "ffn_dim_multiplier" and v == 0)}
+        if suspicious:
+            detail = ", ".join(f"{k} reads {v:.3g} (integer {int(header[i])})" for (k, v), i in
+                               zip(suspicious.items(), [8 if k == "ffn_dim_multiplier" else 10 if k == "norm_eps" else 11 for k in suspicious]))
+            raise DataFormatError(
+                f"{path}: the header's float fields hold integers ({detail}): this file was written "
+                "with its floats truncated to int (as llm.c's train_llama3.py does), so the model "
+                "it describes is wrong; rewrite the header with the fields as float32 bits")
+        scaling = float(str(floats[16])) if floats[16] > 0 else 8.0
+        cfg = LLaMA3Config(block_size=int(header[2]), vocab_size=int(header[3]), n_layer=int(header[4]),
+                           n_head=int(header[5]), n_kv_head=int(header[6]), n_embd=int(header[7]),
+                           ffn_dim_multiplier=ffn_mult or None, multiple_of=int(header[9]),
+                           norm_eps=norm_eps, rope_theta=theta, use_scaled_rope=bool(header[12]),
+                           rope_scaling_factor=scaling)
+        model = cls(cfg, seed=0)
+        counts = [sum(p.numel() for p in ps) for _, ps in model._llmc_tensors()]
+        expected = 1024 + 4 * sum(counts)
+        if size != expected:
+            raise DataFormatError(f"{path}: {size} bytes, but the model in its header needs {expected} "
+                                  f"({'truncated' if size < expected else 'trailing data'})")
+        data = np.memmap(path, dtype="<f4", mode="r", offset=1024)
+        at = 0
+        with no_grad():
+            for (_, params), n in zip(model._llmc_tensors(), counts):
+                o = 0
+                for p in params:
+                    p.copy_(creation.from_numpy(np.array(data[at + o:at + o + p.numel()]).reshape(p.shape)))
+                    o += p.numel()
+                at += n
+        return model
+
+
+def _get(module, dotted: str):
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def llama3(name: str = "small", **overrides) -> LLaMA3:
+    if name not in PRESETS:
+        raise ValueError(f"unknown LLaMA-3 preset {name!r}; choose from {', '.join(PRESETS)}")
+    return LLaMA3(replace(PRESETS[name], **overrides))
