@@ -45,15 +45,13 @@ IT_HOT static void rmsnorm_backward_row(float *dx, const float *dy, const float 
     for (int64_t c = 0; c < C; c++) dx[c] = r * (dx[c] - x[c] * r * dot);
 }
 
-/* e = exp(x - max(x)) into `e` (a cache-resident row, or y itself); returns 1 / sum(e). */
+/* e = exp(x - max(x)) into `e` (a cache-resident row, or y itself); returns 1 / sum(e). The
+ * exponentials and the sum are separate loops: fused, the sum's accumulators and exp's
+ * temporaries do not fit the vector registers together. */
 IT_HOT static float softmax_exp_row(float *e, const float *x, int64_t C) {
     float m = it_vmax(x, C);
-    float acc[IT_LANES] = {0};
-    int64_t c = 0;
-    for (; c + IT_LANES <= C; c += IT_LANES)
-        for (int j = 0; j < IT_LANES; j++) acc[j] += (e[c + j] = it_expf(x[c + j] - m));
-    for (; c < C; c++) acc[c % IT_LANES] += (e[c] = it_expf(x[c] - m));
-    return 1.0f / it_lanes_total(acc);
+    for (int64_t c = 0; c < C; c++) e[c] = it_expf(x[c] - m);
+    return 1.0f / it_vsum(e, C);
 }
 
 IT_HOT static void scale_row(float *y, float s, int64_t C) {
