@@ -153,7 +153,8 @@ class _ArraysOnly(pickle.Unpickler):
     cannot run code."""
 
     ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
-               ("numpy._core.multiarray", "_reconstruct")}
+               ("numpy._core.multiarray", "_reconstruct"),
+               ("_codecs", "encode")}  # how protocol-2 pickles carry bytes: a pure conversion
 
     def find_class(self, module, name):
         if (module, name) not in self.ALLOWED:
@@ -161,6 +162,9 @@ class _ArraysOnly(pickle.Unpickler):
         if name == "_reconstruct":
             from numpy._core.multiarray import _reconstruct  # numpy >= 2 (numpy.core is a shim)
             return _reconstruct
+        if module == "_codecs":
+            import codecs
+            return codecs.encode
         return getattr(np, name)
 
 
