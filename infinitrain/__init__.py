@@ -14,7 +14,8 @@ from .ops.shape import cat, stack
 from .random import Generator, default_generator, initial_seed, manual_seed
 from .tensor import Tensor
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
-from . import nn, optim  # noqa: E402
+from . import amp, nn, optim  # noqa: E402
+from .amp import autocast  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -80,5 +81,5 @@ __all__ = [
     "manual_seed", "initial_seed", "default_generator", "matmul", "cat", "stack", "tril", "triu",
     "set_num_threads", "get_num_threads", "build_info", "memory_stats", "memory_allocated",
     "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
-    "is_grad_enabled", "set_grad_enabled", "nn", "optim",
+    "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
 ]

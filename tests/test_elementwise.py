@@ -224,16 +224,19 @@ def test_matmul(case, dtype, rng):
     np.testing.assert_allclose(to_np(out), expected, **tol(dtype, (1e-5, 1e-5)))
 
 
-def test_matmul_accumulate_native(rng):
-    """alpha/beta and batch strides of the raw kernel: C = 2 A B + 0.5 C."""
-    a = rng.standard_normal((2, 4, 3)).astype(np.float32)
-    b = rng.standard_normal((3, 5)).astype(np.float32)
-    c = rng.standard_normal((2, 4, 5)).astype(np.float32)
-    ta, tb, tc = it.tensor(a), it.tensor(b), it.tensor(c)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(4, 5, 9), (300, 7, 9), (7, 300, 9), (513, 600, 9),
+                                   (600, 20, 5000), (3, 700, 3000)])
+def test_matmul_accumulate_native(m, n, k, dtype, rng):
+    """alpha/beta and batch strides of the raw kernel, C = 2 A B^T + 0.5 C, with sizes that
+    make the 16-bit path convert in several tiles along M or N and several chunks along K."""
+    a, ar = make(rng.standard_normal((2, m, k)).astype(np.float32), dtype)
+    b, br = make(rng.standard_normal((n, k)).astype(np.float32), dtype)
+    c, cr = make(rng.standard_normal((2, m, n)).astype(np.float32), dtype)
     from infinitrain._native import check
-    check(lib.it_matmul(ta.device.native, lib.IT_FLOAT32, tc._ptr(), ta._ptr(), tb._ptr(), 2, 4, 5,
-                        3, 0, 0, 2.0, 0.5, 12, 0, 20))
-    np.testing.assert_allclose(tc.numpy(), 2 * a @ b + 0.5 * c, rtol=1e-5, atol=1e-5)
+    check(lib.it_matmul(a.device.native, dtype.native, c._ptr(), a._ptr(), b._ptr(), 2, m, n, k,
+                        0, 1, 2.0, 0.5, m * k, 0, m * n))
+    np.testing.assert_allclose(to_np(c), 2 * ar @ br.T + 0.5 * cr, **tol(dtype, (1e-5, 1e-5)))
 
 
 def test_matmul_shape_errors():

@@ -11,6 +11,7 @@ import sys
 import time
 
 import infinitrain as it
+from infinitrain.amp import autocast
 from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
@@ -36,7 +37,8 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW decay, on 2-D weights only")
     p.add_argument("--grad_clip", type=float, default=0.0, help="max gradient norm (0 = no clipping)")
     p.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps, then constant")
-    p.add_argument("--dtype", default="float32", choices=["float32"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="bfloat16: autocast (bf16 matrix products, fp32 master weights and optimizer)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--val_loss_every", type=int, default=0, help="0 = never")
     p.add_argument("--val_max_steps", type=int, default=20)
@@ -118,7 +120,8 @@ def train(args, build_model) -> int:
         loss_sum = 0.0
         for _ in range(accum):
             x, y = train.next_batch()
-            _, loss = model(x, y, return_logits=False)
+            with autocast(args.dtype, enabled=args.dtype != "float32"):
+                _, loss = model(x, y, return_logits=False)
             (loss / accum if accum > 1 else loss).backward()
             loss_sum += loss.item()
         if args.grad_clip > 0:

@@ -138,8 +138,8 @@ class GPT2(CausalLM):
         if targets is not None:
             if tuple(targets.shape) != (B, T):
                 raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-            loss = ops_nn.CrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(-1),
-                                             self.config.vocab_size, -100, "mean")
+            loss = ops_nn.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+                                        self.config.vocab_size)
         return (logits[..., :self.config.vocab_size] if return_logits else None), loss
 
     # ---- llm.c checkpoints -------------------------------------------------------------

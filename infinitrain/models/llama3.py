@@ -176,8 +176,8 @@ class LLaMA3(CausalLM):
         if targets is not None:
             if tuple(targets.shape) != (B, T):
                 raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-            loss = ops_nn.CrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(-1),
-                                             self.config.vocab_size, -100, "mean")
+            loss = ops_nn.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+                                        self.config.vocab_size)
         return (logits if return_logits else None), loss
 
     # ---- checkpoints ---------------------------------------------------------------------

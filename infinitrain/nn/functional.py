@@ -8,17 +8,17 @@ from ..tensor import Tensor
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    return _nn.Linear.apply(input, weight, bias)
+    return _nn.linear(input, weight, bias)
 
 
 def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
     _check_normalized(input, normalized_shape)
-    return _nn.LayerNorm.apply(input, weight, bias, eps)
+    return _nn.layer_norm(input, weight, bias, eps)
 
 
 def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = None) -> Tensor:
     _check_normalized(input, normalized_shape)
-    return _nn.RMSNorm.apply(input, weight, 1e-6 if eps is None else eps)
+    return _nn.rms_norm(input, weight, 1e-6 if eps is None else eps)
 
 
 def _check_normalized(x: Tensor, normalized_shape) -> None:
@@ -67,8 +67,8 @@ def cross_entropy(input: Tensor, target: Tensor, ignore_index: int = -100,
     if input.shape[:-1] != target.shape:
         raise ValueError(f"cross_entropy: logits {tuple(input.shape)} and targets {tuple(target.shape)} "
                          "do not match (expected logits [..., C] and targets [...])")
-    out = _nn.CrossEntropy.apply(input.reshape(-1, input.shape[-1]), target.reshape(-1),
-                                 input.shape[-1], ignore_index, reduction)
+    out = _nn.cross_entropy(input.reshape(-1, input.shape[-1]), target.reshape(-1),
+                            input.shape[-1], ignore_index, reduction)
     return out.reshape(target.shape) if reduction == "none" else out
 
 

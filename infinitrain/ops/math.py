@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numbers
 
+from .. import amp
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
@@ -238,12 +239,23 @@ class Softmax(Function):
 
 
 # ---- entry points used by Tensor's operators ---------------------------------------------
+def _promote(a, b):
+    """Mixed float dtypes compute in the wider one (float32), as PyTorch's type promotion."""
+    if isinstance(b, Tensor) and a.dtype is not b.dtype and a.dtype.is_floating_point \
+            and b.dtype.is_floating_point:
+        if a.dtype.itemsize < b.dtype.itemsize or b.dtype.name == "float32":
+            a = a.to(b.dtype)
+        else:
+            b = b.to(a.dtype)
+    return a, b
+
+
 def add(a, b):
-    return Add.apply(a, b)
+    return Add.apply(*_promote(a, b))
 
 
 def sub(a, b):
-    return Sub.apply(a, b)
+    return Sub.apply(*_promote(a, b))
 
 
 def rsub(a, s):
@@ -251,11 +263,11 @@ def rsub(a, s):
 
 
 def mul(a, b):
-    return Mul.apply(a, b)
+    return Mul.apply(*_promote(a, b))
 
 
 def div(a, b):
-    return Div.apply(a, b)
+    return Div.apply(*_promote(a, b))
 
 
 def rdiv(a, s):
@@ -275,7 +287,7 @@ def unary(op, x):
 
 
 def matmul(a, b):
-    return Matmul.apply(a, b)
+    return Matmul.apply(*amp.lower(a, b))
 
 
 def sum(x, dim=None, keepdim=False):  # noqa: A001
@@ -287,7 +299,7 @@ def mean(x, dim=None, keepdim=False):
 
 
 def softmax(x, dim=-1):
-    return Softmax.apply(x, dim)
+    return Softmax.apply(*amp.full(x), dim)
 
 
 def clamp(x, low=None, high=None):

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 
+from .. import amp
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
@@ -159,11 +160,26 @@ class Dropout(Function):
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    return Linear.apply(x, weight, bias)
+    return Linear.apply(*amp.lower(x, weight, bias))
 
 
 def causal_attention(q, k, v, scale=None):
+    q, k, v = amp.lower(q, k, v)
     return CausalAttention.apply(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+def layer_norm(x, weight, bias, eps):
+    return LayerNorm.apply(*amp.full(x, weight, bias), eps)
+
+
+def rms_norm(x, weight, eps):
+    return RMSNorm.apply(*amp.full(x, weight), eps)
+
+
+def cross_entropy(logits, targets, vocab, ignore_index=-100, reduction="mean"):
+    """Cross-entropy over the first `vocab` columns; 16-bit logits are read as they are (the
+    kernel accumulates in float32), which saves a float32 copy of the largest activation."""
+    return CrossEntropy.apply(logits, targets, vocab, ignore_index, reduction)
 
 
 class SplitHeads(Function):

@@ -2,6 +2,63 @@
  * the call (accumulation is always float32). */
 #include "common.h"
 
+/* rows [r0, r0+nr) x cols [c0, c0+nc) of a row-major 16-bit matrix (leading dimension ld)
+ * to a contiguous float32 block, and back. */
+static void block_to_f32(it_dtype dt, const uint16_t *src, int64_t ld, int64_t r0, int64_t nr,
+                         int64_t c0, int64_t nc, float *dst) {
+    for (int64_t r = 0; r < nr; r++) it_convert_to_f32(dt, src + (r0 + r) * ld + c0, dst + r * nc, nc);
+}
+static void block_from_f32(it_dtype dt, const float *src, uint16_t *dst, int64_t ld, int64_t r0,
+                           int64_t nr, int64_t c0, int64_t nc) {
+    for (int64_t r = 0; r < nr; r++) it_convert_from_f32(dt, src + r * nc, dst + (r0 + r) * ld + c0, nc);
+}
+
+/* One 16-bit product through sgemm, converting in tiles so that the float32 copies stay a
+ * few MB whatever the shape: the larger of M and N is walked in tiles of up to TILE, K in
+ * chunks sized so that a tile of each operand fits the budget; each C tile accumulates in
+ * float32 over the K chunks and is converted back once. */
+#define TILE 512
+#define BUDGET ((int64_t)1 << 20) /* floats per operand tile */
+static it_status matmul_16bit(it_dtype dt, uint16_t *c, const uint16_t *a, const uint16_t *b,
+                              int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+                              float alpha, float beta) {
+    int tile_rows = m >= n;
+    int64_t t = tile_rows ? (m < TILE ? m : TILE) : (n < TILE ? n : TILE);
+    int64_t other = tile_rows ? n : m;           /* the side converted whole per K chunk */
+    int64_t kc = BUDGET / (t > other ? t : other);
+    kc = kc < 16 ? 16 : (kc > k ? k : kc);
+    if (k == 0) kc = 0;
+    size_t na = (size_t)((tile_rows ? t : m) * kc), nb = (size_t)(kc * (tile_rows ? n : t));
+    size_t nc = (size_t)(tile_rows ? t * n : m * t);
+    float *buf = (float *)it_scratch_alloc((na + nb + nc) * sizeof(float));
+    IT_REQUIRE(buf, IT_ERR_OUT_OF_MEMORY, "it_matmul: out of memory converting %s operands",
+               it_dtype_name(dt));
+    float *fa = buf, *fb = buf + na, *fc = fb + nb;
+    for (int64_t o0 = 0; o0 < (tile_rows ? m : n); o0 += t) {
+        int64_t len = (tile_rows ? m : n) - o0 < t ? (tile_rows ? m : n) - o0 : t;
+        int64_t r0 = tile_rows ? o0 : 0, nr = tile_rows ? len : m;   /* rows of C */
+        int64_t c0 = tile_rows ? 0 : o0, ncol = tile_rows ? n : len;  /* columns of C */
+        if (beta != 0.0f) block_to_f32(dt, c, n, r0, nr, c0, ncol, fc);
+        else memset(fc, 0, nc * sizeof(float));
+        if (k == 0)
+            for (int64_t i = 0; i < nr * ncol; i++) fc[i] *= beta;
+        for (int64_t k0 = 0; k0 < k; k0 += kc) {
+            int64_t kk = k - k0 < kc ? k - k0 : kc;
+            /* op(A)[r0:r0+nr, k0:k0+kk]: A is [M, K], or [K, M] when transposed */
+            if (trans_a) block_to_f32(dt, a, m, k0, kk, r0, nr, fa);
+            else block_to_f32(dt, a, k, r0, nr, k0, kk, fa);
+            /* op(B)[k0:k0+kk, c0:c0+ncol]: B is [K, N], or [N, K] when transposed */
+            if (trans_b) block_to_f32(dt, b, k, c0, ncol, k0, kk, fb);
+            else block_to_f32(dt, b, n, k0, kk, c0, ncol, fb);
+            it_sgemm(trans_a, trans_b, nr, ncol, kk, alpha, fa, trans_a ? nr : kk, fb,
+                     trans_b ? kk : ncol, k0 == 0 ? beta : 1.0f, fc, ncol);
+        }
+        block_from_f32(dt, fc, c, n, r0, nr, c0, ncol);
+    }
+    it_scratch_free(buf);
+    return IT_OK;
+}
+
 it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, const void *b,
                     int64_t batch, int64_t m, int64_t n, int64_t k, int32_t trans_a,
                     int32_t trans_b, float alpha, float beta, int64_t stride_a,
@@ -27,17 +84,9 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
                      (const float *)b + i * stride_b, ldb, beta, (float *)c + i * stride_c, n);
         return IT_OK;
     }
-    float *fa = (float *)it_scratch_alloc((size_t)(m * k + k * n + m * n) * sizeof(float));
-    IT_REQUIRE(fa, IT_ERR_OUT_OF_MEMORY, "it_matmul: out of memory converting %s operands",
-               it_dtype_name(dtype));
-    float *fb = fa + m * k, *fc = fb + k * n;
     for (int64_t i = 0; i < batch; i++) {
-        it_convert_to_f32(dtype, (const uint16_t *)a + i * stride_a, fa, m * k);
-        it_convert_to_f32(dtype, (const uint16_t *)b + i * stride_b, fb, k * n);
-        if (beta != 0.0f) it_convert_to_f32(dtype, (const uint16_t *)c + i * stride_c, fc, m * n);
-        it_sgemm(trans_a, trans_b, m, n, k, alpha, fa, lda, fb, ldb, beta, fc, n);
-        it_convert_from_f32(dtype, fc, (uint16_t *)c + i * stride_c, m * n);
+        IT_TRY(matmul_16bit(dtype, (uint16_t *)c + i * stride_c, (const uint16_t *)a + i * stride_a,
+                            (const uint16_t *)b + i * stride_b, m, n, k, trans_a, trans_b, alpha, beta));
     }
-    it_scratch_free(fa);
     return IT_OK;
 }
