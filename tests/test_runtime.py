@@ -102,8 +102,9 @@ def test_native_errors_are_statuses_with_messages():
 def test_python_errors_name_both_sides():
     with pytest.raises(ValueError, match=r"shapes \(2, 3\) and \(4,\) cannot be broadcast"):
         it.zeros(2, 3) + it.zeros(4)
-    with pytest.raises(TypeError, match="left is float32 but right is bfloat16"):
-        it.zeros(2) * it.zeros(2, dtype=it.bfloat16)
+    with pytest.raises(TypeError, match="left is int64 but right is float32"):
+        it.tensor([1, 2]) * it.zeros(2)
+    assert (it.zeros(2) * it.zeros(2, dtype=it.bfloat16)).dtype is it.float32  # promoted
     with pytest.raises(TypeError, match="input must be a floating-point tensor, got int64"):
         it.tensor([1, 2]).exp()
     with pytest.raises(ValueError, match=r"has shape \(5,\), expected \(4,\)"):
