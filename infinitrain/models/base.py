@@ -8,10 +8,39 @@ from ..autograd import no_grad
 from ..nn.module import Module
 
 
+def get_submodule(module, dotted: str):
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
 class CausalLM(Module):
     """A model whose forward(idx, targets=None) returns (logits [B, T, V], loss)."""
 
     config_class = None  # the dataclass of the model's configuration
+
+    # ---- llm.c checkpoints: a header, then every tensor in the model's llm.c order ----------
+    def _llmc_tensors(self) -> list:
+        """(name, [parameters]) in the file's order; per-layer tensors listed layer by layer."""
+        raise NotImplementedError
+
+    def _llmc_payload(self, store_dtype) -> bytes:
+        store = np.dtype(store_dtype)
+        return b"".join(np.ascontiguousarray(p.float().numpy()).astype(store).tobytes()
+                        for _, params in self._llmc_tensors() for p in params)
+
+    def _llmc_numel(self) -> int:
+        return sum(p.numel() for _, params in self._llmc_tensors() for p in params)
+
+    @no_grad()
+    def _llmc_load_payload(self, data: np.ndarray) -> None:
+        """Copies the flat payload (any float dtype) into the parameters, in file order."""
+        at = 0
+        for _, params in self._llmc_tensors():
+            for p in params:
+                chunk = np.asarray(data[at:at + p.numel()]).astype(np.float32)
+                p.copy_(creation.from_numpy(chunk.reshape(p.shape)))
+                at += p.numel()
 
     def save_pretrained(self, folder) -> None:
         """Weights as safetensors plus config.json."""

@@ -17,7 +17,7 @@ from ..nn import init
 from ..nn.module import Module
 from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict, ModuleList
 from ..ops import nn as ops_nn
-from .base import CausalLM
+from .base import CausalLM, get_submodule
 from ..data.llmc import DataFormatError, _atomic_write
 
 LLMC_GPT2_MAGIC = 20240326
@@ -151,7 +151,7 @@ class GPT2(CausalLM):
                      "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
         out = [("wte", [t.wte.weight]), ("wpe", [t.wpe.weight])]
         for name in per_layer:
-            out.append((name, [_get(b, name) for b in h]))
+            out.append((name, [get_submodule(b, name) for b in h]))
         out += [("ln_f.weight", [t.ln_f.weight]), ("ln_f.bias", [t.ln_f.bias])]
         return out
 
@@ -178,22 +178,12 @@ class GPT2(CausalLM):
             raise DataFormatError(f"{path}: padded vocabulary {Vp} is not {V} rounded up to 128")
         model = cls(cfg, seed=0)
         store = np.dtype(LLMC_VERSIONS[version])
-        counts = [sum(p.numel() for p in ps) for _, ps in model._llmc_tensors()]
-        expected = 1024 + sum(counts) * store.itemsize
+        expected = 1024 + model._llmc_numel() * store.itemsize
         if size != expected:
             raise DataFormatError(f"{path}: {size} bytes, but a {L}-layer, {C}-wide model in "
                                   f"version {version} needs {expected} ({'truncated' if size < expected else 'trailing data'})")
-        data = np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f" else store,
-                         mode="r", offset=1024)
-        at = 0
-        with no_grad():
-            for (_, params), n in zip(model._llmc_tensors(), counts):
-                chunk = np.asarray(data[at:at + n]).astype(np.float32)
-                o = 0
-                for p in params:
-                    p.copy_(creation.from_numpy(chunk[o:o + p.numel()].reshape(p.shape)))
-                    o += p.numel()
-                at += n
+        model._llmc_load_payload(np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f"
+                                           else store, mode="r", offset=1024))
         return model.to(dtype) if dtype is not None else model
 
     def save_llmc(self, path, version: int = 3) -> None:
@@ -204,18 +194,7 @@ class GPT2(CausalLM):
         header = np.zeros(256, dtype="<i4")
         header[:8] = (LLMC_GPT2_MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head,
                       c.n_embd, c.padded_vocab_size)
-        parts = [header.tobytes()]
-        store = np.dtype(LLMC_VERSIONS[version])
-        for _, params in self._llmc_tensors():
-            for p in params:
-                parts.append(np.ascontiguousarray(p.float().numpy()).astype(store).tobytes())
-        _atomic_write(path, b"".join(parts))
-
-
-def _get(module, dotted: str):
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
+        _atomic_write(path, header.tobytes() + self._llmc_payload(LLMC_VERSIONS[version]))
 
 
 def gpt2(name: str = "gpt2", **overrides) -> GPT2:

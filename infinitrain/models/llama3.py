@@ -17,7 +17,7 @@ from ..nn import init
 from ..nn.module import Module
 from ..nn.modules import Embedding, Linear, ModuleDict, ModuleList, RMSNorm
 from ..ops import nn as ops_nn
-from .base import CausalLM
+from .base import CausalLM, get_submodule
 
 LLMC_LLAMA3_MAGIC = 20240803
 LLMC_LLAMA3_VERSION = 3  # float32
@@ -187,7 +187,7 @@ class LLaMA3(CausalLM):
                  "mlp.c_fc.weight", "mlp.c_fc2.weight", "mlp.c_proj.weight"]
         out = [("wte", [self.transformer.wte.weight])]
         for n in names:
-            out.append((n, [_get(b, n) for b in h]))
+            out.append((n, [get_submodule(b, n) for b in h]))
         return out + [("ln_f.weight", [self.transformer.ln_f.weight]),
                       ("lm_head", [self.lm_head.weight])]
 
@@ -203,11 +203,7 @@ class LLaMA3(CausalLM):
         floats[10], floats[11] = c.norm_eps, c.rope_theta
         header[12], header[13], header[14], header[15] = int(c.use_scaled_rope), 4, 3, 1
         floats[16] = c.rope_scaling_factor  # ours: not read by loaders that stop at field 15
-        parts = [header.tobytes()]
-        for _, params in self._llmc_tensors():
-            for p in params:
-                parts.append(np.ascontiguousarray(p.float().numpy()).astype("<f4").tobytes())
-        _atomic_write(path, b"".join(parts))
+        _atomic_write(path, header.tobytes() + self._llmc_payload("<f4"))
 
     @classmethod
     def from_llmc(cls, path) -> "LLaMA3":
@@ -243,27 +239,12 @@ class LLaMA3(CausalLM):
                            norm_eps=norm_eps, rope_theta=theta, use_scaled_rope=bool(header[12]),
                            rope_scaling_factor=scaling)
         model = cls(cfg, seed=0)
-        counts = [sum(p.numel() for p in ps) for _, ps in model._llmc_tensors()]
-        expected = 1024 + 4 * sum(counts)
+        expected = 1024 + 4 * model._llmc_numel()
         if size != expected:
             raise DataFormatError(f"{path}: {size} bytes, but the model in its header needs {expected} "
                                   f"({'truncated' if size < expected else 'trailing data'})")
-        data = np.memmap(path, dtype="<f4", mode="r", offset=1024)
-        at = 0
-        with no_grad():
-            for (_, params), n in zip(model._llmc_tensors(), counts):
-                o = 0
-                for p in params:
-                    p.copy_(creation.from_numpy(np.array(data[at + o:at + o + p.numel()]).reshape(p.shape)))
-                    o += p.numel()
-                at += n
+        model._llmc_load_payload(np.memmap(path, dtype="<f4", mode="r", offset=1024))
         return model
-
-
-def _get(module, dotted: str):
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
 
 
 def llama3(name: str = "small", **overrides) -> LLaMA3:

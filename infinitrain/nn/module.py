@@ -177,13 +177,8 @@ class Module:
         return self.to(bfloat16)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.parameters():
-            if p.grad is not None:
-                if set_to_none:
-                    p.grad = None
-                else:
-                    with no_grad():
-                        p.grad.zero_()
+        from .utils import zero_grads
+        zero_grads(self.parameters(), set_to_none)
 
     def requires_grad_(self, requires_grad: bool = True) -> "Module":
         for p in self.parameters():

@@ -8,6 +8,17 @@ from ..autograd import no_grad
 from ..kernels import elementwise as ew
 
 
+def zero_grads(parameters, set_to_none: bool = True) -> None:
+    """Clears gradients (Module.zero_grad and Optimizer.zero_grad)."""
+    for p in parameters:
+        if p.grad is not None:
+            if set_to_none:
+                p.grad = None
+            else:
+                with no_grad():
+                    p.grad.zero_()
+
+
 @no_grad()
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
                     error_if_nonfinite: bool = False) -> float:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import no_grad
 from ..tensor import Tensor
 
 
@@ -36,14 +35,8 @@ class Optimizer:
         self.param_groups.append(group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is not None:
-                    if set_to_none:
-                        p.grad = None
-                    else:
-                        with no_grad():
-                            p.grad.zero_()
+        from ..nn.utils import zero_grads
+        zero_grads((p for g in self.param_groups for p in g["params"]), set_to_none)
 
     def step(self):
         raise NotImplementedError
