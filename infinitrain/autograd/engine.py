@@ -8,9 +8,21 @@ bucket's all-reduce from them while the rest of the backward pass goes on.
 """
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 from .grad_mode import no_grad
+
+_local = threading.local()
+
+
+def queue_callback(fn) -> None:
+    """Runs fn() once the backward pass in progress has finished (DDP waits for its gradient
+    all-reduces there)."""
+    callbacks = getattr(_local, "callbacks", None)
+    if callbacks is None:
+        raise RuntimeError("queue_callback() can only be called during a backward pass")
+    callbacks.append(fn)
 
 
 def _dependencies(roots) -> dict:
@@ -48,6 +60,18 @@ def _accumulate_leaf(leaf, grad, fresh: set) -> None:
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
+    outer = getattr(_local, "callbacks", None)
+    _local.callbacks = []
+    try:
+        _backward(tensors, grad_tensors, retain_graph)
+        callbacks, _local.callbacks = _local.callbacks, None
+        for fn in callbacks:
+            fn()
+    finally:
+        _local.callbacks = outer
+
+
+def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
     from ..creation import ones_like
     from ..tensor import Tensor
     tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)

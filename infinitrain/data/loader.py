@@ -35,6 +35,32 @@ class TensorDataset(Dataset):
         return len(self.arrays[0])
 
 
+class DistributedSampler:
+    """The indices of one data-parallel rank: every num_replicas-th index of the (seeded,
+    per-epoch) permutation, padded by wrapping so that every rank gets the same count."""
+
+    def __init__(self, dataset, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"DistributedSampler: rank {rank} is outside [0, {num_replicas})")
+        self.n, self.replicas, self.rank = len(dataset), num_replicas, rank
+        self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = np.random.default_rng((self.seed, self.epoch)).permutation(self.n) if self.shuffle \
+            else np.arange(self.n)
+        per = self.n // self.replicas if self.drop_last else -(-self.n // self.replicas)
+        total = per * self.replicas
+        order = order[:total] if self.drop_last else np.resize(order, total)
+        return iter(order[self.rank:total:self.replicas].tolist())
+
+    def __len__(self) -> int:
+        return self.n // self.replicas if self.drop_last else -(-self.n // self.replicas)
+
+
 class DataLoader:
     """Batches of a map-style dataset as tensors: seeded shuffling (a new order each epoch,
     the same orders for the same seed), drop_last, and an optional sampler of indices."""
@@ -120,11 +146,13 @@ class TokenLoader:
         self.position = self.B * self.T * self.rank
 
     def state(self) -> dict:
-        """Where the loader is, for checkpoints."""
-        return {"shard": self.shard, "position": self.position}
+        """Where the loader is, for checkpoints: the same on every process (each adds its own
+        offset back when loading)."""
+        return {"shard": self.shard, "position": self.position - self.B * self.T * self.rank}
 
     def load_state(self, state: dict) -> None:
-        self.shard, self.position = int(state["shard"]), int(state["position"])
+        self.shard = int(state["shard"])
+        self.position = int(state["position"]) + self.B * self.T * self.rank
 
     def next_batch(self):
         B, T = self.B, self.T

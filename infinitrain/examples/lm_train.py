@@ -6,15 +6,16 @@ flags, llm.c's data order, one log line per step:
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
+from contextlib import nullcontext
 
 import infinitrain as it
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
+from infinitrain.nn import parallel
 from infinitrain.nn.utils import clip_grad_norm_
 from infinitrain.optim import AdamW
 from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
@@ -49,23 +50,34 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--save_interval", type=int, default=0, help="save every N steps (0 = only at the end)")
     p.add_argument("--max_checkpoint_keep", type=int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
+    p.add_argument("--tensor_parallel", type=int, default=1)
+    p.add_argument("--pipeline_parallel", type=int, default=1)
     return p.parse_args(argv)
 
 
 def train(args, build_model) -> int:
-    """Trains build_model(args) (a GPT-2 or LLaMA-3 style model) as the flags say."""
+    """Trains build_model(args) (a GPT-2 or LLaMA-3 style model) as the flags say, on as many
+    data-parallel MPI ranks as the job has."""
     if args.device != "cpu":
         it.zeros(1, device=args.device)  # raises the library's clear error until CUDA lands
+    if args.tensor_parallel != 1 or args.pipeline_parallel != 1:
+        sys.exit("tensor and pipeline parallelism arrive in a later version; run with DP only")
+    env = parallel.init(args.tensor_parallel, args.pipeline_parallel)
+    dp, main = env.layout.dp, env.is_main
+    log = print if main else (lambda *a, **k: None)
     B, T = args.batch_size, args.sequence_length
-    tokens_per_micro = B * T
+    tokens_per_micro = B * T * dp
     total = args.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
         sys.exit(f"--total_batch_size {total} is not a multiple of batch_size * sequence_length "
-                 f"= {tokens_per_micro}")
+                 f"* data-parallel ranks = {B} * {T} * {dp} = {tokens_per_micro}")
     accum = total // tokens_per_micro
 
     if args.input_bin is None:
-        files = shakespeare_files()
+        if main:  # one rank prepares the data, the others wait for it
+            shakespeare_files()
+        env.world.barrier()
+        files = shakespeare_files(prepare=False)
         args.input_bin = str(files["train"])
         args.input_val_bin = args.input_val_bin or str(files["val"])
         args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])
@@ -76,14 +88,17 @@ def train(args, build_model) -> int:
     if T > cfg.block_size:
         sys.exit(f"--sequence_length {T} exceeds the model's block size {cfg.block_size}")
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
-    print(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
+    log(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
           f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
           f"{model.num_parameters():,} parameters", flush=True)
-    print(f"batch: {B} x {T} tokens x {accum} accumulation steps = {total} tokens per step | "
-          f"{it.get_num_threads()} threads", flush=True)
+    log(f"batch: {B} x {T} tokens x {accum} accumulation steps x {dp} data-parallel ranks = "
+        f"{total} tokens per step | {it.get_num_threads()} threads per rank", flush=True)
 
-    train = TokenLoader(args.input_bin, B, T, vocab_size=cfg.vocab_size)
-    val = TokenLoader(args.input_val_bin, B, T, vocab_size=cfg.vocab_size) if args.input_val_bin else None
+    rank = env.dp_rank
+    train = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size)
+    val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size) \
+        if args.input_val_bin else None
+    net = parallel.DistributedDataParallel(model) if dp > 1 else model
     tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
 
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -100,63 +115,77 @@ def train(args, build_model) -> int:
         train.load_state(meta["extra"]["train_loader"])
         schedule.load_state_dict(meta["extra"]["schedule"])
         first = meta["step"] + 1
-        print(f"resumed from {args.load} at step {meta['step']}", flush=True)
+        log(f"resumed from {args.load} at step {meta['step']}", flush=True)
 
     def save(step: int) -> None:
-        path = save_checkpoint(args.save, step, model, optimizer,
-                               extra={"train_loader": train.state(), "schedule": schedule.state_dict()},
-                               keep=args.max_checkpoint_keep or None)
-        print(f"saved {path}", flush=True)
+        if main:  # every rank holds the same model and optimizer: one writes
+            path = save_checkpoint(args.save, step, model, optimizer,
+                                   extra={"train_loader": train.state(), "schedule": schedule.state_dict()},
+                                   keep=args.max_checkpoint_keep or None)
+            log(f"saved {path}", flush=True)
+        env.world.barrier()
 
     for step in range(first, args.num_iteration + 1):
         if val is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
-            print(f"val loss {evaluate(model, val, args.val_max_steps):.6f}", flush=True)
-        if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
+            log(f"val loss {evaluate(model, val, args.val_max_steps, env):.6f}", flush=True)
+        if main and tokenizer is not None and args.sample_every and step % args.sample_every == 0:
             sample(model, tokenizer, args)
 
         it.reset_peak_memory_stats()
         t0 = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         loss_sum = 0.0
-        for _ in range(accum):
+        for micro in range(accum):
             x, y = train.next_batch()
-            with autocast(args.dtype, enabled=args.dtype != "float32"):
-                _, loss = model(x, y, return_logits=False)
-            (loss / accum if accum > 1 else loss).backward()
+            last = micro == accum - 1
+            with (net.no_sync() if dp > 1 and not last else nullcontext()):
+                with autocast(args.dtype, enabled=args.dtype != "float32"):
+                    _, loss = net(x, y, return_logits=False)
+                (loss / accum if accum > 1 else loss).backward()
             loss_sum += loss.item()
         if args.grad_clip > 0:
             clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
+        mean_loss = dp_mean(loss_sum / accum, env)
         ms = (time.perf_counter() - t0) * 1e3
         peak_mb = it.memory_stats()["peak_allocated_bytes"] // 2**20
-        print(f"step {step:4d}/{args.num_iteration} | train loss {loss_sum / accum:.6f} | lr {lr:.2e} | "
-              f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | peak used: {peak_mb:5d} MB | "
-              f"DP=1, TP=1, SP=0, PP=1)", flush=True)
+        log(f"step {step:4d}/{args.num_iteration} | train loss {mean_loss:.6f} | lr {lr:.2e} | "
+            f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | peak used: {peak_mb:5d} MB | "
+            f"{env.layout.describe()})", flush=True)
         if args.save and args.save_interval and step % args.save_interval == 0:
             save(step)
 
     if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
         save(args.num_iteration)
     if val is not None and args.val_loss_every:
-        print(f"val loss {evaluate(model, val, args.val_max_steps):.6f}", flush=True)
-    if tokenizer is not None and args.sample_every:
+        log(f"val loss {evaluate(model, val, args.val_max_steps, env):.6f}", flush=True)
+    if main and tokenizer is not None and args.sample_every:
         sample(model, tokenizer, args)
     return 0
 
 
+def dp_mean(value: float, env) -> float:
+    """The mean of a per-rank number over the data-parallel ranks."""
+    if env.layout.dp == 1:
+        return value
+    t = it.tensor([value], dtype=it.float32)
+    env.dp_group.all_reduce(t, parallel.ReduceOp.AVG)
+    return t.item()
+
+
 @it.no_grad()
-def evaluate(model, loader, max_steps: int) -> float:
+def evaluate(model, loader, max_steps: int, env) -> float:
     model.eval()
     loader.reset()
-    steps = max(1, min(max_steps, len(loader.shards[0]) // (loader.B * loader.T)))
+    steps = max(1, min(max_steps, len(loader.shards[0]) // (loader.B * loader.T * loader.world)))
     total = 0.0
     for _ in range(steps):
         x, y = loader.next_batch()
         total += model(x, y, return_logits=False)[1].item()
     model.train()
-    return total / steps
+    return dp_mean(total / steps, env)
 
 
 def sample(model, tokenizer, args) -> None:

@@ -1,0 +1,98 @@
+"""The process's place in the job: MPI initialisation, the Layout, and the DP/TP/PP process
+groups (created once). `init()` is what a training script calls; under a single process it
+works too (a world of one)."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from .layout import Layout
+from .process_group import MPIProcessGroup
+
+_ENV = None
+
+# Variables that launchers set to the number of processes they started.
+_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE",
+                       "WORLD_SIZE")
+
+
+class GlobalEnv:
+    def __init__(self, comm, layout: Layout):
+        self.comm = comm
+        self.layout = layout
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
+        self.coords = layout.coords(self.rank)
+        groups = {}
+        for kind in ("dp", "tp", "pp"):
+            members = getattr(layout, f"{kind}_group")(self.rank)
+            color = layout.all_groups(kind).index(tuple(members))
+            sub = comm.Split(color, members.index(self.rank))  # collective over the world
+            groups[kind] = MPIProcessGroup(sub, members)
+        self.dp_group, self.tp_group, self.pp_group = groups["dp"], groups["tp"], groups["pp"]
+        self.world = MPIProcessGroup(comm, list(range(self.world_size)))
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords.dp
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def __repr__(self) -> str:
+        return f"GlobalEnv(rank={self.rank}, {self.layout})"
+
+
+def _check_mpi_environment(comm) -> None:
+    """mpi4py linked to one MPI and the job started by another's mpiexec gives N processes
+    that each see a world of 1: catch that instead of training N copies side by side."""
+    for var in _LAUNCHER_SIZE_VARS:
+        n = os.environ.get(var)
+        if n and n.isdigit() and int(n) > 1 and comm.Get_size() == 1:
+            from mpi4py import MPI
+            raise RuntimeError(
+                f"the launcher started {n} processes ({var}={n}) but MPI sees a world of 1: "
+                f"mpi4py uses {MPI.Get_library_version().splitlines()[0].strip()!r}, which is not "
+                "the MPI whose mpiexec started this job. Use the mpiexec next to this Python "
+                f"({os.path.dirname(sys.executable)}/mpiexec, from the mpich wheel) or `mpi_launch`, "
+                "or rebuild mpi4py against your cluster's MPI.")
+
+
+def _abort_on_exception() -> None:
+    """An exception on one rank ends the whole job (its traceback shown first) instead of
+    leaving the other ranks waiting in a collective forever."""
+    from mpi4py import MPI
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if kind is KeyboardInterrupt:
+            previous(kind, value, tb)
+        else:
+            rank = MPI.COMM_WORLD.Get_rank()
+            text = "".join(traceback.format_exception(kind, value, tb))
+            sys.stderr.write(f"[rank {rank}] uncaught exception, aborting the job:\n{text}")
+            sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+
+
+def init(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> GlobalEnv:
+    """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv."""
+    global _ENV
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    _check_mpi_environment(comm)
+    layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel)
+    if comm.Get_size() > 1:
+        _abort_on_exception()
+    _ENV = GlobalEnv(comm, layout)
+    return _ENV
+
+
+def get_env() -> GlobalEnv:
+    if _ENV is None:
+        raise RuntimeError("infinitrain.nn.parallel.init() has not been called")
+    return _ENV
