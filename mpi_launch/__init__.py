@@ -1,0 +1,74 @@
+"""mpi_launch: torchrun-style flags on top of mpiexec.
+
+    mpi_launch --nproc_per_node 4 -m infinitrain.examples.gpt2 --model small
+    mpi_launch --nnodes 2 --nproc_per_node 8 --hostfile hosts train.py ...
+
+Each rank gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) and OMP_NUM_THREADS = cores / local ranks unless it is set; output
+lines are prefixed with the rank; the exit code is the job's (non-zero if any rank failed).
+mpiexec is the one next to this Python (the mpich wheel's) unless --mpiexec or $MPIEXEC names
+another, such as a cluster's own.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    for candidate in (explicit, os.environ.get("MPIEXEC"), str(Path(sys.executable).parent / "mpiexec"),
+                      shutil.which("mpiexec"), shutil.which("mpirun")):
+        if candidate and (Path(candidate).is_file() or shutil.which(candidate)):
+            return candidate
+    raise SystemExit("mpi_launch: no mpiexec found; install the `mpich` wheel (pip install mpich), "
+                     "put your MPI's mpiexec on PATH, or pass --mpiexec")
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="mpi_launch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--nproc_per_node", type=int, default=1)
+    p.add_argument("--node_rank", type=int, default=0,
+                   help="accepted for torchrun compatibility; mpiexec places ranks on nodes itself")
+    p.add_argument("--rdzv_endpoint", default="127.0.0.1:29500", help="host:port -> MASTER_ADDR/PORT")
+    p.add_argument("--hostfile", default=None, help="one host per line (needed for --nnodes > 1)")
+    p.add_argument("--mpiexec", default=None)
+    p.add_argument("-m", dest="module", default=None, help="run a module, as python -m")
+    p.add_argument("script", nargs="?", help="the training script (or use -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    if (a.module is None) == (a.script is None):
+        p.error("give a script or -m module")
+    if a.nnodes < 1 or a.nproc_per_node < 1:
+        p.error("--nnodes and --nproc_per_node must be >= 1")
+    if a.nnodes > 1 and not a.hostfile:
+        p.error("--nnodes > 1 needs --hostfile naming the nodes")
+    return a
+
+
+def command(a) -> list:
+    world = a.nnodes * a.nproc_per_node
+    host, _, port = a.rdzv_endpoint.rpartition(":")
+    cmd = [find_mpiexec(a.mpiexec), "-n", str(world)]
+    if a.hostfile:
+        cmd += ["-f", a.hostfile, "-ppn", str(a.nproc_per_node)]
+    cmd += ["-prepend-rank",
+            "-genv", "MASTER_ADDR", host or "127.0.0.1", "-genv", "MASTER_PORT", port or "29500",
+            "-genv", "WORLD_SIZE", str(world), "-genv", "LOCAL_WORLD_SIZE", str(a.nproc_per_node)]
+    if "OMP_NUM_THREADS" not in os.environ:
+        cmd += ["-genv", "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.nproc_per_node))]
+    target = ["-m", a.module] if a.module else [a.script]
+    return cmd + [sys.executable, "-m", "mpi_launch.worker"] + target + list(a.args)
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    try:
+        return subprocess.run(command(a)).returncode
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,5 @@
+import sys
+
+from mpi_launch import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""Multi-process tests: each starts `mpiexec -n N` (oversubscribed on small machines) and fails
+with the ranks' output when a rank fails."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infinitrain.data import write_shard
+from infinitrain.nn.parallel import Layout
+
+HERE = Path(__file__).resolve().parent
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def mpirun(n, args, timeout=300):
+    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *args], capture_output=True,
+                         text=True, timeout=timeout, env=ENV)
+    assert out.returncode == 0, f"mpiexec -n {n} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+def test_layout_unit():
+    L = Layout(8, tp=2, pp=2)
+    assert L.dp == 2 and L.rank_of(dp=1, tp=1, pp=1) == 7
+    assert [L.coords(r) for r in (0, 5)] == [L.coords(0), L.coords(5)]
+    assert L.coords(5).tp == 1 and L.coords(5).dp == 0 and L.coords(5).pp == 1
+    assert L.tp_group(5) == [4, 5] and L.dp_group(5) == [5, 7] and L.pp_group(5) == [1, 5]
+    assert L.all_groups("pp") == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    with pytest.raises(ValueError, match="cannot be split"):
+        Layout(6, tp=4)
+    with pytest.raises(ValueError, match="= 12 ranks, but the world has 8"):
+        Layout(8, tp=2, dp=6)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_collectives(n):
+    out = mpirun(n, [str(HERE / "mpi" / "collectives.py")])
+    assert out.count("OK") == n
+
+
+def test_layout_subgroups_2x2x2():
+    assert mpirun(8, [str(HERE / "mpi" / "layout_groups.py")]).count("OK") == 8
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ddp_mechanics(n):
+    assert mpirun(n, [str(HERE / "mpi" / "ddp_mechanics.py")]).count("OK") == n
+
+
+def _losses(stdout):
+    return [float(m.group(1)) for m in re.finditer(r"^step +\d+/\d+ \| train loss (\d+\.\d+)", stdout, re.M)]
+
+
+def test_data_parallel_gpt2_matches_one_process(tmp_path):
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    args = ["-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny",
+            "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "10", "--learning_rate", "3e-3"]
+    one = subprocess.run([sys.executable, *args, "--total_batch_size", "512"], capture_output=True,
+                         text=True, timeout=300, env=ENV)
+    assert one.returncode == 0, one.stderr
+    single = _losses(one.stdout)
+    eight = mpirun(8, args)
+    two_accum = mpirun(2, args + ["--total_batch_size", "512"])
+    assert "DP=8, TP=1, SP=0, PP=1" in eight and "x 4 accumulation steps x 2 data-parallel" in two_accum
+    assert len(single) == 10
+    np.testing.assert_allclose(_losses(eight), single, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(_losses(two_accum), single, rtol=0, atol=1e-5)
+    assert single[-1] < single[0] - 1.0
+
+
+def test_launcher_env_and_failing_rank(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys\n"
+        "from infinitrain.nn import parallel\n"
+        "env = parallel.init()\n"
+        "print('env', os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'],"
+        " os.environ['LOCAL_WORLD_SIZE'], os.environ['MASTER_PORT'], env.rank)\n"
+        "if env.rank == int(sys.argv[1]):\n"
+        "    raise RuntimeError('boom on purpose')\n"
+        "env.world.barrier()\n")
+    launcher = [sys.executable, "-m", "mpi_launch", "--nproc_per_node", "3", "--rdzv_endpoint",
+                "127.0.0.1:29999", str(script)]
+    ok = subprocess.run(launcher + ["-1"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert ok.returncode == 0, ok.stderr
+    for r in range(3):
+        assert f"[{r}] env {r} {r} 3 3 29999 {r}" in ok.stdout
+    bad = subprocess.run(launcher + ["1"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert bad.returncode != 0
+    assert "boom on purpose" in bad.stdout + bad.stderr
+    assert "[rank 1] uncaught exception, aborting the job" in bad.stdout + bad.stderr
+
+
+def test_mismatched_mpi_is_reported():
+    code = "from infinitrain.nn import parallel; parallel.init()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(ENV, PMI_SIZE="4"))
+    assert out.returncode != 0
+    assert "started 4 processes (PMI_SIZE=4) but MPI sees a world of 1" in out.stderr
