@@ -87,13 +87,15 @@ def test_launcher_env_and_failing_rank(tmp_path):
     launcher = [sys.executable, "-m", "mpi_launch", "--nproc_per_node", "3", "--rdzv_endpoint",
                 "127.0.0.1:29999", str(script)]
     ok = subprocess.run(launcher + ["-1"], capture_output=True, text=True, timeout=120, env=ENV)
-    assert ok.returncode == 0, ok.stderr
+    shown = f"stdout:\n{ok.stdout}\nstderr:\n{ok.stderr}"
+    assert ok.returncode == 0, shown
     for r in range(3):
-        assert f"[{r}] env {r} {r} 3 3 29999 {r}" in ok.stdout
+        assert f"[{r}] env {r} {r} 3 3 29999 {r}" in ok.stdout, shown
     bad = subprocess.run(launcher + ["1"], capture_output=True, text=True, timeout=120, env=ENV)
-    assert bad.returncode != 0
-    assert "boom on purpose" in bad.stdout + bad.stderr
-    assert "[rank 1] uncaught exception, aborting the job" in bad.stdout + bad.stderr
+    shown = f"exit {bad.returncode}\nstdout:\n{bad.stdout}\nstderr:\n{bad.stderr}"
+    assert bad.returncode != 0, shown
+    assert "boom on purpose" in bad.stdout + bad.stderr, shown
+    assert "[rank 1] uncaught exception, aborting the job" in bad.stdout + bad.stderr, shown
 
 
 def test_mismatched_mpi_is_reported():

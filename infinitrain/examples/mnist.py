@@ -15,9 +15,10 @@ import numpy as np
 
 import infinitrain as it
 import infinitrain.nn.functional as F
-from infinitrain.data import DataLoader, TensorDataset
-from infinitrain.data.prepare import load_mnist
+from infinitrain.data import DataLoader, DistributedSampler, TensorDataset
+from infinitrain.data.prepare import load_mnist, mnist_file
 from infinitrain.models.mlp import MLP
+from infinitrain.nn import parallel
 
 
 def parse_args(argv=None):
@@ -26,7 +27,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default="mlp", choices=["mlp"])
     p.add_argument("--hidden", type=int, nargs="*", default=[512, 256])
     p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch_size", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=128, help="global batch (split over data-parallel ranks)")
     p.add_argument("--learning_rate", type=float, default=1e-3)
     p.add_argument("--weight_decay", type=float, default=0.0)
     p.add_argument("--dropout", type=float, default=0.1)
@@ -52,29 +53,44 @@ def accuracy(model, images, labels, batch: int = 1000) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    env = parallel.init()
+    dp, main_rank = env.layout.dp, env.is_main
+    if args.data is None:  # one rank prepares the data, the others wait for it
+        if main_rank:
+            mnist_file()
+        env.world.barrier()
     data = load_mnist(args.data)
     train_x, train_y = data["train_images"], data["train_labels"]
     if args.train_subset:
         train_x, train_y = train_x[:args.train_subset], train_y[:args.train_subset]
+    if args.batch_size % dp:
+        sys.exit(f"--batch_size {args.batch_size} must be a multiple of the {dp} data-parallel ranks")
     it.manual_seed(args.seed)
     model = MLP(784, tuple(args.hidden), 10, args.dropout)
+    net = parallel.DistributedDataParallel(model) if dp > 1 else model
     opt = it.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    loader = DataLoader(TensorDataset(as_inputs(train_x), train_y), batch_size=args.batch_size,
-                        shuffle=True, seed=args.seed)
-    print(f"MLP {[784, *args.hidden, 10]} | {model.num_parameters():,} parameters | "
-          f"{len(train_x):,} training images, {len(data['test_labels']):,} test images", flush=True)
-    acc = 0.0
+    dataset = TensorDataset(as_inputs(train_x), train_y)
+    sampler = DistributedSampler(dataset, dp, env.dp_rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch_size // dp, sampler=sampler)
+    if main_rank:
+        print(f"MLP {[784, *args.hidden, 10]} | {model.num_parameters():,} parameters | "
+              f"{len(train_x):,} training images, {len(data['test_labels']):,} test images | "
+              f"{env.layout.describe()}", flush=True)
     for epoch in range(1, args.epochs + 1):
+        sampler.set_epoch(epoch)
         t0, total, n = time.perf_counter(), 0.0, 0
         for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(net(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             total, n = total + loss.item() * len(y), n + len(y)
-        acc = accuracy(model, data["test_images"], data["test_labels"])
-        print(f"epoch {epoch} | train loss {total / n:.4f} | test accuracy {acc:.2f}% | "
-              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        sums = it.tensor([total, float(n)])
+        env.world.all_reduce(sums)
+        if main_rank:
+            acc = accuracy(model, data["test_images"], data["test_labels"])
+            print(f"epoch {epoch} | train loss {sums[0].item() / sums[1].item():.4f} | "
+                  f"test accuracy {acc:.2f}% | ({time.perf_counter() - t0:.1f} s)", flush=True)
     return 0
 
 

@@ -102,6 +102,8 @@ class Reducer:
         self.pending[bi] -= 1
         while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] <= 0:
             self._launch(self.next_bucket)
+        for w in self.works[:self.next_bucket]:  # MPI moves non-blocking calls only when asked
+            w.is_completed()
 
     def _launch(self, i: int) -> None:
         self.works[i] = self.group.all_reduce(self.buckets[i].flat, ReduceOp.AVG, async_op=True)

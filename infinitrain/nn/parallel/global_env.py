@@ -88,8 +88,23 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> GlobalEnv:
     layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel)
     if comm.Get_size() > 1:
         _abort_on_exception()
+        _share_cores(comm)
     _ENV = GlobalEnv(comm, layout)
     return _ENV
+
+
+def _share_cores(comm) -> None:
+    """Ranks on one node split its cores (unless OMP_NUM_THREADS says otherwise), so that
+    `mpirun -np N` on an N-core node does not start N x N threads."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    from mpi4py import MPI
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    n_local = local.Get_size()
+    local.Free()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from ... import set_num_threads
+    set_num_threads(max(1, cores // n_local))
 
 
 def get_env() -> GlobalEnv:

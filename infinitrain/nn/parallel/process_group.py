@@ -7,6 +7,7 @@ through a float32 copy, so sums are exact to float32 and rounded to bfloat16 onc
 """
 from __future__ import annotations
 
+import os
 from enum import Enum
 
 from ...tensor import Tensor
@@ -21,16 +22,23 @@ class ReduceOp(Enum):
 
 class Work:
     """A collective in flight: wait() blocks until it is done (then runs its epilogue, such as
-    averaging or converting back from float32); is_completed() polls."""
+    averaging or converting back from float32); is_completed() polls. It completes either
+    through MPI requests or through the group's communication thread (an Event)."""
 
-    def __init__(self, requests=(), epilogue=None):
+    def __init__(self, requests=(), epilogue=None, event=None):
         self._requests = list(requests)
         self._epilogue = epilogue
+        self._event = event
+        self._error = None
         self._done = False
 
     def is_completed(self) -> bool:
         if self._done:
             return True
+        if self._event is not None:
+            if self._event.is_set():
+                self._finish()
+            return self._done
         from mpi4py import MPI
         if MPI.Request.Testall(self._requests):
             self._finish()
@@ -39,15 +47,78 @@ class Work:
     def wait(self) -> None:
         if self._done:
             return
-        from mpi4py import MPI
-        MPI.Request.Waitall(self._requests)
+        if self._event is not None:
+            self._event.wait()
+        else:
+            from mpi4py import MPI
+            MPI.Request.Waitall(self._requests)
         self._finish()
 
     def _finish(self) -> None:
         self._done = True
+        if self._error is not None:
+            raise RuntimeError(f"a collective failed on the communication thread: {self._error}") \
+                from self._error
         if self._epilogue is not None:
             self._epilogue()
             self._epilogue = None
+
+
+class _Then(Work):
+    """Completes when `first` has completed, then runs `fn`."""
+
+    def __init__(self, first: Work, fn):
+        super().__init__(epilogue=fn)
+        self._first = first
+
+    def is_completed(self) -> bool:
+        if not self._done and self._first.is_completed():
+            self._finish()
+        return self._done
+
+    def wait(self) -> None:
+        if not self._done:
+            self._first.wait()
+            self._finish()
+
+
+def _then(first: Work, fn) -> Work:
+    return _Then(first, fn)
+
+
+class _CommThread:
+    """Runs a group's collectives one after another on a thread of its own. MPI implementations
+    progress non-blocking collectives only inside MPI calls, so an Iallreduce started during
+    backward would sit idle until the final wait; a blocking call on this thread moves while
+    the kernels compute (mpi4py and the native library both release the GIL). Collectives keep
+    the order in which they were queued, the same on every rank."""
+
+    def __init__(self, name: str):
+        import queue
+        import threading
+        self._queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn, work = self._queue.get()
+            try:
+                fn()
+            except BaseException as e:  # reported by Work.wait on the caller's thread
+                work._error = e
+            work._event.set()
+            self._queue.task_done()
+
+    def drain(self) -> None:
+        """Returns once everything queued so far has run."""
+        self._queue.join()
+
+    def submit(self, fn, epilogue=None) -> Work:
+        import threading
+        work = Work(epilogue=epilogue, event=threading.Event())
+        self._queue.put((fn, work))
+        return work
 
 
 class ProcessGroup:
@@ -91,10 +162,21 @@ def _buffer(t: Tensor):
 
 class MPIProcessGroup(ProcessGroup):
     def __init__(self, comm, ranks):
+        from mpi4py import MPI
         self.comm = comm
         self.ranks = list(ranks)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        # A communication thread needs MPI_THREAD_MULTIPLE (mpi4py's default) and a core to run
+        # on: it is used when each rank has two or more cores (or INFINITRAIN_COMM_THREAD=1);
+        # otherwise asynchronous collectives are MPI non-blocking calls that the caller
+        # advances with is_completed() (DDP does so from its gradient hooks).
+        wanted = os.environ.get("INFINITRAIN_COMM_THREAD")
+        if wanted is None:
+            from ... import get_num_threads
+            wanted = "1" if get_num_threads() >= 2 else "0"
+        threaded = wanted == "1" and self.size > 1 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self._comm_thread = _CommThread(f"infinitrain-comm-{self.ranks}") if threaded else None
 
     def __repr__(self) -> str:
         return f"MPIProcessGroup(ranks={self.ranks})"
@@ -112,21 +194,39 @@ class MPIProcessGroup(ProcessGroup):
             # not MPI types: reduce a float32 copy, write back once it is done
             wide = t.float()
             inner = self.all_reduce(wide, op, async_op=True)
-            return self._done(Work(inner._requests, lambda: (inner._finish(), t.copy_(wide))), async_op)
+            return self._done(_then(inner, lambda: t.copy_(wide)), async_op)
         if op is ReduceOp.AVG and not t.dtype.is_floating_point:
             raise TypeError(f"all_reduce AVG of {t.dtype.name} tensors is not defined; use SUM")
-        req = self.comm.Iallreduce(MPI.IN_PLACE, _buffer(t), op=_mpi_op(op))
+        buf, mop = _buffer(t), _mpi_op(op)
         scale = 1.0 / self.size
         epilogue = (lambda: t.mul_(scale)) if op is ReduceOp.AVG and self.size > 1 else None
-        return self._done(Work([req], epilogue), async_op)
+        return self._collective(lambda: self.comm.Allreduce(MPI.IN_PLACE, buf, op=mop),
+                                lambda: self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mop),
+                                epilogue, async_op)
+
+    def _collective(self, blocking, nonblocking, epilogue, async_op: bool):
+        """Synchronous calls block (cheapest when the caller waits anyway), after whatever the
+        communication thread still has queued, so that every rank sees one order; asynchronous
+        ones go to the communication thread, or else to MPI's non-blocking call."""
+        if not async_op:
+            if self._comm_thread is not None:
+                self._comm_thread.drain()
+            blocking()
+            if epilogue is not None:
+                epilogue()
+            return None
+        if self._comm_thread is not None:
+            return self._comm_thread.submit(blocking, epilogue)
+        return Work([nonblocking()], epilogue)
 
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
         """out [size * n, ...] = the ranks' t [n, ...] in rank order."""
         if out.numel() != t.numel() * self.size or out.dtype is not t.dtype:
             raise ValueError(f"all_gather: out must hold {self.size} x {tuple(t.shape)} "
                              f"{t.dtype.name}, got {tuple(out.shape)} {out.dtype.name}")
-        req = self.comm.Iallgather(_buffer(t), _buffer(out))
-        return self._done(Work([req]), async_op)
+        src, dst = _buffer(t), _buffer(out)
+        return self._collective(lambda: self.comm.Allgather(src, dst),
+                                lambda: self.comm.Iallgather(src, dst), None, async_op)
 
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM,
                        async_op: bool = False):
@@ -138,16 +238,19 @@ class MPIProcessGroup(ProcessGroup):
         if t.dtype.name in ("bfloat16", "float16"):
             wide_in, wide_out = t.float(), out.float()
             inner = self.reduce_scatter(wide_out, wide_in, op, async_op=True)
-            return self._done(Work(inner._requests, lambda: (inner._finish(), out.copy_(wide_out))), async_op)
-        req = self.comm.Ireduce_scatter_block(_buffer(t), _buffer(out), op=_mpi_op(op))
+            return self._done(_then(inner, lambda: out.copy_(wide_out)), async_op)
+        src, dst, mop = _buffer(t), _buffer(out), _mpi_op(op)
         scale = 1.0 / self.size
         epilogue = (lambda: out.mul_(scale)) if op is ReduceOp.AVG and self.size > 1 else None
-        return self._done(Work([req], epilogue), async_op)
+        return self._collective(lambda: self.comm.Reduce_scatter_block(src, dst, op=mop),
+                                lambda: self.comm.Ireduce_scatter_block(src, dst, op=mop),
+                                epilogue, async_op)
 
     def broadcast(self, t: Tensor, src: int = 0, async_op: bool = False):
         """src is an index into this group's ranks."""
-        req = self.comm.Ibcast(_buffer(t), root=src)
-        return self._done(Work([req]), async_op)
+        buf = _buffer(t)
+        return self._collective(lambda: self.comm.Bcast(buf, root=src),
+                                lambda: self.comm.Ibcast(buf, root=src), None, async_op)
 
     def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
         return Work([self.comm.Isend(_buffer(t), dest=dst, tag=tag)])
@@ -162,7 +265,7 @@ class MPIProcessGroup(ProcessGroup):
         self.irecv(t, src, tag).wait()
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self._collective(self.comm.Barrier, self.comm.Ibarrier, None, async_op=False)
 
 
 def nccl_unique_id(group_comm, make_id):
