@@ -79,9 +79,14 @@ def _abort_on_exception() -> None:
     sys.excepthook = hook
 
 
-def init(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> GlobalEnv:
-    """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv."""
+def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu") -> GlobalEnv:
+    """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv. The
+    device picks the collectives' backend: MPI for "cpu", NCCL (bootstrapped through MPI with
+    `process_group.nccl_unique_id`) for "cuda"."""
     global _ENV
+    if str(device).startswith("cuda"):
+        raise NotImplementedError("the NCCL backend for CUDA tensors arrives with the CUDA kernels; "
+                                  "train on device='cpu' (MPI) for now")
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     _check_mpi_environment(comm)

@@ -139,25 +139,32 @@ class ProcessGroup:
     def barrier(self): ...
 
 
-def _mpi_type(dtype):
-    from mpi4py import MPI
-    return {"float32": MPI.FLOAT, "float16": MPI.UINT16_T, "int32": MPI.INT32_T,
-            "int64": MPI.INT64_T, "uint8": MPI.UINT8_T, "bfloat16": MPI.UINT16_T}[dtype.name]
+_MPI = {}  # filled on first use: mpi4py is imported only by processes that communicate
+
+
+def _mpi():
+    if not _MPI:
+        from mpi4py import MPI
+        _MPI.update(MPI=MPI, types={"float32": MPI.FLOAT, "float16": MPI.UINT16_T,
+                                    "int32": MPI.INT32_T, "int64": MPI.INT64_T, "uint8": MPI.UINT8_T,
+                                    "bfloat16": MPI.UINT16_T},
+                    ops={ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MAX: MPI.MAX,
+                         ReduceOp.MIN: MPI.MIN})
+    return _MPI
 
 
 def _mpi_op(op: ReduceOp):
-    from mpi4py import MPI
-    return {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MAX: MPI.MAX,
-            ReduceOp.MIN: MPI.MIN}[op]
+    return _mpi()["ops"][op]
 
 
 def _buffer(t: Tensor):
-    from mpi4py import MPI
+    m = _mpi()
     if t.device.type != "cpu":
-        raise ValueError(f"the MPI process group works on CPU tensors, this one is on {t.device}")
+        raise ValueError(f"the MPI process group works on CPU tensors, this one is on {t.device}; "
+                         "CUDA tensors use the NCCL backend")
     if not t.is_contiguous():
         raise ValueError("collectives need contiguous tensors; call .contiguous() first")
-    return [MPI.buffer.fromaddress(t.data_ptr(), t.nbytes), _mpi_type(t.dtype)]
+    return [m["MPI"].buffer.fromaddress(t.data_ptr(), t.nbytes), m["types"][t.dtype.name]]
 
 
 class MPIProcessGroup(ProcessGroup):
@@ -188,8 +195,13 @@ class MPIProcessGroup(ProcessGroup):
         return None
 
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
-        from mpi4py import MPI
-        op = ReduceOp(op)
+        MPI = _mpi()["MPI"]
+        if not isinstance(op, ReduceOp):
+            op = ReduceOp(op)
+        if not async_op and self._comm_thread is None and t.dtype.name in ("float32", "int32", "int64") \
+                and op is not ReduceOp.AVG:  # the common synchronous case, with the least Python
+            self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=_mpi_op(op))
+            return None
         if t.dtype.name in ("bfloat16", "float16"):
             # not MPI types: reduce a float32 copy, write back once it is done
             wide = t.float()
