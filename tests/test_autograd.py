@@ -250,3 +250,15 @@ def test_post_accumulate_hooks_fire_during_backward():
     out = (h * b).sum()    # b is next to it
     out.backward()
     assert order == ["b", "a"]
+
+
+def test_leaf_used_twice_accumulates_once():
+    """A weight used twice (a tied embedding) gets one summed accumulation and one hook call:
+    DDP must not start its all-reduce before the second contribution has landed."""
+    w = it.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    seen = []
+    w.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.numpy().copy()))
+    x = it.tensor([[1.0, 1.0]])
+    (F.embedding(it.tensor([1]), w).sum() + (x @ w.t()).sum()).backward()
+    assert len(seen) == 1
+    np.testing.assert_allclose(seen[0], [[1, 1], [2, 2]])

@@ -66,10 +66,16 @@ def test_data_parallel_gpt2_matches_one_process(tmp_path):
     single = _losses(one.stdout)
     eight = mpirun(8, args)
     two_accum = mpirun(2, args + ["--total_batch_size", "512"])
+    ENV["INFINITRAIN_COMM_THREAD"] = "1"  # reductions on the communication thread, during backward
+    try:
+        threaded = mpirun(2, args + ["--total_batch_size", "512"])
+    finally:
+        del ENV["INFINITRAIN_COMM_THREAD"]
     assert "DP=8, TP=1, SP=0, PP=1" in eight and "x 4 accumulation steps x 2 data-parallel" in two_accum
     assert len(single) == 10
     np.testing.assert_allclose(_losses(eight), single, rtol=0, atol=1e-5)
     np.testing.assert_allclose(_losses(two_accum), single, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(_losses(threaded), single, rtol=0, atol=1e-5)
     assert single[-1] < single[0] - 1.0
 
 

@@ -25,20 +25,27 @@ def queue_callback(fn) -> None:
     callbacks.append(fn)
 
 
-def _dependencies(roots) -> dict:
-    """For every node reachable from the roots: how many edges point into it."""
-    deps, seen, stack = {}, set(), [n for n in roots]
+def _dependencies(roots) -> tuple:
+    """For every node reachable from the roots, and every leaf: how many edges point into it.
+    A leaf reached by several edges (a weight used twice, such as a tied embedding) gets its
+    contributions summed and accumulated once, as PyTorch's AccumulateGrad does, so that its
+    post-accumulate-grad hooks see the final gradient."""
+    deps, leaf_deps, seen, stack = {}, {}, set(), [n for n in roots]
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
         for edge in node.edges:
-            if edge is not None and edge[0] is not None:
-                child = edge[0]
+            if edge is None:
+                continue
+            child, where = edge
+            if child is None:
+                leaf_deps[id(where)] = leaf_deps.get(id(where), 0) + 1
+            else:
                 deps[child] = deps.get(child, 0) + 1
                 stack.append(child)
-    return deps
+    return deps, leaf_deps
 
 
 def _accumulate_leaf(leaf, grad, fresh: set) -> None:
@@ -105,7 +112,18 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
             slots[t._output_nr] = g if slots[t._output_nr] is None else slots[t._output_nr] + g
             roots.append(t.grad_fn)
 
-        deps = _dependencies(roots)
+        deps, leaf_deps = _dependencies(roots)
+        leaf_sums = {}  # id(leaf) -> (leaf, summed gradient so far)
+
+        def leaf_grad(leaf, g) -> None:
+            key = id(leaf)
+            if g is not None:
+                prev = leaf_sums.get(key)
+                leaf_sums[key] = (leaf, g if prev is None else prev[1] + g)
+            leaf_deps[key] -= 1
+            if leaf_deps[key] == 0 and key in leaf_sums:
+                _accumulate_leaf(*leaf_sums.pop(key), fresh)
+
         ready = deque(n for n in dict.fromkeys(roots) if deps.get(n, 0) == 0)
         while ready:
             node = ready.popleft()
@@ -128,28 +146,32 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
                 raise RuntimeError(f"{node.name()} returned {len(in_grads)} gradients for "
                                    f"{len(node.edges)} inputs")
             for edge, g in zip(node.edges, in_grads):
+                if edge is not None and edge[0] is None:
+                    leaf_grad(edge[1], g)
+                    continue
                 if edge is None or g is None:
-                    if edge is not None and edge[0] is not None:
-                        _release_dependency(edge[0], deps, ready, pending)
+                    if edge is not None:
+                        _release_dependency(edge[0], deps, ready, pending, leaf_grad)
                     continue
                 child, where = edge
-                if child is None:
-                    _accumulate_leaf(where, g, fresh)
-                    continue
                 slots = pending.setdefault(child, [None] * child.num_outputs)
                 slots[where] = g if slots[where] is None else slots[where] + g
-                _release_dependency(child, deps, ready, pending)
+                _release_dependency(child, deps, ready, pending, leaf_grad)
 
 
-def _release_dependency(child, deps, ready, pending) -> None:
+def _release_dependency(child, deps, ready, pending, leaf_grad) -> None:
     deps[child] -= 1
     if deps[child] == 0:
         if child in pending:
             ready.append(child)
         else:  # nothing reached it: its inputs get nothing either, but count them down
             for edge in child.edges:
-                if edge is not None and edge[0] is not None:
-                    _release_dependency(edge[0], deps, ready, pending)
+                if edge is None:
+                    continue
+                if edge[0] is None:
+                    leaf_grad(edge[1], None)
+                else:
+                    _release_dependency(edge[0], deps, ready, pending, leaf_grad)
 
 
 def _zeros_for(node, output_nr):
