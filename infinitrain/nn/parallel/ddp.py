@@ -11,6 +11,7 @@ that got no gradient contributes zeros, so unused parameters cannot hang the job
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from ...autograd import no_grad
@@ -61,6 +62,7 @@ class Reducer:
             for p in b.params:
                 p.register_post_accumulate_grad_hook(self._on_grad)
         self.sync = True
+        self.last_wait_s = 0.0
         self._reset_round()
 
     def _view(self, p):
@@ -112,8 +114,10 @@ class Reducer:
     def finalize(self) -> None:
         while self.next_bucket < len(self.buckets):
             self._launch(self.next_bucket)
+        t0 = time.perf_counter()
         for w in self.works:
             w.wait()
+        self.last_wait_s = time.perf_counter() - t0  # communication not hidden behind backward
 
 
 class DistributedDataParallel(Module):
