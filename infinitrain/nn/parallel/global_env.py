@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 from .layout import Layout
@@ -74,6 +75,9 @@ def _abort_on_exception() -> None:
             text = "".join(traceback.format_exception(kind, value, tb))
             sys.stderr.write(f"[rank {rank}] uncaught exception, aborting the job:\n{text}")
             sys.stderr.flush()
+            sys.stdout.flush()
+            # let the launcher read the traceback from the pipe before the abort tears it down
+            time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = hook
