@@ -1,6 +1,7 @@
 /* Counter-based random numbers: element i of a call is a hash of (seed, offset + i), so the
  * result does not depend on the thread count, and a generator only has to remember
  * (seed, offset) to reproduce or resume a stream. */
+#define _GNU_SOURCE /* sincos */
 #include "common.h"
 
 static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
@@ -38,16 +39,26 @@ static it_status generate(const char *fn, distribution dist, it_device device, i
         for (int64_t c = 0; c < nchunks; c++) {
             int64_t off = c * IT_CHUNK, len = n - off < IT_CHUNK ? n - off : IT_CHUNK;
             float *y = it_row_dest(dtype, out, off, buf);
-            for (int64_t i = 0; i < len; i++) {
+            for (int64_t i = 0; i < len;) {
                 uint64_t ctr = offset + (uint64_t)(off + i);
                 if (dist == UNIFORM) {
                     double u = uniform_open0(random_bits(key, ctr)); /* (0, 1] */
-                    y[i] = (float)(a + (b - a) * (1.0 - u));         /* [a, b) */
-                } else { /* Box-Muller on two independent draws */
-                    double u1 = uniform_open0(random_bits(key, 2 * ctr));
-                    double u2 = uniform_open0(random_bits(key, 2 * ctr + 1));
-                    double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-                    y[i] = (float)(a + b * z);
+                    y[i++] = (float)(a + (b - a) * (1.0 - u));       /* [a, b) */
+                    continue;
+                }
+                /* Box-Muller: the counter pair (2j, 2j+1) gives the normals of elements 2j
+                 * (cosine) and 2j+1 (sine), so both are used and element i still depends
+                 * only on (seed, offset + i). */
+                uint64_t pair = ctr >> 1;
+                double u1 = uniform_open0(random_bits(key, 2 * pair));
+                double u2 = uniform_open0(random_bits(key, 2 * pair + 1));
+                double r = sqrt(-2.0 * log(u1)), s, c;
+                sincos(6.283185307179586 * u2, &s, &c);
+                if ((ctr & 1) == 0) {
+                    y[i++] = (float)(a + b * r * c);
+                    if (i < len) y[i++] = (float)(a + b * r * s);
+                } else {
+                    y[i++] = (float)(a + b * r * s);
                 }
             }
             it_row_store(dtype, out, off, y, len);
