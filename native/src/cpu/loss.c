@@ -44,11 +44,15 @@ it_status it_cross_entropy_forward(it_device device, it_dtype dtype, float *loss
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(losses && lse && logits && targets, "it_cross_entropy_forward: NULL pointer");
     int64_t bad_row = -1, bad_target = 0;
+    int failed = 0;
 #pragma omp parallel if (rows * vocab > 16384)
     {
         float *xb = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)vocab * 4);
+        int broken = dtype != IT_FLOAT32 && !xb;
+        if (broken) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < rows; n++) {
+            if (broken) continue;
             int64_t t = load_index(target_dtype, targets, n);
             const float *x = it_row_load(dtype, logits, n * padded_vocab, vocab, xb);
             float l = row_logsumexp(x, vocab);
@@ -64,6 +68,7 @@ it_status it_cross_entropy_forward(it_device device, it_dtype dtype, float *loss
         }
         it_scratch_free(xb);
     }
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_cross_entropy_forward: out of memory");
     IT_REQUIRE(bad_row < 0, IT_ERR_INDEX_OUT_OF_RANGE,
                "cross_entropy: target %lld at position %lld is outside the vocabulary "
                "[0, %lld) (and is not ignore_index %lld)", (long long)bad_target,
@@ -81,13 +86,16 @@ it_status it_cross_entropy_backward(it_device device, it_dtype dtype, void *dlog
     IT_CHECK_ARG(dlogits && logits && lse && targets && dlosses,
                  "it_cross_entropy_backward: NULL pointer");
     int64_t Vp = padded_vocab;
-    int bad = 0;
+    int bad = 0, failed = 0;
 #pragma omp parallel if (rows * vocab > 16384)
     {
         float *scratch = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)Vp * 8);
         float *xb = scratch, *db = scratch ? scratch + Vp : NULL;
+        int broken = dtype != IT_FLOAT32 && !scratch;
+        if (broken) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < rows; n++) {
+            if (broken) continue;
             int64_t t = load_index(target_dtype, targets, n);
             float *d = it_row_dest(dtype, dlogits, n * Vp, db);
             if (t == ignore_index) {
@@ -103,6 +111,7 @@ it_status it_cross_entropy_backward(it_device device, it_dtype dtype, void *dlog
         }
         it_scratch_free(scratch);
     }
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_cross_entropy_backward: out of memory");
     IT_REQUIRE(!bad, IT_ERR_INDEX_OUT_OF_RANGE,
                "cross_entropy backward: a target is outside the vocabulary [0, %lld)",
                (long long)vocab);

@@ -212,13 +212,17 @@ it_status it_rmsnorm_forward(it_device device, it_dtype dtype, void *out, float 
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(out && rstd && inp, "it_rmsnorm_forward: NULL pointer");
     int64_t C = cols;
+    int failed = 0;
 #pragma omp parallel if (rows * cols > 16384)
     {
         float *scratch = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)C * 12);
+        int broken = dtype != IT_FLOAT32 && !scratch;
+        if (broken) failed = 1;
         float *xb = scratch, *yb = scratch ? scratch + C : NULL;
-        const float *w = weight ? it_row_load(dtype, weight, 0, C, scratch ? scratch + 2 * C : NULL) : NULL;
+        const float *w = weight && !broken ? it_row_load(dtype, weight, 0, C, scratch ? scratch + 2 * C : NULL) : NULL;
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < rows; n++) {
+            if (broken) continue;
             const float *x = it_row_load(dtype, inp, n * C, C, xb);
             float *y = it_row_dest(dtype, out, n * C, yb);
             rmsnorm_row(y, rstd + n, x, w, C, eps);
@@ -226,6 +230,7 @@ it_status it_rmsnorm_forward(it_device device, it_dtype dtype, void *out, float 
         }
         it_scratch_free(scratch);
     }
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_rmsnorm_forward: out of memory");
     return IT_OK;
 }
 
@@ -280,12 +285,16 @@ it_status it_softmax_backward(it_device device, it_dtype dtype, void *dinp, cons
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(dinp && dout && out, "it_softmax_backward: NULL pointer");
     int64_t C = cols;
+    int failed = 0;
 #pragma omp parallel if (rows * cols > 16384)
     {
         float *scratch = dtype == IT_FLOAT32 ? NULL : (float *)it_scratch_alloc((size_t)C * 12);
+        int broken = dtype != IT_FLOAT32 && !scratch;
+        if (broken) failed = 1;
         float *gb = scratch, *yb = scratch ? scratch + C : NULL, *db = scratch ? scratch + 2 * C : NULL;
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < rows; n++) {
+            if (broken) continue;
             const float *g = it_row_load(dtype, dout, n * C, C, gb);
             const float *y = it_row_load(dtype, out, n * C, C, yb);
             float *d = it_row_dest(dtype, dinp, n * C, db);
@@ -294,5 +303,6 @@ it_status it_softmax_backward(it_device device, it_dtype dtype, void *dinp, cons
         }
         it_scratch_free(scratch);
     }
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_softmax_backward: out of memory");
     return IT_OK;
 }

@@ -25,13 +25,17 @@ static it_status rope(const char *fn, it_device device, it_dtype dtype, void *ou
     if (B * T * H == 0) return IT_OK;
     IT_CHECK_ARG(out && inp && cos && sin, "%s: NULL pointer", fn);
     int64_t rows = B * T * H, half = D / 2;
+    int failed = 0;
 #pragma omp parallel if (rows * D > 16384)
     {
         float xb[1024], yb[1024];
         float *xs = D > 1024 ? (float *)it_scratch_alloc((size_t)D * 8) : xb;
-        float *ys = D > 1024 ? xs + D : yb;
+        int broken = !xs;
+        if (broken) failed = 1;
+        float *ys = D > 1024 ? (xs ? xs + D : NULL) : yb;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
+            if (broken) continue;
             int64_t t = (r / H) % T;
             const float *x = it_row_load(dtype, inp, r * D, D, xs);
             float *y = it_row_dest(dtype, out, r * D, ys);
@@ -44,6 +48,7 @@ static it_status rope(const char *fn, it_device device, it_dtype dtype, void *ou
         }
         if (D > 1024) it_scratch_free(xs);
     }
+    IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     return IT_OK;
 }
 
