@@ -21,6 +21,13 @@ def test_bf16_rounding_matches_ml_dtypes(rng):
     assert np.isnan(nan[0])
 
 
+def test_large_conversions_split_across_threads_match(rng):
+    x = rng.standard_normal(1_000_003).astype(np.float32)  # above the parallel threshold
+    b = it.tensor(x).bfloat16()
+    np.testing.assert_array_equal(b.numpy().view(np.uint16), x.astype(ml_dtypes.bfloat16).view(np.uint16))
+    np.testing.assert_array_equal(b.float().numpy(), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
 def test_f16_rounding_matches_numpy(rng):
     x = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 1000,
                         (rng.standard_normal(1000) * 1e-5).astype(np.float32),  # subnormal halves

@@ -245,20 +245,27 @@ IT_HOT static void f32_to_bf16_n(const float *src, uint16_t *dst, int64_t n) {
     }
 }
 
-/* Large conversions outside a parallel region are split across threads. */
+/* Large conversions outside a parallel region are split across threads (to_f32 says which
+ * direction); returns 0 when the caller should convert serially itself. */
 #define IT_CONVERT_PARALLEL (1 << 18)
+static int convert_in_parallel(int to_f32, it_dtype dt, const void *src, void *dst, int64_t n) {
+    if (n < IT_CONVERT_PARALLEL || omp_in_parallel()) return 0;
+    const int64_t piece = IT_CONVERT_PARALLEL / 4;
+    const int64_t in_size = to_f32 ? (int64_t)it_dtype_size(dt) : 4;
+    const int64_t out_size = to_f32 ? 4 : (int64_t)it_dtype_size(dt);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < (n + piece - 1) / piece; c++) {
+        int64_t off = c * piece, len = n - off < piece ? n - off : piece;
+        const char *s = (const char *)src + off * in_size;
+        char *d = (char *)dst + off * out_size;
+        if (to_f32) it_convert_to_f32(dt, s, (float *)d, len);
+        else it_convert_from_f32(dt, (const float *)s, d, len);
+    }
+    return 1;
+}
 
 void it_convert_to_f32(it_dtype dt, const void *src, float *dst, int64_t n) {
-    if (n >= IT_CONVERT_PARALLEL && !omp_in_parallel()) {
-        int64_t nchunks = (n + IT_CONVERT_PARALLEL / 4 - 1) / (IT_CONVERT_PARALLEL / 4);
-#pragma omp parallel for schedule(static)
-        for (int64_t c = 0; c < nchunks; c++) {
-            int64_t off = c * (IT_CONVERT_PARALLEL / 4);
-            int64_t len = n - off < IT_CONVERT_PARALLEL / 4 ? n - off : IT_CONVERT_PARALLEL / 4;
-            it_convert_to_f32(dt, (const char *)src + off * (int64_t)it_dtype_size(dt), dst + off, len);
-        }
-        return;
-    }
+    if (convert_in_parallel(1, dt, src, dst, n)) return;
     if (dt == IT_FLOAT32) { memcpy(dst, src, (size_t)n * 4); return; }
     if (dt == IT_BFLOAT16) { bf16_to_f32_n((const uint16_t *)src, dst, n); return; }
     const uint16_t *s = (const uint16_t *)src;
@@ -266,16 +273,7 @@ void it_convert_to_f32(it_dtype dt, const void *src, float *dst, int64_t n) {
 }
 
 void it_convert_from_f32(it_dtype dt, const float *src, void *dst, int64_t n) {
-    if (n >= IT_CONVERT_PARALLEL && !omp_in_parallel()) {
-        int64_t nchunks = (n + IT_CONVERT_PARALLEL / 4 - 1) / (IT_CONVERT_PARALLEL / 4);
-#pragma omp parallel for schedule(static)
-        for (int64_t c = 0; c < nchunks; c++) {
-            int64_t off = c * (IT_CONVERT_PARALLEL / 4);
-            int64_t len = n - off < IT_CONVERT_PARALLEL / 4 ? n - off : IT_CONVERT_PARALLEL / 4;
-            it_convert_from_f32(dt, src + off, (char *)dst + off * (int64_t)it_dtype_size(dt), len);
-        }
-        return;
-    }
+    if (convert_in_parallel(0, dt, src, dst, n)) return;
     if (dt == IT_FLOAT32) { memcpy(dst, src, (size_t)n * 4); return; }
     if (dt == IT_BFLOAT16) { f32_to_bf16_n(src, (uint16_t *)dst, n); return; }
     uint16_t *d = (uint16_t *)dst;
