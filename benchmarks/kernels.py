@@ -42,7 +42,7 @@ def run(threads: int) -> None:
 
     import infinitrain as it
     from infinitrain._native import lib
-    from infinitrain.kernels import nn, optim
+    from infinitrain.kernels import neural as nn, optim
 
     print(f"\n== {threads} thread(s) == {it.build_info()}")
     rows = []

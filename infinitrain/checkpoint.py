@@ -18,7 +18,6 @@ shapes, and says exactly what does not match.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .autograd import no_grad
+from .io import fsync_dir, sha256_file
 from .creation import from_numpy
 from .random import default_generator
 from .tensor import Tensor
@@ -52,22 +52,6 @@ def _from_numpy(a: np.ndarray, dtype_name: str) -> Tensor:
         import ml_dtypes
         a = a.view(ml_dtypes.bfloat16)
     return from_numpy(np.ascontiguousarray(a))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None = None,
@@ -102,7 +86,7 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
         meta["optimizer"] = {"type": type(optimizer).__name__, "scalars": scalars,
                              "param_groups": sd["param_groups"]}
     meta["dtypes"] = dtypes
-    meta["sha256"] = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    meta["sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
     with open(tmp / "meta.json", "w") as f:
         json.dump(meta, f, indent=1, default=_json_default)
         f.flush()
@@ -117,7 +101,7 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
     latest_tmp = root / f".latest.tmp{os.getpid()}"
     latest_tmp.write_text(name + "\n")
     os.replace(latest_tmp, root / "latest")
-    _fsync_dir(root)
+    fsync_dir(root)
     if keep:
         done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
         for old in done[:-keep]:
@@ -166,7 +150,7 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
         f = folder / name
         if not f.is_file():
             raise CheckpointError(f"{f} is missing")
-        if _sha256(f) != digest:
+        if sha256_file(f) != digest:
             raise CheckpointError(f"{f} is damaged: its sha256 does not match the one recorded "
                                   "when it was saved")
     dtypes = meta.get("dtypes", {})

@@ -11,12 +11,18 @@ _dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dt
 from ._native import check, lib
 from .device import CPU, as_device
 from .random import default_generator
+from .kernels.memory import copy_into
 from .storage import Storage
 from .tensor import Tensor, _empty, _parse_size
 
 
 def _new(size, dtype, device) -> Tensor:
     return _empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), as_device(device))
+
+
+def _filled(t: Tensor, value) -> Tensor:
+    copy_into(t, value)
+    return t
 
 
 def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
@@ -34,15 +40,15 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = Fal
     if dtype is None and isinstance(fill_value, numbers.Integral) and not isinstance(fill_value, bool):
         dtype = _dt.int64
     t = _new(size if isinstance(size, (tuple, list)) else (size,), dtype, device)
-    return _leaf(t.fill_(fill_value), requires_grad)
+    return _leaf(_filled(t, fill_value), requires_grad)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _leaf(_new(size, dtype, device).fill_(0), requires_grad)
+    return _leaf(_filled(_new(size, dtype, device), 0), requires_grad)
 
 
 def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _leaf(_new(size, dtype, device).fill_(1), requires_grad)
+    return _leaf(_filled(_new(size, dtype, device), 1), requires_grad)
 
 
 def empty_like(t: Tensor, dtype=None) -> Tensor:
@@ -50,15 +56,15 @@ def empty_like(t: Tensor, dtype=None) -> Tensor:
 
 
 def zeros_like(t: Tensor, dtype=None) -> Tensor:
-    return empty_like(t, dtype).fill_(0)
+    return _filled(empty_like(t, dtype), 0)
 
 
 def ones_like(t: Tensor, dtype=None) -> Tensor:
-    return empty_like(t, dtype).fill_(1)
+    return _filled(empty_like(t, dtype), 1)
 
 
 def full_like(t: Tensor, fill_value, dtype=None) -> Tensor:
-    return empty_like(t, dtype).fill_(fill_value)
+    return _filled(empty_like(t, dtype), fill_value)
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None,
@@ -78,16 +84,26 @@ def arange(start, end=None, step=1, *, dtype=None, device=None,
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Uniform on [0, 1)."""
-    t = _new(size, dtype, device)
-    (generator or default_generator).fill_uniform(t)
-    return _leaf(t, requires_grad)
+    return _leaf(_random(size, dtype, device, (generator or default_generator).fill_uniform),
+                 requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Standard normal."""
+    return _leaf(_random(size, dtype, device, (generator or default_generator).fill_normal),
+                 requires_grad)
+
+
+def _random(size, dtype, device, fill) -> Tensor:
+    """The native generator draws float32/16-bit numbers; float64 tensors get float32 draws
+    (the same stream as a float32 tensor of that shape) widened."""
     t = _new(size, dtype, device)
-    (generator or default_generator).fill_normal(t)
-    return _leaf(t, requires_grad)
+    if t.dtype is not _dt.float64:
+        fill(t)
+        return t
+    draws = _new(size, _dt.float32, device)
+    fill(draws)
+    return _filled(t, draws)
 
 
 def from_numpy(arr: np.ndarray) -> Tensor:
@@ -115,7 +131,9 @@ def from_numpy(arr: np.ndarray) -> Tensor:
 def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of data (nested lists, numbers, numpy arrays, tensors)."""
     if isinstance(data, Tensor):
-        return _leaf(data.detach().to(dtype or data.dtype, copy=True), requires_grad)
+        src = data.detach()
+        out = _empty(src.shape, _dt.as_dtype(dtype or src.dtype), src.device)
+        return _leaf(_filled(out, src), requires_grad)
     arr = np.asarray(data)
     if dtype is None:
         if arr.dtype.kind == "f":
@@ -123,11 +141,11 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Ten
         elif arr.dtype.kind in "iu" and arr.dtype != np.uint8:
             dtype = _dt.int64
         elif arr.dtype.kind == "b":
-            dtype = _dt.uint8
+            dtype = _dt.bool
         else:
             dtype = _dt.from_numpy_dtype(arr.dtype)
     dtype = _dt.as_dtype(dtype)
-    arr = np.ascontiguousarray(arr.astype(dtype.numpy, copy=False))
+    arr = np.asarray(arr, dtype=dtype.numpy)  # (ascontiguousarray would make a 0-d array 1-d)
     out = _new(arr.shape, dtype, device)
     out.numpy()[...] = arr
     return _leaf(out, requires_grad)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import infinitrain as it
-from infinitrain.kernels import nn, optim
+from infinitrain.kernels import neural as nn, optim
 from conftest import bf16_round, numerical_grad, to_np
 
 DTYPES = [it.float32, it.bfloat16]

@@ -47,8 +47,10 @@ def test_from_numpy_dtypes():
         assert t.dtype is dt
         assert t.numpy().dtype == np.dtype(np_dt)
         np.testing.assert_array_equal(t.numpy(), a)
-    with pytest.raises(TypeError, match="float64"):
-        it.from_numpy(np.zeros(3))
+    assert it.from_numpy(np.zeros(3)).dtype is it.float64
+    assert it.from_numpy(np.zeros(3, dtype=bool)).dtype is it.bool
+    with pytest.raises(TypeError, match="complex128"):
+        it.from_numpy(np.zeros(3, dtype=np.complex128))
     with pytest.raises(ValueError, match="negative"):
         it.from_numpy(np.arange(4, dtype=np.float32)[::-1])
 

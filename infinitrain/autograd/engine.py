@@ -11,6 +11,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from .._native import lib
+from ..kernels import elementwise as ew
+from ..kernels.memory import convert, copy_into
+from ..tensor import Tensor, _empty
 from .grad_mode import no_grad
 
 _local = threading.local()
@@ -56,14 +60,44 @@ def _accumulate_leaf(leaf, grad, fresh: set) -> None:
     if leaf.grad is None:
         # One gradient object can reach several leaves (a + b passes its grad to both): the
         # second gets a copy, so that later in-place accumulation never writes into another.
-        if id(grad) in fresh or not grad.is_contiguous() or grad.dtype is not leaf.dtype:
-            grad = grad.to(leaf.dtype, copy=True).contiguous()
+        if id(grad) in fresh or not grad.is_contiguous() or grad.dtype is not leaf.dtype \
+                or grad.shape != leaf.shape:
+            grad = convert(grad._expand_raw(leaf.shape), leaf.dtype)
         fresh.add(id(grad))
         leaf.grad = grad
     else:
-        leaf.grad.add_(grad)
+        accumulate(leaf.grad, grad)
     for hook in getattr(leaf, "_post_acc_hooks", None) or ():
         hook(leaf)
+
+
+def accumulate(dst: Tensor, g: Tensor) -> None:
+    """dst += g in place (dst may be a view into a communication bucket)."""
+    if g.dtype is not dst.dtype:
+        g = convert(g, dst.dtype)
+    if dst.is_contiguous() and g.shape == dst.shape:
+        ew.binary(lib.IT_ADD, dst, g, out=dst)
+    else:
+        copy_into(dst, ew.binary(lib.IT_ADD, dst, g))
+
+
+def _add(a: Tensor, b: Tensor) -> Tensor:
+    """Two gradient contributions summed (in the wider dtype if they differ)."""
+    if a.dtype is not b.dtype:
+        from ..dtype import promote_types
+        dt = promote_types(a.dtype, b.dtype)
+        a, b = convert(a, dt), convert(b, dt)
+    return ew.binary(lib.IT_ADD, a, b)
+
+
+def zero_grads(parameters, set_to_none: bool = True) -> None:
+    """Clears gradients (Module.zero_grad and Optimizer.zero_grad)."""
+    for p in parameters:
+        if p.grad is not None:
+            if set_to_none:
+                p.grad = None
+            else:
+                copy_into(p.grad, 0)
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
@@ -79,8 +113,6 @@ def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
 
 
 def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
-    from ..creation import ones_like
-    from ..tensor import Tensor
     tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
     if grad_tensors is None:
         grad_tensors = [None] * len(tensors)
@@ -99,17 +131,18 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
                 if t.numel() != 1:
                     raise RuntimeError(f"backward(): a gradient must be given for a non-scalar "
                                        f"output of shape {tuple(t.shape)}")
-                g = ones_like(t)
+                g = _empty(t.shape, t.dtype, t.device)
+                copy_into(g, 1)
             elif tuple(g.shape) != tuple(t.shape):
                 raise ValueError(f"backward(): gradient of shape {tuple(g.shape)} for a tensor "
                                  f"of shape {tuple(t.shape)}")
             else:
-                g = g.clone()
+                g = g._clone_raw()
             if t.grad_fn is None:
                 _accumulate_leaf(t, g, fresh)
                 continue
             slots = pending.setdefault(t.grad_fn, [None] * t.grad_fn.num_outputs)
-            slots[t._output_nr] = g if slots[t._output_nr] is None else slots[t._output_nr] + g
+            slots[t._output_nr] = g if slots[t._output_nr] is None else _add(slots[t._output_nr], g)
             roots.append(t.grad_fn)
 
         deps, leaf_deps = _dependencies(roots)
@@ -119,7 +152,7 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
             key = id(leaf)
             if g is not None:
                 prev = leaf_sums.get(key)
-                leaf_sums[key] = (leaf, g if prev is None else prev[1] + g)
+                leaf_sums[key] = (leaf, g if prev is None else _add(prev[1], g))
             leaf_deps[key] -= 1
             if leaf_deps[key] == 0 and key in leaf_sums:
                 _accumulate_leaf(*leaf_sums.pop(key), fresh)
@@ -137,6 +170,7 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
             if node.ctx._released:
                 node.ctx.saved_tensors  # raises: this graph was already walked
             grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
+            node.ctx.retain_graph = retain_graph
             in_grads = node.function.backward(node.ctx, *grads)
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
@@ -155,7 +189,7 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
                     continue
                 child, where = edge
                 slots = pending.setdefault(child, [None] * child.num_outputs)
-                slots[where] = g if slots[where] is None else slots[where] + g
+                slots[where] = g if slots[where] is None else _add(slots[where], g)
                 _release_dependency(child, deps, ready, pending, leaf_grad)
 
 
@@ -176,5 +210,6 @@ def _release_dependency(child, deps, ready, pending, leaf_grad) -> None:
 
 def _zeros_for(node, output_nr):
     shape, dtype, device = node.ctx.output_meta[output_nr]
-    from ..tensor import _empty
-    return _empty(shape, dtype, device).fill_(0)
+    out = _empty(shape, dtype, device)
+    copy_into(out, 0)
+    return out

@@ -6,6 +6,7 @@ gradient goes: to the node that produced the input, or to the input itself if it
 """
 from __future__ import annotations
 
+from ..tensor import Tensor
 from .grad_mode import is_grad_enabled, no_grad
 
 
@@ -15,6 +16,9 @@ class Context:
 
     def __init__(self, needs_input_grad: tuple):
         self.needs_input_grad = needs_input_grad
+        # True while a backward pass runs that keeps the graph (retain_graph=True): backward
+        # must then leave its saved tensors intact (no reuse of their memory)
+        self.retain_graph = False
         self._saved = ()
         self._released = False
 
@@ -32,7 +36,8 @@ class Context:
     def release(self) -> None:
         self._saved = ()
         self._released = True
-        for name in [k for k in vars(self) if k not in ("needs_input_grad", "_saved", "_released")]:
+        for name in [k for k in vars(self) if k not in ("needs_input_grad", "_saved", "_released",
+                                                        "retain_graph")]:
             delattr(self, name)  # anything else forward stashed (tensors kept as attributes)
 
 
@@ -72,7 +77,6 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        from ..tensor import Tensor
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = any(needs) and is_grad_enabled()
         ctx = Context(needs)

@@ -7,19 +7,16 @@ version 2), then per token a uint8 length and that many bytes.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from ..io import DataFormatError, atomic_write
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 SHARD_FORMATS = {20240520: (1, np.uint16), 20240801: (2, np.uint32)}
 TOKENIZER_MAGIC = 20240328
-
-
-class DataFormatError(ValueError):
-    """A file that is not what it claims: names the file and the problem."""
 
 
 def read_shard(path, vocab_size: int | None = None, check_tokens: bool = True) -> np.ndarray:
@@ -69,7 +66,7 @@ def write_shard(path, tokens) -> None:
     version, dtype = SHARD_FORMATS[magic]
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (magic, version, tokens.size)
-    _atomic_write(path, header.tobytes() + tokens.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
+    atomic_write(path, header.tobytes() + tokens.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
 
 
 class Tokenizer:
@@ -123,15 +120,4 @@ def write_tokenizer(path, token_bytes: list, eot_token: int) -> None:
         if len(b) > 255:
             raise ValueError("llm.c tokenizer files hold tokens of at most 255 bytes")
         body += bytes([len(b)]) + b
-    _atomic_write(path, header.tobytes() + bytes(body))
-
-
-def _atomic_write(path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, header.tobytes() + bytes(body))

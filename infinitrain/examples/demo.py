@@ -10,7 +10,7 @@ import argparse
 import time
 
 import infinitrain as it
-from infinitrain.kernels import nn, optim
+from infinitrain.kernels import neural as nn, optim
 
 
 def main(argv=None) -> None:

@@ -9,6 +9,7 @@ _dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dt
 from .._native import check, int64_array, lib
 from ..tensor import Tensor, _empty, _wrap_dim
 from . import _checks
+from .memory import convert, copy_into
 
 
 def broadcast_shapes(*shapes) -> tuple:
@@ -30,13 +31,13 @@ def _broadcast_strides(t: Tensor, shape: tuple) -> list:
 
 
 def _float_if_int(t: Tensor) -> Tensor:
-    return t if t.dtype.is_floating_point else t.to(_dt.float32)
+    return t if t.dtype.is_floating_point else convert(t, _dt.float32)
 
 
 # ---- elementwise -----------------------------------------------------------------------
 def unary(op: int, x: Tensor) -> Tensor:
     _checks.floating("elementwise op", "input", x)
-    x = x.contiguous()
+    x = x._contiguous_raw()
     out = _empty(x.shape, x.dtype, x.device)
     check(lib.it_unary(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(), x.numel()))
     return out
@@ -47,7 +48,7 @@ def unary_backward(op: int, dout: Tensor, saved: Tensor) -> Tensor:
     _checks.same_device("unary backward", grad=dout, saved=saved)
     _checks.same_dtype("unary backward", grad=dout, saved=saved)
     _checks.shape_is("unary backward", "grad", dout, saved.shape)
-    dout, saved = dout.contiguous(), saved.contiguous()
+    dout, saved = dout._contiguous_raw(), saved._contiguous_raw()
     out = _empty(saved.shape, saved.dtype, saved.device)
     check(lib.it_unary_backward(saved.device.native, op, saved.dtype.native, out._ptr(),
                                 dout._ptr(), saved._ptr(), saved.numel()))
@@ -82,8 +83,8 @@ def scalar(op: int, x: Tensor, s, out: Tensor | None = None) -> Tensor:
     if not x.dtype.is_floating_point and float(s) != int(s):
         if out is not None:
             raise TypeError(f"cannot write a fractional result into a {x.dtype.name} tensor")
-        x = x.to(_dt.float32)  # int tensor with a fractional scalar: compute in float
-    x = x.contiguous()
+        x = convert(x, _dt.float32)  # int tensor with a fractional scalar: compute in float
+    x = x._contiguous_raw()
     if out is None:
         out = _empty(x.shape, x.dtype, x.device)
     else:
@@ -131,7 +132,7 @@ def swiglu(a: Tensor, b: Tensor) -> Tensor:
     _checks.same_device("swiglu", a=a, b=b)
     _checks.same_dtype("swiglu", a=a, b=b)
     _checks.shape_is("swiglu", "b", b, a.shape)
-    a, b = a.contiguous(), b.contiguous()
+    a, b = a._contiguous_raw(), b._contiguous_raw()
     out = _empty(a.shape, a.dtype, a.device)
     check(lib.it_swiglu_forward(a.device.native, a.dtype.native, out._ptr(), a._ptr(), b._ptr(),
                                 a.numel()))
@@ -143,7 +144,7 @@ def swiglu_backward(dout: Tensor, a: Tensor, b: Tensor) -> tuple:
     _checks.same_dtype("swiglu backward", grad=dout, a=a, b=b)
     _checks.shape_is("swiglu backward", "grad", dout, a.shape)
     _checks.shape_is("swiglu backward", "b", b, a.shape)
-    dout, a, b = dout.contiguous(), a.contiguous(), b.contiguous()
+    dout, a, b = dout._contiguous_raw(), a._contiguous_raw(), b._contiguous_raw()
     da, db = _empty(a.shape, a.dtype, a.device), _empty(a.shape, a.dtype, a.device)
     check(lib.it_swiglu_backward(a.device.native, a.dtype.native, da._ptr(), db._ptr(),
                                  dout._ptr(), a._ptr(), b._ptr(), a.numel()))
@@ -151,60 +152,70 @@ def swiglu_backward(dout: Tensor, a: Tensor, b: Tensor) -> tuple:
 
 
 # ---- reductions --------------------------------------------------------------------------
-def _reduce_dim(op: int, x: Tensor, d: int) -> Tensor:
-    """Reduces dimension d, keeping it with size 1."""
-    x = x.contiguous()
-    shape = x.shape
-    out = _empty(shape[:d] + (1,) + shape[d + 1:], x.dtype, x.device)
-    check(lib.it_reduce(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(),
-                        math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])))
-    return out
-
-
-def _dims(x: Tensor, dim) -> list:
+def reduce_dims(x: Tensor, dim) -> list:
+    """The dimensions `dim` names (None: all), wrapped and sorted, each once."""
     dims = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
-    return sorted({_wrap_dim(d, x.ndim) for d in dims}, reverse=True)
-
-
-def reduce(op: int, x: Tensor, dim=None, keepdim: bool = False):
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"sum/mean/max/min of a {x.dtype.name} tensor is not supported; call "
-                        ".float() first")
-    if op in (lib.IT_MAX, lib.IT_MIN) and isinstance(dim, int):
-        values = _reduce_dim(op, x, _wrap_dim(dim, x.ndim))
-        indices = argmax(x if op == lib.IT_MAX else -x, dim, keepdim=True)
-        if not keepdim:
-            values, indices = values.squeeze(dim), indices.squeeze(dim)
-        return values, indices
-    if x.ndim == 0:
-        return x.clone()
-    if dim is None:
-        flat = x.contiguous().reshape(1, x.numel(), 1)
-        out = _reduce_dim(op, flat, 1).reshape(())
-        return out.reshape((1,) * x.ndim) if keepdim else out
-    dims = _dims(x, dim)
-    out = x
-    for d in dims:
-        out = _reduce_dim(op, out, d)
-    if not keepdim:
-        out = out.reshape([n for i, n in enumerate(out.shape) if i not in dims])
+    out = sorted({_wrap_dim(d, x.ndim) for d in dims})
+    if dim is not None and isinstance(dim, (tuple, list)) and len(out) != len(dim):
+        raise ValueError(f"reduction: dimension {dim} appears more than once")
     return out
 
 
-def argmax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
-    _checks.floating("argmax", "input", x)
+def _reduced_shape(shape: tuple, dims: list, keepdim: bool) -> tuple:
+    if keepdim:
+        return tuple(1 if i in dims else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in dims)
+
+
+def reduce(op: int, x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """sum/mean/max/min over the dimensions `dim` names, in one native pass: the reduced
+    dimensions are moved last and read as one row per output, so 16-bit inputs are rounded
+    once, at the end, whatever the number of dimensions. Integer sums give int64 (exact up to
+    2^53, computed in float64), integer max/min keep the dtype, as in PyTorch."""
+    dims = reduce_dims(x, dim)
+    shape = _reduced_shape(x.shape, dims, keepdim)
+    if not x.dtype.is_floating_point:
+        if op == lib.IT_MEAN:
+            raise TypeError(f"mean() of a {x.dtype.name} tensor is not defined; call .float() "
+                            "first (as in PyTorch)")
+        out = reduce(op, convert(x, _dt.float64), dim, keepdim)
+        return convert(out, _dt.int64 if op == lib.IT_SUM else x.dtype)
+    kept = [d for d in range(x.ndim) if d not in dims]
+    outer = math.prod(x.shape[d] for d in kept)
+    n = math.prod(x.shape[d] for d in dims)
+    if n == 0 and op != lib.IT_SUM:
+        if outer == 0:
+            return _empty(shape, x.dtype, x.device)
+        what = {lib.IT_MEAN: "mean", lib.IT_MAX: "max", lib.IT_MIN: "min"}[op]
+        raise ValueError(f"{what}(): the reduced dimensions of shape {tuple(x.shape)} are "
+                         "empty; the result would be undefined")
+    moved = x._permute_raw(kept + dims)._contiguous_raw()
+    out = _empty(shape, x.dtype, x.device)
+    check(lib.it_reduce(x.device.native, op, x.dtype.native, out._ptr(), moved._ptr(), outer,
+                        n, 1))
+    return out
+
+
+def arg_extreme(x: Tensor, dim=None, keepdim: bool = False, largest: bool = True) -> Tensor:
+    """argmax (largest) or argmin: int64 indices of the first extreme (NaN counts as both)."""
+    fn = lib.it_argmax if largest else lib.it_argmin
+    name = "argmax" if largest else "argmin"
+    if not x.dtype.is_floating_point:
+        x = convert(x, _dt.float64)
+    if x.numel() == 0 and (dim is None or x.shape[_wrap_dim(dim, x.ndim)] == 0):
+        raise ValueError(f"{name}(): the input of shape {tuple(x.shape)} is empty along the "
+                         "reduced dimension")
     if dim is None:
-        flat = x.contiguous().reshape(-1)
         out = _empty((), _dt.int64, x.device)
-        check(lib.it_argmax(x.device.native, x.dtype.native, out._ptr(), flat._ptr(), 1,
-                            flat.numel(), 1))
-        return out.reshape((1,) * x.ndim) if keepdim else out
+        flat = x._contiguous_raw()
+        check(fn(x.device.native, x.dtype.native, out._ptr(), flat._ptr(), 1, x.numel(), 1))
+        return out._reshape_raw((1,) * x.ndim) if keepdim else out
     d = _wrap_dim(dim, x.ndim)
-    x = x.contiguous()
+    x = x._contiguous_raw()
     out = _empty(x.shape[:d] + (1,) + x.shape[d + 1:], _dt.int64, x.device)
-    check(lib.it_argmax(x.device.native, x.dtype.native, out._ptr(), x._ptr(),
-                        math.prod(x.shape[:d]), x.shape[d], math.prod(x.shape[d + 1:])))
-    return out if keepdim else out.squeeze(d)
+    check(fn(x.device.native, x.dtype.native, out._ptr(), x._ptr(), math.prod(x.shape[:d]),
+             x.shape[d] if x.ndim else 1, math.prod(x.shape[d + 1:])))
+    return out if keepdim else out._squeeze_raw(d)
 
 
 # ---- matrix products -----------------------------------------------------------------
@@ -221,10 +232,10 @@ def linear(x2d: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
                          f"(expected [out_features, {k}])")
     if bias is not None and bias.shape != (o,):
         raise ValueError(f"linear: bias has shape {tuple(bias.shape)}, expected ({o},)")
-    x2d, weight = x2d.contiguous(), weight.contiguous()
+    x2d, weight = x2d._contiguous_raw(), weight._contiguous_raw()
     out = _empty((n, o), x2d.dtype, x2d.device)
     if bias is not None:
-        out.copy_(bias.expand(n, o))
+        copy_into(out, bias._expand_raw((n, o)))
     check(lib.it_matmul(x2d.device.native, x2d.dtype.native, out._ptr(), x2d._ptr(), weight._ptr(),
                         1, n, o, k, 0, 1, 1.0, 1.0 if bias is not None else 0.0, 0, 0, 0))
     return out
@@ -234,7 +245,7 @@ def linear(x2d: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def _as_matrices(x: Tensor, batch: tuple):
     """x expanded to batch + its last two dims, as (tensor, transposed, batch_stride) such that
     problem i starts at tensor's data + i * batch_stride, copying only when the layout needs it."""
-    x = x.expand(batch + x.shape[-2:])
+    x = x._expand_raw(batch + x.shape[-2:])
     rows, cols = x.shape[-2:]
     s_row, s_col = x.stride()[-2:]
     if (s_col == 1 or cols == 1) and (s_row == cols or rows == 1):
@@ -242,7 +253,7 @@ def _as_matrices(x: Tensor, batch: tuple):
     elif (s_row == 1 or rows == 1) and (s_col == rows or cols == 1):
         trans = True
     else:
-        x, trans = x.contiguous(), False
+        x, trans = x._contiguous_raw(), False
     bshape, bstrides = x.shape[:-2], x.stride()[:-2]
     live = [(n, s) for n, s in zip(bshape, bstrides) if n != 1]
     if not live or all(s == 0 for _, s in live):
@@ -250,7 +261,7 @@ def _as_matrices(x: Tensor, batch: tuple):
     uniform = all(live[i][1] == live[i + 1][1] * live[i + 1][0] for i in range(len(live) - 1))
     if uniform and all(s != 0 for _, s in live):
         return x, trans, live[-1][1]
-    x = x.contiguous()
+    x = x._contiguous_raw()
     return x, False, rows * cols
 
 
@@ -263,8 +274,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: both operands need at least one dimension")
     squeeze_rows, squeeze_cols = a.ndim == 1, b.ndim == 1
-    a2 = a.unsqueeze(0) if squeeze_rows else a
-    b2 = b.unsqueeze(-1) if squeeze_cols else b
+    a2 = a._unsqueeze_raw(0) if squeeze_rows else a
+    b2 = b._unsqueeze_raw(-1) if squeeze_cols else b
     m, k = a2.shape[-2:]
     k2, n = b2.shape[-2:]
     if k != k2:
@@ -273,7 +284,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     if b2.ndim == 2 and a2.ndim > 2 and a2.is_contiguous():
         # One large product instead of a loop over the batch: fold it into the rows of a.
-        out = matmul(a2.reshape(-1, k), b2).reshape(batch + (m, n))
+        out = matmul(a2._reshape_raw((a2.numel() // k if k else math.prod(a2.shape[:-1]), k)),
+                     b2)._reshape_raw(batch + (m, n))
     else:
         am, ta, sa = _as_matrices(a2, batch)
         bm, tb, sb = _as_matrices(b2, batch)
@@ -281,7 +293,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         check(lib.it_matmul(a.device.native, a.dtype.native, out._ptr(), am._ptr(), bm._ptr(),
                             math.prod(batch), m, n, k, int(ta), int(tb), 1.0, 0.0, sa, sb, m * n))
     if squeeze_rows:
-        out = out.squeeze(-2)
+        out = out._squeeze_raw(-2)
     if squeeze_cols:
-        out = out.squeeze(-1)
+        out = out._squeeze_raw(-1)
     return out

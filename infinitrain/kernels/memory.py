@@ -27,9 +27,9 @@ def copy_into(dst: Tensor, src) -> None:
     if src.dtype is not dst.dtype:
         src = convert(src, dst.dtype, dst.device)
     elif src._storage is dst._storage:
-        src = src.clone()  # the copy must not read what it has already overwritten
+        src = src._clone_raw()  # the copy must not read what it has already overwritten
     try:
-        src = src.expand(dst.shape)
+        src = src._expand_raw(dst.shape)
     except ValueError:
         raise ValueError(f"copy_: source of shape {tuple(src.shape)} cannot be broadcast to "
                          f"the destination's shape {tuple(dst.shape)}") from None
@@ -38,11 +38,13 @@ def copy_into(dst: Tensor, src) -> None:
                               int64_array(dst.shape), dst.ndim))
 
 
-def convert(t: Tensor, dtype: _dt.dtype, device) -> Tensor:
+def convert(t: Tensor, dtype: _dt.dtype, device=None) -> Tensor:
+    """A contiguous copy of t in dtype (on t's device unless another is named)."""
+    device = t.device if device is None else device
     if device != t.device:
         raise NotImplementedError(f"moving tensors from {t.device} to {device} arrives with "
                                   "the CUDA backend")
-    t = t.contiguous()
+    t = t._contiguous_raw()
     out = _empty(t.shape, dtype, device)
     check(lib.it_cast(device.native, out._ptr(), dtype.native, t._ptr(), t.dtype.native,
                       t.numel()))
@@ -61,7 +63,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
         if t.ndim != first.ndim or t.shape[:d] + t.shape[d + 1:] != first.shape[:d] + first.shape[d + 1:]:
             raise ValueError(f"cat(): tensors[{i}] has shape {tuple(t.shape)}, which does not "
                              f"match tensors[0]'s {tuple(first.shape)} outside dimension {d}")
-    parts = [t.contiguous() for t in tensors]
+    parts = [t._contiguous_raw() for t in tensors]
     sizes = [t.shape[d] for t in parts]
     shape = first.shape[:d] + (sum(sizes),) + first.shape[d + 1:]
     out = _empty(shape, first.dtype, first.device)
@@ -76,7 +78,7 @@ def split_copy(t: Tensor, sizes, dim: int = 0) -> list:
     d = _wrap_dim(dim, t.ndim)
     if sum(sizes) != t.shape[d]:
         raise ValueError(f"split: sizes {list(sizes)} do not add up to {t.shape[d]}")
-    t = t.contiguous()
+    t = t._contiguous_raw()
     outs = [_empty(t.shape[:d] + (s,) + t.shape[d + 1:], t.dtype, t.device) for s in sizes]
     ptrs = ffi.new("void *[]", [o._ptr() for o in outs])
     check(lib.it_split(t.device.native, t.dtype.native, ptrs, t._ptr(), int64_array(sizes),
@@ -89,14 +91,14 @@ def stack(tensors, dim: int = 0) -> Tensor:
     if not tensors:
         raise ValueError("stack() needs at least one tensor")
     d = _wrap_dim(dim, tensors[0].ndim + 1)
-    return cat([t.unsqueeze(d) for t in tensors], d)
+    return cat([t._unsqueeze_raw(d) for t in tensors], d)
 
 
 def triangle(t: Tensor, diagonal: int, upper: bool, fill_value: float = 0.0) -> Tensor:
     if t.ndim < 2:
         raise ValueError(f"{'triu' if upper else 'tril'}() needs at least 2 dimensions, got "
                          f"shape {tuple(t.shape)}")
-    t = t.contiguous()
+    t = t._contiguous_raw()
     out = _empty(t.shape, t.dtype, t.device)
     rows, cols = t.shape[-2:]
     check(lib.it_triangle(t.device.native, t.dtype.native, out._ptr(), t._ptr(),

@@ -22,7 +22,7 @@ def _param_and_grad(op: str, param: Tensor, grad: Tensor) -> Tensor:
     _checks.shape_is(op, "grad", grad, param.shape)
     if not param.is_contiguous():
         raise ValueError(f"{op}: param must be contiguous")
-    return grad.contiguous()
+    return grad._contiguous_raw()
 
 
 def adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, lr: float,

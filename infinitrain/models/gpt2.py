@@ -16,9 +16,9 @@ from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
 from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict, ModuleList
-from ..ops import nn as ops_nn
+from ..ops import layers as ops_layers
 from .base import CausalLM, get_submodule
-from ..data.llmc import DataFormatError, _atomic_write
+from ..io import DataFormatError, atomic_write
 
 LLMC_GPT2_MAGIC = 20240326
 LLMC_VERSIONS = {3: np.float32, 5: ml_dtypes.bfloat16}
@@ -60,7 +60,7 @@ class CausalSelfAttention(Module):
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = ops_nn.split_heads(self.c_attn(x), self.n_head)
+        q, k, v = ops_layers.split_heads(self.c_attn(x), self.n_head)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, D]
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -138,7 +138,7 @@ class GPT2(CausalLM):
         if targets is not None:
             if tuple(targets.shape) != (B, T):
                 raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-            loss = ops_nn.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+            loss = ops_layers.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
                                         self.config.vocab_size)
         return (logits[..., :self.config.vocab_size] if return_logits else None), loss
 
@@ -194,7 +194,7 @@ class GPT2(CausalLM):
         header = np.zeros(256, dtype="<i4")
         header[:8] = (LLMC_GPT2_MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head,
                       c.n_embd, c.padded_vocab_size)
-        _atomic_write(path, header.tobytes() + self._llmc_payload(LLMC_VERSIONS[version]))
+        atomic_write(path, header.tobytes() + self._llmc_payload(LLMC_VERSIONS[version]))
 
 
 def gpt2(name: str = "gpt2", **overrides) -> GPT2:

@@ -11,13 +11,13 @@ import numpy as np
 
 from .. import creation
 from ..autograd import no_grad
-from ..data.llmc import DataFormatError, _atomic_write
 from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
 from ..nn.modules import Embedding, Linear, ModuleDict, ModuleList, RMSNorm
-from ..ops import nn as ops_nn
+from ..ops import layers as ops_layers
 from .base import CausalLM, get_submodule
+from ..io import DataFormatError, atomic_write
 
 LLMC_LLAMA3_MAGIC = 20240803
 LLMC_LLAMA3_VERSION = 3  # float32
@@ -98,7 +98,7 @@ class Attention(Module):
 
     def forward(self, x, cos, sin):
         B, T, C = x.shape
-        q, k, v = ops_nn.split_heads(self.c_attn(x), self.n_head, self.n_kv_head)  # [B, h, T, D]
+        q, k, v = ops_layers.split_heads(self.c_attn(x), self.n_head, self.n_kv_head)  # [B, h, T, D]
         # the rotary kernel reads [B, T, H, D]; [B, H, T, D] is the same with batch B*H and H = 1
         q = F.rotary_embedding(q.reshape(B * self.n_head, T, 1, -1), cos, sin).reshape(q.shape)
         k = F.rotary_embedding(k.reshape(B * self.n_kv_head, T, 1, -1), cos, sin).reshape(k.shape)
@@ -176,7 +176,7 @@ class LLaMA3(CausalLM):
         if targets is not None:
             if tuple(targets.shape) != (B, T):
                 raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-            loss = ops_nn.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+            loss = ops_layers.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
                                         self.config.vocab_size)
         return (logits if return_logits else None), loss
 
@@ -203,7 +203,7 @@ class LLaMA3(CausalLM):
         floats[10], floats[11] = c.norm_eps, c.rope_theta
         header[12], header[13], header[14], header[15] = int(c.use_scaled_rope), 4, 3, 1
         floats[16] = c.rope_scaling_factor  # ours: not read by loaders that stop at field 15
-        _atomic_write(path, header.tobytes() + self._llmc_payload("<f4"))
+        atomic_write(path, header.tobytes() + self._llmc_payload("<f4"))
 
     @classmethod
     def from_llmc(cls, path) -> "LLaMA3":

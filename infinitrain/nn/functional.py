@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .._native import lib
 from ..ops import math as _m
-from ..ops import nn as _nn
+from ..ops import layers as _nn
 from ..tensor import Tensor
 
 

@@ -4,19 +4,8 @@ from __future__ import annotations
 import math
 
 from .._native import lib
-from ..autograd import no_grad
+from ..autograd import no_grad, zero_grads  # noqa: F401  (zero_grads re-exported)
 from ..kernels import elementwise as ew
-
-
-def zero_grads(parameters, set_to_none: bool = True) -> None:
-    """Clears gradients (Module.zero_grad and Optimizer.zero_grad)."""
-    for p in parameters:
-        if p.grad is not None:
-            if set_to_none:
-                p.grad = None
-            else:
-                with no_grad():
-                    p.grad.zero_()
 
 
 @no_grad()

@@ -1,14 +1,20 @@
 """Differentiable arithmetic, unary functions, reductions, matmul and softmax."""
 from __future__ import annotations
 
+import importlib
 import numbers
 
+import numpy as np
+
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .. import amp
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
-from ..kernels import nn as knn
-from ..tensor import Tensor
+from ..kernels import index as kidx
+from ..kernels import neural as knn
+from ..kernels.memory import convert
+from ..tensor import Tensor, _empty
 
 
 def sum_to(g: Tensor, shape: tuple) -> Tensor:
@@ -19,7 +25,7 @@ def sum_to(g: Tensor, shape: tuple) -> Tensor:
     lead = g.ndim - len(shape)
     dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
     out = ew.reduce(lib.IT_SUM, g, dims, keepdim=True) if dims else g
-    return out.reshape(shape)
+    return out._contiguous_raw()._reshape_raw(shape)
 
 
 def _shape(x):
@@ -155,9 +161,9 @@ class Clamp(Function):
     @staticmethod
     def backward(ctx, g):
         x, out = ctx.saved_tensors
-        # d/dx is 1 where x was not clamped: (out == x) computed as 1 - min(|out - x| * big, 1)
-        inside = ew.rsub(ew.scalar(lib.IT_SCALAR_MIN, ew.mul(ew.unary(lib.IT_ABS, ew.sub(out, x)), 1e30), 1.0), 1.0)
-        return ew.mul(g, inside), None, None
+        # d/dx is 1 where x was not clamped (the bounds themselves included, as in PyTorch)
+        inside = kidx.compare(lib.IT_EQ, out, x)
+        return kidx.where(inside, g, _zeros_like(g)), None, None
 
 
 class SwiGLU(Function):
@@ -172,29 +178,139 @@ class SwiGLU(Function):
         return ew.swiglu_backward(g, a, b)
 
 
+def _keepdim_shape(shape: tuple, dims: list) -> tuple:
+    return tuple(1 if i in dims else n for i, n in enumerate(shape))
+
+
 class Sum(Function):
     @staticmethod
     def forward(ctx, x, dim, keepdim, mean):
         ctx.shape = x.shape
-        ctx.dims = None if dim is None else ew._dims(x, dim)
-        ctx.keepdim = keepdim
-        ctx.count = x.numel() if dim is None else 1
-        if dim is not None:
-            for d in ctx.dims:
-                ctx.count *= x.shape[d]
+        ctx.dims = ew.reduce_dims(x, dim)
+        ctx.count = 1
+        for d in ctx.dims:
+            ctx.count *= x.shape[d]
         ctx.mean = mean
         return ew.reduce(lib.IT_MEAN if mean else lib.IT_SUM, x, dim, keepdim)
 
     @staticmethod
     def backward(ctx, g):
-        if ctx.dims is None:
-            g = g.reshape((1,) * len(ctx.shape))
-        elif not ctx.keepdim:
-            for d in sorted(ctx.dims):
-                g = g.unsqueeze(d)
+        g = g._contiguous_raw()._reshape_raw(_keepdim_shape(ctx.shape, ctx.dims))
         if ctx.mean:
             g = ew.div(g, ctx.count)
-        return g.expand(ctx.shape), None, None, None
+        return g._expand_raw(ctx.shape), None, None, None
+
+
+class Extreme(Function):
+    """max()/min() over all elements, amax/amin over dims: the gradient is shared evenly by
+    the elements equal to the result (as PyTorch does)."""
+
+    @staticmethod
+    def forward(ctx, x, dim, keepdim, largest):
+        out = ew.reduce(lib.IT_MAX if largest else lib.IT_MIN, x, dim, keepdim)
+        ctx.dims = ew.reduce_dims(x, dim)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        kshape = _keepdim_shape(x.shape, ctx.dims)
+        hit = convert(kidx.compare(lib.IT_EQ, x, out._contiguous_raw()._reshape_raw(kshape)), g.dtype)
+        count = ew.reduce(lib.IT_SUM, hit, ctx.dims, keepdim=True)
+        share = ew.div(g._contiguous_raw()._reshape_raw(kshape), count)
+        return ew.mul(hit, share), None, None, None
+
+
+class ExtremeDim(Function):
+    """max(dim)/min(dim) -> (values, indices); the gradient goes to the chosen index."""
+
+    @staticmethod
+    def forward(ctx, x, dim, keepdim, largest):
+        d = ew.reduce_dims(x, dim)[0] if x.ndim else 0
+        values = ew.reduce(lib.IT_MAX if largest else lib.IT_MIN, x, dim, keepdim=True)
+        indices = ew.arg_extreme(x, dim, keepdim=True, largest=largest)
+        ctx.save_for_backward(indices)
+        ctx.meta = (x.shape, d)
+        if not keepdim and x.ndim:
+            values, indices = values._squeeze_raw(d), indices._squeeze_raw(d)
+        return values, indices
+
+    @staticmethod
+    def backward(ctx, g, _g_indices):
+        (indices,) = ctx.saved_tensors
+        shape, d = ctx.meta
+        out = _zeros(shape, g.dtype, g.device)
+        if not shape:
+            return ew.add(out, g), None, None, None
+        g = g._contiguous_raw()._reshape_raw(indices.shape)
+        return kidx.scatter_add(out, d, indices, g), None, None, None
+
+
+class Maximum(Function):
+    """maximum/minimum(a, b); where a == b each side gets half the gradient (PyTorch)."""
+
+    @staticmethod
+    def forward(ctx, a, b, largest):
+        ctx.save_for_backward(a, b)
+        ctx.largest = largest
+        return ew.binary(lib.IT_MAXIMUM if largest else lib.IT_MINIMUM, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        wins = convert(kidx.compare(lib.IT_GT if ctx.largest else lib.IT_LT, a, b), g.dtype)
+        ties = convert(kidx.compare(lib.IT_EQ, a, b), g.dtype)
+        share_a = ew.add(wins, ew.mul(ties, 0.5))
+        ga = sum_to(ew.mul(g, share_a), a.shape) if ctx.needs_input_grad[0] else None
+        gb = sum_to(ew.mul(g, ew.rsub(share_a, 1.0)), b.shape) if ctx.needs_input_grad[1] else None
+        return ga, gb, None
+
+
+class Pow(Function):  # tensor ** tensor
+    @staticmethod
+    def forward(ctx, a, b):
+        out = ew.pow(a, b)
+        ctx.save_for_backward(a, b, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, out = ctx.saved_tensors
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = sum_to(ew.mul(ew.mul(g, b), ew.pow(a, ew.scalar(lib.IT_SCALAR_ADD, b, -1.0))), a.shape)
+        if ctx.needs_input_grad[1]:
+            # d/db a^b = a^b log a, taken as 0 where a = 0 and b > 0 (as PyTorch)
+            log_a = ew.unary(lib.IT_LOG, a)
+            log_a = kidx.where(kidx.compare(lib.IT_EQ, a, _zeros((), a.dtype, a.device)),
+                               _zeros((), a.dtype, a.device), log_a)
+            gb = sum_to(ew.mul(ew.mul(g, out), log_a), b.shape)
+        return ga, gb
+
+
+class Triangle(Function):  # tril, triu
+    @staticmethod
+    def forward(ctx, x, diagonal, upper):
+        from ..kernels.memory import triangle
+        ctx.args = (diagonal, upper)
+        return triangle(x, diagonal, upper)
+
+    @staticmethod
+    def backward(ctx, g):
+        from ..kernels.memory import triangle
+        return triangle(g, *ctx.args), None, None
+
+
+def _zeros(shape, dtype, device) -> Tensor:
+    from ..kernels.memory import copy_into
+    out = _empty(shape, dtype, device)
+    copy_into(out, 0)
+    return out
+
+
+def _zeros_like(t: Tensor) -> Tensor:
+    return _zeros(t.shape, t.dtype, t.device)
 
 
 class Matmul(Function):
@@ -206,22 +322,44 @@ class Matmul(Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        a2 = a.unsqueeze(0) if a.ndim == 1 else a
-        b2 = b.unsqueeze(-1) if b.ndim == 1 else b
-        if a.ndim == 1:
-            g = g.unsqueeze(-2)
-        if b.ndim == 1:
-            g = g.unsqueeze(-1)
-        ga = sum_to(ew.matmul(g, b2.transpose(-1, -2)), a2.shape).reshape(a.shape) \
-            if ctx.needs_input_grad[0] else None
-        gb = None
+        a2 = a._unsqueeze_raw(0) if a.ndim == 1 else a
+        b2 = b._unsqueeze_raw(-1) if b.ndim == 1 else b
+        batch = ew.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        g = g._contiguous_raw()._reshape_raw(batch + (a2.shape[-2], b2.shape[-1]))
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = sum_to(ew.matmul(g, b2._permute_raw(_swap_last2(b2.ndim))), a2.shape)
+            ga = ga._contiguous_raw()._reshape_raw(a.shape)
         if ctx.needs_input_grad[1]:
             if b2.ndim == 2 and a2.ndim > 2:  # fold the batch into one product
-                gb = ew.matmul(a2.reshape(-1, a2.shape[-1]).transpose(0, 1), g.reshape(-1, g.shape[-1]))
+                k = a2.shape[-1]
+                a_rows = a2._contiguous_raw()._reshape_raw((a2.numel() // k if k else 0, k))
+                g_rows = g._reshape_raw((g.numel() // g.shape[-1] if g.shape[-1] else 0, g.shape[-1]))
+                gb = ew.matmul(a_rows._permute_raw((1, 0)), g_rows)
             else:
-                gb = sum_to(ew.matmul(a2.transpose(-1, -2), g), b2.shape)
-            gb = gb.reshape(b.shape)
+                gb = sum_to(ew.matmul(a2._permute_raw(_swap_last2(a2.ndim)), g), b2.shape)
+            gb = gb._contiguous_raw()._reshape_raw(b.shape)
         return ga, gb
+
+
+def _swap_last2(ndim: int) -> tuple:
+    return tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+
+
+class Convert(Function):  # to(dtype)
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        return convert(x, dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g if g.dtype is ctx.dtype else convert(g, ctx.dtype)), None
+
+
+def cast(t: Tensor, dtype) -> Tensor:
+    """t in dtype, recorded by autograd (t itself when it already is)."""
+    return t if t.dtype is dtype else Convert.apply(t, dtype)
 
 
 class Softmax(Function):
@@ -239,54 +377,106 @@ class Softmax(Function):
 
 
 # ---- entry points used by Tensor's operators ---------------------------------------------
-def _promote(a, b):
-    """Mixed float dtypes compute in the wider one (float32), as PyTorch's type promotion."""
-    if isinstance(b, Tensor) and a.dtype is not b.dtype and a.dtype.is_floating_point \
-            and b.dtype.is_floating_point:
-        if a.dtype.itemsize < b.dtype.itemsize or b.dtype.name == "float32":
-            a = a.to(b.dtype)
-        else:
-            b = b.to(a.dtype)
+def scalar_value(b):
+    """A Python number for a number-like operand (numpy scalars and 0-d arrays included), or
+    None when b is not a number."""
+    if isinstance(b, (bool, np.bool_)):
+        return bool(b)
+    if isinstance(b, numbers.Integral):
+        return int(b)
+    if isinstance(b, numbers.Real):
+        return float(b)
+    if isinstance(b, np.ndarray) and b.ndim == 0 and b.dtype.kind in "biuf":
+        return scalar_value(b[()])
+    return None
+
+
+def promote(a: Tensor, b):
+    """Both operands in their common dtype (PyTorch's type promotion); a number stays a number."""
+    if isinstance(b, Tensor):
+        dt = _dt.promote_types(a.dtype, b.dtype)
+        return (a if a.dtype is dt else cast(a, dt)), (b if b.dtype is dt else cast(b, dt))
+    value = scalar_value(b)
+    if value is None:
+        raise TypeError(f"unsupported operand: a tensor and a {type(b).__name__}")
+    dt = _dt.result_type_scalar(a.dtype, value)
+    return (a if a.dtype is dt else cast(a, dt)), value
+
+
+def _arith(a, b):
+    a, b = promote(a, b)
+    if a.dtype is _dt.bool:  # arithmetic on bools counts them, as integers
+        a = cast(a, _dt.int64)
+        b = cast(b, _dt.int64) if isinstance(b, Tensor) else b
     return a, b
 
 
 def add(a, b):
-    return Add.apply(*_promote(a, b))
+    return Add.apply(*_arith(a, b))
 
 
 def sub(a, b):
-    return Sub.apply(*_promote(a, b))
+    return Sub.apply(*_arith(a, b))
 
 
 def rsub(a, s):
+    a, s = _arith(a, s)
     return RSub.apply(a, s)
 
 
 def mul(a, b):
-    return Mul.apply(*_promote(a, b))
+    return Mul.apply(*_arith(a, b))
+
+
+def _floats(a, b):
+    a, b = _arith(a, b)
+    if not a.dtype.is_floating_point:  # true division and powers of integers give floats
+        a = cast(a, _dt.float32)
+        b = cast(b, _dt.float32) if isinstance(b, Tensor) else b
+    return a, b
 
 
 def div(a, b):
-    return Div.apply(*_promote(a, b))
+    return Div.apply(*_floats(a, b))
 
 
 def rdiv(a, s):
-    return RDiv.apply(a, s)
+    return RDiv.apply(*_floats(a, s))
 
 
 def pow(a, b):  # noqa: A001
-    if isinstance(b, numbers.Real):
+    if not isinstance(b, Tensor):
+        a, b = _arith(a, b)
+        if not a.dtype.is_floating_point and (isinstance(b, float) or b < 0):
+            a = cast(a, _dt.float32)
         return PowScalar.apply(a, b)
-    if a.requires_grad or b.requires_grad:
-        raise NotImplementedError("tensor ** tensor is not differentiable yet; use (b * a.log()).exp()")
-    return ew.pow(a, b)
+    return Pow.apply(*_floats(a, b))
+
+
+def rpow(a, s):  # s ** a
+    a, s = _floats(a, s)
+    base = _zeros((), a.dtype, a.device)
+    ew.scalar(lib.IT_SCALAR_ADD, base, s, out=base)
+    return Pow.apply(base, a)
+
+
+def maximum(a, b, largest: bool = True):
+    if not isinstance(b, Tensor):
+        raise TypeError(f"maximum/minimum: expected a tensor, got {type(b).__name__}")
+    a, b = promote(a, b)
+    return Maximum.apply(a, b, largest)
 
 
 def unary(op, x):
+    if not x.dtype.is_floating_point:
+        x = cast(x, _dt.float32)
     return Unary.apply(x, op)
 
 
 def matmul(a, b):
+    if not isinstance(b, Tensor):
+        raise TypeError(f"matmul: expected a tensor, got {type(b).__name__}")
+    # mixed dtypes raise, as in PyTorch (outside autocast, which lowers both)
     return Matmul.apply(*amp.lower(a, b))
 
 
@@ -298,13 +488,30 @@ def mean(x, dim=None, keepdim=False):
     return Sum.apply(x, dim, keepdim, True)
 
 
+def extreme(x, dim=None, keepdim=False, largest=True):
+    """max()/min(): over everything (dim None) a tensor, over one int dim (values, indices)."""
+    if isinstance(dim, int):
+        return ExtremeDim.apply(x, dim, keepdim, largest)
+    return Extreme.apply(x, dim, keepdim, largest)
+
+
+def amax(x, dim=(), keepdim=False, largest=True):
+    return Extreme.apply(x, None if dim in ((), None) else dim, keepdim, largest)
+
+
 def softmax(x, dim=-1):
     return Softmax.apply(*amp.full(x), dim)
 
 
 def clamp(x, low=None, high=None):
+    if low is None and high is None:
+        raise ValueError("clamp: at least one of min and max must be given")
     return Clamp.apply(x, low, high)
 
 
 def swiglu(a, b):
     return SwiGLU.apply(a, b)
+
+
+def triangle(x, diagonal=0, upper=False):
+    return Triangle.apply(x, diagonal, upper)

@@ -1,10 +1,13 @@
 """Differentiable views and copies: reshape, permute, expand, indexing, concatenation."""
 from __future__ import annotations
 
+import importlib
+
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from ..autograd import Function
 from ..kernels import memory
-from ..tensor import Tensor, _empty
-from .math import sum_to
+from ..tensor import Tensor, _empty, _wrap_dim
+from .math import cast, sum_to
 
 
 class Reshape(Function):  # view, reshape, flatten, squeeze, unsqueeze
@@ -15,7 +18,7 @@ class Reshape(Function):  # view, reshape, flatten, squeeze, unsqueeze
 
     @staticmethod
     def backward(ctx, g):
-        return g.reshape(ctx.shape), None
+        return g._contiguous_raw()._reshape_raw(ctx.shape), None
 
 
 class Permute(Function):  # transpose, permute, t
@@ -26,7 +29,7 @@ class Permute(Function):  # transpose, permute, t
 
     @staticmethod
     def backward(ctx, g):
-        return g.permute(*ctx.inverse), None
+        return g._permute_raw(ctx.inverse), None
 
 
 class Expand(Function):
@@ -50,33 +53,10 @@ class Index(Function):  # slicing, select, narrow, split pieces
     @staticmethod
     def backward(ctx, g):
         shape, dtype, device = ctx.meta
-        out = _empty(shape, dtype, device).fill_(0)
-        out._getitem_raw(ctx.key).copy_(g)
+        out = _empty(shape, dtype, device)
+        memory.copy_into(out, 0)
+        memory.copy_into(out._getitem_raw(ctx.key), g)
         return out, None
-
-
-class Gather(Function):  # t[index_tensor]: rows along dimension 0
-    @staticmethod
-    def forward(ctx, x, index):
-        ctx.save_for_backward(index)
-        ctx.meta = (x.shape, x.dtype, x.device)
-        return x._index_select_raw(index)
-
-    @staticmethod
-    def backward(ctx, g):
-        (index,) = ctx.saved_tensors
-        shape, dtype, device = ctx.meta
-        from ..kernels import nn
-        rows = _empty((shape[0], int(_prod(shape[1:]))), dtype, device).fill_(0)
-        nn.embedding_backward(rows, g.reshape(index.numel(), -1), index.reshape(-1))
-        return rows.view(shape), None
-
-
-def _prod(xs):
-    out = 1
-    for n in xs:
-        out *= n
-    return out
 
 
 class Clone(Function):  # contiguous() of a strided tensor, clone()
@@ -87,17 +67,6 @@ class Clone(Function):  # contiguous() of a strided tensor, clone()
     @staticmethod
     def backward(ctx, g):
         return g
-
-
-class Convert(Function):  # to(dtype)
-    @staticmethod
-    def forward(ctx, x, dtype):
-        ctx.dtype = x.dtype
-        return memory.convert(x, dtype, x.device)
-
-    @staticmethod
-    def backward(ctx, g):
-        return (g if g.dtype is ctx.dtype else memory.convert(g, ctx.dtype, g.device)), None
 
 
 class Cat(Function):
@@ -116,13 +85,24 @@ def cat(tensors, dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat() needs at least one tensor")
-    d = dim % max(tensors[0].ndim, 1)
-    return Cat.apply(d, *tensors)
+    if any(not isinstance(t, Tensor) for t in tensors):
+        raise TypeError("cat() takes a sequence of tensors")
+    if tensors[0].ndim == 0:
+        raise ValueError("cat(): zero-dimensional tensors cannot be concatenated; use stack()")
+    d = _wrap_dim(dim, tensors[0].ndim)
+    dt = tensors[0].dtype
+    for t in tensors[1:]:
+        dt = _dt.promote_types(dt, t.dtype)
+    return Cat.apply(d, *(cast(t, dt) for t in tensors))
 
 
 def stack(tensors, dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("stack() needs at least one tensor")
-    d = dim % (tensors[0].ndim + 1)
-    return cat([t.unsqueeze(d) for t in tensors], d)
+    d = _wrap_dim(dim, tensors[0].ndim + 1)
+    for i, t in enumerate(tensors[1:], 1):
+        if t.shape != tensors[0].shape:
+            raise ValueError(f"stack(): tensors[{i}] has shape {tuple(t.shape)} but tensors[0] "
+                             f"has {tuple(tensors[0].shape)}; stack needs equal shapes")
+    return cat([Reshape.apply(t, t.shape[:d] + (1,) + t.shape[d:]) for t in tensors], d)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..autograd import zero_grads
 from ..tensor import Tensor
 
 
@@ -35,7 +36,6 @@ class Optimizer:
         self.param_groups.append(group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        from ..nn.utils import zero_grads
         zero_grads((p for g in self.param_groups for p in g["params"]), set_to_none)
 
     def step(self):

@@ -58,7 +58,9 @@ typedef enum it_dtype {
     IT_FLOAT16 = 2,
     IT_INT32 = 3,
     IT_INT64 = 4,
-    IT_UINT8 = 5
+    IT_UINT8 = 5,
+    IT_FLOAT64 = 6,  /* elementwise, reductions, matmul, indexing; not the fused NN kernels */
+    IT_BOOL = 7      /* one byte, 0 or 1: comparison results and masks */
 } it_dtype;
 
 typedef enum it_device_type {
@@ -175,14 +177,61 @@ it_status it_swiglu_forward(it_device device, it_dtype dtype, void *out, const v
 it_status it_swiglu_backward(it_device device, it_dtype dtype, void *da, void *db,
                              const void *dout, const void *a, const void *b, int64_t n);
 
+/* ---- comparisons and selection -------------------------------------------------------- */
+typedef enum it_compare_op { IT_EQ = 0, IT_NE, IT_LT, IT_LE, IT_GT, IT_GE } it_compare_op;
+
+/* out (IT_BOOL, contiguous `shape`) = a op b, a and b of `dtype` read through their strides
+ * as in it_binary. NaN compares unequal to everything (IEEE). */
+it_status it_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t *out,
+                     const void *a, const int64_t *a_strides, const void *b,
+                     const int64_t *b_strides, const int64_t *shape, int32_t ndim);
+/* out (contiguous `shape`) = cond ? a : b; cond is IT_BOOL, all three read through strides. */
+it_status it_where(it_device device, it_dtype dtype, void *out, const uint8_t *cond,
+                   const int64_t *cond_strides, const void *a, const int64_t *a_strides,
+                   const void *b, const int64_t *b_strides, const int64_t *shape, int32_t ndim);
+
+/* ---- indexing along one axis ---------------------------------------------------------- */
+/* Arrays viewed as [outer, n, inner] (inp) and [outer, k, inner] (out, index).
+ * gather: out[o, j, i] = inp[o, index[o, j, i], i]; scatter_add: out[o, index[o,j,i], i] +=
+ * src[o, j, i] (out [outer, n, inner] is accumulated into). index_select/index_add take a
+ * 1-D index [k] shared by every (o, i). Indices may be negative (counted from the end);
+ * anything outside [-n, n) is IT_ERR_INDEX_OUT_OF_RANGE and nothing is written. */
+it_status it_gather(it_device device, it_dtype dtype, void *out, const void *inp,
+                    const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
+                    int64_t k, int64_t inner);
+it_status it_scatter_add(it_device device, it_dtype dtype, void *out, const void *src,
+                         const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
+                         int64_t k, int64_t inner);
+it_status it_index_select(it_device device, it_dtype dtype, void *out, const void *inp,
+                          const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
+                          int64_t k, int64_t inner);
+it_status it_index_add(it_device device, it_dtype dtype, void *out, const void *src,
+                       const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
+                       int64_t k, int64_t inner);
+/* Running sum over the middle axis of [outer, n, inner] (float32 accumulation for 16-bit). */
+it_status it_cumsum(it_device device, it_dtype dtype, void *out, const void *inp, int64_t outer,
+                    int64_t n, int64_t inner);
+/* The k largest (or smallest) of each row of [rows, n], sorted, with their int64 indices;
+ * ties keep the lower index first, NaN counts as the largest value. */
+it_status it_topk(it_device device, it_dtype dtype, void *values, int64_t *indices,
+                  const void *inp, int64_t rows, int64_t n, int64_t k, int32_t largest);
+/* num_samples draws per row of non-negative weights [rows, n] (not necessarily normalised),
+ * with or without replacement; counter-based like the other random calls. */
+it_status it_multinomial(it_device device, it_dtype dtype, int64_t *out, const void *weights,
+                         int64_t rows, int64_t n, int64_t num_samples, int32_t replacement,
+                         uint64_t seed, uint64_t offset);
+
 /* ---- reductions ----------------------------------------------------------------------- */
 typedef enum it_reduce_op { IT_SUM = 0, IT_MEAN, IT_MAX, IT_MIN } it_reduce_op;
 
 /* inp viewed as [outer, n, inner], reduced over n into out [outer, inner]. */
 it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out, const void *inp,
                     int64_t outer, int64_t n, int64_t inner);
-/* out: int64 [outer, inner], index of the first maximum. */
+/* out: int64 [outer, inner], index of the first maximum (NaN counts as the maximum). */
 it_status it_argmax(it_device device, it_dtype dtype, int64_t *out, const void *inp,
+                    int64_t outer, int64_t n, int64_t inner);
+/* out: int64 [outer, inner], index of the first minimum (NaN counts as the minimum). */
+it_status it_argmin(it_device device, it_dtype dtype, int64_t *out, const void *inp,
                     int64_t outer, int64_t n, int64_t inner);
 
 /* ---- matrix products ------------------------------------------------------------------ */

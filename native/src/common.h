@@ -70,6 +70,44 @@ static inline uint16_t it_f32_to_bf16(float f) {
 float it_f16_to_f32(uint16_t h);
 uint16_t it_f32_to_f16(float f);
 
+/* Element i of any dtype as double, and back (casts, fills, integer, float64 and bool
+ * arithmetic, indexing). Out-of-range values saturate; NaN becomes 0 in integer dtypes;
+ * anything non-zero is true in bool. */
+static inline double it_load_f64(it_dtype dt, const void *p, int64_t i) {
+    switch (dt) {
+    case IT_FLOAT32: return ((const float *)p)[i];
+    case IT_BFLOAT16: return it_bf16_to_f32(((const uint16_t *)p)[i]);
+    case IT_FLOAT16: return it_f16_to_f32(((const uint16_t *)p)[i]);
+    case IT_INT32: return ((const int32_t *)p)[i];
+    case IT_INT64: return (double)((const int64_t *)p)[i];
+    case IT_UINT8: case IT_BOOL: return ((const uint8_t *)p)[i];
+    case IT_FLOAT64: return ((const double *)p)[i];
+    }
+    return 0;
+}
+static inline double it_clamp_f64(double v, double lo, double hi) {
+    if (v != v) return 0;
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+static inline void it_store_f64(it_dtype dt, void *p, int64_t i, double v) {
+    switch (dt) {
+    case IT_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case IT_BFLOAT16: ((uint16_t *)p)[i] = it_f32_to_bf16((float)v); break;
+    case IT_FLOAT16: ((uint16_t *)p)[i] = it_f32_to_f16((float)v); break;
+    case IT_INT32: ((int32_t *)p)[i] = (int32_t)it_clamp_f64(v, -2147483648.0, 2147483647.0); break;
+    case IT_INT64:
+        ((int64_t *)p)[i] = (int64_t)it_clamp_f64(v, -9223372036854775808.0, 9223372036854774784.0);
+        break;
+    case IT_UINT8: ((uint8_t *)p)[i] = (uint8_t)it_clamp_f64(v, 0, 255); break;
+    case IT_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    case IT_FLOAT64: ((double *)p)[i] = v; break;
+    }
+}
+/* An index tensor's element i (int32 or int64). */
+static inline int64_t it_load_index(it_dtype dt, const void *p, int64_t i) {
+    return dt == IT_INT32 ? ((const int32_t *)p)[i] : ((const int64_t *)p)[i];
+}
+
 /* Bulk conversions (vectorised). */
 void it_convert_to_f32(it_dtype dt, const void *src, float *dst, int64_t n);
 void it_convert_from_f32(it_dtype dt, const float *src, void *dst, int64_t n);
@@ -226,6 +264,9 @@ int it_blas_set_threads_local(int n);
 void it_blas_set_threads(int n);
 void it_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+              int64_t ldc);
+void it_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double *a, int64_t lda, const double *b, int64_t ldb, double beta, double *c,
               int64_t ldc);
 
 /* ---- strided iteration ---------------------------------------------------------------- */

@@ -8,9 +8,11 @@
 #if defined(IT_BLAS_SCIPY_OPENBLAS)
 #include <cblas.h>
 #define IT_CBLAS_SGEMM scipy_cblas_sgemm
+#define IT_CBLAS_DGEMM scipy_cblas_dgemm
 #else
 #include <cblas.h>
 #define IT_CBLAS_SGEMM cblas_sgemm
+#define IT_CBLAS_DGEMM cblas_dgemm
 #endif
 
 #ifndef IT_BLAS_DESC
@@ -128,6 +130,14 @@ void it_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float a
                    (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
+void it_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double *a, int64_t lda, const double *b, int64_t ldb, double beta, double *c,
+              int64_t ldc) {
+    IT_CBLAS_DGEMM(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                   trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a,
+                   (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
 /* Scratch comes from the caching allocator too (a large temporary freed every call would
  * otherwise be mapped and faulted in every call); the owning storage sits just before the
  * returned pointer, which stays 64-byte aligned. */
@@ -169,8 +179,8 @@ size_t it_dtype_size(it_dtype dtype) {
     switch (dtype) {
     case IT_FLOAT32: case IT_INT32: return 4;
     case IT_BFLOAT16: case IT_FLOAT16: return 2;
-    case IT_INT64: return 8;
-    case IT_UINT8: return 1;
+    case IT_INT64: case IT_FLOAT64: return 8;
+    case IT_UINT8: case IT_BOOL: return 1;
     }
     return 0;
 }
@@ -183,6 +193,8 @@ const char *it_dtype_name(it_dtype dt) {
     case IT_INT32: return "int32";
     case IT_INT64: return "int64";
     case IT_UINT8: return "uint8";
+    case IT_FLOAT64: return "float64";
+    case IT_BOOL: return "bool";
     }
     return "unknown";
 }

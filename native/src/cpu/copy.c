@@ -27,36 +27,8 @@ int it_collapse_dims(int ndim, int64_t *shape, int64_t *const *strides, int nops
     return out;
 }
 
-/* Element i of any dtype as double, and back (casts, fills and integer arithmetic). */
-static inline double load_double(it_dtype dt, const void *p, int64_t i) {
-    switch (dt) {
-    case IT_FLOAT32: return ((const float *)p)[i];
-    case IT_BFLOAT16: return it_bf16_to_f32(((const uint16_t *)p)[i]);
-    case IT_FLOAT16: return it_f16_to_f32(((const uint16_t *)p)[i]);
-    case IT_INT32: return ((const int32_t *)p)[i];
-    case IT_INT64: return (double)((const int64_t *)p)[i];
-    case IT_UINT8: return ((const uint8_t *)p)[i];
-    }
-    return 0;
-}
-
-static inline double clamp_to(double v, double lo, double hi) {
-    if (isnan(v)) return 0;
-    return v < lo ? lo : (v > hi ? hi : v);
-}
-
-static inline void store_double(it_dtype dt, void *p, int64_t i, double v) {
-    switch (dt) {
-    case IT_FLOAT32: ((float *)p)[i] = (float)v; break;
-    case IT_BFLOAT16: ((uint16_t *)p)[i] = it_f32_to_bf16((float)v); break;
-    case IT_FLOAT16: ((uint16_t *)p)[i] = it_f32_to_f16((float)v); break;
-    case IT_INT32: ((int32_t *)p)[i] = (int32_t)clamp_to(v, -2147483648.0, 2147483647.0); break;
-    case IT_INT64:
-        ((int64_t *)p)[i] = (int64_t)clamp_to(v, -9223372036854775808.0, 9223372036854774784.0);
-        break;
-    case IT_UINT8: ((uint8_t *)p)[i] = (uint8_t)clamp_to(v, 0, 255); break;
-    }
-}
+#define load_double it_load_f64
+#define store_double it_store_f64
 
 static it_status check_dtype(it_dtype dt, const char *fn) {
     IT_CHECK_ARG(it_dtype_size(dt) != 0, "%s: unknown dtype %d", fn, (int)dt);

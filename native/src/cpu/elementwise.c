@@ -13,7 +13,9 @@ IT_HOT static void unary_f32(it_unary_op op, float *y, const float *x, int64_t n
     case IT_ABS: for (int64_t i = 0; i < n; i++) y[i] = fabsf(x[i]); break;
     case IT_TANH: for (int64_t i = 0; i < n; i++) y[i] = it_tanhf(x[i]); break;
     case IT_SIGMOID: for (int64_t i = 0; i < n; i++) y[i] = it_sigmoidf(x[i]); break;
-    case IT_RELU: for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0f; break;
+    case IT_RELU: /* NaN stays NaN: a diverging run must show it */
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 || x[i] != x[i] ? x[i] : 0.0f;
+        break;
     case IT_SILU: for (int64_t i = 0; i < n; i++) y[i] = x[i] * it_sigmoidf(x[i]); break;
     case IT_GELU_TANH:
         for (int64_t i = 0; i < n; i++) {
@@ -66,6 +68,53 @@ IT_HOT static void unary_backward_f32(it_unary_op op, float *dx, const float *dy
     }
 }
 
+/* float64 tensors: the same ops, one element at a time in double precision. */
+static double unary_f64(it_unary_op op, double x) {
+    switch (op) {
+    case IT_NEG: return -x;
+    case IT_EXP: return exp(x);
+    case IT_LOG: return log(x);
+    case IT_SQRT: return sqrt(x);
+    case IT_RSQRT: return 1.0 / sqrt(x);
+    case IT_ABS: return fabs(x);
+    case IT_TANH: return tanh(x);
+    case IT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case IT_RELU: return x > 0 || x != x ? x : 0.0;
+    case IT_SILU: return x / (1.0 + exp(-x));
+    case IT_GELU_TANH: return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    case IT_SIN: return sin(x);
+    case IT_COS: return cos(x);
+    case IT_SQUARE: return x * x;
+    case IT_RECIPROCAL: return 1.0 / x;
+    }
+    return 0;
+}
+
+static double unary_backward_f64(it_unary_op op, double dy, double s) {
+    switch (op) {
+    case IT_NEG: return -dy;
+    case IT_EXP: return dy * s;
+    case IT_LOG: return dy / s;
+    case IT_SQRT: return dy * 0.5 / s;
+    case IT_RSQRT: return -0.5 * dy / (s * sqrt(s));
+    case IT_ABS: return s > 0 ? dy : (s < 0 ? -dy : 0.0);
+    case IT_TANH: return dy * (1.0 - s * s);
+    case IT_SIGMOID: return dy * s * (1.0 - s);
+    case IT_RELU: return s > 0 ? dy : 0.0;
+    case IT_SILU: { double sg = 1.0 / (1.0 + exp(-s)); return dy * sg * (1.0 + s * (1.0 - sg)); }
+    case IT_GELU_TANH: {
+        double t = tanh(0.7978845608028654 * (s + 0.044715 * s * s * s));
+        double dt = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * s * s);
+        return dy * (0.5 * (1.0 + t) + 0.5 * s * (1.0 - t * t) * dt);
+    }
+    case IT_SIN: return dy * cos(s);
+    case IT_COS: return -dy * sin(s);
+    case IT_SQUARE: return 2.0 * s * dy;
+    case IT_RECIPROCAL: return -dy / (s * s);
+    }
+    return 0;
+}
+
 static it_status check_unary_op(it_unary_op op, const char *fn) {
     IT_CHECK_ARG(op >= IT_NEG && op <= IT_RECIPROCAL, "%s: unknown unary op %d", fn, (int)op);
     return IT_OK;
@@ -74,12 +123,18 @@ static it_status check_unary_op(it_unary_op op, const char *fn) {
 it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, const void *inp,
                    int64_t n) {
     IT_ON_CPU(device, "it_unary");
-    IT_CHECK_FLOAT(dtype, "it_unary");
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
+               "it_unary: dtype %s is not supported (a floating-point dtype)", it_dtype_name(dtype));
     IT_TRY(check_unary_op(op, "it_unary"));
     IT_CHECK_SIZE(n, "it_unary");
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_unary");
     IT_CHECK_PTR(inp, "it_unary");
+    if (dtype == IT_FLOAT64) {
+#pragma omp parallel for schedule(static) if (n > 32768)
+        for (int64_t i = 0; i < n; i++) ((double *)out)[i] = unary_f64(op, ((const double *)inp)[i]);
+        return IT_OK;
+    }
     int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
 #pragma omp parallel if (nchunks > 4)
     {
@@ -99,13 +154,22 @@ it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, 
 it_status it_unary_backward(it_device device, it_unary_op op, it_dtype dtype, void *dinp,
                             const void *dout, const void *saved, int64_t n) {
     IT_ON_CPU(device, "it_unary_backward");
-    IT_CHECK_FLOAT(dtype, "it_unary_backward");
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
+               "it_unary_backward: dtype %s is not supported (a floating-point dtype)",
+               it_dtype_name(dtype));
     IT_TRY(check_unary_op(op, "it_unary_backward"));
     IT_CHECK_SIZE(n, "it_unary_backward");
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(dinp, "it_unary_backward");
     IT_CHECK_PTR(dout, "it_unary_backward");
     IT_CHECK_PTR(saved, "it_unary_backward");
+    if (dtype == IT_FLOAT64) {
+#pragma omp parallel for schedule(static) if (n > 32768)
+        for (int64_t i = 0; i < n; i++)
+            ((double *)dinp)[i] = unary_backward_f64(op, ((const double *)dout)[i],
+                                                     ((const double *)saved)[i]);
+        return IT_OK;
+    }
     int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
 #pragma omp parallel if (nchunks > 4)
     {
@@ -141,6 +205,19 @@ IT_HOT static void binary_f32(it_binary_op op, float *y, const float *a, const f
         break;
     case IT_POW: for (int64_t i = 0; i < n; i++) y[i] = powf(a[i], b[i]); break;
     }
+}
+
+static inline double binary_f64(it_binary_op op, double a, double b) {
+    switch (op) {
+    case IT_ADD: return a + b;
+    case IT_SUB: return a - b;
+    case IT_MUL: return a * b;
+    case IT_DIV: return a / b;
+    case IT_MAXIMUM: return (a != a || b != b) ? a + b : (a > b ? a : b);
+    case IT_MINIMUM: return (a != a || b != b) ? a + b : (a < b ? a : b);
+    case IT_POW: return pow(a, b);
+    }
+    return 0;
 }
 
 static inline int64_t binary_i64(it_binary_op op, int64_t a, int64_t b) {
@@ -188,9 +265,14 @@ it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out
     IT_ON_CPU(device, "it_binary");
     IT_CHECK_ARG(op >= IT_ADD && op <= IT_POW, "it_binary: unknown op %d", (int)op);
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_binary: unknown dtype %d", (int)dtype);
-    IT_REQUIRE(it_is_float(dtype) || (op != IT_DIV && op != IT_POW), IT_ERR_NOT_SUPPORTED,
-               "it_binary: division and power of %s tensors are not supported; cast to a "
-               "float dtype first", it_dtype_name(dtype));
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64 || (op != IT_DIV && op != IT_POW),
+               IT_ERR_NOT_SUPPORTED, "it_binary: division and power of %s tensors are not "
+               "supported; cast to a float dtype first", it_dtype_name(dtype));
+    IT_REQUIRE(dtype != IT_BOOL || op == IT_MAXIMUM || op == IT_MINIMUM, IT_ERR_NOT_SUPPORTED,
+               "it_binary: arithmetic on bool tensors is not supported; cast to an integer "
+               "or float dtype first");
+    IT_CHECK_ARG(ndim == 0 || (shape && a_strides && b_strides),
+                 "it_binary: shape or strides are NULL");
     IT_CHECK_ARG(ndim >= 0 && ndim <= IT_MAX_DIMS, "it_binary: ndim %d not in [0, %d]",
                  (int)ndim, IT_MAX_DIMS);
     int64_t sh[IT_MAX_DIMS + 1], so[IT_MAX_DIMS + 1], sa[IT_MAX_DIMS + 1], sb[IT_MAX_DIMS + 1];
@@ -211,6 +293,16 @@ it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out
     int64_t nchunks_per_row = (cols + IT_CHUNK - 1) / IT_CHUNK;
     int64_t work = rows * nchunks_per_row;
 
+    if (dtype == IT_FLOAT64) {
+#pragma omp parallel for schedule(static) if (numel > 32768)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t oa = it_row_offset(r, sh, sa, nd), ob = it_row_offset(r, sh, sb, nd);
+            for (int64_t c = 0; c < cols; c++)
+                ((double *)out)[r * cols + c] = binary_f64(op, ((const double *)a)[oa + c * ia],
+                                                           ((const double *)b)[ob + c * ib]);
+        }
+        return IT_OK;
+    }
     if (!it_is_float(dtype)) {
 #pragma omp parallel for schedule(static) if (numel > 32768)
         for (int64_t r = 0; r < rows; r++) {
@@ -273,6 +365,26 @@ it_status it_scalar(it_device device, it_scalar_op op, it_dtype dtype, void *out
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_scalar");
     IT_CHECK_PTR(inp, "it_scalar");
+    if (dtype == IT_FLOAT64) {
+#pragma omp parallel for schedule(static) if (n > 32768)
+        for (int64_t i = 0; i < n; i++) {
+            double x = ((const double *)inp)[i], y;
+            switch (op) {
+            case IT_SCALAR_ADD: y = x + scalar; break;
+            case IT_SCALAR_MUL: y = x * scalar; break;
+            case IT_SCALAR_RSUB: y = scalar - x; break;
+            case IT_SCALAR_RDIV: y = scalar / x; break;
+            case IT_SCALAR_DIV: y = x / scalar; break;
+            case IT_SCALAR_POW: y = pow(x, scalar); break;
+            case IT_SCALAR_MAX: y = x != x ? x : (x > scalar ? x : scalar); break;
+            default: y = x != x ? x : (x < scalar ? x : scalar); break;
+            }
+            ((double *)out)[i] = y;
+        }
+        return IT_OK;
+    }
+    IT_REQUIRE(dtype != IT_BOOL, IT_ERR_NOT_SUPPORTED,
+               "it_scalar: arithmetic on bool tensors is not supported; cast first");
     if (!it_is_float(dtype)) {
         IT_REQUIRE(op != IT_SCALAR_RDIV && op != IT_SCALAR_POW && op != IT_SCALAR_DIV && scalar == (double)(int64_t)scalar,
                    IT_ERR_NOT_SUPPORTED,

@@ -64,7 +64,8 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
                     int32_t trans_b, float alpha, float beta, int64_t stride_a,
                     int64_t stride_b, int64_t stride_c) {
     IT_ON_CPU(device, "it_matmul");
-    IT_CHECK_FLOAT(dtype, "it_matmul");
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
+               "it_matmul: dtype %s is not supported (a floating-point dtype)", it_dtype_name(dtype));
     IT_CHECK_SIZE(batch, "it_matmul");
     IT_CHECK_SIZE(m, "it_matmul");
     IT_CHECK_SIZE(n, "it_matmul");
@@ -78,6 +79,12 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
                  (long long)stride_c, (long long)(m * n));
     int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
 
+    if (dtype == IT_FLOAT64) {
+        for (int64_t i = 0; i < batch; i++)
+            it_dgemm(trans_a, trans_b, m, n, k, alpha, (const double *)a + i * stride_a, lda,
+                     (const double *)b + i * stride_b, ldb, beta, (double *)c + i * stride_c, n);
+        return IT_OK;
+    }
     if (dtype == IT_FLOAT32) {
         for (int64_t i = 0; i < batch; i++)
             it_sgemm(trans_a, trans_b, m, n, k, alpha, (const float *)a + i * stride_a, lda,

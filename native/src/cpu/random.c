@@ -78,3 +78,62 @@ it_status it_random_normal(it_device device, it_dtype dtype, void *out, int64_t 
     IT_CHECK_ARG(std >= 0, "it_random_normal: std must be >= 0, got %g", std);
     return generate("it_random_normal", NORMAL, device, dtype, out, n, mean, std, seed, offset);
 }
+
+/* Draw d of row r uses counter offset + r * num_samples + d, so rows are independent of the
+ * thread count. Without replacement a drawn category's weight is set to zero in a private
+ * copy of the row (sequential draws, as torch.multinomial). */
+it_status it_multinomial(it_device device, it_dtype dtype, int64_t *out, const void *weights,
+                         int64_t rows, int64_t n, int64_t num_samples, int32_t replacement,
+                         uint64_t seed, uint64_t offset) {
+    IT_ON_CPU(device, "it_multinomial");
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
+               "it_multinomial: weights must be a floating-point dtype, got %s",
+               it_dtype_name(dtype));
+    IT_CHECK_SIZE(rows, "it_multinomial");
+    IT_CHECK_ARG(n > 0, "it_multinomial: a row needs at least one category");
+    IT_CHECK_ARG(num_samples > 0, "it_multinomial: num_samples must be > 0, got %lld",
+                 (long long)num_samples);
+    IT_CHECK_ARG(replacement || num_samples <= n,
+                 "it_multinomial: cannot draw %lld samples without replacement from %lld "
+                 "categories", (long long)num_samples, (long long)n);
+    IT_CHECK_ARG(rows == 0 || (n <= INT64_MAX / rows && num_samples <= INT64_MAX / rows),
+                 "it_multinomial: sizes overflow int64");
+    if (rows == 0) return IT_OK;
+    IT_CHECK_PTR(out, "it_multinomial");
+    IT_CHECK_PTR(weights, "it_multinomial");
+    for (int64_t i = 0; i < rows * n; i++) {
+        double w = it_load_f64(dtype, weights, i);
+        IT_CHECK_ARG(w >= 0 && w <= 1.7e308, "it_multinomial: weight %lld is %g; weights must "
+                     "be finite and >= 0", (long long)i, w);
+    }
+    double *scratch = (double *)it_scratch_alloc((size_t)rows * (size_t)n * sizeof(double));
+    IT_REQUIRE(scratch, IT_ERR_OUT_OF_MEMORY, "it_multinomial: out of memory");
+    uint64_t key = mix64(seed ^ 0x2545f4914f6cdd1dull);
+    int64_t bad_row = -1;
+#pragma omp parallel for schedule(static) if (rows * n > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        double *w = scratch + r * n, total = 0.0;
+        for (int64_t j = 0; j < n; j++) total += (w[j] = it_load_f64(dtype, weights, r * n + j));
+        for (int64_t d = 0; d < num_samples; d++) {
+            if (!(total > 0)) {
+#pragma omp critical
+                bad_row = r;
+                break;
+            }
+            double u = uniform_open0(random_bits(key, offset + (uint64_t)(r * num_samples + d)));
+            double target = u * total, acc = 0.0;
+            int64_t pick = n - 1;
+            for (int64_t j = 0; j < n; j++) {
+                acc += w[j];
+                if (w[j] > 0 && acc >= target) { pick = j; break; }
+            }
+            while (w[pick] <= 0 && pick > 0) pick--; /* round-off past the last positive weight */
+            out[r * num_samples + d] = pick;
+            if (!replacement) { total -= w[pick]; w[pick] = 0.0; }
+        }
+    }
+    it_scratch_free(scratch);
+    IT_CHECK_ARG(bad_row < 0, "it_multinomial: row %lld has no positive weight left to draw "
+                 "from", (long long)bad_row);
+    return IT_OK;
+}

@@ -20,10 +20,29 @@ static float combine(it_reduce_op op, float acc, float v) {
     return op == IT_MAX ? (v > acc ? v : acc) : (v < acc ? v : acc);
 }
 
+/* float64: one output at a time, summed in order in double precision. */
+static void reduce_f64(it_reduce_op op, double *out, const double *inp, int64_t outer, int64_t n,
+                       int64_t inner) {
+#pragma omp parallel for schedule(static) if (outer * n * inner > 32768)
+    for (int64_t w = 0; w < outer * inner; w++) {
+        int64_t o = w / inner, i = w % inner;
+        const double *x = inp + o * n * inner + i;
+        double acc = op == IT_SUM || op == IT_MEAN ? 0.0 : x[0];
+        for (int64_t j = 0; j < n; j++) {
+            double v = x[j * inner];
+            if (op == IT_SUM || op == IT_MEAN) acc += v;
+            else if (acc != acc || v != v) acc = acc != acc ? acc : v;
+            else acc = op == IT_MAX ? (v > acc ? v : acc) : (v < acc ? v : acc);
+        }
+        out[w] = op == IT_MEAN ? acc / (double)n : acc;
+    }
+}
+
 it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out, const void *inp,
                     int64_t outer, int64_t n, int64_t inner) {
     IT_ON_CPU(device, "it_reduce");
-    IT_CHECK_FLOAT(dtype, "it_reduce");
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
+               "it_reduce: dtype %s is not supported (a floating-point dtype)", it_dtype_name(dtype));
     IT_CHECK_ARG(op >= IT_SUM && op <= IT_MIN, "it_reduce: unknown op %d", (int)op);
     IT_CHECK_SIZE(outer, "it_reduce");
     IT_CHECK_SIZE(inner, "it_reduce");
@@ -33,6 +52,10 @@ it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out
     if (outer * inner == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_reduce");
     IT_CHECK_ARG(inp != NULL || n == 0, "it_reduce: inp is NULL");
+    if (dtype == IT_FLOAT64) {
+        reduce_f64(op, (double *)out, (const double *)inp, outer, n, inner);
+        return IT_OK;
+    }
 
     if (inner == 1) {
         int64_t nblocks = n > 0 ? (n + IT_SUM_BLOCK - 1) / IT_SUM_BLOCK : 1;
@@ -85,28 +108,40 @@ it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out
     return IT_OK;
 }
 
-it_status it_argmax(it_device device, it_dtype dtype, int64_t *out, const void *inp,
-                    int64_t outer, int64_t n, int64_t inner) {
-    IT_ON_CPU(device, "it_argmax");
-    IT_CHECK_FLOAT(dtype, "it_argmax");
-    IT_CHECK_SIZE(outer, "it_argmax");
-    IT_CHECK_SIZE(inner, "it_argmax");
-    IT_CHECK_ARG(n > 0, "it_argmax: argmax of an empty dimension is undefined");
+/* Index of the first maximum (or minimum) along n; a NaN wins over any number. */
+static it_status arg_extreme(const char *fn, int is_max, it_dtype dtype, int64_t *out,
+                             const void *inp, int64_t outer, int64_t n, int64_t inner) {
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
+               "%s: dtype %s is not supported (a floating-point dtype)", fn, it_dtype_name(dtype));
+    IT_CHECK_SIZE(outer, fn);
+    IT_CHECK_SIZE(inner, fn);
+    IT_CHECK_ARG(n > 0, "%s: the reduced dimension is empty", fn);
     if (outer * inner == 0) return IT_OK;
-    IT_CHECK_PTR(out, "it_argmax");
-    IT_CHECK_PTR(inp, "it_argmax");
+    IT_CHECK_PTR(out, fn);
+    IT_CHECK_PTR(inp, fn);
 #pragma omp parallel for schedule(static) if (outer * n * inner > 32768)
     for (int64_t w = 0; w < outer * inner; w++) {
         int64_t o = w / inner, i = w % inner, best = 0;
-        float bestv = 0;
+        double bestv = 0;
         for (int64_t j = 0; j < n; j++) {
-            int64_t at = (o * n + j) * inner + i;
-            float v = dtype == IT_FLOAT32 ? ((const float *)inp)[at]
-                    : dtype == IT_BFLOAT16 ? it_bf16_to_f32(((const uint16_t *)inp)[at])
-                    : it_f16_to_f32(((const uint16_t *)inp)[at]);
-            if (j == 0 || v > bestv || (v != v && bestv == bestv)) { best = j; bestv = v; }
+            double v = it_load_f64(dtype, inp, (o * n + j) * inner + i);
+            if (bestv != bestv && j > 0) break;
+            int better = is_max ? v > bestv : v < bestv;
+            if (j == 0 || better || v != v) { best = j; bestv = v; }
         }
         out[w] = best;
     }
     return IT_OK;
+}
+
+it_status it_argmax(it_device device, it_dtype dtype, int64_t *out, const void *inp,
+                    int64_t outer, int64_t n, int64_t inner) {
+    IT_ON_CPU(device, "it_argmax");
+    return arg_extreme("it_argmax", 1, dtype, out, inp, outer, n, inner);
+}
+
+it_status it_argmin(it_device device, it_dtype dtype, int64_t *out, const void *inp,
+                    int64_t outer, int64_t n, int64_t inner) {
+    IT_ON_CPU(device, "it_argmin");
+    return arg_extreme("it_argmin", 0, dtype, out, inp, outer, n, inner);
 }

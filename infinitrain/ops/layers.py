@@ -10,7 +10,7 @@ from .. import amp
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
-from ..kernels import nn as knn
+from ..kernels import neural as knn
 from ..tensor import Tensor, _empty
 
 

@@ -42,7 +42,7 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
     """Returns (out, mean, rstd) with mean/rstd float32 of shape x.shape[:-1]."""
     _checks.floating("layer_norm", "input", x)
     _check_params("layer_norm", x, weight=weight, bias=bias)
-    x = x.contiguous()
+    x = x._contiguous_raw()
     rows, cols = _rows(x)
     out = _empty(x.shape, x.dtype, x.device)
     mean, rstd = (_empty(x.shape[:-1], _dt.float32, x.device) for _ in range(2))
@@ -56,7 +56,7 @@ def layer_norm_backward(dout: Tensor, x: Tensor, weight, mean: Tensor, rstd: Ten
                         has_bias: bool = True):
     """Returns (dx, dweight, dbias); dweight/dbias are None without affine parameters."""
     _checks.shape_is("layer_norm backward", "grad", dout, x.shape)
-    dout, x = dout.contiguous(), x.contiguous()
+    dout, x = dout._contiguous_raw(), x._contiguous_raw()
     rows, cols = _rows(x)
     dx = _empty(x.shape, x.dtype, x.device)
     dw = _empty((cols,), x.dtype, x.device) if weight is not None else None
@@ -71,7 +71,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float = 1e-6):
     """Returns (out, rstd)."""
     _checks.floating("rms_norm", "input", x)
     _check_params("rms_norm", x, weight=weight)
-    x = x.contiguous()
+    x = x._contiguous_raw()
     rows, cols = _rows(x)
     out = _empty(x.shape, x.dtype, x.device)
     rstd = _empty(x.shape[:-1], _dt.float32, x.device)
@@ -83,7 +83,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float = 1e-6):
 def rms_norm_backward(dout: Tensor, x: Tensor, weight, rstd: Tensor):
     """Returns (dx, dweight)."""
     _checks.shape_is("rms_norm backward", "grad", dout, x.shape)
-    dout, x = dout.contiguous(), x.contiguous()
+    dout, x = dout._contiguous_raw(), x._contiguous_raw()
     rows, cols = _rows(x)
     dx = _empty(x.shape, x.dtype, x.device)
     dw = _empty((cols,), x.dtype, x.device) if weight is not None else None
@@ -94,14 +94,27 @@ def rms_norm_backward(dout: Tensor, x: Tensor, weight, rstd: Tensor):
 
 
 # ---- softmax ---------------------------------------------------------------------------
+def _swap(ndim: int, d: int) -> list:
+    dims = list(range(ndim))
+    dims[d], dims[-1] = dims[-1], dims[d]
+    return dims
+
+
+def _swap_last(x: Tensor, d: int) -> Tensor:
+    """x with dimension d and the last one swapped (a view)."""
+    return x._permute_raw(_swap(x.ndim, d))
+
+
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     _checks.floating("softmax", "input", x)
     d = _wrap_dim(dim, x.ndim)
     if x.ndim == 0:
-        return softmax(x.reshape(1)).reshape(())
+        return softmax(x._reshape_raw((1,)))._reshape_raw(())
     if d != x.ndim - 1:
-        return softmax(x.transpose(d, -1), -1).transpose(d, -1).contiguous()
-    x = x.contiguous()
+        return softmax(_swap_last(x, d), -1)._permute_raw(_swap(x.ndim, d))._contiguous_raw()
+    if x.numel() == 0:
+        return _empty(x.shape, x.dtype, x.device)
+    x = x._contiguous_raw()
     rows, cols = _rows(x)
     out = _empty(x.shape, x.dtype, x.device)
     check(lib.it_softmax_forward(x.device.native, x.dtype.native, out._ptr(), x._ptr(), rows, cols))
@@ -109,11 +122,16 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def softmax_backward(dout: Tensor, out: Tensor, dim: int = -1) -> Tensor:
+    if out.ndim == 0:
+        return softmax_backward(dout._reshape_raw((1,)), out._reshape_raw((1,)))._reshape_raw(())
     d = _wrap_dim(dim, out.ndim)
     if d != out.ndim - 1:
-        return softmax_backward(dout.transpose(d, -1), out.transpose(d, -1)).transpose(d, -1).contiguous()
+        return softmax_backward(_swap_last(dout, d), _swap_last(out, d)) \
+            ._permute_raw(_swap(out.ndim, d))._contiguous_raw()
     _checks.shape_is("softmax backward", "grad", dout, out.shape)
-    dout, out = dout.contiguous(), out.contiguous()
+    if out.numel() == 0:
+        return _empty(out.shape, out.dtype, out.device)
+    dout, out = dout._contiguous_raw(), out._contiguous_raw()
     rows, cols = _rows(out)
     dx = _empty(out.shape, out.dtype, out.device)
     check(lib.it_softmax_backward(out.device.native, out.dtype.native, dx._ptr(), dout._ptr(),
@@ -132,7 +150,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, vocab: int | None = None,
     if logits.ndim != 2 or targets.shape != (logits.shape[0],):
         raise ValueError(f"cross_entropy: expected logits [N, V] and targets [N], got "
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
-    logits, targets = logits.contiguous(), targets.contiguous()
+    logits, targets = logits._contiguous_raw(), targets._contiguous_raw()
     rows, padded = logits.shape
     vocab = padded if vocab is None else vocab
     losses, lse = (_empty((rows,), _dt.float32, logits.device) for _ in range(2))
@@ -152,10 +170,10 @@ def cross_entropy_backward(dlosses: Tensor, logits: Tensor, lse: Tensor, targets
     _checks.shape_is("cross_entropy backward", "dlosses", dlosses, (rows,))
     if dlosses.dtype is not _dt.float32:
         raise TypeError(f"cross_entropy backward: dlosses must be float32, got {dlosses.dtype.name}")
-    logits, dlosses = logits.contiguous(), dlosses.contiguous()
+    logits, dlosses = logits._contiguous_raw(), dlosses._contiguous_raw()
     dlogits = _empty(logits.shape, logits.dtype, logits.device) if out is None else out
     check(lib.it_cross_entropy_backward(logits.device.native, logits.dtype.native, dlogits._ptr(),
-                                        logits._ptr(), _f32_ptr(lse), targets.contiguous()._ptr(),
+                                        logits._ptr(), _f32_ptr(lse), targets._contiguous_raw()._ptr(),
                                         targets.dtype.native, _f32_ptr(dlosses), rows, vocab,
                                         padded, ignore_index))
     return dlogits
@@ -183,7 +201,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
     _checks.same_dtype("attention", q=q, k=k, v=v)
     B, H, Hkv, T, D = _attention_shapes(q, k, v)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = q._contiguous_raw(), k._contiguous_raw(), v._contiguous_raw()
     out = _empty(q.shape, q.dtype, q.device)
     lse = _empty((B, H, T), _dt.float32, q.device)
     check(lib.it_attention_forward(q.device.native, q.dtype.native, out._ptr(), _f32_ptr(lse),
@@ -196,7 +214,7 @@ def causal_attention_backward(dout, q, k, v, out, lse, scale: float | None = Non
     B, H, Hkv, T, D = _attention_shapes(q, k, v)
     _checks.shape_is("attention backward", "grad", dout, q.shape)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    dout, q, k, v, out = (t.contiguous() for t in (dout, q, k, v, out))
+    dout, q, k, v, out = (t._contiguous_raw() for t in (dout, q, k, v, out))
     dq = _empty(q.shape, q.dtype, q.device)
     dk, dv = _empty(k.shape, k.dtype, k.device), _empty(v.shape, v.dtype, v.device)
     check(lib.it_attention_backward(q.device.native, q.dtype.native, dq._ptr(), dk._ptr(),
@@ -217,7 +235,7 @@ def _rope(fn, name, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         if t.ndim != 2 or t.shape[0] < T or t.shape[1] != D // 2:
             raise ValueError(f"{name}: {n} must be [>= {T}, {D // 2}], got {tuple(t.shape)}")
         _checks.same_device(name, x=x, **{n: t})
-    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    x, cos, sin = x._contiguous_raw(), cos._contiguous_raw(), sin._contiguous_raw()
     out = _empty(x.shape, x.dtype, x.device)
     check(fn(x.device.native, x.dtype.native, out._ptr(), x._ptr(), _f32_ptr(cos),
              _f32_ptr(sin), B, T, H, D))
@@ -240,7 +258,7 @@ def embedding(weight: Tensor, indices: Tensor) -> Tensor:
     _checks.same_device("embedding", weight=weight, indices=indices)
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be [num_embeddings, dim], got {tuple(weight.shape)}")
-    weight, indices = weight.contiguous(), indices.contiguous()
+    weight, indices = weight._contiguous_raw(), indices._contiguous_raw()
     V, C = weight.shape
     out = _empty(indices.shape + (C,), weight.dtype, weight.device)
     check(lib.it_embedding_forward(weight.device.native, weight.dtype.native, out._ptr(),
@@ -257,7 +275,7 @@ def embedding_backward(dweight: Tensor, dout: Tensor, indices: Tensor) -> Tensor
     _checks.shape_is("embedding backward", "grad", dout, indices.shape + (C,))
     if not dweight.is_contiguous():
         raise ValueError("embedding backward: dweight must be contiguous")
-    dout, indices = dout.contiguous(), indices.contiguous()
+    dout, indices = dout._contiguous_raw(), indices._contiguous_raw()
     check(lib.it_embedding_backward(dweight.device.native, dweight.dtype.native, dweight._ptr(),
                                     dout._ptr(), indices._ptr(), indices.dtype.native,
                                     indices.numel(), V, C))

@@ -1,0 +1,48 @@
+"""Process-wide settings and counters of the native library: CPU threads, the caching
+allocator's memory statistics, build information (as torch.set_num_threads and
+torch.cuda.memory_stats)."""
+from __future__ import annotations
+
+from ._native import check, ffi, lib
+from ._native import build_info as _build_info
+from .device import as_device
+
+
+def build_info() -> str:
+    """The native library's version, BLAS, SIMD level picked for this CPU, and threads."""
+    return _build_info()
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by CPU kernels (OpenMP and BLAS), like torch.set_num_threads."""
+    check(lib.it_set_num_threads(n))
+
+
+def get_num_threads() -> int:
+    return lib.it_get_num_threads()
+
+
+def memory_stats(device="cpu") -> dict:
+    """Counters of the caching allocator: bytes in tensors, bytes held (tensors + cache), peaks."""
+    out = ffi.new("it_memory_stats *")
+    check(lib.it_memory_stats_get(as_device(device).native, out))
+    return {name: getattr(out, name) for name in (
+        "allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
+        "num_allocs", "num_cache_hits")}
+
+
+def memory_allocated(device="cpu") -> int:
+    return memory_stats(device)["allocated_bytes"]
+
+
+def max_memory_allocated(device="cpu") -> int:
+    return memory_stats(device)["peak_allocated_bytes"]
+
+
+def reset_peak_memory_stats(device="cpu") -> None:
+    check(lib.it_memory_reset_peak(as_device(device).native))
+
+
+def empty_cache(device="cpu") -> None:
+    """Returns cached free blocks to the system."""
+    check(lib.it_memory_empty_cache(as_device(device).native))

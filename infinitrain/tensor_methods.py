@@ -1,0 +1,544 @@
+"""The user-facing Tensor methods: views that autograd records, copies and conversions,
+arithmetic and comparison operators, reductions. They are written here, above the ops they
+call, and attached to `Tensor` once at import (as torch/_tensor.py does), so that `tensor.py`
+stays at the bottom of the package with no import of the layers built on it."""
+from __future__ import annotations
+
+import builtins
+import importlib
+import math
+
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from ._native import lib
+from .autograd.grad_mode import is_grad_enabled
+from .device import as_device
+from .device import device as Device
+from .kernels import memory
+from .ops import index as _idx
+from .ops import math as _ops
+from .ops import shape as _shape
+from .tensor import Tensor, _wrap_dim
+
+
+class TensorMethods:
+    # ---- views ---------------------------------------------------------------------------
+    def _tracks(self) -> bool:
+        """Whether an operation on this tensor must be recorded for autograd."""
+        return self.requires_grad and is_grad_enabled()
+
+    def view(self, *shape) -> Tensor:
+        shape = self._infer_shape(shape)
+        if not self.is_contiguous():
+            raise ValueError(f"view(): a tensor with shape {self._shape} and strides "
+                             f"{self._strides} is not contiguous; use reshape() or "
+                             ".contiguous().view()")
+        return _shape.Reshape.apply(self, shape) if self._tracks() else self._reshape_raw(shape)
+
+    def reshape(self, *shape) -> Tensor:
+        shape = self._infer_shape(shape)
+        t = self if self.is_contiguous() else self.contiguous()
+        return _shape.Reshape.apply(t, shape) if t._tracks() else t._reshape_raw(shape)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _wrap_dim(start_dim, self.ndim), _wrap_dim(end_dim, self.ndim)
+        return self.reshape(self._shape[:s] + (math.prod(self._shape[s:e + 1]),) + self._shape[e + 1:])
+
+    def permute(self, *dims) -> Tensor:
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        dims = tuple(_wrap_dim(d, self.ndim) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise ValueError(f"permute(): {dims} is not a permutation of the {self.ndim} "
+                             f"dimensions of a tensor of shape {self._shape}")
+        return _shape.Permute.apply(self, dims) if self._tracks() else self._permute_raw(dims)
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        d0, d1 = _wrap_dim(dim0, self.ndim), _wrap_dim(dim1, self.ndim)
+        dims = list(range(self.ndim))
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+        return self.permute(dims)
+
+    def t(self) -> Tensor:
+        if self.ndim > 2:
+            raise ValueError(f"t() expects a tensor with <= 2 dimensions, got {self.ndim}")
+        return self if self.ndim < 2 else self.transpose(0, 1)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(*reversed(range(self.ndim)))
+
+    @property
+    def mT(self) -> Tensor:
+        return self.transpose(-2, -1)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = _wrap_dim(dim, self.ndim + 1)
+        return self[(slice(None),) * d + (None,)]
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        if dim is None:
+            key = tuple(0 if n == 1 else slice(None) for n in self._shape)
+        else:
+            d = _wrap_dim(dim, self.ndim)
+            key = (slice(None),) * d + ((0,) if self._shape[d] == 1 else ())
+        return self[key]
+
+    def expand(self, *shape) -> Tensor:
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if len(shape) < self.ndim:
+            raise ValueError(f"expand(): cannot expand shape {self._shape} to {shape}")
+        if tuple(shape) == self._shape:
+            return self
+        return _shape.Expand.apply(self, shape) if self._tracks() else self._expand_raw(shape)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return self.expand(other.shape)
+
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        d = _wrap_dim(dim, self.ndim)
+        if start < 0:
+            start += self._shape[d]
+        if not (0 <= start and length >= 0 and start + length <= self._shape[d]):
+            raise IndexError(f"narrow(): [{start}, {start + length}) is out of range for "
+                             f"dimension {d} of size {self._shape[d]}")
+        return self[(slice(None),) * d + (slice(start, start + length),)]
+
+    def split(self, split_size, dim: int = 0) -> list:
+        d = _wrap_dim(dim, self.ndim)
+        n = self._shape[d]
+        if isinstance(split_size, int):
+            if split_size <= 0:
+                raise ValueError(f"split(): split_size must be > 0, got {split_size}")
+            sizes = [builtins.min(split_size, n - i) for i in range(0, n, split_size)] or [0]
+        else:
+            sizes = list(split_size)
+            if builtins.sum(sizes) != n:
+                raise ValueError(f"split(): sizes {sizes} do not add up to {n} (dimension {d})")
+        out, at = [], 0
+        for s in sizes:
+            out.append(self.narrow(d, at, s))
+            at += s
+        return out
+
+    def chunk(self, chunks: int, dim: int = 0) -> list:
+        n = self._shape[_wrap_dim(dim, self.ndim)]
+        return self.split(builtins.max(1, -(-n // chunks)), dim)
+
+    def unbind(self, dim: int = 0) -> tuple:
+        d = _wrap_dim(dim, self.ndim)
+        return tuple(self.select(d, i) for i in range(self._shape[d]))
+
+    def select(self, dim: int, index: int) -> Tensor:
+        d = _wrap_dim(dim, self.ndim)
+        return self[(slice(None),) * d + (index,)]
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __getitem__(self, key) -> Tensor:
+        if isinstance(key, Tensor):
+            if key.dtype is _dt.bool:
+                raise NotImplementedError("indexing with a bool mask (data-dependent shape) is "
+                                          "not supported; use where() or masked_fill()")
+            flat = key.reshape(-1) if key.ndim != 1 else key
+            out = _idx.index_select(self, 0, flat)
+            return out if key.ndim == 1 else out.reshape(key.shape + self._shape[1:])
+        return _shape.Index.apply(self, key) if self._tracks() else self._getitem_raw(key)
+
+    def __setitem__(self, key, value) -> None:
+        self._check_inplace("item assignment")
+        memory.copy_into(self._getitem_raw(key), value)
+
+    def index_select(self, dim: int, index: Tensor) -> Tensor:
+        return _idx.index_select(self, dim, index)
+
+    def gather(self, dim: int, index: Tensor) -> Tensor:
+        return _idx.gather(self, dim, index)
+
+    # ---- copies and conversion -------------------------------------------------------------
+    def contiguous(self) -> Tensor:
+        if self.is_contiguous():
+            return self
+        return _shape.Clone.apply(self) if self._tracks() else self._clone_raw()
+
+    def clone(self) -> Tensor:
+        return _shape.Clone.apply(self) if self._tracks() else self._clone_raw()
+
+    def _check_inplace(self, what: str) -> None:
+        if self.requires_grad and is_grad_enabled():
+            raise RuntimeError(f"{what} on a tensor that requires grad would bypass autograd; "
+                               "do it under infinitrain.no_grad() or on .detach()")
+        if any(s == 0 and n > 1 for n, s in zip(self._shape, self._strides)):
+            raise RuntimeError(f"{what}: more than one element of the written-to tensor refers "
+                               "to a single memory location (an expanded view); call .clone() "
+                               "first")
+
+    def copy_(self, src) -> Tensor:
+        """Copies src into this tensor (broadcasting src, converting its dtype)."""
+        self._check_inplace("copy_()")
+        memory.copy_into(self, src)
+        return self
+
+    def fill_(self, value) -> Tensor:
+        self._check_inplace("fill_()")
+        memory.copy_into(self, value)
+        return self
+
+    def zero_(self) -> Tensor:
+        return self.fill_(0)
+
+    def masked_fill_(self, mask: Tensor, value) -> Tensor:
+        self._check_inplace("masked_fill_()")
+        memory.copy_into(self, _idx.masked_fill(self.detach(), mask, value))
+        return self
+
+    def backward(self, gradient=None, retain_graph: bool = False) -> None:
+        from .autograd import backward
+        backward(self, gradient, retain_graph=retain_graph)
+
+    def to(self, *args, dtype=None, device=None, copy: bool = False) -> Tensor:
+        for a in args:
+            if isinstance(a, _dt.dtype) or (isinstance(a, str) and a in _dt._BY_NAME):
+                dtype = a
+            elif isinstance(a, (str, Device)):
+                device = a
+            elif isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            else:
+                raise TypeError(f"to() takes a dtype, a device or a tensor, got {a!r}")
+        dtype = self.dtype if dtype is None else _dt.as_dtype(dtype)
+        device = self.device if device is None else as_device(device)
+        if dtype is self.dtype and device == self.device and not copy:
+            return self
+        if device == self.device and self._tracks():
+            return _ops.Convert.apply(self, dtype) if dtype is not self.dtype else self.clone()
+        return memory.convert(self, dtype, device)
+
+    def type(self, dtype) -> Tensor:
+        return self.to(dtype)
+
+    def float(self) -> Tensor:
+        return self.to(_dt.float32)
+
+    def double(self) -> Tensor:
+        return self.to(_dt.float64)
+
+    def bfloat16(self) -> Tensor:
+        return self.to(_dt.bfloat16)
+
+    def half(self) -> Tensor:
+        return self.to(_dt.float16)
+
+    def long(self) -> Tensor:
+        return self.to(_dt.int64)
+
+    def int(self) -> Tensor:
+        return self.to(_dt.int32)
+
+    def bool(self) -> Tensor:
+        return self.to(_dt.bool)
+
+    def cpu(self) -> Tensor:
+        return self.to(device="cpu")
+
+    def is_floating_point(self) -> builtins.bool:
+        return self.dtype.is_floating_point
+
+    # ---- arithmetic ----------------------------------------------------------------------
+    def __add__(self, other):
+        return _ops.add(self, other)
+
+    def __radd__(self, other):
+        return _ops.add(self, other)
+
+    def __sub__(self, other):
+        return _ops.sub(self, other)
+
+    def __rsub__(self, other):
+        return _ops.rsub(self, other)
+
+    def __mul__(self, other):
+        return _ops.mul(self, other)
+
+    def __rmul__(self, other):
+        return _ops.mul(self, other)
+
+    def __truediv__(self, other):
+        return _ops.div(self, other)
+
+    def __rtruediv__(self, other):
+        return _ops.rdiv(self, other)
+
+    def __pow__(self, other):
+        return _ops.pow(self, other)
+
+    def __rpow__(self, other):
+        return _ops.rpow(self, other)
+
+    def __neg__(self):
+        return _ops.unary(lib.IT_NEG, self) if self.dtype.is_floating_point else _ops.mul(self, -1)
+
+    def __matmul__(self, other):
+        return _ops.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return _ops.matmul(other, self)
+
+    def __iadd__(self, other):
+        return self.add_(other)
+
+    def __isub__(self, other):
+        return self.sub_(other)
+
+    def __imul__(self, other):
+        return self.mul_(other)
+
+    def __itruediv__(self, other):
+        return self.div_(other)
+
+    # comparisons give bool tensors (so tensors hash by identity, as in PyTorch)
+    def __eq__(self, other):
+        return _idx.compare(lib.IT_EQ, self, other)
+
+    def __ne__(self, other):
+        return _idx.compare(lib.IT_NE, self, other)
+
+    def __lt__(self, other):
+        return _idx.compare(lib.IT_LT, self, other)
+
+    def __le__(self, other):
+        return _idx.compare(lib.IT_LE, self, other)
+
+    def __gt__(self, other):
+        return _idx.compare(lib.IT_GT, self, other)
+
+    def __ge__(self, other):
+        return _idx.compare(lib.IT_GE, self, other)
+
+    __hash__ = object.__hash__
+
+    def eq(self, other):
+        return self == other
+
+    def ne(self, other):
+        return self != other
+
+    def lt(self, other):
+        return self < other
+
+    def le(self, other):
+        return self <= other
+
+    def gt(self, other):
+        return self > other
+
+    def ge(self, other):
+        return self >= other
+
+    def __and__(self, other):
+        return _logical(self, other, lib.IT_MINIMUM)
+
+    def __or__(self, other):
+        return _logical(self, other, lib.IT_MAXIMUM)
+
+    def __invert__(self):
+        if self.dtype is not _dt.bool:
+            raise TypeError(f"~ is defined for bool tensors here, not {self.dtype.name}")
+        return self == False  # noqa: E712
+
+    def logical_not(self):
+        return self.bool() == False  # noqa: E712
+
+    def _inplace(self, result: Tensor, what: str):
+        """self = result (computed out of place, then written back in self's dtype)."""
+        self._check_inplace(what)
+        memory.copy_into(self, result)
+        return self
+
+    def add_(self, other, alpha: float = 1.0):
+        return self._inplace(_ops.add(self.detach(), other if alpha == 1.0 else other * alpha), "add_()")
+
+    def sub_(self, other):
+        return self._inplace(_ops.sub(self.detach(), other), "sub_()")
+
+    def mul_(self, other):
+        return self._inplace(_ops.mul(self.detach(), other), "mul_()")
+
+    def div_(self, other):
+        if not self.dtype.is_floating_point:
+            raise TypeError(f"div_() of a {self.dtype.name} tensor would need a float result")
+        return self._inplace(_ops.div(self.detach(), other), "div_()")
+
+    def clamp_(self, min=None, max=None):  # noqa: A002
+        return self._inplace(_ops.clamp(self.detach(), min, max), "clamp_()")
+
+    def add(self, other, alpha: float = 1.0):
+        return _ops.add(self, other if alpha == 1.0 else other * alpha)
+
+    def sub(self, other):
+        return _ops.sub(self, other)
+
+    def mul(self, other):
+        return _ops.mul(self, other)
+
+    def div(self, other):
+        return _ops.div(self, other)
+
+    def pow(self, other):
+        return _ops.pow(self, other)
+
+    def matmul(self, other):
+        return _ops.matmul(self, other)
+
+    def mm(self, other):
+        if self.ndim != 2 or not isinstance(other, Tensor) or other.ndim != 2:
+            raise ValueError("mm(): both operands must be 2-D")
+        return _ops.matmul(self, other)
+
+    def bmm(self, other):
+        if self.ndim != 3 or not isinstance(other, Tensor) or other.ndim != 3 \
+                or other.shape[0] != self.shape[0]:
+            raise ValueError("bmm(): both operands must be 3-D with the same batch size, got "
+                             f"{tuple(self.shape)} and {tuple(getattr(other, 'shape', ()))}")
+        return _ops.matmul(self, other)
+
+    def maximum(self, other):
+        return _ops.maximum(self, other, True)
+
+    def minimum(self, other):
+        return _ops.maximum(self, other, False)
+
+    def clamp(self, min=None, max=None):  # noqa: A002
+        return _ops.clamp(self, min, max)
+
+    clip = clamp
+
+    def where(self, condition, other):
+        return _idx.where(condition, self, other)
+
+    def masked_fill(self, mask, value):
+        return _idx.masked_fill(self, mask, value)
+
+    def exp(self):
+        return _ops.unary(lib.IT_EXP, self)
+
+    def log(self):
+        return _ops.unary(lib.IT_LOG, self)
+
+    def sqrt(self):
+        return _ops.unary(lib.IT_SQRT, self)
+
+    def rsqrt(self):
+        return _ops.unary(lib.IT_RSQRT, self)
+
+    def abs(self):
+        return _ops.unary(lib.IT_ABS, self)
+
+    def tanh(self):
+        return _ops.unary(lib.IT_TANH, self)
+
+    def sigmoid(self):
+        return _ops.unary(lib.IT_SIGMOID, self)
+
+    def relu(self):
+        return _ops.unary(lib.IT_RELU, self)
+
+    def sin(self):
+        return _ops.unary(lib.IT_SIN, self)
+
+    def cos(self):
+        return _ops.unary(lib.IT_COS, self)
+
+    def square(self):
+        return _ops.unary(lib.IT_SQUARE, self)
+
+    def reciprocal(self):
+        return _ops.unary(lib.IT_RECIPROCAL, self)
+
+    def tril(self, diagonal: int = 0):
+        return _ops.triangle(self, diagonal, False)
+
+    def triu(self, diagonal: int = 0):
+        return _ops.triangle(self, diagonal, True)
+
+    # ---- reductions ----------------------------------------------------------------------
+    def sum(self, dim=None, keepdim: builtins.bool = False):
+        return _ops.sum(self, dim, keepdim)
+
+    def mean(self, dim=None, keepdim: builtins.bool = False):
+        return _ops.mean(self, dim, keepdim)
+
+    def max(self, dim=None, keepdim: builtins.bool = False):
+        return _ops.extreme(self, dim, keepdim, True)
+
+    def min(self, dim=None, keepdim: builtins.bool = False):
+        return _ops.extreme(self, dim, keepdim, False)
+
+    def amax(self, dim=(), keepdim: builtins.bool = False):
+        return _ops.amax(self, dim, keepdim, True)
+
+    def amin(self, dim=(), keepdim: builtins.bool = False):
+        return _ops.amax(self, dim, keepdim, False)
+
+    def argmax(self, dim=None, keepdim: builtins.bool = False):
+        from .kernels.elementwise import arg_extreme
+        return arg_extreme(self, dim, keepdim, True)
+
+    def argmin(self, dim=None, keepdim: builtins.bool = False):
+        from .kernels.elementwise import arg_extreme
+        return arg_extreme(self, dim, keepdim, False)
+
+    def var(self, dim=None, keepdim: builtins.bool = False, *, correction: int = 1,
+            unbiased: builtins.bool | None = None):
+        if unbiased is not None:
+            correction = 1 if unbiased else 0
+        x = self if self.dtype.is_floating_point else self.float()
+        n = math.prod(x.shape[d] for d in range(x.ndim)) if dim is None else \
+            math.prod(x.shape[_wrap_dim(d, x.ndim)] for d in (dim if isinstance(dim, (tuple, list)) else (dim,)))
+        centered = x - x.mean(dim, keepdim=True)
+        return (centered * centered).sum(dim, keepdim) / builtins.max(n - correction, 0)
+
+    def std(self, dim=None, keepdim: builtins.bool = False, *, correction: int = 1,
+            unbiased: builtins.bool | None = None):
+        return self.var(dim, keepdim, correction=correction, unbiased=unbiased).sqrt()
+
+    def logsumexp(self, dim, keepdim: builtins.bool = False):
+        return _idx.logsumexp(self, dim, keepdim)
+
+    def softmax(self, dim: int = -1):
+        return _ops.softmax(self, dim)
+
+    def log_softmax(self, dim: int = -1):
+        return _idx.log_softmax(self, dim)
+
+    def cumsum(self, dim: int):
+        return _idx.cumsum(self, dim)
+
+    def topk(self, k: int, dim: int = -1, largest: builtins.bool = True, sorted: builtins.bool = True):  # noqa: A002
+        return _idx.topk(self, k, dim, largest, sorted)
+
+    def all(self):
+        return self.bool().logical_not().float().sum() == 0
+
+    def any(self):
+        return self.bool().float().sum() > 0
+
+
+def _logical(a: Tensor, b, op: int) -> Tensor:
+    """and / or of bool tensors (min / max of 0-1 values)."""
+    from .kernels.elementwise import binary
+    if not isinstance(b, Tensor) or a.dtype is not _dt.bool or b.dtype is not _dt.bool:
+        raise TypeError("& and | are defined for two bool tensors here")
+    return binary(op, a, b)
+
+
+_CLASS_INTERNALS = {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__",
+                    "__firstlineno__", "__static_attributes__"}
+for _name, _member in vars(TensorMethods).items():
+    if _name not in _CLASS_INTERNALS:
+        setattr(Tensor, _name, _member)
+# numpy defers to Tensor's reflected operators (np.float32(2) * x is a Tensor, not an array)
+Tensor.__array_ufunc__ = None
