@@ -9,7 +9,7 @@ import time
 import traceback
 
 from .layout import Layout
-from .process_group import MPIProcessGroup
+from .mpi import MPIProcessGroup
 
 _ENV = None
 
@@ -86,7 +86,7 @@ def _abort_on_exception() -> None:
 def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu") -> GlobalEnv:
     """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv. The
     device picks the collectives' backend: MPI for "cpu", NCCL (bootstrapped through MPI with
-    `process_group.nccl_unique_id`) for "cuda"."""
+    `mpi.nccl_unique_id`) for "cuda"."""
     global _ENV
     if str(device).startswith("cuda"):
         raise NotImplementedError("the NCCL backend for CUDA tensors arrives with the CUDA kernels; "
@@ -112,7 +112,7 @@ def _share_cores(comm) -> None:
     n_local = local.Get_size()
     local.Free()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    from ... import set_num_threads
+    from ...runtime import set_num_threads
     set_num_threads(max(1, cores // n_local))
 
 

@@ -1,13 +1,9 @@
-"""ProcessGroup: collectives over a set of ranks, each returning a Work.
-
-Backend by device: CPU tensors go through MPI (mpi4py on the tensors' own memory, no copy,
-non-blocking calls), CUDA tensors will go through NCCL (its unique id made on one rank and
-broadcast with mpi4py; see `nccl_unique_id`). bfloat16 is not an MPI type: it is reduced
-through a float32 copy, so sums are exact to float32 and rounded to bfloat16 once.
+"""ProcessGroup: the backend-neutral interface of collectives over a set of ranks, each
+returning a Work. Backends sit beside it, chosen by device: `mpi.py` (CPU tensors, mpi4py on
+the tensors' own memory) and, with the CUDA path, NCCL (bootstrapped through MPI).
 """
 from __future__ import annotations
 
-import os
 from enum import Enum
 
 from ...tensor import Tensor
@@ -22,11 +18,11 @@ class ReduceOp(Enum):
 
 class Work:
     """A collective in flight: wait() blocks until it is done (then runs its epilogue, such as
-    averaging or converting back from float32); is_completed() polls. It completes either
-    through MPI requests or through the group's communication thread (an Event)."""
+    averaging or converting back from float32); is_completed() polls. This base completes
+    through an Event set by a communication thread (or is done at once without one); a
+    backend overrides `_test`/`_block` for its own requests."""
 
-    def __init__(self, requests=(), epilogue=None, event=None):
-        self._requests = list(requests)
+    def __init__(self, epilogue=None, event=None):
         self._epilogue = epilogue
         self._event = event
         self._error = None
@@ -35,23 +31,21 @@ class Work:
     def is_completed(self) -> bool:
         if self._done:
             return True
-        if self._event is not None:
-            if self._event.is_set():
-                self._finish()
-            return self._done
-        from mpi4py import MPI
-        if MPI.Request.Testall(self._requests):
+        if self._test():
             self._finish()
         return self._done
+
+    def _test(self) -> bool:
+        return self._event is None or self._event.is_set()
+
+    def _block(self) -> None:
+        if self._event is not None:
+            self._event.wait()
 
     def wait(self) -> None:
         if self._done:
             return
-        if self._event is not None:
-            self._event.wait()
-        else:
-            from mpi4py import MPI
-            MPI.Request.Waitall(self._requests)
+        self._block()
         self._finish()
 
     def _finish(self) -> None:
@@ -86,41 +80,6 @@ def _then(first: Work, fn) -> Work:
     return _Then(first, fn)
 
 
-class _CommThread:
-    """Runs a group's collectives one after another on a thread of its own. MPI implementations
-    progress non-blocking collectives only inside MPI calls, so an Iallreduce started during
-    backward would sit idle until the final wait; a blocking call on this thread moves while
-    the kernels compute (mpi4py and the native library both release the GIL). Collectives keep
-    the order in which they were queued, the same on every rank."""
-
-    def __init__(self, name: str):
-        import queue
-        import threading
-        self._queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            fn, work = self._queue.get()
-            try:
-                fn()
-            except BaseException as e:  # reported by Work.wait on the caller's thread
-                work._error = e
-            work._event.set()
-            self._queue.task_done()
-
-    def drain(self) -> None:
-        """Returns once everything queued so far has run."""
-        self._queue.join()
-
-    def submit(self, fn, epilogue=None) -> Work:
-        import threading
-        work = Work(epilogue=epilogue, event=threading.Event())
-        self._queue.put((fn, work))
-        return work
-
-
 class ProcessGroup:
     """The backend-neutral interface; `ranks` are global ranks, `rank` this process's index."""
 
@@ -138,151 +97,4 @@ class ProcessGroup:
     def irecv(self, t: Tensor, src: int, tag: int = 0) -> Work: ...
     def barrier(self): ...
 
-
-_MPI = {}  # filled on first use: mpi4py is imported only by processes that communicate
-
-
-def _mpi():
-    if not _MPI:
-        from mpi4py import MPI
-        _MPI.update(MPI=MPI, types={"float32": MPI.FLOAT, "float16": MPI.UINT16_T,
-                                    "int32": MPI.INT32_T, "int64": MPI.INT64_T, "uint8": MPI.UINT8_T,
-                                    "bfloat16": MPI.UINT16_T},
-                    ops={ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MAX: MPI.MAX,
-                         ReduceOp.MIN: MPI.MIN})
-    return _MPI
-
-
-def _mpi_op(op: ReduceOp):
-    return _mpi()["ops"][op]
-
-
-def _buffer(t: Tensor):
-    m = _mpi()
-    if t.device.type != "cpu":
-        raise ValueError(f"the MPI process group works on CPU tensors, this one is on {t.device}; "
-                         "CUDA tensors use the NCCL backend")
-    if not t.is_contiguous():
-        raise ValueError("collectives need contiguous tensors; call .contiguous() first")
-    return [m["MPI"].buffer.fromaddress(t.data_ptr(), t.nbytes), m["types"][t.dtype.name]]
-
-
-class MPIProcessGroup(ProcessGroup):
-    def __init__(self, comm, ranks):
-        from mpi4py import MPI
-        self.comm = comm
-        self.ranks = list(ranks)
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        # A communication thread needs MPI_THREAD_MULTIPLE (mpi4py's default) and a core to run
-        # on: it is used when each rank has two or more cores (or INFINITRAIN_COMM_THREAD=1);
-        # otherwise asynchronous collectives are MPI non-blocking calls that the caller
-        # advances with is_completed() (DDP does so from its gradient hooks).
-        wanted = os.environ.get("INFINITRAIN_COMM_THREAD")
-        if wanted is None:
-            from ... import get_num_threads
-            wanted = "1" if get_num_threads() >= 2 else "0"
-        threaded = wanted == "1" and self.size > 1 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
-        self._comm_thread = _CommThread(f"infinitrain-comm-{self.ranks}") if threaded else None
-
-    def __repr__(self) -> str:
-        return f"MPIProcessGroup(ranks={self.ranks})"
-
-    def _done(self, work: Work, async_op: bool):
-        if async_op:
-            return work
-        work.wait()
-        return None
-
-    def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
-        MPI = _mpi()["MPI"]
-        if not isinstance(op, ReduceOp):
-            op = ReduceOp(op)
-        if not async_op and self._comm_thread is None and t.dtype.name in ("float32", "int32", "int64") \
-                and op is not ReduceOp.AVG:  # the common synchronous case, with the least Python
-            self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=_mpi_op(op))
-            return None
-        if t.dtype.name in ("bfloat16", "float16"):
-            # not MPI types: reduce a float32 copy, write back once it is done
-            wide = t.float()
-            inner = self.all_reduce(wide, op, async_op=True)
-            return self._done(_then(inner, lambda: t.copy_(wide)), async_op)
-        if op is ReduceOp.AVG and not t.dtype.is_floating_point:
-            raise TypeError(f"all_reduce AVG of {t.dtype.name} tensors is not defined; use SUM")
-        buf, mop = _buffer(t), _mpi_op(op)
-        scale = 1.0 / self.size
-        epilogue = (lambda: t.mul_(scale)) if op is ReduceOp.AVG and self.size > 1 else None
-        return self._collective(lambda: self.comm.Allreduce(MPI.IN_PLACE, buf, op=mop),
-                                lambda: self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mop),
-                                epilogue, async_op)
-
-    def _collective(self, blocking, nonblocking, epilogue, async_op: bool):
-        """Synchronous calls block (cheapest when the caller waits anyway), after whatever the
-        communication thread still has queued, so that every rank sees one order; asynchronous
-        ones go to the communication thread, or else to MPI's non-blocking call."""
-        if not async_op:
-            if self._comm_thread is not None:
-                self._comm_thread.drain()
-            blocking()
-            if epilogue is not None:
-                epilogue()
-            return None
-        if self._comm_thread is not None:
-            return self._comm_thread.submit(blocking, epilogue)
-        return Work([nonblocking()], epilogue)
-
-    def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
-        """out [size * n, ...] = the ranks' t [n, ...] in rank order."""
-        if out.numel() != t.numel() * self.size or out.dtype is not t.dtype:
-            raise ValueError(f"all_gather: out must hold {self.size} x {tuple(t.shape)} "
-                             f"{t.dtype.name}, got {tuple(out.shape)} {out.dtype.name}")
-        src, dst = _buffer(t), _buffer(out)
-        return self._collective(lambda: self.comm.Allgather(src, dst),
-                                lambda: self.comm.Iallgather(src, dst), None, async_op)
-
-    def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM,
-                       async_op: bool = False):
-        """out [n, ...] = this rank's block of the reduction of t [size * n, ...]."""
-        if t.numel() != out.numel() * self.size or out.dtype is not t.dtype:
-            raise ValueError(f"reduce_scatter: input must hold {self.size} x {tuple(out.shape)}, "
-                             f"got {tuple(t.shape)}")
-        op = ReduceOp(op)
-        if t.dtype.name in ("bfloat16", "float16"):
-            wide_in, wide_out = t.float(), out.float()
-            inner = self.reduce_scatter(wide_out, wide_in, op, async_op=True)
-            return self._done(_then(inner, lambda: out.copy_(wide_out)), async_op)
-        src, dst, mop = _buffer(t), _buffer(out), _mpi_op(op)
-        scale = 1.0 / self.size
-        epilogue = (lambda: out.mul_(scale)) if op is ReduceOp.AVG and self.size > 1 else None
-        return self._collective(lambda: self.comm.Reduce_scatter_block(src, dst, op=mop),
-                                lambda: self.comm.Ireduce_scatter_block(src, dst, op=mop),
-                                epilogue, async_op)
-
-    def broadcast(self, t: Tensor, src: int = 0, async_op: bool = False):
-        """src is an index into this group's ranks."""
-        buf = _buffer(t)
-        return self._collective(lambda: self.comm.Bcast(buf, root=src),
-                                lambda: self.comm.Ibcast(buf, root=src), None, async_op)
-
-    def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
-        return Work([self.comm.Isend(_buffer(t), dest=dst, tag=tag)])
-
-    def irecv(self, t: Tensor, src: int, tag: int = 0) -> Work:
-        return Work([self.comm.Irecv(_buffer(t), source=src, tag=tag)])
-
-    def send(self, t: Tensor, dst: int, tag: int = 0) -> None:
-        self.isend(t, dst, tag).wait()
-
-    def recv(self, t: Tensor, src: int, tag: int = 0) -> None:
-        self.irecv(t, src, tag).wait()
-
-    def barrier(self) -> None:
-        self._collective(self.comm.Barrier, self.comm.Ibarrier, None, async_op=False)
-
-
-def nccl_unique_id(group_comm, make_id):
-    """The NCCL bootstrap: rank 0 of the group makes the unique id (make_id() -> bytes) and
-    mpi4py broadcasts it; every rank then creates its communicator from it."""
-    uid = make_id() if group_comm.Get_rank() == 0 else None
-    return group_comm.bcast(uid, root=0)
 
