@@ -1,10 +1,10 @@
 """Neural-network building blocks, named as in torch.nn."""
 from . import functional, init, utils
 from .module import Module
-from .modules import (GELU, CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, ModuleDict,
+from .modules import (GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, ModuleDict,
                       ModuleList, ReLU, RMSNorm, Sequential, Sigmoid, SiLU, Tanh)
 from .parameter import Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout",
-           "GELU", "SiLU", "ReLU", "Sigmoid", "Tanh", "CrossEntropyLoss", "Sequential",
+           "GELU", "SiLU", "ReLU", "Sigmoid", "Tanh", "Identity", "CrossEntropyLoss", "Sequential",
            "ModuleList", "ModuleDict", "functional", "init", "utils"]

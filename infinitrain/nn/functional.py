@@ -1,9 +1,13 @@
 """infinitrain.nn.functional: the functional forms users know from torch.nn.functional."""
 from __future__ import annotations
 
+import importlib
+
+_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import lib
-from ..ops import math as _m
+from ..ops import index as _idx
 from ..ops import layers as _nn
+from ..ops import math as _m
 from ..tensor import Tensor
 
 
@@ -13,6 +17,9 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
     _check_normalized(input, normalized_shape)
+    if weight is None and bias is not None:  # the kernel takes a bias only with a weight
+        from ..creation import ones
+        weight = ones(input.shape[-1], dtype=bias.dtype, device=bias.device)
     return _nn.layer_norm(input, weight, bias, eps)
 
 
@@ -97,10 +104,91 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator=None) -> Tensor:
-    if not 0.0 <= p < 1.0:
-        if p == 1.0:
-            return input * 0.0
+    if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return input
+    if p == 1.0:
+        return input * 0.0
     return _nn.Dropout.apply(input, p, generator)
+
+
+def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
+    return _idx.log_softmax(input, dim)
+
+
+def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
+    return _idx.logsumexp(input, dim, keepdim)
+
+
+def nll_loss(input: Tensor, target: Tensor, ignore_index: int = -100,
+             reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities input [N, C] (or [C]) at class targets."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if target.dtype not in (_dt.int32, _dt.int64):
+        raise TypeError(f"nll_loss: target must be int32 or int64, got {target.dtype.name}")
+    if input.ndim not in (1, 2) or input.shape[:-1] != target.shape:
+        raise ValueError(f"nll_loss: expected input [N, C] with target [N] (or [C] with []), got "
+                         f"{tuple(input.shape)} and {tuple(target.shape)}")
+    keep = target != ignore_index
+    safe = _idx.where(keep, target, 0).long()
+    picked = _idx.gather(input, -1, safe.unsqueeze(-1)).squeeze(-1)
+    losses = _idx.where(keep, -picked, 0.0)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / keep.float().sum()
+
+
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"mse_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if input.shape != target.shape:
+        raise ValueError(f"mse_loss: input {tuple(input.shape)} and target "
+                         f"{tuple(target.shape)} differ in shape")
+    diff = input - target
+    sq = diff * diff
+    return sq if reduction == "none" else (sq.sum() if reduction == "sum" else sq.mean())
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 [..., num_classes] with a 1 at each index (torch.nn.functional.one_hot)."""
+    from ..creation import arange
+    if tensor.dtype not in (_dt.int32, _dt.int64):
+        raise TypeError(f"one_hot: expected an integer tensor, got {tensor.dtype.name}")
+    if num_classes < 0:
+        num_classes = int(tensor.max().item()) + 1 if tensor.numel() else 0
+    if tensor.numel() and (int(tensor.min().item()) < 0 or int(tensor.max().item()) >= num_classes):
+        raise ValueError(f"one_hot: class values must be in [0, {num_classes})")
+    return (tensor.long().unsqueeze(-1) == arange(num_classes)).long()
+
+
+def pad(input: Tensor, pad: tuple, mode: str = "constant", value: float = 0.0) -> Tensor:
+    """Constant padding; pad = (left, right) for the last dimension, then (top, bottom) for
+    the one before, ... (torch.nn.functional.pad). Negative amounts crop."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad: only mode='constant' is implemented, got {mode!r}")
+    if len(pad) % 2 or len(pad) // 2 > input.ndim:
+        raise ValueError(f"pad: {tuple(pad)} must hold (before, after) pairs for at most "
+                         f"{input.ndim} dimensions")
+    from ..creation import full
+    from ..ops.shape import cat
+    out = input
+    for i in range(len(pad) // 2):
+        d = out.ndim - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0:
+            out, before = out.narrow(d, -before, out.shape[d] + before), 0
+        if after < 0:
+            out, after = out.narrow(d, 0, out.shape[d] + after), 0
+        parts = []
+        for n in (before, None, after):
+            if n is None:
+                parts.append(out)
+            elif n:
+                shape = out.shape[:d] + (n,) + out.shape[d + 1:]
+                parts.append(full(shape, value, dtype=out.dtype, device=out.device))
+        out = cat(parts, d) if len(parts) > 1 else out
+    return out

@@ -70,6 +70,16 @@ class RMSNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
+class Identity(Module):
+    """Returns its input (a placeholder layer, as torch.nn.Identity)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
 class Dropout(Module):
     def __init__(self, p: float = 0.5):
         super().__init__()

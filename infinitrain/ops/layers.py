@@ -91,7 +91,9 @@ class CrossEntropy(Function):
         # When nothing but this node still holds the logits (the training loop dropped them),
         # their gradient is written over them, as llm.c does: that saves a logits-sized buffer,
         # the largest of a GPT-2 step.
-        reuse = logits.is_contiguous() and sys.getrefcount(logits._storage) <= 2
+        # Never when the graph is kept (retain_graph=True): a second backward reads them again.
+        reuse = not ctx.retain_graph and logits.is_contiguous() and \
+            sys.getrefcount(logits._storage) <= 2
         return knn.cross_entropy_backward(dlosses, logits, lse, targets, ctx.vocab,
                                           ctx.ignore_index, out=logits if reuse else None), \
             None, None, None, None

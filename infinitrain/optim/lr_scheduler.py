@@ -71,3 +71,38 @@ class WarmupConstantLR(WarmupCosineLR):
 
     def factor(self, step: int) -> float:
         return (step + 1) / self.warmup if step < self.warmup else 1.0
+
+
+class CosineAnnealingLR(LRScheduler):
+    """torch.optim.lr_scheduler.CosineAnnealingLR: lr = eta_min + (base - eta_min) *
+    (1 + cos(pi * step / T_max)) / 2, held at eta_min after T_max."""
+
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
+        if T_max <= 0:
+            raise ValueError(f"CosineAnnealingLR: T_max must be > 0, got {T_max}")
+        self.T_max, self.eta_min = T_max, eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        t = min(self.last_epoch, self.T_max)
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
+            g["lr"] = self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
+
+
+class LinearLR(LRScheduler):
+    """torch.optim.lr_scheduler.LinearLR: the factor goes linearly from start_factor to
+    end_factor over total_iters steps (a linear warmup with start_factor < 1)."""
+
+    def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1):
+        if not 0 < start_factor <= 1 or not 0 <= end_factor <= 1 or total_iters < 0:
+            raise ValueError("LinearLR: start_factor must be in (0, 1], end_factor in [0, 1] "
+                             f"and total_iters >= 0, got {start_factor}, {end_factor}, {total_iters}")
+        self.start, self.end, self.total = start_factor, end_factor, total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step: int) -> float:
+        if self.total == 0 or step >= self.total:
+            return self.end
+        return self.start + (self.end - self.start) * step / self.total
