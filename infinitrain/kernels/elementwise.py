@@ -189,8 +189,15 @@ def reduce(op: int, x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
         what = {lib.IT_MEAN: "mean", lib.IT_MAX: "max", lib.IT_MIN: "min"}[op]
         raise ValueError(f"{what}(): the reduced dimensions of shape {tuple(x.shape)} are "
                          "empty; the result would be undefined")
-    moved = x._permute_raw(kept + dims)._contiguous_raw()
     out = _empty(shape, x.dtype, x.device)
+    if dims and dims[-1] - dims[0] == len(dims) - 1:
+        # neighbouring dimensions: read in place as [outer, n, inner], no copy
+        x = x._contiguous_raw()
+        outer, inner = math.prod(x.shape[:dims[0]]), math.prod(x.shape[dims[-1] + 1:])
+        check(lib.it_reduce(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(), outer,
+                            n, inner))
+        return out
+    moved = x._permute_raw(kept + dims)._contiguous_raw()
     check(lib.it_reduce(x.device.native, op, x.dtype.native, out._ptr(), moved._ptr(), outer,
                         n, 1))
     return out
