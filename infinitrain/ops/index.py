@@ -62,7 +62,6 @@ def masked_fill(x: Tensor, mask: Tensor, value) -> Tensor:
         value = cast(value, x.dtype)
     else:
         value = _as_tensor(value, x)
-    ew.broadcast_shapes(mask.shape, x.shape)
     if ew.broadcast_shapes(mask.shape, x.shape) != tuple(x.shape):
         raise ValueError(f"masked_fill: mask of shape {tuple(mask.shape)} does not broadcast to "
                          f"the input's {tuple(x.shape)}")

@@ -33,26 +33,16 @@ static inline int64_t strided_offset(int64_t e, const int64_t *shape, const int6
     return off;
 }
 
-static inline int compare_f64(it_compare_op op, double a, double b) {
+/* The comparison from the order of two values: lt/gt, or neither (equal, or unordered when a
+ * NaN is involved, which only != accepts). */
+static inline int compare_result(it_compare_op op, int lt, int gt, int unordered) {
     switch (op) {
-    case IT_EQ: return a == b;
-    case IT_NE: return a != b;
-    case IT_LT: return a < b;
-    case IT_LE: return a <= b;
-    case IT_GT: return a > b;
-    case IT_GE: return a >= b;
-    }
-    return 0;
-}
-
-static inline int compare_i64(it_compare_op op, int64_t a, int64_t b) {
-    switch (op) {
-    case IT_EQ: return a == b;
-    case IT_NE: return a != b;
-    case IT_LT: return a < b;
-    case IT_LE: return a <= b;
-    case IT_GT: return a > b;
-    case IT_GE: return a >= b;
+    case IT_EQ: return !lt && !gt && !unordered;
+    case IT_NE: return lt || gt || unordered;
+    case IT_LT: return lt;
+    case IT_LE: return lt || (!gt && !unordered);
+    case IT_GT: return gt;
+    case IT_GE: return gt || (!lt && !unordered);
     }
     return 0;
 }
@@ -75,9 +65,13 @@ it_status it_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t
     for (int64_t e = 0; e < numel; e++) {
         int64_t ia = strided_offset(e, shape, a_strides, ndim);
         int64_t ib = strided_offset(e, shape, b_strides, ndim);
-        out[e] = (uint8_t)(exact_int
-                               ? compare_i64(op, ((const int64_t *)a)[ia], ((const int64_t *)b)[ib])
-                               : compare_f64(op, it_load_f64(dtype, a, ia), it_load_f64(dtype, b, ib)));
+        if (exact_int) {
+            int64_t x = ((const int64_t *)a)[ia], y = ((const int64_t *)b)[ib];
+            out[e] = (uint8_t)compare_result(op, x < y, x > y, 0);
+        } else {
+            double x = it_load_f64(dtype, a, ia), y = it_load_f64(dtype, b, ib);
+            out[e] = (uint8_t)compare_result(op, x < y, x > y, x != x || y != y);
+        }
     }
     return IT_OK;
 }
