@@ -28,6 +28,22 @@ def test_cross_entropy_twice_with_retain_graph():
     np.testing.assert_array_equal(x.grad.numpy(), first)
 
 
+def test_cross_entropy_backward_leaves_held_logits_alone():
+    """The fused loss writes its gradient over logits nobody holds any more (as llm.c); a leaf,
+    or an intermediate the caller still holds, must keep its values."""
+    a = np.random.default_rng(1).normal(size=(5, 9)).astype(np.float32)
+    t = it.tensor([0, 3, 8, 1, 2])
+    from infinitrain.ops.layers import cross_entropy  # the op itself: no reshape in between
+    for loss_fn in (F.cross_entropy, lambda x, t: cross_entropy(x, t, 9)):
+        leaf = it.from_numpy(a.copy()).requires_grad_()
+        loss_fn(leaf, t).backward()
+        np.testing.assert_array_equal(leaf.detach().numpy(), a)
+        w = it.ones(9, requires_grad=True)
+        held = it.from_numpy(a.copy()) * w
+        loss_fn(held, t).backward()
+        np.testing.assert_array_equal(held.detach().numpy(), a)
+
+
 @pytest.mark.parametrize("fn", [lambda x: x.max(), lambda x: x.min(), lambda x: x.max(1)[0],
                                 lambda x: x.min(0)[0], lambda x: x.maximum(x * 0.5),
                                 lambda x: x.minimum(x * 0.5), lambda x: it.tril(x),

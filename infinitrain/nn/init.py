@@ -8,8 +8,16 @@ from ..random import default_generator
 
 
 def _fill(tensor, fill):
-    """Runs fill(target) on the tensor's memory, through a contiguous copy if it is strided."""
-    if tensor.is_contiguous():
+    """Runs fill(target) on the tensor's memory, through a contiguous copy if it is strided. A
+    tensor-parallel shard is filled with its part of a full-size draw, so that every layout
+    starts from the values one process would have."""
+    shard = getattr(tensor, "tp_shard", None)
+    if shard is not None:
+        from ..tensor import _empty
+        full = _empty(shard.full_shape(tensor.shape), tensor.dtype, tensor.device)
+        fill(full)
+        tensor.copy_(shard.take(full))
+    elif tensor.is_contiguous():
         fill(tensor.detach())
     else:
         from ..tensor import _empty
@@ -48,5 +56,7 @@ def constant_(tensor, value: float):
 
 def kaiming_uniform_linear_(weight, generator=None):
     """PyTorch's default Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-    bound = 1.0 / math.sqrt(weight.shape[1]) if weight.shape[1] else 0.0
+    shard = getattr(weight, "tp_shard", None)
+    fan_in = shard.full_shape(weight.shape)[1] if shard is not None else weight.shape[1]
+    bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
     return uniform_(weight, -bound, bound, generator)

@@ -5,7 +5,10 @@ from ..tensor import Tensor
 
 
 class Parameter(Tensor):
-    __slots__ = ()
+    # how the parameter is laid out over ranks (nn.parallel.tensor_parallel): `tp_shard` when it
+    # is one block of a larger tensor, `sequence_parallel_group` when its gradient must be
+    # summed over that group after backward; unset for an ordinary parameter
+    __slots__ = ("tp_shard", "sequence_parallel_group")
 
     def __new__(cls, data: Tensor, requires_grad: bool = True):
         if not isinstance(data, Tensor):
@@ -22,6 +25,11 @@ class Parameter(Tensor):
         optimizers and hooks that hold it stay valid)."""
         self._storage, self._shape, self._strides = t._storage, t.shape, t.stride()
         self._offset, self.dtype = t._offset, t.dtype
+
+    def __getattr__(self, name):
+        if name in ("tp_shard", "sequence_parallel_group"):
+            return None
+        raise AttributeError(f"'Parameter' object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return "Parameter containing:\n" + super().__repr__()

@@ -90,10 +90,12 @@ class CrossEntropy(Function):
             dlosses = _empty((n,), lse.dtype, lse.device).fill_(scale)
         # When nothing but this node still holds the logits (the training loop dropped them),
         # their gradient is written over them, as llm.c does: that saves a logits-sized buffer,
-        # the largest of a GPT-2 step.
-        # Never when the graph is kept (retain_graph=True): a second backward reads them again.
-        reuse = not ctx.retain_graph and logits.is_contiguous() and \
-            sys.getrefcount(logits._storage) <= 2
+        # the largest of a GPT-2 step. Never for a leaf or a tensor (or a view of its memory)
+        # that anyone else still holds: they would see their values change. Never when the
+        # graph is kept (retain_graph=True): a second backward reads them again.
+        # (references to the tensor: the saved tuple, this frame, getrefcount's argument)
+        reuse = not ctx.retain_graph and logits.grad_fn is not None and logits.is_contiguous() \
+            and sys.getrefcount(logits) <= 3 and sys.getrefcount(logits._storage) <= 2
         return knn.cross_entropy_backward(dlosses, logits, lse, targets, ctx.vocab,
                                           ctx.ignore_index, out=logits if reuse else None), \
             None, None, None, None

@@ -1,0 +1,507 @@
+"""Tensor parallelism and sequence parallelism, as Megatron-LM lays them out.
+
+A TP group of ranks splits each layer's weights: a ColumnParallelLinear holds a block of the
+output features, a RowParallelLinear a block of the input features, a VocabParallelEmbedding a
+block of the vocabulary rows. Between those layers activations are either replicated on every
+TP rank or, under sequence parallelism (SP), split along the sequence (dim 1 of [B, T, C]),
+which divides the memory of norms, residuals and dropout by TP.
+
+The differentiable collectives (forward / backward):
+
+    copy_to_tp              identity                all-reduce
+    reduce_from_tp          all-reduce              identity
+    scatter_to_tp           own slice of last dim   all-gather along last dim
+    gather_from_tp          all-gather last dim     own slice
+    gather_from_sp          all-gather sequence     reduce-scatter along sequence
+    reduce_scatter_to_sp    reduce-scatter sequence all-gather along sequence
+    scatter_to_sp           own slice of sequence   all-gather along sequence
+
+Parameters carry how they are laid out, so that initialisation, checkpoints and gradient
+clipping can treat every layout as the one-process model:
+- `param.tp_shard` (a TPShard): the parameter is this rank's block of a larger tensor;
+- `param.sequence_parallel_group`: the parameter is replicated but, under SP, each rank's
+  gradient covers only its part of the sequence: the gradients are summed over this group
+  after backward (`allreduce_sequence_parallel_grads`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import creation
+from ...autograd import Function, no_grad
+from ...functions import cat
+from ...kernels import index as kindex
+from ...tensor import Tensor
+from .. import functional as F
+from .. import init
+from ..module import Module
+from ..parameter import Parameter
+from .process_group import ProcessGroup, ReduceOp
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """What a model needs to know to build its layers tensor-parallel: the TP group and
+    whether activations between TP regions are split along the sequence."""
+    group: ProcessGroup
+    sequence_parallel: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    def check_divisible(self, what: str, n: int) -> int:
+        """n // TP, or a clear error naming the sizes."""
+        if n % self.size:
+            raise ValueError(f"tensor parallel {self.size} does not divide {what} ({n}); choose a "
+                             f"tensor-parallel size that divides {n}")
+        return n // self.size
+
+
+class TPShard:
+    """How a parameter is split: along `dim`, the full tensor is a run of `blocks` (for a fused
+    q|k|v weight, three blocks), and each block is cut into `group.size` equal pieces; rank r
+    holds piece r of every block, in block order. `full_size` (one block only) is the true size
+    along dim when the blocks were padded to a multiple of the group (a vocabulary of 50257 on
+    TP 2 is held as 2 x 25129 rows, the last one zero)."""
+
+    def __init__(self, group: ProcessGroup, dim: int, blocks, full_size: int | None = None):
+        self.group, self.dim, self.blocks = group, dim, tuple(int(b) for b in blocks)
+        for b in self.blocks:
+            if b % group.size:
+                raise ValueError(f"a block of {b} along dim {dim} cannot be split over "
+                                 f"tensor parallel {group.size}")
+        if full_size is not None and len(self.blocks) != 1:
+            raise ValueError("padding is supported for single-block shards only")
+        self.full_size = full_size if full_size is not None else sum(self.blocks)
+
+    def full_shape(self, local_shape) -> tuple:
+        s = list(local_shape)
+        s[self.dim] = self.full_size
+        return tuple(s)
+
+    def _pieces(self, rank: int):
+        """(start, stop) along dim of rank's pieces in the padded full tensor."""
+        at, out = 0, []
+        for b in self.blocks:
+            n = b // self.group.size
+            out.append((at + rank * n, at + (rank + 1) * n))
+            at += b
+        return out
+
+    def take(self, full: Tensor) -> Tensor:
+        """This rank's part of the full tensor (a contiguous copy)."""
+        a = _as_numpy(full)
+        if a.shape[self.dim] != self.full_size:
+            raise ValueError(f"expected {self.full_size} along dim {self.dim}, got shape {a.shape}")
+        pad = sum(self.blocks) - self.full_size
+        if pad:
+            widths = [(0, 0)] * a.ndim
+            widths[self.dim] = (0, pad)
+            a = np.pad(a, widths)
+        parts = [np.take(a, np.arange(s, e), axis=self.dim) for s, e in self._pieces(self.group.rank)]
+        return _from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=self.dim)), full.dtype)
+
+    @no_grad()
+    def gather(self, local: Tensor) -> Tensor:
+        """The full tensor from every rank's part (a collective over the group)."""
+        src = local.detach().contiguous()
+        buf = creation.empty(self.group.size, *src.shape, dtype=src.dtype)
+        self.group.all_gather(buf, src)
+        g = _as_numpy(buf)
+        n = [b // self.group.size for b in self.blocks]
+        parts, at = [], 0
+        for k in n:  # block by block: the pieces of every rank, in rank order
+            for r in range(self.group.size):
+                parts.append(np.take(g[r], np.arange(at, at + k), axis=self.dim))
+            at += k
+        full = np.concatenate(parts, axis=self.dim)
+        full = np.take(full, np.arange(self.full_size), axis=self.dim)
+        return _from_numpy(np.ascontiguousarray(full), local.dtype)
+
+
+def _as_numpy(t: Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy()
+
+
+def _from_numpy(a: np.ndarray, dtype) -> Tensor:
+    return creation.from_numpy(a).to(dtype)
+
+
+def _shard_param(shape, shard: TPShard, dtype) -> Parameter:
+    p = Parameter(creation.empty(*shape, dtype=dtype))
+    p.tp_shard = shard
+    return p
+
+
+def mark_sequence_parallel(module: Module, tp: TensorParallel | None) -> None:
+    """Marks every parameter of a module that sees sequence-split activations under SP (norms,
+    row-parallel biases, position embeddings): their gradients are summed over TP."""
+    if tp is not None and tp.sequence_parallel:
+        for p in module.parameters():
+            if getattr(p, "tp_shard", None) is None:
+                p.sequence_parallel_group = tp.group
+
+
+# ---- collectives along a dimension (no autograd) ------------------------------------------
+
+def _all_gather_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
+    """Concatenation along dim of every rank's x, in rank order."""
+    dim %= x.ndim
+    src = x.contiguous()
+    buf = creation.empty(group.size, *src.shape, dtype=src.dtype)
+    group.all_gather(buf, src)
+    if dim == 0:
+        return buf.reshape(group.size * src.shape[0], *src.shape[1:])
+    order = list(range(1, dim + 1)) + [0] + list(range(dim + 1, src.ndim + 1))
+    shape = list(src.shape)
+    shape[dim] *= group.size
+    return buf.permute(*order).contiguous().reshape(*shape)
+
+
+def _reduce_scatter_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
+    """This rank's block along dim of the sum over ranks of x."""
+    dim %= x.ndim
+    n = x.shape[dim] // group.size
+    shape = list(x.shape)
+    shape[dim] = n
+    if dim == 0:
+        src = x.contiguous()
+    else:
+        split = list(x.shape[:dim]) + [group.size, n] + list(x.shape[dim + 1:])
+        order = [dim] + [i for i in range(len(split)) if i != dim]
+        src = x.reshape(*split).permute(*order).contiguous()
+    out = creation.empty(*shape, dtype=x.dtype)
+    group.reduce_scatter(out, src, ReduceOp.SUM)
+    return out
+
+
+def _split_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
+    dim %= x.ndim
+    n = x.shape[dim] // group.size
+    index = [slice(None)] * x.ndim
+    index[dim] = slice(group.rank * n, (group.rank + 1) * n)
+    return x[tuple(index)].contiguous()
+
+
+def _all_reduce(x: Tensor, group: ProcessGroup) -> Tensor:
+    out = x.contiguous().clone()
+    group.all_reduce(out, ReduceOp.SUM)
+    return out
+
+
+def _check_split(x: Tensor, group: ProcessGroup, dim: int, what: str) -> None:
+    if x.shape[dim] % group.size:
+        raise ValueError(f"{what}: size {x.shape[dim]} of dim {dim} (shape {tuple(x.shape)}) is not "
+                         f"divisible by tensor parallel {group.size}")
+
+
+# ---- the differentiable collectives ------------------------------------------------------
+
+class _CopyToTP(Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_reduce(g, ctx.group), None
+
+
+class _ReduceFromTP(Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _ScatterToTP(Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_dim(x, group, -1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_gather_dim(g, ctx.group, -1), None
+
+
+class _GatherFromTP(Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_dim(x, group, -1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _split_dim(g, ctx.group, -1), None
+
+
+class _GatherFromSP(Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_dim(x, group, 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _reduce_scatter_dim(g, ctx.group, 1), None
+
+
+class _ReduceScatterToSP(Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_dim(x, group, 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_gather_dim(g, ctx.group, 1), None
+
+
+class _ScatterToSP(Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_dim(x, group, 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_gather_dim(g, ctx.group, 1), None
+
+
+def copy_to_tp(x: Tensor, group: ProcessGroup) -> Tensor:
+    return _CopyToTP.apply(x, group) if group.size > 1 else x
+
+
+def reduce_from_tp(x: Tensor, group: ProcessGroup) -> Tensor:
+    return _ReduceFromTP.apply(x, group) if group.size > 1 else x
+
+
+def scatter_to_tp(x: Tensor, group: ProcessGroup) -> Tensor:
+    _check_split(x, group, x.ndim - 1, "scatter_to_tp")
+    return _ScatterToTP.apply(x, group) if group.size > 1 else x
+
+
+def gather_from_tp(x: Tensor, group: ProcessGroup) -> Tensor:
+    return _GatherFromTP.apply(x, group) if group.size > 1 else x
+
+
+def gather_from_sp(x: Tensor, group: ProcessGroup) -> Tensor:
+    return _GatherFromSP.apply(x, group) if group.size > 1 else x
+
+
+def reduce_scatter_to_sp(x: Tensor, group: ProcessGroup) -> Tensor:
+    _check_split(x, group, 1, "reduce_scatter_to_sp")
+    return _ReduceScatterToSP.apply(x, group) if group.size > 1 else x
+
+
+def scatter_to_sp(x: Tensor, group: ProcessGroup) -> Tensor:
+    _check_split(x, group, 1, "scatter_to_sp")
+    return _ScatterToSP.apply(x, group) if group.size > 1 else x
+
+
+# ---- layers ------------------------------------------------------------------------------
+
+class ColumnParallelLinear(Module):
+    """y = x Wᵀ + b with W's output features split over TP: each rank computes its block of y.
+    `blocks` splits a fused output (q|k|v) block by block so that each rank holds whole heads
+    of each. Under SP the input arrives split along the sequence and is all-gathered first."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True,
+                 gather_output: bool = False, input_is_parallel: bool = False, blocks=None,
+                 dtype=None):
+        super().__init__()
+        blocks = tuple(blocks) if blocks is not None else (out_features,)
+        if sum(blocks) != out_features:
+            raise ValueError(f"blocks {blocks} do not add up to out_features {out_features}")
+        for b in blocks:
+            tp.check_divisible("a column-parallel linear layer's output features", b)
+        self.tp, self.in_features, self.out_features = tp, in_features, out_features
+        self.gather_output, self.input_is_parallel = gather_output, input_is_parallel
+        local = out_features // tp.size
+        shard = TPShard(tp.group, 0, blocks)
+        self.weight = _shard_param((local, in_features), shard, dtype)
+        self.bias = _shard_param((local,), shard, dtype) if bias else None
+        init.kaiming_uniform_linear_(self.weight)
+        if self.bias is not None:
+            init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
+
+    def forward(self, x):
+        group = self.tp.group
+        if self.tp.sequence_parallel:
+            x = gather_from_sp(x, group)
+        elif not self.input_is_parallel:
+            x = copy_to_tp(x, group)
+        y = F.linear(x, self.weight, self.bias)
+        return gather_from_tp(y, group) if self.gather_output else y
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features} "
+                f"({self.out_features // self.tp.size} per rank), bias={self.bias is not None}")
+
+
+class RowParallelLinear(Module):
+    """y = x Wᵀ + b with W's input features split over TP: each rank multiplies its block of x
+    and the partial products are summed (all-reduced, or reduce-scattered along the sequence
+    under SP). The bias is whole on every rank and added once, after the sum."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True,
+                 input_is_parallel: bool = True, dtype=None):
+        super().__init__()
+        if tp.sequence_parallel and not input_is_parallel:
+            raise ValueError("RowParallelLinear under sequence parallelism needs input_is_parallel=True")
+        local = tp.check_divisible("a row-parallel linear layer's input features", in_features)
+        self.tp, self.in_features, self.out_features = tp, in_features, out_features
+        self.input_is_parallel = input_is_parallel
+        self.weight = _shard_param((out_features, local), TPShard(tp.group, 1, (in_features,)), dtype)
+        self.bias = Parameter(creation.empty(out_features, dtype=dtype)) if bias else None
+        init.kaiming_uniform_linear_(self.weight)
+        if self.bias is not None:
+            init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
+            mark_sequence_parallel_param(self.bias, tp)
+
+    def forward(self, x):
+        group = self.tp.group
+        if not self.input_is_parallel:
+            x = scatter_to_tp(x, group)
+        y = F.linear(x, self.weight)
+        y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features} ({self.in_features // self.tp.size} per rank), "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
+
+
+def mark_sequence_parallel_param(p: Parameter, tp: TensorParallel) -> None:
+    if tp.sequence_parallel:
+        p.sequence_parallel_group = tp.group
+
+
+class VocabParallelEmbedding(Module):
+    """An embedding whose rows (the vocabulary) are split over TP: each rank looks up the ids in
+    its range, zeros the others, and the partial rows are summed (all-reduced, or
+    reduce-scattered along the sequence under SP). A vocabulary that TP does not divide is
+    padded with zero rows that no id reaches."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp: TensorParallel, dtype=None):
+        super().__init__()
+        self.tp, self.num_embeddings, self.embedding_dim = tp, num_embeddings, embedding_dim
+        local = -(-num_embeddings // tp.size)
+        self.vocab_start = tp.rank * local
+        self.vocab_end = min(num_embeddings, self.vocab_start + local)
+        self.weight = _shard_param((local, embedding_dim),
+                                   TPShard(tp.group, 0, (local * tp.size,), full_size=num_embeddings),
+                                   dtype)
+        init.normal_(self.weight)
+
+    def forward(self, ids):
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local = (ids - self.vocab_start).masked_fill(outside, 0)
+        y = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.tp.sequence_parallel:
+            return reduce_scatter_to_sp(y, self.tp.group)
+        return reduce_from_tp(y, self.tp.group)
+
+    def extra_repr(self):
+        return (f"{self.num_embeddings}, {self.embedding_dim} (rows {self.vocab_start}.."
+                f"{self.vocab_end - 1} on this rank)")
+
+
+# ---- the vocabulary-parallel loss --------------------------------------------------------
+
+class _VocabParallelCrossEntropy(Function):
+    """Mean cross-entropy of logits whose columns (the vocabulary) are split over TP. Three
+    numbers per row cross the group: the max (all-reduce MAX), then the target's logit and the
+    sum of exponentials (one all-reduce SUM of both). Columns at or beyond `vocab` (padding)
+    never enter the softmax. The backward pass needs no communication."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, vocab, start, group, ignore_index):
+        N, V_local = logits.shape
+        valid = max(0, min(V_local, vocab - start))  # real (unpadded) columns on this rank
+        x = logits[:, :valid].float().contiguous()
+        if valid:
+            row_max = x.amax(dim=-1)
+        else:
+            row_max = creation.full((N,), float("-inf"))
+        group.all_reduce(row_max, ReduceOp.MAX)
+        x = x - row_max.unsqueeze(1)
+        t = targets.reshape(-1)
+        mine = (t >= start) & (t < start + valid)
+        local_t = (t - start).masked_fill(~mine, 0)
+        if valid:
+            picked = x.gather(1, local_t.unsqueeze(1)).reshape(N).masked_fill(~mine, 0.0)
+        else:
+            picked = creation.zeros(N)
+        e = x.exp()
+        sums = cat([picked, e.sum(dim=-1)]).contiguous()
+        group.all_reduce(sums, ReduceOp.SUM)
+        picked, sum_exp = sums[:N], sums[N:]
+        keep = (t != ignore_index)
+        count = max(int(keep.sum().item()), 1)
+        losses = (sum_exp.log() - picked).masked_fill(~keep, 0.0)
+        ctx.meta = (logits.shape, logits.dtype, valid, count)
+        ctx.save_for_backward(e / sum_exp.unsqueeze(1), local_t, mine & keep, keep)
+        return losses.sum() / count
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, local_t, hit, keep = ctx.saved_tensors
+        shape, dtype, valid, count = ctx.meta
+        d = softmax.clone() if ctx.retain_graph else softmax  # d loss_i / d logit_ij = softmax_ij - [j is the target], for kept rows
+        if valid:
+            kindex.scatter_add(d, 1, local_t.unsqueeze(1).contiguous(),
+                               -hit.float().unsqueeze(1).contiguous())
+        d = d * (keep.float() * (g.float() / count)).unsqueeze(1)
+        if valid == shape[1] and dtype is d.dtype:
+            return d, None, None, None, None, None
+        grad = creation.zeros(*shape, dtype=dtype)
+        if valid:
+            grad[:, :valid] = d.to(dtype)
+        return grad, None, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, vocab: int, tp: TensorParallel,
+                                 ignore_index: int = -100) -> Tensor:
+    """logits [N, V/TP] (this rank's vocabulary columns, padded columns last), targets [N]
+    (ids in the full vocabulary): the mean loss over non-ignored rows, equal on every rank."""
+    if logits.ndim != 2 or targets.shape != (logits.shape[0],):
+        raise ValueError(f"vocab_parallel_cross_entropy: logits [N, V/TP] and targets [N], got "
+                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    start = tp.rank * logits.shape[1]
+    return _VocabParallelCrossEntropy.apply(logits, targets, vocab, start, tp.group, ignore_index)
+
+
+# ---- after backward ----------------------------------------------------------------------
+
+@no_grad()
+def allreduce_sequence_parallel_grads(module: Module) -> None:
+    """Sums over TP the gradients of replicated parameters that saw only this rank's part of
+    the sequence (norms, row-parallel biases, position embeddings under SP), so that every
+    TP rank takes the same step as one process. Call once per optimizer step, after the last
+    backward (as Megatron's finalize_model_grads); a no-op without SP."""
+    by_group = {}
+    for p in module.parameters():
+        group = getattr(p, "sequence_parallel_group", None)
+        if group is not None and p.grad is not None:
+            by_group.setdefault(id(group), (group, []))[1].append(p)
+    for group, params in by_group.values():
+        flat = cat([p.grad.reshape(-1).float() for p in params])
+        group.all_reduce(flat, ReduceOp.SUM)
+        at = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[at:at + n].reshape(*p.shape))
+            at += n
