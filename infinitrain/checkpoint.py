@@ -54,11 +54,35 @@ def _from_numpy(a: np.ndarray, dtype_name: str) -> Tensor:
     return from_numpy(np.ascontiguousarray(a))
 
 
+def _full(p: Tensor) -> Tensor:
+    """The one-process tensor of a parameter (a tensor-parallel shard is gathered)."""
+    shard = getattr(p, "tp_shard", None)
+    return shard.gather(p) if shard is not None else p
+
+
+def _param_list(optimizer) -> list:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
 def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None = None,
-                    keep: int | None = None) -> Path:
+                    keep: int | None = None, write: bool = True) -> Path:
     """Writes DIR/step_<step>/ atomically and points DIR/latest at it; with `keep`, only the
-    newest `keep` checkpoints are kept."""
+    newest `keep` checkpoints are kept. The files hold the one-process tensors whatever the
+    layout: under tensor parallelism every rank calls this (shards are gathered over their
+    group) and the one with write=True writes."""
     from safetensors.numpy import save_file
+    model_tensors = {k: _full(t) for k, t in model.state_dict(keep_vars=True).items()}
+    opt_sd = None
+    if optimizer is not None:
+        opt_sd = optimizer.state_dict()
+        params = _param_list(optimizer)
+        for idx, st in opt_sd["state"].items():
+            shard = getattr(params[int(idx)], "tp_shard", None)
+            for k, v in st.items():
+                if shard is not None and isinstance(v, Tensor) and tuple(v.shape) == tuple(params[int(idx)].shape):
+                    st[k] = shard.gather(v)
+    if not write:
+        return Path(root) / f"step_{step:06d}"
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
@@ -68,13 +92,13 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
     tmp.mkdir()
     dtypes = {}
     tensors = {}
-    for k, t in model.state_dict().items():
+    for k, t in model_tensors.items():
         tensors[k], dtypes[f"model/{k}"] = _to_numpy(t)
     save_file(tensors, str(tmp / "model.safetensors"))
     meta = {"format": FORMAT, "version": VERSION, "step": int(step),
             "rng": list(default_generator.get_state()), "extra": extra or {}}
     if optimizer is not None:
-        sd = optimizer.state_dict()
+        sd = opt_sd
         opt_tensors, scalars = {}, {}
         for idx, st in sd["state"].items():
             for k, v in st.items():
@@ -156,6 +180,15 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
     dtypes = meta.get("dtypes", {})
     arrays = load_file(str(folder / "model.safetensors"))
     state = {k: _from_numpy(a, dtypes.get(f"model/{k}", "")) for k, a in arrays.items()}
+    own = model.state_dict(keep_vars=True)
+    for k, t in own.items():  # a tensor-parallel shard takes its slice of the full tensor
+        shard = getattr(t, "tp_shard", None)
+        if shard is not None and k in state:
+            want = shard.full_shape(t.shape)
+            if tuple(state[k].shape) != want:
+                raise CheckpointError(f"{folder} does not fit this model: {k}: checkpoint "
+                                      f"{tuple(state[k].shape)} vs model {want}")
+            state[k] = shard.take(state[k])
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -173,6 +206,15 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
             st.setdefault(int(idx), {})[name] = _from_numpy(a, dtypes.get(f"optimizer/{key}", ""))
         for idx, scalars in o["scalars"].items():
             st.setdefault(int(idx), {}).update(scalars)
+        params = _param_list(optimizer)
+        for idx, entries in st.items():
+            shard = getattr(params[idx], "tp_shard", None) if 0 <= idx < len(params) else None
+            if shard is None:
+                continue
+            want = shard.full_shape(params[idx].shape)
+            for k, v in entries.items():
+                if isinstance(v, Tensor) and tuple(v.shape) == want:
+                    entries[k] = shard.take(v)
         groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in o["param_groups"]]
         try:
             optimizer.load_state_dict({"state": st, "param_groups": groups})

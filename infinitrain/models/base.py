@@ -14,6 +14,16 @@ def get_submodule(module, dotted: str):
     return module
 
 
+def _full_shape(p) -> tuple:
+    shard = getattr(p, "tp_shard", None)
+    return shard.full_shape(p.shape) if shard is not None else tuple(p.shape)
+
+
+def _full(p):
+    shard = getattr(p, "tp_shard", None)
+    return shard.gather(p) if shard is not None else p.detach()
+
+
 class CausalLM(Module):
     """A model whose forward(idx, targets=None) returns (logits [B, T, V], loss)."""
 
@@ -25,22 +35,27 @@ class CausalLM(Module):
         raise NotImplementedError
 
     def _llmc_payload(self, store_dtype) -> bytes:
+        """The file's payload: full tensors (a tensor-parallel shard is gathered first, so every
+        rank of the group must call this)."""
         store = np.dtype(store_dtype)
-        return b"".join(np.ascontiguousarray(p.float().numpy()).astype(store).tobytes()
+        return b"".join(np.ascontiguousarray(_full(p).float().numpy()).astype(store).tobytes()
                         for _, params in self._llmc_tensors() for p in params)
 
     def _llmc_numel(self) -> int:
-        return sum(p.numel() for _, params in self._llmc_tensors() for p in params)
+        return sum(int(np.prod(_full_shape(p))) for _, params in self._llmc_tensors() for p in params)
 
     @no_grad()
     def _llmc_load_payload(self, data: np.ndarray) -> None:
-        """Copies the flat payload (any float dtype) into the parameters, in file order."""
+        """Copies the flat payload (any float dtype) into the parameters, in file order; a
+        tensor-parallel shard takes its slice of the full tensor."""
         at = 0
         for _, params in self._llmc_tensors():
             for p in params:
-                chunk = np.asarray(data[at:at + p.numel()]).astype(np.float32)
-                p.copy_(creation.from_numpy(chunk.reshape(p.shape)))
-                at += p.numel()
+                shape = _full_shape(p)
+                n = int(np.prod(shape))
+                full = creation.from_numpy(np.asarray(data[at:at + n]).astype(np.float32).reshape(shape))
+                p.copy_(p.tp_shard.take(full) if p.tp_shard is not None else full)
+                at += n
 
     def save_pretrained(self, folder) -> None:
         """Weights as safetensors plus config.json."""

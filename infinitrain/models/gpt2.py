@@ -16,6 +16,8 @@ from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
 from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict, ModuleList
+from ..nn.parallel import tensor_parallel as tpl
+from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
 from .base import CausalLM, get_submodule
 from ..io import DataFormatError, atomic_write
@@ -50,38 +52,47 @@ for _depth, _name in ((12, "gpt2"), (24, "gpt2-medium"), (36, "gpt2-large"), (48
 
 
 class CausalSelfAttention(Module):
-    def __init__(self, cfg: GPT2Config):
+    """Under TP each rank holds n_head/TP heads: its rows of q, k and v (c_attn column-parallel,
+    split block by block) and the matching columns of c_proj (row-parallel)."""
+
+    def __init__(self, cfg: GPT2Config, tp: TensorParallel | None = None):
         super().__init__()
-        if cfg.n_embd % cfg.n_head:
-            raise ValueError(f"n_embd ({cfg.n_embd}) must be a multiple of n_head ({cfg.n_head})")
-        self.n_head = cfg.n_head
-        self.c_attn = Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.c_proj = Linear(cfg.n_embd, cfg.n_embd)
+        C = cfg.n_embd
+        if C % cfg.n_head:
+            raise ValueError(f"n_embd ({C}) must be a multiple of n_head ({cfg.n_head})")
+        self.n_head = tp.check_divisible("n_head", cfg.n_head) if tp else cfg.n_head
+        self.c_attn = tpl.column_linear(C, 3 * C, tp, blocks=(C, C, C))
+        self.c_proj = tpl.row_linear(C, C, tp)
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = ops_layers.split_heads(self.c_attn(x), self.n_head)
+        qkv = self.c_attn(x)  # [B, T, 3C/TP]: under SP, T is the whole sequence again
+        B, T, _ = qkv.shape
+        q, k, v = ops_layers.split_heads(qkv, self.n_head)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, D]
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(Module):
-    def __init__(self, cfg: GPT2Config):
+    def __init__(self, cfg: GPT2Config, tp: TensorParallel | None = None):
         super().__init__()
-        self.c_fc = Linear(cfg.n_embd, 4 * cfg.n_embd)
-        self.c_proj = Linear(4 * cfg.n_embd, cfg.n_embd)
+        if tp:
+            tp.check_divisible("the MLP width 4 * n_embd", 4 * cfg.n_embd)
+        self.c_fc = tpl.column_linear(cfg.n_embd, 4 * cfg.n_embd, tp)
+        self.c_proj = tpl.row_linear(4 * cfg.n_embd, cfg.n_embd, tp)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Block(Module):
-    def __init__(self, cfg: GPT2Config):
+    def __init__(self, cfg: GPT2Config, tp: TensorParallel | None = None):
         super().__init__()
         self.ln_1 = LayerNorm(cfg.n_embd)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, tp)
         self.ln_2 = LayerNorm(cfg.n_embd)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
+        tpl.mark_sequence_parallel(self.ln_1, tp)
+        tpl.mark_sequence_parallel(self.ln_2, tp)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -89,19 +100,28 @@ class Block(Module):
 
 
 class GPT2(CausalLM):
+    """tp: build the model tensor-parallel over tp.group (each rank holds its shard of every
+    layer; the same model as one process, see nn.parallel.tensor_parallel)."""
     config_class = GPT2Config
-    def __init__(self, config: GPT2Config, seed: int | None = None):
+    def __init__(self, config: GPT2Config, seed: int | None = None, tp: TensorParallel | None = None):
         super().__init__()
         self.config = config
+        self.tp = tp = tp if tp is not None and tp.size > 1 else None
         Vp, C = config.padded_vocab_size, config.n_embd
+        if tp:
+            tp.check_divisible("the padded vocabulary", Vp)
         self.transformer = ModuleDict(dict(
-            wte=Embedding(Vp, C),
+            wte=tpl.VocabParallelEmbedding(Vp, C, tp) if tp else Embedding(Vp, C),
             wpe=Embedding(config.block_size, C),
-            h=ModuleList(Block(config) for _ in range(config.n_layer)),
+            h=ModuleList(Block(config, tp) for _ in range(config.n_layer)),
             ln_f=LayerNorm(C),
         ))
-        self.lm_head = Linear(C, Vp, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied
+        # under SP each rank adds the positions of its part of the sequence: wpe's gradient, like
+        # the norms', is summed over TP after backward
+        tpl.mark_sequence_parallel(self.transformer.wpe, tp)
+        tpl.mark_sequence_parallel(self.transformer.ln_f, tp)
+        self.lm_head = tpl.ColumnParallelLinear(C, Vp, tp, bias=False) if tp else Linear(C, Vp, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied (the same rows on each rank)
         self._init_weights(seed)
 
     @no_grad()
@@ -111,15 +131,18 @@ class GPT2(CausalLM):
         from ..random import Generator, default_generator
         gen = Generator(seed) if seed is not None else default_generator
         std = 0.02
+        linears = (Linear, tpl.ColumnParallelLinear, tpl.RowParallelLinear)
         for name, m in self.named_modules():
-            if isinstance(m, Linear) and m is not self.lm_head:
+            if isinstance(m, linears) and m is not self.lm_head:
                 s = std / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else std
-                init.normal_(m.weight, 0.0, s, generator=gen)
+                init.normal_(m.weight, 0.0, s, generator=gen)  # drawn full-size under TP
                 if m.bias is not None:
                     init.zeros_(m.bias)
-            elif isinstance(m, Embedding):
+            elif isinstance(m, (Embedding, tpl.VocabParallelEmbedding)):
                 init.normal_(m.weight, 0.0, std, generator=gen)
-        self.transformer.wte.weight[self.config.vocab_size:] = 0.0
+        wte = self.transformer.wte
+        first_padded = self.config.vocab_size - getattr(wte, "vocab_start", 0)
+        wte.weight[min(max(first_padded, 0), wte.weight.shape[0]):] = 0.0
 
     def forward(self, idx, targets=None, return_logits: bool = True):
         """idx, targets: int [B, T]. Returns (logits [B, T, vocab_size], mean loss or None).
@@ -129,18 +152,31 @@ class GPT2(CausalLM):
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds the model's block size "
                              f"{self.config.block_size}")
-        pos = creation.arange(T)
+        if targets is not None and tuple(targets.shape) != (B, T):
+            raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
+        tp = self.tp
+        if tp and tp.sequence_parallel:  # this rank's part of the sequence, from here to the head
+            n = _sequence_part(T, tp)
+            pos = creation.arange(tp.rank * n, (tp.rank + 1) * n)
+        else:
+            pos = creation.arange(T)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, Vp]
+        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, Vp] (Vp/TP columns under TP)
         loss = None
         if targets is not None:
-            if tuple(targets.shape) != (B, T):
-                raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-            loss = ops_layers.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
-                                        self.config.vocab_size)
-        return (logits[..., :self.config.vocab_size] if return_logits else None), loss
+            if tp:
+                loss = tpl.vocab_parallel_cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+                                                        self.config.vocab_size, tp)
+            else:
+                loss = ops_layers.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+                                                self.config.vocab_size)
+        if not return_logits:
+            return None, loss
+        if tp:
+            logits = tpl.gather_from_tp(logits, tp.group)
+        return logits[..., :self.config.vocab_size], loss
 
     # ---- llm.c checkpoints -------------------------------------------------------------
     def _llmc_tensors(self):
@@ -156,8 +192,9 @@ class GPT2(CausalLM):
         return out
 
     @classmethod
-    def from_llmc(cls, path, dtype=None) -> "GPT2":
-        """Loads an llm.c GPT-2 checkpoint (version 3 float32 or 5 bfloat16)."""
+    def from_llmc(cls, path, dtype=None, tp: TensorParallel | None = None) -> "GPT2":
+        """Loads an llm.c GPT-2 checkpoint (version 3 float32 or 5 bfloat16); under TP each rank
+        keeps its slice of every tensor."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -176,7 +213,7 @@ class GPT2(CausalLM):
         cfg = GPT2Config(block_size=maxT, vocab_size=V, n_layer=L, n_head=H, n_embd=C)
         if Vp != cfg.padded_vocab_size:
             raise DataFormatError(f"{path}: padded vocabulary {Vp} is not {V} rounded up to 128")
-        model = cls(cfg, seed=0)
+        model = cls(cfg, seed=0, tp=tp)
         store = np.dtype(LLMC_VERSIONS[version])
         expected = 1024 + model._llmc_numel() * store.itemsize
         if size != expected:
@@ -197,7 +234,14 @@ class GPT2(CausalLM):
         atomic_write(path, header.tobytes() + self._llmc_payload(LLMC_VERSIONS[version]))
 
 
-def gpt2(name: str = "gpt2", **overrides) -> GPT2:
+def _sequence_part(T: int, tp: TensorParallel) -> int:
+    if T % tp.size:
+        raise ValueError(f"sequence parallelism splits the sequence over tensor parallel {tp.size}, "
+                         f"which does not divide the sequence length {T}")
+    return T // tp.size
+
+
+def gpt2(name: str = "gpt2", tp: TensorParallel | None = None, **overrides) -> GPT2:
     if name not in PRESETS:
         raise ValueError(f"unknown GPT-2 preset {name!r}; choose from {', '.join(PRESETS)}")
-    return GPT2(replace(PRESETS[name], **overrides))
+    return GPT2(replace(PRESETS[name], **overrides), tp=tp)

@@ -15,6 +15,8 @@ from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
 from ..nn.modules import Embedding, Linear, ModuleDict, ModuleList, RMSNorm
+from ..nn.parallel import tensor_parallel as tpl
+from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
 from .base import CausalLM, get_submodule
 from ..io import DataFormatError, atomic_write
@@ -90,40 +92,52 @@ def rope_frequencies(cfg: LLaMA3Config) -> np.ndarray:
 
 
 class Attention(Module):
-    def __init__(self, cfg: LLaMA3Config):
+    """Under TP each rank holds n_head/TP query heads and n_kv_head/TP key/value heads (both
+    must divide: KV heads are split, never replicated)."""
+
+    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None):
         super().__init__()
-        self.n_head, self.n_kv_head, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.c_attn = Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.n_kv_head) * D, bias=False)
-        self.c_proj = Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        D = cfg.head_dim
+        self.n_head = tp.check_divisible("n_head", cfg.n_head) if tp else cfg.n_head
+        self.n_kv_head = tp.check_divisible("n_kv_head (grouped-query KV heads are split, not "
+                                            "replicated)", cfg.n_kv_head) if tp else cfg.n_kv_head
+        q, kv = cfg.n_head * D, cfg.n_kv_head * D
+        self.c_attn = tpl.column_linear(cfg.n_embd, q + 2 * kv, tp, bias=False, blocks=(q, kv, kv))
+        self.c_proj = tpl.row_linear(cfg.n_embd, cfg.n_embd, tp, bias=False)
 
     def forward(self, x, cos, sin):
-        B, T, C = x.shape
-        q, k, v = ops_layers.split_heads(self.c_attn(x), self.n_head, self.n_kv_head)  # [B, h, T, D]
+        qkv = self.c_attn(x)  # [B, T, (H + 2 KV) D / TP]: under SP, T is the whole sequence again
+        B, T, _ = qkv.shape
+        q, k, v = ops_layers.split_heads(qkv, self.n_head, self.n_kv_head)  # [B, h, T, D]
         # the rotary kernel reads [B, T, H, D]; [B, H, T, D] is the same with batch B*H and H = 1
         q = F.rotary_embedding(q.reshape(B * self.n_head, T, 1, -1), cos, sin).reshape(q.shape)
         k = F.rotary_embedding(k.reshape(B * self.n_kv_head, T, 1, -1), cos, sin).reshape(k.shape)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(Module):
-    def __init__(self, cfg: LLaMA3Config):
+    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None):
         super().__init__()
-        self.c_fc = Linear(cfg.n_embd, cfg.ffn_hidden, bias=False)    # up
-        self.c_fc2 = Linear(cfg.n_embd, cfg.ffn_hidden, bias=False)   # gate (silu)
-        self.c_proj = Linear(cfg.ffn_hidden, cfg.n_embd, bias=False)
+        if tp:
+            tp.check_divisible("the MLP width (ffn_hidden)", cfg.ffn_hidden)
+        self.c_fc = tpl.column_linear(cfg.n_embd, cfg.ffn_hidden, tp, bias=False)    # up
+        self.c_fc2 = tpl.column_linear(cfg.n_embd, cfg.ffn_hidden, tp, bias=False)   # gate (silu)
+        self.c_proj = tpl.row_linear(cfg.ffn_hidden, cfg.n_embd, tp, bias=False)
 
     def forward(self, x):
         return self.c_proj(F.swiglu(self.c_fc2(x), self.c_fc(x)))
 
 
 class Block(Module):
-    def __init__(self, cfg: LLaMA3Config):
+    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None):
         super().__init__()
         self.ln_1 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, tp)
         self.ln_2 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
+        tpl.mark_sequence_parallel(self.ln_1, tp)
+        tpl.mark_sequence_parallel(self.ln_2, tp)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.ln_1(x), cos, sin)
@@ -131,18 +145,23 @@ class Block(Module):
 
 
 class LLaMA3(CausalLM):
+    """tp: build the model tensor-parallel over tp.group. The vocabulary is padded to a multiple
+    of TP there (zero rows the loss never sees); files keep the true vocabulary."""
     config_class = LLaMA3Config
-    def __init__(self, config: LLaMA3Config, seed: int | None = None):
+    def __init__(self, config: LLaMA3Config, seed: int | None = None, tp: TensorParallel | None = None):
         super().__init__()
         config.validate()
         self.config = config
-        C = config.n_embd
+        self.tp = tp = tp if tp is not None and tp.size > 1 else None
+        C, V = config.n_embd, config.vocab_size
         self.transformer = ModuleDict(dict(
-            wte=Embedding(config.vocab_size, C),
-            h=ModuleList(Block(config) for _ in range(config.n_layer)),
+            wte=tpl.VocabParallelEmbedding(V, C, tp) if tp else Embedding(V, C),
+            h=ModuleList(Block(config, tp) for _ in range(config.n_layer)),
             ln_f=RMSNorm(C, eps=config.norm_eps),
         ))
-        self.lm_head = Linear(C, config.vocab_size, bias=False)
+        tpl.mark_sequence_parallel(self.transformer.ln_f, tp)
+        self.lm_head = tpl.ColumnParallelLinear(C, V, tp, bias=False, pad=True) if tp \
+            else Linear(C, V, bias=False)
         angles = np.outer(np.arange(config.block_size), rope_frequencies(config))
         self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
         self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
@@ -152,8 +171,10 @@ class LLaMA3(CausalLM):
     def _init_weights(self, seed):
         from ..random import Generator, default_generator
         gen = Generator(seed) if seed is not None else default_generator
+        kinds = (Linear, Embedding, tpl.ColumnParallelLinear, tpl.RowParallelLinear,
+                 tpl.VocabParallelEmbedding)
         for name, m in self.named_modules():
-            if isinstance(m, (Linear, Embedding)):
+            if isinstance(m, kinds):  # drawn full-size under TP
                 std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else 0.02
                 init.normal_(m.weight, 0.0, std, generator=gen)
 
@@ -167,18 +188,30 @@ class LLaMA3(CausalLM):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds the model's block size {self.config.block_size}")
+        if targets is not None and tuple(targets.shape) != (B, T):
+            raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
+        tp = self.tp
+        if tp and tp.sequence_parallel and T % tp.size:
+            raise ValueError(f"sequence parallelism splits the sequence over tensor parallel "
+                             f"{tp.size}, which does not divide the sequence length {T}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        x = self.transformer.wte(idx)
+        x = self.transformer.wte(idx)  # [B, T/TP, C] under SP
         for block in self.transformer.h:
             x = block(x, cos, sin)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, V] (V/TP columns under TP)
         loss = None
         if targets is not None:
-            if tuple(targets.shape) != (B, T):
-                raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-            loss = ops_layers.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
-                                        self.config.vocab_size)
-        return (logits if return_logits else None), loss
+            if tp:
+                loss = tpl.vocab_parallel_cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+                                                        self.config.vocab_size, tp)
+            else:
+                loss = ops_layers.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
+                                                self.config.vocab_size)
+        if not return_logits:
+            return None, loss
+        if tp:
+            logits = tpl.gather_from_tp(logits, tp.group)[..., :self.config.vocab_size]
+        return logits, loss
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _llmc_tensors(self):
@@ -206,7 +239,7 @@ class LLaMA3(CausalLM):
         atomic_write(path, header.tobytes() + self._llmc_payload("<f4"))
 
     @classmethod
-    def from_llmc(cls, path) -> "LLaMA3":
+    def from_llmc(cls, path, tp: TensorParallel | None = None) -> "LLaMA3":
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -238,7 +271,7 @@ class LLaMA3(CausalLM):
                            ffn_dim_multiplier=ffn_mult or None, multiple_of=int(header[9]),
                            norm_eps=norm_eps, rope_theta=theta, use_scaled_rope=bool(header[12]),
                            rope_scaling_factor=scaling)
-        model = cls(cfg, seed=0)
+        model = cls(cfg, seed=0, tp=tp)
         expected = 1024 + 4 * model._llmc_numel()
         if size != expected:
             raise DataFormatError(f"{path}: {size} bytes, but the model in its header needs {expected} "
@@ -247,7 +280,7 @@ class LLaMA3(CausalLM):
         return model
 
 
-def llama3(name: str = "small", **overrides) -> LLaMA3:
+def llama3(name: str = "small", tp: TensorParallel | None = None, **overrides) -> LLaMA3:
     if name not in PRESETS:
         raise ValueError(f"unknown LLaMA-3 preset {name!r}; choose from {', '.join(PRESETS)}")
-    return LLaMA3(replace(PRESETS[name], **overrides))
+    return LLaMA3(replace(PRESETS[name], **overrides), tp=tp)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .._native import lib
+from ..creation import from_numpy
 from ..autograd import no_grad, zero_grads  # noqa: F401  (zero_grads re-exported)
 from ..kernels import elementwise as ew
 
@@ -15,10 +18,26 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     before clipping (as torch.nn.utils.clip_grad_norm_)."""
     if norm_type != 2.0:
         raise NotImplementedError("clip_grad_norm_: only the 2-norm is implemented")
-    grads = [p.grad for p in parameters if p.grad is not None]
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
     if not grads:
         return 0.0
-    total = math.sqrt(sum(ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, g.float())).item() for g in grads))
+    # A tensor-parallel shard holds part of its parameter: the shards' squares are summed over
+    # their group; replicated parameters (equal on every rank) count once, as in one process.
+    total_sq, shard_sq = 0.0, {}
+    for p, g in zip(params, grads):
+        sq = ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, g.float())).item()
+        shard = getattr(p, "tp_shard", None)
+        if shard is None:
+            total_sq += sq
+        else:
+            group, acc = shard_sq.get(id(shard.group), (shard.group, 0.0))
+            shard_sq[id(shard.group)] = (group, acc + sq)
+    for group, acc in shard_sq.values():
+        t = from_numpy(np.array([acc], dtype=np.float64))
+        group.all_reduce(t)
+        total_sq += t.item()
+    total = math.sqrt(total_sq)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(f"the total norm of the gradients is {total}; set "
                            "error_if_nonfinite=False to clip anyway")

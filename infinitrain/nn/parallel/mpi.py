@@ -67,7 +67,7 @@ _MPI = {}  # filled on first use: mpi4py is imported only by processes that comm
 def _mpi():
     if not _MPI:
         from mpi4py import MPI
-        _MPI.update(MPI=MPI, types={"float32": MPI.FLOAT, "float16": MPI.UINT16_T,
+        _MPI.update(MPI=MPI, types={"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "float16": MPI.UINT16_T,
                                     "int32": MPI.INT32_T, "int64": MPI.INT64_T, "uint8": MPI.UINT8_T,
                                     "bfloat16": MPI.UINT16_T},
                     ops={ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MAX: MPI.MAX,
@@ -120,7 +120,7 @@ class MPIProcessGroup(ProcessGroup):
         MPI = _mpi()["MPI"]
         if not isinstance(op, ReduceOp):
             op = ReduceOp(op)
-        if not async_op and self._comm_thread is None and t.dtype.name in ("float32", "int32", "int64") \
+        if not async_op and self._comm_thread is None and t.dtype.name in ("float32", "float64", "int32", "int64") \
                 and op is not ReduceOp.AVG:  # the common synchronous case, with the least Python
             self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=_mpi_op(op))
             return None

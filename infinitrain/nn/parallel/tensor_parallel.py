@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import creation
+from ... import amp, creation
 from ...autograd import Function, no_grad
 from ...functions import cat
 from ...kernels import index as kindex
@@ -37,6 +37,7 @@ from ...tensor import Tensor
 from .. import functional as F
 from .. import init
 from ..module import Module
+from ..modules import Linear
 from ..parameter import Parameter
 from .process_group import ProcessGroup, ReduceOp
 
@@ -320,17 +321,26 @@ class ColumnParallelLinear(Module):
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True,
                  gather_output: bool = False, input_is_parallel: bool = False, blocks=None,
-                 dtype=None):
+                 pad: bool = False, dtype=None):
+        """pad=True: out_features need not divide by TP; the layer holds ceil(out/TP) rows per
+        rank, the padding zero (a vocabulary head whose padded columns the loss masks)."""
         super().__init__()
         blocks = tuple(blocks) if blocks is not None else (out_features,)
         if sum(blocks) != out_features:
             raise ValueError(f"blocks {blocks} do not add up to out_features {out_features}")
-        for b in blocks:
-            tp.check_divisible("a column-parallel linear layer's output features", b)
+        if gather_output and len(blocks) > 1:
+            raise ValueError("gather_output would interleave the blocks of a fused output "
+                             "(q0 k0 v0 q1 k1 v1); split the blocks before gathering")
+        if pad and len(blocks) == 1:
+            local = -(-out_features // tp.size)
+            shard = TPShard(tp.group, 0, (local * tp.size,), full_size=out_features)
+        else:
+            for b in blocks:
+                tp.check_divisible("a column-parallel linear layer's output features", b)
+            local = out_features // tp.size
+            shard = TPShard(tp.group, 0, blocks)
         self.tp, self.in_features, self.out_features = tp, in_features, out_features
         self.gather_output, self.input_is_parallel = gather_output, input_is_parallel
-        local = out_features // tp.size
-        shard = TPShard(tp.group, 0, blocks)
         self.weight = _shard_param((local, in_features), shard, dtype)
         self.bias = _shard_param((local,), shard, dtype) if bias else None
         init.kaiming_uniform_linear_(self.weight)
@@ -375,9 +385,21 @@ class RowParallelLinear(Module):
         group = self.tp.group
         if not self.input_is_parallel:
             x = scatter_to_tp(x, group)
-        y = F.linear(x, self.weight)
-        y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
-        return y + self.bias if self.bias is not None else y
+        low = amp.autocast_dtype()
+        if low is None:
+            y = F.linear(x, self.weight)
+            y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
+            return y + self.bias if self.bias is not None else y
+        # Under autocast one process rounds x W^T + b to 16 bits once, after float32
+        # accumulation. Rounding each rank's partial product before the sum would add a
+        # rounding per rank, so the partial products of the rounded inputs are summed in float32
+        # and rounded once, bias included (gradients are rounded where one process rounds them).
+        with amp.autocast(enabled=False):
+            y = F.linear(x.to(low).float(), self.weight.to(low).float())
+            y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
+            if self.bias is not None:
+                y = y + self.bias.to(low).float()
+            return y.to(low)
 
     def extra_repr(self):
         return (f"in_features={self.in_features} ({self.in_features // self.tp.size} per rank), "
@@ -417,6 +439,20 @@ class VocabParallelEmbedding(Module):
     def extra_repr(self):
         return (f"{self.num_embeddings}, {self.embedding_dim} (rows {self.vocab_start}.."
                 f"{self.vocab_end - 1} on this rank)")
+
+
+def column_linear(in_features: int, out_features: int, tp: TensorParallel | None, bias: bool = True,
+                  blocks=None):
+    """A Linear in one process, its column-parallel form under TP (how the models build)."""
+    if tp is None:
+        return Linear(in_features, out_features, bias=bias)
+    return ColumnParallelLinear(in_features, out_features, tp, bias=bias, blocks=blocks)
+
+
+def row_linear(in_features: int, out_features: int, tp: TensorParallel | None, bias: bool = True):
+    if tp is None:
+        return Linear(in_features, out_features, bias=bias)
+    return RowParallelLinear(in_features, out_features, tp, bias=bias)
 
 
 # ---- the vocabulary-parallel loss --------------------------------------------------------
