@@ -110,3 +110,23 @@ def test_mismatched_mpi_is_reported():
                          env=dict(ENV, PMI_SIZE="4"))
     assert out.returncode != 0
     assert "started 4 processes (PMI_SIZE=4) but MPI sees a world of 1" in out.stderr
+
+
+@pytest.mark.parametrize("example", ["gpt2", "llama3"])
+def test_tensor_parallel_example_matches_one_process(tmp_path, example):
+    """The front door: `mpiexec -n 4 python -m infinitrain.examples.gpt2 --tensor_parallel 2
+    --sequence_parallel` (DP 2 x TP 2, gradient clipping on, a checkpoint written) prints the
+    one-process losses."""
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    args = ["-m", f"infinitrain.examples.{example}", "--input_bin", str(tmp_path / "t.bin"),
+            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "6",
+            "--learning_rate", "3e-3", "--grad_clip", "0.5", "--total_batch_size", "128"]
+    one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV)
+    assert one.returncode == 0, one.stderr
+    tp = mpirun(4, args + ["--tensor_parallel", "2", "--sequence_parallel", "--save", str(tmp_path / "ck")])
+    assert "DP=2, TP=2, SP=2, PP=1" in tp, tp
+    np.testing.assert_allclose(_losses(tp), _losses(one.stdout), rtol=1e-5, atol=0)
+    assert (tmp_path / "ck" / "latest").is_file()
+    bad = subprocess.run([MPIEXEC, "-n", "4", sys.executable, *args, "--tensor_parallel", "3"],
+                         capture_output=True, text=True, timeout=120, env=ENV)
+    assert bad.returncode != 0 and "cannot be split into tensor parallel 3" in bad.stderr, bad.stderr

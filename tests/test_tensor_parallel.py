@@ -32,7 +32,10 @@ def run(n, args, timeout=300):
 
 
 def losses(stdout):
-    return [float(v) for v in re.findall(r"^loss \d+ (\S+)$", stdout, re.M)]
+    """Per-step losses, then the sampled tokens (as a float list, compared exactly)."""
+    sample = re.search(r"^sample \[(.*)\]$", stdout, re.M)
+    return [float(v) for v in re.findall(r"^loss \d+ (\S+)$", stdout, re.M)], \
+        [float(v) for v in sample.group(1).split(",")]
 
 
 @lru_cache(maxsize=None)
@@ -41,6 +44,9 @@ def one_process(model, dtype, steps=10):
 
 
 def assert_same(got, want, dtype, what):
+    (got, got_sample), (want, want_sample) = got, want
+    if dtype == "float32":
+        assert got_sample == want_sample, f"{what}: sampled {got_sample}, one process {want_sample}"
     assert len(got) == len(want), f"{what}: {got} vs {want}"
     print(f"{what}\n  one process: {want}\n  parallel:    {got}")
     for step, (a, b) in enumerate(zip(got, want), 1):
@@ -84,7 +90,7 @@ def test_checkpoint_saved_at_tp2_resumes_at_tp1_and_tp4(model, tmp_path):
     for n, flags in ((1, []), (4, ["--tp", "4"])):
         got = losses(run(n, ["--model", model, "--lr", LR["float32"], *flags, "--load", str(tmp_path),
                              "--first", "6", "--steps", "10"]))
-        assert_same(got, full[5:], "float32", f"{model} resumed at {n} ranks {flags}")
+        assert_same(got, (full[0][5:], full[1]), "float32", f"{model} resumed at {n} ranks {flags}")
 
 
 def test_divisibility_is_checked_at_construction():

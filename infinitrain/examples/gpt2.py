@@ -13,8 +13,9 @@ from infinitrain.examples.lm_train import parse_args, train
 from infinitrain.models import GPT2, GPT2_PRESETS, gpt2
 
 
-def build_model(args):
-    return GPT2.from_llmc(args.llmc_filepath) if args.llmc_filepath else gpt2(args.model)
+def build_model(args, tp=None):
+    """tp: the TensorParallel layout to build the model in (None: one process's model)."""
+    return GPT2.from_llmc(args.llmc_filepath, tp=tp) if args.llmc_filepath else gpt2(args.model, tp=tp)
 
 
 def main(argv=None) -> int:

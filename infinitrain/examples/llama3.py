@@ -14,8 +14,9 @@ from infinitrain.examples.lm_train import parse_args, train
 from infinitrain.models import LLAMA3_PRESETS, LLaMA3, llama3
 
 
-def build_model(args):
-    return LLaMA3.from_llmc(args.llmc_filepath) if args.llmc_filepath else llama3(args.model)
+def build_model(args, tp=None):
+    """tp: the TensorParallel layout to build the model in (None: one process's model)."""
+    return LLaMA3.from_llmc(args.llmc_filepath, tp=tp) if args.llmc_filepath else llama3(args.model, tp=tp)
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,7 @@ from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
 from infinitrain.nn import parallel
+from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
 from infinitrain.nn.utils import clip_grad_norm_
 from infinitrain.optim import AdamW
 from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
@@ -50,7 +51,10 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--save_interval", type=int, default=0, help="save every N steps (0 = only at the end)")
     p.add_argument("--max_checkpoint_keep", type=int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
-    p.add_argument("--tensor_parallel", type=int, default=1)
+    p.add_argument("--tensor_parallel", type=int, default=1,
+                   help="ranks that split each layer's weights (Megatron-style); DP = world / (TP * PP)")
+    p.add_argument("--sequence_parallel", action="store_true",
+                   help="with --tensor_parallel > 1: split activations between TP regions along the sequence")
     p.add_argument("--pipeline_parallel", type=int, default=1)
     return p.parse_args(argv)
 
@@ -60,10 +64,19 @@ def train(args, build_model) -> int:
     data-parallel MPI ranks as the job has."""
     if args.device != "cpu":
         it.zeros(1, device=args.device)  # raises the library's clear error until CUDA lands
-    if args.tensor_parallel != 1 or args.pipeline_parallel != 1:
-        sys.exit("tensor and pipeline parallelism arrive in a later version; run with DP only")
-    env = parallel.init(args.tensor_parallel, args.pipeline_parallel)
+    if args.pipeline_parallel != 1:
+        sys.exit("pipeline parallelism arrives in a later version; run with DP and TP")
+    if args.tensor_parallel < 1:
+        sys.exit(f"--tensor_parallel must be at least 1, got {args.tensor_parallel}")
+    try:
+        env = parallel.init(args.tensor_parallel, args.pipeline_parallel)
+    except ValueError as e:
+        sys.exit(f"cannot lay out the job: {e}")
     dp, main = env.layout.dp, env.is_main
+    tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
+    if args.sequence_parallel and tp is None and main:
+        print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
+    layout = env.layout.describe(sequence_parallel=tp is not None and tp.sequence_parallel)
     log = print if main else (lambda *a, **k: None)
     B, T = args.batch_size, args.sequence_length
     tokens_per_micro = B * T * dp
@@ -83,14 +96,20 @@ def train(args, build_model) -> int:
         args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])
 
     it.manual_seed(args.seed)
-    model = build_model(args)
+    try:
+        model = build_model(args, tp)
+    except ValueError as e:  # a layout that does not divide the model
+        sys.exit(f"cannot build the model in this layout ({layout}): {e}")
     cfg = model.config
     if T > cfg.block_size:
         sys.exit(f"--sequence_length {T} exceeds the model's block size {cfg.block_size}")
+    if tp is not None and tp.sequence_parallel and T % tp.size:
+        sys.exit(f"--sequence_parallel splits the sequence over {tp.size} tensor-parallel ranks: "
+                 f"--sequence_length {T} must be a multiple of {tp.size}")
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
     log(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
           f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
-          f"{model.num_parameters():,} parameters", flush=True)
+          f"{model.num_parameters():,} parameters{' on this rank' if tp else ''} | {layout}", flush=True)
     log(f"batch: {B} x {T} tokens x {accum} accumulation steps x {dp} data-parallel ranks = "
         f"{total} tokens per step | {it.get_num_threads()} threads per rank", flush=True)
 
@@ -118,18 +137,19 @@ def train(args, build_model) -> int:
         log(f"resumed from {args.load} at step {meta['step']}", flush=True)
 
     def save(step: int) -> None:
-        if main:  # every rank holds the same model and optimizer: one writes
+        # the files hold one-process tensors: TP shards are gathered on every rank, one writes
+        if main or tp is not None:
             path = save_checkpoint(args.save, step, model, optimizer,
                                    extra={"train_loader": train.state(), "schedule": schedule.state_dict()},
-                                   keep=args.max_checkpoint_keep or None)
+                                   keep=args.max_checkpoint_keep or None, write=main)
             log(f"saved {path}", flush=True)
         env.world.barrier()
 
     for step in range(first, args.num_iteration + 1):
         if val is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
             log(f"val loss {evaluate(model, val, args.val_max_steps, env):.6f}", flush=True)
-        if main and tokenizer is not None and args.sample_every and step % args.sample_every == 0:
-            sample(model, tokenizer, args)
+        if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
+            sample(model, tokenizer, args, main, tp is not None)
 
         it.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -143,6 +163,7 @@ def train(args, build_model) -> int:
                     _, loss = net(x, y, return_logits=False)
                 (loss / accum if accum > 1 else loss).backward()
             loss_sum += loss.item()
+        allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
         if args.grad_clip > 0:
             clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
@@ -153,7 +174,7 @@ def train(args, build_model) -> int:
         peak_mb = it.memory_stats()["peak_allocated_bytes"] // 2**20
         log(f"step {step:4d}/{args.num_iteration} | train loss {mean_loss:.6f} | lr {lr:.2e} | "
             f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | peak used: {peak_mb:5d} MB | "
-            f"{env.layout.describe()})", flush=True)
+            f"{layout})", flush=True)
         if args.save and args.save_interval and step % args.save_interval == 0:
             save(step)
 
@@ -161,8 +182,8 @@ def train(args, build_model) -> int:
         save(args.num_iteration)
     if val is not None and args.val_loss_every:
         log(f"val loss {evaluate(model, val, args.val_max_steps, env):.6f}", flush=True)
-    if main and tokenizer is not None and args.sample_every:
-        sample(model, tokenizer, args)
+    if tokenizer is not None and args.sample_every:
+        sample(model, tokenizer, args, main, tp is not None)
     return 0
 
 
@@ -188,11 +209,16 @@ def evaluate(model, loader, max_steps: int, env) -> float:
     return dp_mean(total / steps, env)
 
 
-def sample(model, tokenizer, args) -> None:
+def sample(model, tokenizer, args, main: bool, tensor_parallel: bool) -> None:
+    """Main rank samples; under TP every rank of its group must run the model along."""
+    if not (main or tensor_parallel):
+        return
     model.eval()
     start = it.tensor([[tokenizer.eot_token]])
     out = model.generate(start, args.sample_length, temperature=1.0, top_k=40, seed=args.seed)
-    text = tokenizer.decode(out.numpy()[0, 1:])
     model.train()
+    if not main:
+        return
+    text = tokenizer.decode(out.numpy()[0, 1:])
     print("---- sample ----\n" + text + "\n----------------", flush=True)
 

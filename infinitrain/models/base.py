@@ -73,10 +73,16 @@ class CausalLM(Module):
         """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix)."""
         rng = np.random.default_rng(seed)
         tokens = idx.numpy().astype(np.int64)
+        tp = getattr(self, "tp", None)
+        multiple = tp.size if tp is not None and tp.sequence_parallel else 1
         for _ in range(max_new_tokens):
             ctx = tokens[:, -self.config.block_size:]
+            n = ctx.shape[1]
+            # sequence parallelism splits the sequence evenly: pad the end (causal attention
+            # keeps the padding out of the real positions' logits)
+            ctx = np.pad(ctx, ((0, 0), (0, (-n) % multiple)))
             logits, _ = self(creation.from_numpy(np.ascontiguousarray(ctx)))
-            last = logits[:, -1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
+            last = logits[:, n - 1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
             if top_k:
                 kth = np.sort(last, axis=-1)[:, -top_k][:, None]
                 last = np.where(last < kth, -np.inf, last)

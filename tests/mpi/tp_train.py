@@ -80,6 +80,11 @@ for name, q in model.named_parameters():
         env.tp_group.all_reduce(hi, parallel.ReduceOp.MAX)
         env.tp_group.all_reduce(lo, parallel.ReduceOp.MIN)
         assert hi.item() == lo.item(), f"{name} differs across the TP group after {args.steps} steps"
+# sampling runs the model on sequences of every length (padded to a multiple of TP under SP)
+with it.no_grad():
+    tokens = model.generate(it.tensor([[1, 2, 3]]), 5, top_k=20, seed=1).numpy()[0].tolist()
+if env.rank == 0:
+    print("sample", tokens, flush=True)
 if args.save:
     save_checkpoint(args.save, args.steps, model, opt, write=env.rank == 0)
 print(f"rank {env.rank} OK", flush=True)

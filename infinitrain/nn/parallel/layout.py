@@ -61,8 +61,8 @@ class Layout:
         fn = {"dp": self.dp_group, "tp": self.tp_group, "pp": self.pp_group}[kind]
         return sorted({tuple(fn(r)) for r in range(self.world_size)})
 
-    def describe(self) -> str:
-        return f"DP={self.dp}, TP={self.tp}, SP=0, PP={self.pp}"
+    def describe(self, sequence_parallel: bool = False) -> str:
+        return f"DP={self.dp}, TP={self.tp}, SP={self.tp if sequence_parallel and self.tp > 1 else 0}, PP={self.pp}"
 
     def __repr__(self) -> str:
         return f"Layout(world={self.world_size}, dp={self.dp}, tp={self.tp}, pp={self.pp})"
