@@ -3,6 +3,7 @@ buffers, and how much of DDP's all-reduce time is hidden behind the backward pas
 
     python benchmarks/allreduce.py          # starts itself on 2 ranks with the venv's mpiexec
     mpiexec -n 4 python benchmarks/allreduce.py
+    python benchmarks/allreduce.py --latency   # only the small-message table
 
 Bus bandwidth = 2 (n-1)/n * bytes / time, best of several runs. Overlap: how long DDP still
 waits for its all-reduces when backward has finished (median over steps), against the time the
@@ -55,6 +56,46 @@ def bandwidth(env):
             print(f"  {nbytes:12d} {bus / t_ours:13.2f} {bus / t_raw:9.2f} {t_raw / t_ours:6.1%}")
 
 
+def latency(env):
+    """Per-call time of the small collectives tensor parallelism issues several times per layer
+    (all-reduce, all-gather, reduce-scatter of 4 KB to 1 MB), median of many calls, against
+    raw mpi4py on the same memory: the difference is the Python cost of the ProcessGroup."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import infinitrain as it
+    comm, n = env.comm, env.world_size
+    if env.is_main:
+        print(f"== small collectives on {n} ranks: microseconds per call (median) ==")
+        print(f"  {'bytes':>9s} | {'all_reduce':>10s} {'mpi4py':>7s} | {'all_gather':>10s} {'mpi4py':>7s} | "
+              f"{'reduce_scatter':>14s} {'mpi4py':>7s}")
+
+    def median_us(fn, calls):
+        fn()
+        comm.Barrier()
+        out = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return comm.allreduce(sorted(out)[len(out) // 2], op=MPI.MAX) * 1e6
+
+    for nbytes in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20):
+        calls = 400 if nbytes <= 64 << 10 else 100
+        k = nbytes // 4
+        t, big, part = it.ones(k), it.ones(k * n), it.ones(k)
+        a, b, c = t.numpy(), big.numpy(), part.numpy()
+        row = [median_us(lambda: env.world.all_reduce(t), calls),
+               median_us(lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM), calls),
+               median_us(lambda: env.world.all_gather(big, t), calls),
+               median_us(lambda: comm.Allgather(a, b), calls),
+               median_us(lambda: env.world.reduce_scatter(part, big), calls),
+               median_us(lambda: comm.Reduce_scatter_block(b, c, op=MPI.SUM), calls)]
+        if env.is_main:
+            print(f"  {nbytes:9d} | {row[0]:10.1f} {row[1]:7.1f} | {row[2]:10.1f} {row[3]:7.1f} | "
+                  f"{row[4]:14.1f} {row[5]:7.1f}")
+
+
 def overlap(env, name, model, batch, loss_fn, steps=6):
     from mpi4py import MPI
 
@@ -103,7 +144,8 @@ def main() -> None:
     if MPI.COMM_WORLD.Get_size() == 1 and "INFINITRAIN_BENCH_CHILD" not in os.environ:
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
         env = dict(os.environ, INFINITRAIN_BENCH_CHILD="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        sys.exit(subprocess.run([mpiexec, "-n", "2", sys.executable, __file__], env=env).returncode)
+        sys.exit(subprocess.run([mpiexec, "-n", "2", sys.executable, __file__, *sys.argv[1:]],
+                                env=env).returncode)
     import numpy as np
 
     import infinitrain as it
@@ -111,6 +153,9 @@ def main() -> None:
     from infinitrain.models import gpt2
     from infinitrain.nn import parallel
     env = parallel.init()
+    latency(env)
+    if "--latency" in sys.argv:
+        return
     bandwidth(env)
     it.manual_seed(0)
     tokens = it.tensor(np.random.default_rng(env.rank).integers(0, 50257, (4, 128)))

@@ -80,13 +80,27 @@ def _mpi_op(op: ReduceOp):
 
 
 def _buffer(t: Tensor):
-    m = _mpi()
-    if t.device.type != "cpu":
+    """[buffer over the tensor's own memory, MPI type]. Kept lean: tensor parallelism calls it
+    several times per layer on small tensors."""
+    m = _MPI or _mpi()
+    try:
+        mpi_type = m["types"][t.dtype.name]
+    except KeyError:
+        raise TypeError(f"the MPI process group cannot communicate {t.dtype.name} tensors") from None
+    storage = t._storage
+    if storage.device.type != "cpu":
         raise ValueError(f"the MPI process group works on CPU tensors, this one is on {t.device}; "
                          "CUDA tensors use the NCCL backend")
     if not t.is_contiguous():
         raise ValueError("collectives need contiguous tensors; call .contiguous() first")
-    return [m["MPI"].buffer.fromaddress(t.data_ptr(), t.nbytes), m["types"][t.dtype.name]]
+    size = t.dtype.itemsize
+    for n in t._shape:
+        size *= n
+    return [m["MPI"].buffer.fromaddress(storage.ptr + t._offset * t.dtype.itemsize, size), mpi_type]
+
+
+# dtypes MPI reduces natively (16-bit floats go through a float32 copy)
+_NATIVE = frozenset(("float32", "float64", "int32", "int64"))
 
 
 class MPIProcessGroup(ProcessGroup):
@@ -120,9 +134,9 @@ class MPIProcessGroup(ProcessGroup):
         MPI = _mpi()["MPI"]
         if not isinstance(op, ReduceOp):
             op = ReduceOp(op)
-        if not async_op and self._comm_thread is None and t.dtype.name in ("float32", "float64", "int32", "int64") \
+        if not async_op and self._comm_thread is None and t.dtype.name in _NATIVE \
                 and op is not ReduceOp.AVG:  # the common synchronous case, with the least Python
-            self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=_mpi_op(op))
+            self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=_MPI["ops"][op])
             return None
         if t.dtype.name in ("bfloat16", "float16"):
             # not MPI types: reduce a float32 copy, write back once it is done
@@ -159,6 +173,9 @@ class MPIProcessGroup(ProcessGroup):
             raise ValueError(f"all_gather: out must hold {self.size} x {tuple(t.shape)} "
                              f"{t.dtype.name}, got {tuple(out.shape)} {out.dtype.name}")
         src, dst = _buffer(t), _buffer(out)
+        if not async_op and self._comm_thread is None:
+            self.comm.Allgather(src, dst)
+            return None
         return self._collective(lambda: self.comm.Allgather(src, dst),
                                 lambda: self.comm.Iallgather(src, dst), None, async_op)
 
@@ -168,6 +185,10 @@ class MPIProcessGroup(ProcessGroup):
         if t.numel() != out.numel() * self.size or out.dtype is not t.dtype:
             raise ValueError(f"reduce_scatter: input must hold {self.size} x {tuple(out.shape)}, "
                              f"got {tuple(t.shape)}")
+        if not async_op and self._comm_thread is None and op is ReduceOp.SUM \
+                and t.dtype.name in _NATIVE:  # the common case, with the least Python
+            self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=_MPI["ops"][op])
+            return None
         op = ReduceOp(op)
         if t.dtype.name in ("bfloat16", "float16"):
             wide_in, wide_out = t.float(), out.float()

@@ -32,6 +32,9 @@ import numpy as np
 from ... import amp, creation
 from ...autograd import Function, no_grad
 from ...functions import cat
+from ...dtype import float32
+from ..._native import check, lib
+from ...kernels import elementwise as ew
 from ...kernels import index as kindex
 from ...tensor import Tensor
 from .. import functional as F
@@ -465,42 +468,46 @@ class _VocabParallelCrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, logits, targets, vocab, start, group, ignore_index):
+        # One [N, V/TP] float32 buffer beyond the logits: shifted logits, exponentiated and
+        # normalised in place into the softmax that backward turns into the gradient.
         N, V_local = logits.shape
         valid = max(0, min(V_local, vocab - start))  # real (unpadded) columns on this rank
-        x = logits[:, :valid].float().contiguous()
+        x = logits[:, :valid]
         if valid:
-            row_max = x.amax(dim=-1)
+            row_max = x.float().amax(dim=-1) if x.dtype is not float32 else x.amax(dim=-1)
         else:
             row_max = creation.full((N,), float("-inf"))
         group.all_reduce(row_max, ReduceOp.MAX)
-        x = x - row_max.unsqueeze(1)
         t = targets.reshape(-1)
         mine = (t >= start) & (t < start + valid)
         local_t = (t - start).masked_fill(~mine, 0)
+        e = ew.binary(lib.IT_SUB, x.float().contiguous() if x.dtype is not float32 else x,
+                      row_max.unsqueeze(1))
         if valid:
-            picked = x.gather(1, local_t.unsqueeze(1)).reshape(N).masked_fill(~mine, 0.0)
+            picked = e.gather(1, local_t.unsqueeze(1)).reshape(N).masked_fill(~mine, 0.0)
         else:
             picked = creation.zeros(N)
-        e = x.exp()
+        check(lib.it_unary(e.device.native, lib.IT_EXP, e.dtype.native, e._ptr(), e._ptr(), e.numel()))
         sums = cat([picked, e.sum(dim=-1)]).contiguous()
         group.all_reduce(sums, ReduceOp.SUM)
         picked, sum_exp = sums[:N], sums[N:]
+        ew.binary(lib.IT_DIV, e, sum_exp.unsqueeze(1), out=e)  # the softmax
         keep = (t != ignore_index)
         count = max(int(keep.sum().item()), 1)
         losses = (sum_exp.log() - picked).masked_fill(~keep, 0.0)
         ctx.meta = (logits.shape, logits.dtype, valid, count)
-        ctx.save_for_backward(e / sum_exp.unsqueeze(1), local_t, mine & keep, keep)
+        ctx.save_for_backward(e, local_t, mine & keep, keep)
         return losses.sum() / count
 
     @staticmethod
     def backward(ctx, g):
         softmax, local_t, hit, keep = ctx.saved_tensors
         shape, dtype, valid, count = ctx.meta
-        d = softmax.clone() if ctx.retain_graph else softmax  # d loss_i / d logit_ij = softmax_ij - [j is the target], for kept rows
-        if valid:
+        d = softmax.clone() if ctx.retain_graph else softmax  # d loss_i / d logit_ij =
+        if valid:                                             # softmax_ij - [j is the target]
             kindex.scatter_add(d, 1, local_t.unsqueeze(1).contiguous(),
                                -hit.float().unsqueeze(1).contiguous())
-        d = d * (keep.float() * (g.float() / count)).unsqueeze(1)
+        ew.binary(lib.IT_MUL, d, (keep.float() * (g.float() / count)).unsqueeze(1), out=d)
         if valid == shape[1] and dtype is d.dtype:
             return d, None, None, None, None, None
         grad = creation.zeros(*shape, dtype=dtype)
