@@ -33,6 +33,7 @@ p.add_argument("--seq", type=int, default=16)
 p.add_argument("--lr", type=float, default=1e-2)
 p.add_argument("--save", default=None)
 p.add_argument("--load", default=None)
+p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
 args = p.parse_args()
 
 env = parallel.init(tensor_parallel=args.tp)
@@ -40,11 +41,11 @@ tp = TensorParallel(env.tp_group, sequence_parallel=args.sp) if args.tp > 1 else
 dp, dp_rank = env.layout.dp, env.dp_rank
 if args.model == "gpt2":
     cfg = GPT2Config(block_size=64, vocab_size=50257, n_layer=2, n_head=4, n_embd=32)
-    model = GPT2(cfg, seed=5, tp=tp)
+    model = GPT2.from_llmc(args.llmc, tp=tp) if args.llmc else GPT2(cfg, seed=5, tp=tp)
 else:  # grouped-query attention: 8 query heads, 4 KV heads
     cfg = LLaMA3Config(block_size=64, vocab_size=50257, n_layer=2, n_head=8, n_kv_head=4, n_embd=32,
                        ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
-    model = LLaMA3(cfg, seed=5, tp=tp)
+    model = LLaMA3.from_llmc(args.llmc, tp=tp) if args.llmc else LLaMA3(cfg, seed=5, tp=tp)
 net = parallel.DistributedDataParallel(model) if dp > 1 else model
 decay = [q for q in model.parameters() if q.ndim >= 2]
 no_decay = [q for q in model.parameters() if q.ndim < 2]
