@@ -6,6 +6,8 @@ import numpy as np
 from .. import creation
 from ..autograd import no_grad
 from ..nn.module import Module
+from ..nn.parallel import tensor_parallel as tpl
+from ..ops import layers as ops_layers
 
 
 def get_submodule(module, dotted: str):
@@ -28,6 +30,21 @@ class CausalLM(Module):
     """A model whose forward(idx, targets=None) returns (logits [B, T, V], loss)."""
 
     config_class = None  # the dataclass of the model's configuration
+
+    def _loss_and_logits(self, logits, targets, return_logits: bool):
+        """From the head's logits [B, T, V'] (V'/TP columns under TP, padding last): the mean
+        loss over the real vocabulary, and the logits without padding (gathered under TP)."""
+        V, tp = self.config.vocab_size, getattr(self, "tp", None)
+        loss = None
+        if targets is not None:
+            flat, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+            loss = tpl.vocab_parallel_cross_entropy(flat, t, V, tp) if tp \
+                else ops_layers.cross_entropy(flat, t, V)
+        if not return_logits:
+            return None, loss
+        if tp:
+            logits = tpl.gather_from_tp(logits, tp.group)
+        return logits[..., :V], loss
 
     # ---- llm.c checkpoints: a header, then every tensor in the model's llm.c order ----------
     def _llmc_tensors(self) -> list:

@@ -164,19 +164,7 @@ class GPT2(CausalLM):
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, Vp] (Vp/TP columns under TP)
-        loss = None
-        if targets is not None:
-            if tp:
-                loss = tpl.vocab_parallel_cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
-                                                        self.config.vocab_size, tp)
-            else:
-                loss = ops_layers.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1),
-                                                self.config.vocab_size)
-        if not return_logits:
-            return None, loss
-        if tp:
-            logits = tpl.gather_from_tp(logits, tp.group)
-        return logits[..., :self.config.vocab_size], loss
+        return self._loss_and_logits(logits, targets, return_logits)
 
     # ---- llm.c checkpoints -------------------------------------------------------------
     def _llmc_tensors(self):
