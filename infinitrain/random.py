@@ -32,6 +32,11 @@ class Generator:
         self.offset += n
         return start
 
+    def advance(self, n: int) -> None:
+        """Moves the stream on as a draw of n numbers would, without drawing them (a pipeline
+        stage skips the parameters that other stages hold)."""
+        self._take(int(n))
+
     def fill_uniform(self, t, low: float = 0.0, high: float = 1.0) -> None:
         check(lib.it_random_uniform(t.device.native, t.dtype.native, t._ptr(), t.numel(),
                                     low, high, self.seed, self._take(t.numel())))

@@ -1,10 +1,13 @@
-"""What GPT-2 and LLaMA-3 share as causal language models: sampling."""
+"""What GPT-2 and LLaMA-3 share as causal language models: the embed -> blocks -> head
+structure that a pipeline stage runs a part of, initialisation that any layout reproduces,
+llm.c checkpoints and sampling."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import creation
 from ..autograd import no_grad
+from ..nn import init
 from ..nn.module import Module
 from ..nn.parallel import tensor_parallel as tpl
 from ..ops import layers as ops_layers
@@ -26,10 +29,120 @@ def _full(p):
     return shard.gather(p) if shard is not None else p.detach()
 
 
+class Blocks(Module):
+    """The transformer blocks this rank holds, keyed by their index in the whole model, so
+    that a pipeline stage's parameters keep their one-process names (transformer.h.5.ln_1.weight)
+    and checkpoints need no renaming. Iterates in layer order; blocks[i] is layer i."""
+
+    def __init__(self, blocks: dict):
+        super().__init__()
+        for i in sorted(blocks):
+            self.add_module(str(i), blocks[i])
+
+    def __getitem__(self, i: int) -> Module:
+        return self._modules[str(i)]
+
+    def __contains__(self, i: int) -> bool:
+        return str(i) in self._modules
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def indices(self) -> list:
+        return [int(k) for k in self._modules]
+
+
 class CausalLM(Module):
-    """A model whose forward(idx, targets=None) returns (logits [B, T, V], loss)."""
+    """A model whose forward(idx, targets=None) returns (logits [B, T, V], loss), built as
+    embed -> blocks -> head. Under pipeline parallelism (pp=PipelineStage) a rank builds only
+    its stage's part: its blocks, the embedding on the first stage, the head on the last; the
+    pipeline engine calls embed / run_block / head itself."""
 
     config_class = None  # the dataclass of the model's configuration
+
+    def _setup_parallel(self, tp, pp) -> list:
+        """Stores the layout; returns the block indices this rank builds."""
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        self.pp = pp if pp is not None and pp.size > 1 else None
+        L = self.config.n_layer
+        if self.pp is None:
+            self.stage_layers = [list(range(L))]
+            return list(range(L))
+        self.stage_layers = self.pp.layers(L)  # one list per local chunk
+        return [i for chunk in self.stage_layers for i in chunk]
+
+    @property
+    def has_embedding(self) -> bool:
+        return self.pp is None or self.pp.is_first
+
+    @property
+    def has_head(self) -> bool:
+        return self.pp is None or self.pp.is_last
+
+    def check_batch(self, idx, targets=None) -> int:
+        """Checks a batch against the model; returns T."""
+        if idx.ndim != 2:
+            raise ValueError(f"idx must be [batch, sequence], got shape {tuple(idx.shape)}")
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds the model's block size "
+                             f"{self.config.block_size}")
+        if targets is not None and tuple(targets.shape) != (B, T):
+            raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
+        tp = self.tp
+        if tp is not None and tp.sequence_parallel and T % tp.size:
+            raise ValueError(f"sequence parallelism splits the sequence over tensor parallel "
+                             f"{tp.size}, which does not divide the sequence length {T}")
+        return T
+
+    def forward(self, idx, targets=None, return_logits: bool = True):
+        """idx, targets: int [B, T]. Returns (logits [B, T, vocab_size], mean loss or None).
+        A training loop that only needs the loss passes return_logits=False: the logits, the
+        largest activation, can then be overwritten by their gradient."""
+        if self.pp is not None:
+            raise RuntimeError(f"this model is {self.pp}, not a whole model: run it through "
+                               "infinitrain.nn.parallel.pp.PipelineParallel")
+        T = self.check_batch(idx, targets)
+        x = self.embed(idx)
+        for block in self.transformer.h:
+            x = self.run_block(block, x, T)
+        return self.head(x, targets, return_logits)
+
+    def embed(self, idx):
+        """Token ids [B, T] -> the first block's input [B, T, C] ([B, T/TP, C] under SP)."""
+        raise NotImplementedError
+
+    def run_block(self, block, x, T: int):
+        return block(x)
+
+    def head(self, x, targets, return_logits: bool):
+        """The last block's output -> (logits or None, loss or None)."""
+        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, V'] (V'/TP columns under TP)
+        return self._loss_and_logits(logits, targets, return_logits)
+
+    def hidden_spec(self, batch: int, seq_len: int) -> tuple:
+        """(shape, dtype) of the activation between two blocks, which is what pipeline stages
+        send each other: [B, T, C], T/TP under SP, in the parameters' dtype (the residual
+        stream stays in it under autocast)."""
+        tp = self.tp
+        T = seq_len // tp.size if tp is not None and tp.sequence_parallel else seq_len
+        return (batch, T, self.config.n_embd), next(iter(self.parameters())).dtype
+
+    def tied_parameters(self) -> list:
+        """Parameters that one process ties and a pipeline holds twice (first and last stage):
+        their gradients are summed over the embedding group each step."""
+        return []
+
+    def _draw(self, gen, weight, numel: int, std: float) -> None:
+        """Initialises weight with N(0, std) from gen, or (a parameter another stage holds)
+        moves gen past its numel numbers, so that every stage draws what one process would."""
+        if weight is None:
+            gen.advance(numel)
+        else:
+            init.normal_(weight, 0.0, std, generator=gen)  # drawn full-size under TP
 
     def _loss_and_logits(self, logits, targets, return_logits: bool):
         """From the head's logits [B, T, V'] (V'/TP columns under TP, padding last): the mean
@@ -47,31 +160,46 @@ class CausalLM(Module):
         return logits[..., :V], loss
 
     # ---- llm.c checkpoints: a header, then every tensor in the model's llm.c order ----------
-    def _llmc_tensors(self) -> list:
-        """(name, [parameters]) in the file's order; per-layer tensors listed layer by layer."""
+    @classmethod
+    def _llmc_shapes(cls, config) -> list:
+        """(name, full shape, count) in the file's order, from the configuration alone (so a
+        file's size is checked before any model is built); per-layer tensors have count L."""
         raise NotImplementedError
+
+    def _llmc_params(self) -> dict:
+        """name -> [parameter or None] (None: held by another pipeline stage), per _llmc_shapes."""
+        raise NotImplementedError
+
+    def _layer_params(self, name: str) -> list:
+        h = self.transformer.h
+        return [get_submodule(h[i], name) if i in h else None for i in range(self.config.n_layer)]
+
+    @classmethod
+    def _llmc_numel(cls, config) -> int:
+        return sum(int(np.prod(shape)) * n for _, shape, n in cls._llmc_shapes(config))
 
     def _llmc_payload(self, store_dtype) -> bytes:
         """The file's payload: full tensors (a tensor-parallel shard is gathered first, so every
         rank of the group must call this)."""
+        if self.pp is not None:
+            raise NotImplementedError("writing an llm.c file from a pipeline stage is not supported: "
+                                      "save a checkpoint (save_checkpoint) and convert it in one process")
         store = np.dtype(store_dtype)
+        params = self._llmc_params()
         return b"".join(np.ascontiguousarray(_full(p).float().numpy()).astype(store).tobytes()
-                        for _, params in self._llmc_tensors() for p in params)
-
-    def _llmc_numel(self) -> int:
-        return sum(int(np.prod(_full_shape(p))) for _, params in self._llmc_tensors() for p in params)
+                        for name, _, _ in self._llmc_shapes(self.config) for p in params[name])
 
     @no_grad()
     def _llmc_load_payload(self, data: np.ndarray) -> None:
         """Copies the flat payload (any float dtype) into the parameters, in file order; a
-        tensor-parallel shard takes its slice of the full tensor."""
-        at = 0
-        for _, params in self._llmc_tensors():
-            for p in params:
-                shape = _full_shape(p)
-                n = int(np.prod(shape))
-                full = creation.from_numpy(np.asarray(data[at:at + n]).astype(np.float32).reshape(shape))
-                p.copy_(p.tp_shard.take(full) if p.tp_shard is not None else full)
+        tensor-parallel shard takes its slice of the full tensor, a pipeline stage its layers."""
+        at, params = 0, self._llmc_params()
+        for name, shape, count in self._llmc_shapes(self.config):
+            n = int(np.prod(shape))
+            for p in params[name]:
+                if p is not None:
+                    full = creation.from_numpy(np.asarray(data[at:at + n]).astype(np.float32).reshape(shape))
+                    p.copy_(p.tp_shard.take(full) if p.tp_shard is not None else full)
                 at += n
 
     def save_pretrained(self, folder) -> None:

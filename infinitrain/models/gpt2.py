@@ -15,11 +15,11 @@ from ..autograd import no_grad
 from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
-from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict, ModuleList
+from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict
 from ..nn.parallel import tensor_parallel as tpl
 from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
-from .base import CausalLM, get_submodule
+from .base import Blocks, CausalLM
 from ..io import DataFormatError, atomic_write
 
 LLMC_GPT2_MAGIC = 20240326
@@ -101,88 +101,115 @@ class Block(Module):
 
 class GPT2(CausalLM):
     """tp: build the model tensor-parallel over tp.group (each rank holds its shard of every
-    layer; the same model as one process, see nn.parallel.tensor_parallel)."""
+    layer; the same model as one process, see nn.parallel.tensor_parallel). pp: build this
+    pipeline stage's part (see CausalLM); the last stage holds a copy of the token embedding as
+    its output head, kept equal to the first stage's by summing their gradients."""
     config_class = GPT2Config
-    def __init__(self, config: GPT2Config, seed: int | None = None, tp: TensorParallel | None = None):
+
+    def __init__(self, config: GPT2Config, seed: int | None = None, tp: TensorParallel | None = None,
+                 pp=None):
         super().__init__()
         self.config = config
-        self.tp = tp = tp if tp is not None and tp.size > 1 else None
+        layers = self._setup_parallel(tp, pp)
+        tp = self.tp
         Vp, C = config.padded_vocab_size, config.n_embd
         if tp:
             tp.check_divisible("the padded vocabulary", Vp)
-        self.transformer = ModuleDict(dict(
-            wte=tpl.VocabParallelEmbedding(Vp, C, tp) if tp else Embedding(Vp, C),
-            wpe=Embedding(config.block_size, C),
-            h=ModuleList(Block(config, tp) for _ in range(config.n_layer)),
-            ln_f=LayerNorm(C),
-        ))
-        # under SP each rank adds the positions of its part of the sequence: wpe's gradient, like
-        # the norms', is summed over TP after backward
-        tpl.mark_sequence_parallel(self.transformer.wpe, tp)
-        tpl.mark_sequence_parallel(self.transformer.ln_f, tp)
-        self.lm_head = tpl.ColumnParallelLinear(C, Vp, tp, bias=False) if tp else Linear(C, Vp, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied (the same rows on each rank)
+        parts = {}
+        if self.has_embedding:
+            parts["wte"] = tpl.VocabParallelEmbedding(Vp, C, tp) if tp else Embedding(Vp, C)
+            parts["wpe"] = Embedding(config.block_size, C)
+            # under SP each rank adds the positions of its part of the sequence: wpe's gradient,
+            # like the norms', is summed over TP after backward
+            tpl.mark_sequence_parallel(parts["wpe"], tp)
+        parts["h"] = Blocks({i: Block(config, tp) for i in layers})
+        if self.has_head:
+            parts["ln_f"] = LayerNorm(C)
+            tpl.mark_sequence_parallel(parts["ln_f"], tp)
+        self.transformer = ModuleDict(parts)
+        if self.has_head:
+            self.lm_head = tpl.ColumnParallelLinear(C, Vp, tp, bias=False) if tp else Linear(C, Vp, bias=False)
+            if self.has_embedding:
+                self.lm_head.weight = self.transformer.wte.weight  # tied (the same rows on each rank)
+            else:
+                self.lm_head.weight.tied_copy_of = "transformer.wte.weight"
         self._init_weights(seed)
+
+    def _embedding_weight(self):
+        """The token embedding on this rank: its own, the last stage's copy, or None."""
+        if self.has_embedding:
+            return self.transformer.wte.weight
+        return self.lm_head.weight if self.has_head else None
+
+    def tied_parameters(self) -> list:
+        w = self._embedding_weight()
+        return [w] if self.pp is not None and w is not None else []
 
     @no_grad()
     def _init_weights(self, seed):
         """GPT-2's init as in llm.c's reference: N(0, 0.02) for weights and embeddings, zero
-        biases, residual projections scaled by 1/sqrt(2 * n_layer); padded vocab rows zero."""
+        biases, residual projections scaled by 1/sqrt(2 * n_layer); padded vocab rows zero.
+        Drawn in one process's order whatever this rank holds."""
         from ..random import Generator, default_generator
         gen = Generator(seed) if seed is not None else default_generator
-        std = 0.02
+        cfg, std = self.config, 0.02
         linears = (Linear, tpl.ColumnParallelLinear, tpl.RowParallelLinear)
-        for name, m in self.named_modules():
-            if isinstance(m, linears) and m is not self.lm_head:
-                s = std / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else std
-                init.normal_(m.weight, 0.0, s, generator=gen)  # drawn full-size under TP
-                if m.bias is not None:
-                    init.zeros_(m.bias)
-            elif isinstance(m, (Embedding, tpl.VocabParallelEmbedding)):
-                init.normal_(m.weight, 0.0, std, generator=gen)
-        wte = self.transformer.wte
-        first_padded = self.config.vocab_size - getattr(wte, "vocab_start", 0)
-        wte.weight[min(max(first_padded, 0), wte.weight.shape[0]):] = 0.0
+        wte = self._embedding_weight()
+        self._draw(gen, wte, cfg.padded_vocab_size * cfg.n_embd, std)
+        self._draw(gen, self.transformer.wpe.weight if self.has_embedding else None,
+                   cfg.block_size * cfg.n_embd, std)
+        h = self.transformer.h
+        for i in range(cfg.n_layer):
+            if i not in h:
+                gen.advance(12 * cfg.n_embd * cfg.n_embd)  # c_attn, attn.c_proj, c_fc, mlp.c_proj
+                continue
+            for name, m in h[i].named_modules():
+                if isinstance(m, linears):
+                    s = std / math.sqrt(2 * cfg.n_layer) if name.endswith("c_proj") else std
+                    init.normal_(m.weight, 0.0, s, generator=gen)
+                    if m.bias is not None:
+                        init.zeros_(m.bias)
+        if wte is not None:
+            start = self.tp.rank * (wte.shape[0]) if self.tp else 0
+            first_padded = cfg.vocab_size - start
+            wte[min(max(first_padded, 0), wte.shape[0]):] = 0.0
 
-    def forward(self, idx, targets=None, return_logits: bool = True):
-        """idx, targets: int [B, T]. Returns (logits [B, T, vocab_size], mean loss or None).
-        A training loop that only needs the loss passes return_logits=False: the logits, the
-        largest activation, can then be overwritten by their gradient."""
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block size "
-                             f"{self.config.block_size}")
-        if targets is not None and tuple(targets.shape) != (B, T):
-            raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-        tp = self.tp
+    def embed(self, idx):
+        tp, T = self.tp, idx.shape[1]
         if tp and tp.sequence_parallel:  # this rank's part of the sequence, from here to the head
-            n = _sequence_part(T, tp)
+            n = T // tp.size
             pos = creation.arange(tp.rank * n, (tp.rank + 1) * n)
         else:
             pos = creation.arange(T)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
-            x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, Vp] (Vp/TP columns under TP)
-        return self._loss_and_logits(logits, targets, return_logits)
+        return self.transformer.wte(idx) + self.transformer.wpe(pos)
 
     # ---- llm.c checkpoints -------------------------------------------------------------
-    def _llmc_tensors(self):
-        """(name, [tensors]) in llm.c's order; per-layer tensors are stacked over layers."""
-        t, h = self.transformer, self.transformer.h
-        per_layer = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                     "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                     "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
-        out = [("wte", [t.wte.weight]), ("wpe", [t.wpe.weight])]
-        for name in per_layer:
-            out.append((name, [get_submodule(b, name) for b in h]))
-        out += [("ln_f.weight", [t.ln_f.weight]), ("ln_f.bias", [t.ln_f.bias])]
+    _PER_LAYER = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                  "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                  "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
+
+    @classmethod
+    def _llmc_shapes(cls, cfg: GPT2Config) -> list:
+        C, L = cfg.n_embd, cfg.n_layer
+        per_layer = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (4 * C, C),
+                     (4 * C,), (C, 4 * C), (C,)]
+        return ([("wte", (cfg.padded_vocab_size, C), 1), ("wpe", (cfg.block_size, C), 1)]
+                + [(n, shape, L) for n, shape in zip(cls._PER_LAYER, per_layer)]
+                + [("ln_f.weight", (C,), 1), ("ln_f.bias", (C,), 1)])
+
+    def _llmc_params(self) -> dict:
+        t = self.transformer
+        out = {"wte": [self._embedding_weight()],
+               "wpe": [t.wpe.weight if self.has_embedding else None]}
+        out.update({n: self._layer_params(n) for n in self._PER_LAYER})
+        out["ln_f.weight"] = [t.ln_f.weight if self.has_head else None]
+        out["ln_f.bias"] = [t.ln_f.bias if self.has_head else None]
         return out
 
     @classmethod
-    def from_llmc(cls, path, dtype=None, tp: TensorParallel | None = None) -> "GPT2":
+    def from_llmc(cls, path, dtype=None, tp: TensorParallel | None = None, pp=None) -> "GPT2":
         """Loads an llm.c GPT-2 checkpoint (version 3 float32 or 5 bfloat16); under TP each rank
-        keeps its slice of every tensor."""
+        keeps its slice of every tensor, under PP its stage's layers."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -201,12 +228,12 @@ class GPT2(CausalLM):
         cfg = GPT2Config(block_size=maxT, vocab_size=V, n_layer=L, n_head=H, n_embd=C)
         if Vp != cfg.padded_vocab_size:
             raise DataFormatError(f"{path}: padded vocabulary {Vp} is not {V} rounded up to 128")
-        model = cls(cfg, seed=0, tp=tp)
         store = np.dtype(LLMC_VERSIONS[version])
-        expected = 1024 + model._llmc_numel() * store.itemsize
-        if size != expected:
+        expected = 1024 + cls._llmc_numel(cfg) * store.itemsize
+        if size != expected:  # checked before the model is built: a header cannot eat the memory
             raise DataFormatError(f"{path}: {size} bytes, but a {L}-layer, {C}-wide model in "
                                   f"version {version} needs {expected} ({'truncated' if size < expected else 'trailing data'})")
+        model = cls(cfg, seed=0, tp=tp, pp=pp)
         model._llmc_load_payload(np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f"
                                            else store, mode="r", offset=1024))
         return model.to(dtype) if dtype is not None else model
@@ -222,14 +249,7 @@ class GPT2(CausalLM):
         atomic_write(path, header.tobytes() + self._llmc_payload(LLMC_VERSIONS[version]))
 
 
-def _sequence_part(T: int, tp: TensorParallel) -> int:
-    if T % tp.size:
-        raise ValueError(f"sequence parallelism splits the sequence over tensor parallel {tp.size}, "
-                         f"which does not divide the sequence length {T}")
-    return T // tp.size
-
-
-def gpt2(name: str = "gpt2", tp: TensorParallel | None = None, **overrides) -> GPT2:
+def gpt2(name: str = "gpt2", tp: TensorParallel | None = None, pp=None, **overrides) -> GPT2:
     if name not in PRESETS:
         raise ValueError(f"unknown GPT-2 preset {name!r}; choose from {', '.join(PRESETS)}")
-    return GPT2(replace(PRESETS[name], **overrides), tp=tp)
+    return GPT2(replace(PRESETS[name], **overrides), tp=tp, pp=pp)

@@ -14,11 +14,11 @@ from ..autograd import no_grad
 from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
-from ..nn.modules import Embedding, Linear, ModuleDict, ModuleList, RMSNorm
+from ..nn.modules import Embedding, Linear, ModuleDict, RMSNorm
 from ..nn.parallel import tensor_parallel as tpl
 from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
-from .base import CausalLM, get_submodule
+from .base import Blocks, CausalLM
 from ..io import DataFormatError, atomic_write
 
 LLMC_LLAMA3_MAGIC = 20240803
@@ -146,22 +146,29 @@ class Block(Module):
 
 class LLaMA3(CausalLM):
     """tp: build the model tensor-parallel over tp.group. The vocabulary is padded to a multiple
-    of TP there (zero rows the loss never sees); files keep the true vocabulary."""
+    of TP there (zero rows the loss never sees); files keep the true vocabulary. pp: build this
+    pipeline stage's part (see CausalLM)."""
     config_class = LLaMA3Config
-    def __init__(self, config: LLaMA3Config, seed: int | None = None, tp: TensorParallel | None = None):
+
+    def __init__(self, config: LLaMA3Config, seed: int | None = None, tp: TensorParallel | None = None,
+                 pp=None):
         super().__init__()
         config.validate()
         self.config = config
-        self.tp = tp = tp if tp is not None and tp.size > 1 else None
+        layers = self._setup_parallel(tp, pp)
+        tp = self.tp
         C, V = config.n_embd, config.vocab_size
-        self.transformer = ModuleDict(dict(
-            wte=tpl.VocabParallelEmbedding(V, C, tp) if tp else Embedding(V, C),
-            h=ModuleList(Block(config, tp) for _ in range(config.n_layer)),
-            ln_f=RMSNorm(C, eps=config.norm_eps),
-        ))
-        tpl.mark_sequence_parallel(self.transformer.ln_f, tp)
-        self.lm_head = tpl.ColumnParallelLinear(C, V, tp, bias=False, pad=True) if tp \
-            else Linear(C, V, bias=False)
+        parts = {}
+        if self.has_embedding:
+            parts["wte"] = tpl.VocabParallelEmbedding(V, C, tp) if tp else Embedding(V, C)
+        parts["h"] = Blocks({i: Block(config, tp) for i in layers})
+        if self.has_head:
+            parts["ln_f"] = RMSNorm(C, eps=config.norm_eps)
+            tpl.mark_sequence_parallel(parts["ln_f"], tp)
+        self.transformer = ModuleDict(parts)
+        if self.has_head:
+            self.lm_head = tpl.ColumnParallelLinear(C, V, tp, bias=False, pad=True) if tp \
+                else Linear(C, V, bias=False)
         angles = np.outer(np.arange(config.block_size), rope_frequencies(config))
         self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
         self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
@@ -169,14 +176,26 @@ class LLaMA3(CausalLM):
 
     @no_grad()
     def _init_weights(self, seed):
+        """N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * n_layer), drawn in one
+        process's order whatever this rank holds."""
         from ..random import Generator, default_generator
         gen = Generator(seed) if seed is not None else default_generator
-        kinds = (Linear, Embedding, tpl.ColumnParallelLinear, tpl.RowParallelLinear,
-                 tpl.VocabParallelEmbedding)
-        for name, m in self.named_modules():
-            if isinstance(m, kinds):  # drawn full-size under TP
-                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else 0.02
-                init.normal_(m.weight, 0.0, std, generator=gen)
+        cfg, std = self.config, 0.02
+        C, D = cfg.n_embd, cfg.head_dim
+        kinds = (Linear, tpl.ColumnParallelLinear, tpl.RowParallelLinear)
+        self._draw(gen, self.transformer.wte.weight if self.has_embedding else None,
+                   cfg.vocab_size * C, std)
+        h = self.transformer.h
+        per_block = (cfg.n_head + 2 * cfg.n_kv_head) * D * C + C * C + 3 * cfg.ffn_hidden * C
+        for i in range(cfg.n_layer):
+            if i not in h:
+                gen.advance(per_block)
+                continue
+            for name, m in h[i].named_modules():
+                if isinstance(m, kinds):  # drawn full-size under TP
+                    s = std / math.sqrt(2 * cfg.n_layer) if name.endswith("c_proj") else std
+                    init.normal_(m.weight, 0.0, s, generator=gen)
+        self._draw(gen, self.lm_head.weight if self.has_head else None, cfg.vocab_size * C, std)
 
     def to(self, *args, **kwargs) -> "LLaMA3":
         cos, sin = self.rope_cos, self.rope_sin
@@ -184,33 +203,31 @@ class LLaMA3(CausalLM):
         self._buffers["rope_cos"], self._buffers["rope_sin"] = cos, sin  # tables stay float32
         return self
 
-    def forward(self, idx, targets=None, return_logits: bool = True):
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block size {self.config.block_size}")
-        if targets is not None and tuple(targets.shape) != (B, T):
-            raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-        tp = self.tp
-        if tp and tp.sequence_parallel and T % tp.size:
-            raise ValueError(f"sequence parallelism splits the sequence over tensor parallel "
-                             f"{tp.size}, which does not divide the sequence length {T}")
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        x = self.transformer.wte(idx)  # [B, T/TP, C] under SP
-        for block in self.transformer.h:
-            x = block(x, cos, sin)
-        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, V] (V/TP columns under TP)
-        return self._loss_and_logits(logits, targets, return_logits)
+    def embed(self, idx):
+        return self.transformer.wte(idx)  # [B, T/TP, C] under SP
+
+    def run_block(self, block, x, T: int):
+        return block(x, self.rope_cos[:T], self.rope_sin[:T])
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def _llmc_tensors(self):
-        h = self.transformer.h
-        names = ["ln_1.weight", "attn.c_attn.weight", "attn.c_proj.weight", "ln_2.weight",
-                 "mlp.c_fc.weight", "mlp.c_fc2.weight", "mlp.c_proj.weight"]
-        out = [("wte", [self.transformer.wte.weight])]
-        for n in names:
-            out.append((n, [get_submodule(b, n) for b in h]))
-        return out + [("ln_f.weight", [self.transformer.ln_f.weight]),
-                      ("lm_head", [self.lm_head.weight])]
+    _PER_LAYER = ["ln_1.weight", "attn.c_attn.weight", "attn.c_proj.weight", "ln_2.weight",
+                  "mlp.c_fc.weight", "mlp.c_fc2.weight", "mlp.c_proj.weight"]
+
+    @classmethod
+    def _llmc_shapes(cls, cfg: LLaMA3Config) -> list:
+        C, L, F = cfg.n_embd, cfg.n_layer, cfg.ffn_hidden
+        qkv = (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
+        per_layer = [(C,), (qkv, C), (C, C), (C,), (F, C), (F, C), (C, F)]
+        return ([("wte", (cfg.vocab_size, C), 1)]
+                + [(n, shape, L) for n, shape in zip(cls._PER_LAYER, per_layer)]
+                + [("ln_f.weight", (C,), 1), ("lm_head", (cfg.vocab_size, C), 1)])
+
+    def _llmc_params(self) -> dict:
+        out = {"wte": [self.transformer.wte.weight if self.has_embedding else None]}
+        out.update({n: self._layer_params(n) for n in self._PER_LAYER})
+        out["ln_f.weight"] = [self.transformer.ln_f.weight if self.has_head else None]
+        out["lm_head"] = [self.lm_head.weight if self.has_head else None]
+        return out
 
     def save_llmc(self, path) -> None:
         c = self.config
@@ -227,7 +244,7 @@ class LLaMA3(CausalLM):
         atomic_write(path, header.tobytes() + self._llmc_payload("<f4"))
 
     @classmethod
-    def from_llmc(cls, path, tp: TensorParallel | None = None) -> "LLaMA3":
+    def from_llmc(cls, path, tp: TensorParallel | None = None, pp=None) -> "LLaMA3":
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -259,16 +276,17 @@ class LLaMA3(CausalLM):
                            ffn_dim_multiplier=ffn_mult or None, multiple_of=int(header[9]),
                            norm_eps=norm_eps, rope_theta=theta, use_scaled_rope=bool(header[12]),
                            rope_scaling_factor=scaling)
-        model = cls(cfg, seed=0, tp=tp)
-        expected = 1024 + 4 * model._llmc_numel()
-        if size != expected:
+        cfg.validate()
+        expected = 1024 + 4 * cls._llmc_numel(cfg)
+        if size != expected:  # checked before the model is built: a header cannot eat the memory
             raise DataFormatError(f"{path}: {size} bytes, but the model in its header needs {expected} "
                                   f"({'truncated' if size < expected else 'trailing data'})")
+        model = cls(cfg, seed=0, tp=tp, pp=pp)
         model._llmc_load_payload(np.memmap(path, dtype="<f4", mode="r", offset=1024))
         return model
 
 
-def llama3(name: str = "small", tp: TensorParallel | None = None, **overrides) -> LLaMA3:
+def llama3(name: str = "small", tp: TensorParallel | None = None, pp=None, **overrides) -> LLaMA3:
     if name not in PRESETS:
         raise ValueError(f"unknown LLaMA-3 preset {name!r}; choose from {', '.join(PRESETS)}")
-    return LLaMA3(replace(PRESETS[name], **overrides), tp=tp)
+    return LLaMA3(replace(PRESETS[name], **overrides), tp=tp, pp=pp)

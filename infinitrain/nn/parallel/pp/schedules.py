@@ -1,0 +1,134 @@
+"""Pipeline schedules: for each stage, the order in which it runs the forward ("F") and
+backward ("B") passes of (micro-batch, local chunk) pairs in one training step.
+
+A schedule is plain data; the engine (pipeline.py) runs it, sending activations and gradients
+with non-blocking sends and blocking only on the receive a pass needs. A stage therefore
+waits only on its own next pass's input, and a schedule is free of deadlock exactly when
+`simulate` can run it to the end, which the tests check for every (P, V, M) they use.
+
+- GPipe: every forward, then every backward. Peak activations: all M micro-batches.
+- 1F1B: min(P - s - 1, M) forwards to fill the pipe, then one forward and one backward in
+  turn, then the remaining backwards. Peak activations: about P - s micro-batches.
+- Interleaved 1F1B (V > 1 chunks per stage): Megatron's order. Micro-batches go in groups of
+  P through chunk 0, then the same group through chunk 1, ...; backwards walk the chunks in
+  reverse; warm-up is 2 (P - s - 1) + (V - 1) P forwards (all of them when M < P or when
+  that exceeds M V), then 1F1B.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+class Action(NamedTuple):
+    kind: str    # "F" or "B"
+    micro: int   # micro-batch
+    chunk: int   # local chunk on this stage (0..V-1)
+
+
+def gpipe(stages: int, virtual: int, micro: int, stage: int) -> list:
+    fwd = [Action("F", m, v) for v in range(virtual) for m in range(micro)]
+    bwd = [Action("B", m, v) for v in reversed(range(virtual)) for m in range(micro)]
+    return fwd + bwd
+
+
+def _one_forward_one_backward(fwd: list, bwd: list, warmup: int) -> list:
+    warmup = min(warmup, len(fwd))
+    out = fwd[:warmup]
+    for i in range(len(fwd) - warmup):
+        out += [fwd[warmup + i], bwd[i]]
+    return out + bwd[len(fwd) - warmup:]
+
+
+def one_f_one_b(stages: int, virtual: int, micro: int, stage: int) -> list:
+    if virtual != 1:
+        raise ValueError("1F1B runs one chunk per stage; with virtual chunks use 'interleaved'")
+    fwd = [Action("F", m, 0) for m in range(micro)]
+    bwd = [Action("B", m, 0) for m in range(micro)]
+    return _one_forward_one_backward(fwd, bwd, stages - stage - 1)
+
+
+def interleaved(stages: int, virtual: int, micro: int, stage: int) -> list:
+    P, V, M = stages, virtual, micro
+    G = _group_size(P, M)
+    fwd, bwd = [], []
+    for start in range(0, M, G):  # groups of G micro-batches go through the chunks together
+        group = range(start, min(start + G, M))
+        fwd += [Action("F", m, v) for v in range(V) for m in group]
+        bwd += [Action("B", m, v) for v in reversed(range(V)) for m in group]
+    warmup = M * V if M < P else 2 * (P - stage - 1) + (V - 1) * G
+    return _one_forward_one_backward(fwd, bwd, warmup)
+
+
+def _group_size(stages: int, micro: int) -> int:
+    """Micro-batches per group in the interleaved order: P when it divides M; otherwise the
+    smallest G >= P whose last group is whole or at least P long (a shorter last group leaves
+    a stage waiting on a backward that comes after its own next forward: deadlock)."""
+    if micro <= stages:
+        return max(micro, 1)
+    for G in range(stages, micro + 1):
+        if micro % G == 0 or micro % G >= stages:
+            return G
+    return micro
+
+
+def schedule(name: str, stages: int, virtual: int, micro: int, stage: int) -> list:
+    """The action list of `stage` for one step of `micro` micro-batches."""
+    if micro < 1:
+        raise ValueError(f"a pipeline step needs at least one micro-batch, got {micro}")
+    make = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}.get(name)
+    if make is None:
+        raise ValueError(f"unknown pipeline schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+    if name == "interleaved" and virtual < 2:
+        raise ValueError("the interleaved schedule needs virtual pipeline parallel >= 2")
+    return make(stages, virtual, micro, stage)
+
+
+def simulate(name: str, stages: int, virtual: int, micro: int,
+             forward_cost: float = 1.0, backward_cost: float = 2.0) -> dict:
+    """Runs the schedule of every stage on paper, with the engine's rule (a pass waits for
+    its input, sends never wait). Raises RuntimeError on a deadlock; returns the step's
+    length, the idle share of it (the pipeline bubble) and each stage's peak count of chunk
+    activations held (forward done, backward not yet)."""
+    P, V, last = stages, virtual, stages * virtual - 1
+    plans = [schedule(name, P, V, micro, s) for s in range(P)]
+    at, clock = [0] * P, [0.0] * P
+    held, peak = [0] * P, [0] * P
+    done = {}  # ("F"|"B", micro, global chunk) -> finish time
+
+    def ready(s: int, a: Action):
+        g = a.chunk * P + s
+        if a.kind == "F":
+            dep = ("F", a.micro, g - 1) if g > 0 else None
+        else:
+            dep = ("B", a.micro, g + 1) if g < last else ("F", a.micro, g)
+        if dep is None:
+            return 0.0
+        return done.get(dep)
+
+    remaining = sum(len(p) for p in plans)
+    while remaining:
+        progressed = False
+        for s in range(P):
+            while at[s] < len(plans[s]):
+                a = plans[s][at[s]]
+                t = ready(s, a)
+                if t is None:
+                    break
+                start = max(clock[s], t)
+                clock[s] = start + (forward_cost if a.kind == "F" else backward_cost) / V
+                done[(a.kind, a.micro, a.chunk * P + s)] = clock[s]
+                held[s] += 1 if a.kind == "F" else -1
+                peak[s] = max(peak[s], held[s])
+                at[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {s: plans[s][at[s]] for s in range(P) if at[s] < len(plans[s])}
+            raise RuntimeError(f"schedule {name} deadlocks at P={P}, V={V}, M={micro}: "
+                               f"stages wait on {stuck}")
+    span = max(clock)
+    busy = micro * (forward_cost + backward_cost)  # a chunk costs 1/V of a stage's layers
+    return {"time": span, "bubble": 1.0 - busy / span,
+            "peak_in_flight": peak}
