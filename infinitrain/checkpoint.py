@@ -1,15 +1,22 @@
 """Training checkpoints: everything needed to resume a run exactly, in files that cannot
-execute code (safetensors for tensors, JSON for the rest).
+execute code (safetensors for tensors, JSON for the rest), holding the one-process tensors
+under their one-process names whatever the layout that wrote them, and loadable under any
+other layout.
 
 Layout of a checkpoint root DIR:
 
     DIR/step_000005/model.safetensors      parameters and persistent buffers
-    DIR/step_000005/optimizer.safetensors  per-parameter optimizer tensors, keys "<index>.<name>"
-    DIR/step_000005/meta.json              {"format": "infinitrain-checkpoint", "version": 1,
+    DIR/step_000005/optimizer.safetensors  optimizer tensors, keys "<parameter name>/<state name>"
+    DIR/step_000005/meta.json              {"format": "infinitrain-checkpoint", "version": 2,
                                             "step", "optimizer": scalars and hyperparameters,
                                             "rng": [seed, offset], "extra": {...}, "dtypes": {...},
                                             "sha256": {file: digest}}
     DIR/latest                             the name of the newest complete checkpoint
+
+Under pipeline parallelism each stage writes its own layers, as model-stage-S-of-P.safetensors
+and optimizer-stage-S-of-P.safetensors; tensor-parallel shards are gathered first, so every
+tensor is whole and written once. Loading reads, from whichever files hold them, just the
+tensors this rank's part of the model needs and cuts its shard out of each.
 
 A checkpoint is written into a temporary folder, synced, and renamed into place; `latest` is
 replaced the same way afterwards. A save that is killed part-way leaves the previous checkpoint
@@ -32,7 +39,8 @@ from .random import default_generator
 from .tensor import Tensor
 
 FORMAT = "infinitrain-checkpoint"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: optimizer tensors keyed by parameter index (one layout only)
 
 
 class CheckpointError(RuntimeError):
@@ -64,73 +72,112 @@ def _param_list(optimizer) -> list:
     return [p for g in optimizer.param_groups for p in g["params"]]
 
 
+def _param_names(model) -> dict:
+    """id(parameter) -> its one-process name (a pipeline stage's copy of a tied parameter is
+    named after the original, whose optimizer state it shares)."""
+    return {id(p): getattr(p, "tied_copy_of", None) or n for n, p in model.named_parameters()}
+
+
+def _stage_suffix(model) -> str:
+    pp = getattr(model, "pp", None)
+    return "" if pp is None else f"-stage-{pp.stage}-of-{pp.size}"
+
+
 def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None = None,
                     keep: int | None = None, write: bool = True) -> Path:
     """Writes DIR/step_<step>/ atomically and points DIR/latest at it; with `keep`, only the
-    newest `keep` checkpoints are kept. The files hold the one-process tensors whatever the
-    layout: under tensor parallelism every rank calls this (shards are gathered over their
-    group) and the one with write=True writes."""
+    newest `keep` checkpoints are kept. Collective over the layout: under tensor parallelism
+    every rank calls it (shards are gathered over their group); `write` says whether this rank
+    writes. Under pipeline parallelism exactly one rank per stage, all of one pipeline (say
+    DP rank 0, TP rank 0), writes: each its stage's part, stage 0 the rest."""
     from safetensors.numpy import save_file
+    names = _param_names(model)
     model_tensors = {k: _full(t) for k, t in model.state_dict(keep_vars=True).items()}
-    opt_sd = None
+    opt_tensors, scalars, groups = {}, {}, None
     if optimizer is not None:
-        opt_sd = optimizer.state_dict()
+        sd = optimizer.state_dict()
         params = _param_list(optimizer)
-        for idx, st in opt_sd["state"].items():
-            shard = getattr(params[int(idx)], "tp_shard", None)
+        for idx, st in sd["state"].items():
+            p = params[int(idx)]
+            if getattr(p, "tied_copy_of", None) is not None:
+                continue  # the original's stage writes the shared state
+            name, shard = names[id(p)], getattr(p, "tp_shard", None)
             for k, v in st.items():
-                if shard is not None and isinstance(v, Tensor) and tuple(v.shape) == tuple(params[int(idx)].shape):
-                    st[k] = shard.gather(v)
-    if not write:
-        return Path(root) / f"step_{step:06d}"
+                if isinstance(v, Tensor):
+                    full = shard.gather(v) if shard is not None and tuple(v.shape) == tuple(p.shape) else v
+                    opt_tensors[f"{name}/{k}"] = full
+                else:
+                    scalars.setdefault(name, {})[k] = v
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "params": [names[id(params[i])] for i in g["params"]]} for g in sd["param_groups"]]
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
-    tmp = root / f".{name}.tmp{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    if not write:
+        return root / name
+    pp = getattr(model, "pp", None)
+    leader = pp is None or pp.stage == 0
+    tmp = root / f".{name}.tmp"
+    if leader:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    if pp is not None:
+        pp.group.barrier()  # the folder exists before any stage writes into it
+    suffix = _stage_suffix(model)
     dtypes = {}
     tensors = {}
     for k, t in model_tensors.items():
         tensors[k], dtypes[f"model/{k}"] = _to_numpy(t)
-    save_file(tensors, str(tmp / "model.safetensors"))
-    meta = {"format": FORMAT, "version": VERSION, "step": int(step),
-            "rng": list(default_generator.get_state()), "extra": extra or {}}
+    _write_safetensors(save_file, tensors, tmp / f"model{suffix}.safetensors")
     if optimizer is not None:
-        sd = opt_sd
-        opt_tensors, scalars = {}, {}
-        for idx, st in sd["state"].items():
-            for k, v in st.items():
-                if isinstance(v, Tensor):
-                    opt_tensors[f"{idx}.{k}"], dtypes[f"optimizer/{idx}.{k}"] = _to_numpy(v)
-                else:
-                    scalars.setdefault(str(idx), {})[k] = v
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        meta["optimizer"] = {"type": type(optimizer).__name__, "scalars": scalars,
-                             "param_groups": sd["param_groups"]}
-    meta["dtypes"] = dtypes
-    meta["sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
-    with open(tmp / "meta.json", "w") as f:
-        json.dump(meta, f, indent=1, default=_json_default)
-        f.flush()
-        os.fsync(f.fileno())
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+        arrays = {}
+        for k, t in opt_tensors.items():
+            arrays[k], dtypes[f"optimizer/{k}"] = _to_numpy(t)
+        _write_safetensors(save_file, arrays, tmp / f"optimizer{suffix}.safetensors")
+    (tmp / f"parts{suffix}.json").write_text(json.dumps({"dtypes": dtypes, "scalars": scalars},
+                                                        default=_json_default))
+    if pp is not None:
+        pp.group.barrier()  # every stage's files are on disk
     final = root / name
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    latest_tmp = root / f".latest.tmp{os.getpid()}"
-    latest_tmp.write_text(name + "\n")
-    os.replace(latest_tmp, root / "latest")
-    fsync_dir(root)
-    if keep:
-        done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-        for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    if leader:
+        meta = {"format": FORMAT, "version": VERSION, "step": int(step),
+                "rng": list(default_generator.get_state()), "extra": extra or {}}
+        dtypes, scalars = {}, {}
+        for part in sorted(tmp.glob("parts*.json")):
+            d = json.loads(part.read_text())
+            dtypes.update(d["dtypes"])
+            scalars.update(d["scalars"])
+            part.unlink()
+        if optimizer is not None:
+            meta["optimizer"] = {"type": type(optimizer).__name__, "scalars": scalars,
+                                 "param_groups": groups}
+        meta["dtypes"] = dtypes
+        meta["sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(meta, f, indent=1, default=_json_default)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        latest_tmp = root / f".latest.tmp{os.getpid()}"
+        latest_tmp.write_text(name + "\n")
+        os.replace(latest_tmp, root / "latest")
+        fsync_dir(root)
+        if keep:
+            done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+            for old in done[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    if pp is not None:
+        pp.group.barrier()  # no writer returns before the checkpoint is in place
     return final
+
+
+def _write_safetensors(save_file, arrays: dict, path: Path) -> None:
+    save_file(arrays, str(path))
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def _json_default(v):
@@ -156,10 +203,30 @@ def resolve(path) -> Path:
     raise CheckpointError(f"{path} holds no checkpoint (no meta.json and no 'latest' file)")
 
 
+class _Files:
+    """The tensors of every file of one kind (model or optimizer), read one at a time."""
+
+    def __init__(self, folder: Path, kind: str, files, dtypes: dict):
+        from safetensors import safe_open
+        self.kind, self.dtypes, self.where = kind, dtypes, {}
+        self.handles = []
+        for f in files:
+            h = safe_open(str(folder / f), framework="numpy")
+            self.handles.append(h)
+            for k in h.keys():
+                self.where[k] = h
+
+    def keys(self):
+        return self.where.keys()
+
+    def get(self, key: str) -> Tensor:
+        return _from_numpy(self.where[key].get_tensor(key), self.dtypes.get(f"{self.kind}/{key}", ""))
+
+
 def load_checkpoint(path, model, optimizer=None) -> dict:
     """Loads a checkpoint into model (and optimizer), restores the RNG, and returns its meta
-    ({"step", "extra", ...}). Raises CheckpointError naming any mismatch."""
-    from safetensors.numpy import load_file
+    ({"step", "extra", ...}). Whatever layout wrote it, each rank reads the tensors of its part
+    of the model and cuts out its shards. Raises CheckpointError naming any mismatch."""
     folder = resolve(path)
     try:
         meta = json.loads((folder / "meta.json").read_text())
@@ -167,9 +234,9 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
         raise CheckpointError(f"{folder}/meta.json is not valid JSON ({e})") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{folder} is not an infinitrain checkpoint (format {meta.get('format')!r})")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{folder} has checkpoint format version {meta.get('version')}; this "
-                              f"infinitrain reads version {VERSION}")
+                              f"infinitrain reads versions {', '.join(map(str, READABLE_VERSIONS))}")
     for name, digest in meta["sha256"].items():
         f = folder / name
         if not f.is_file():
@@ -178,50 +245,76 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
             raise CheckpointError(f"{f} is damaged: its sha256 does not match the one recorded "
                                   "when it was saved")
     dtypes = meta.get("dtypes", {})
-    arrays = load_file(str(folder / "model.safetensors"))
-    state = {k: _from_numpy(a, dtypes.get(f"model/{k}", "")) for k, a in arrays.items()}
+    files = sorted(meta["sha256"])
+    stored = _Files(folder, "model", [f for f in files if f.startswith("model")], dtypes)
     own = model.state_dict(keep_vars=True)
-    for k, t in own.items():  # a tensor-parallel shard takes its slice of the full tensor
-        shard = getattr(t, "tp_shard", None)
-        if shard is not None and k in state:
-            want = shard.full_shape(t.shape)
-            if tuple(state[k].shape) != want:
-                raise CheckpointError(f"{folder} does not fit this model: {k}: checkpoint "
-                                      f"{tuple(state[k].shape)} vs model {want}")
-            state[k] = shard.take(state[k])
+    missing = [k for k in own if k not in stored.where]
+    unexpected = [k for k in stored.keys() if k not in own] if getattr(model, "pp", None) is None else []
+    if missing or unexpected:
+        raise CheckpointError(f"{folder} does not fit this model: missing keys: {', '.join(missing[:8]) or '-'}; "
+                              f"unexpected keys: {', '.join(unexpected[:8]) or '-'}")
+    state = {k: _own_part(stored.get(k), t, f"{folder}: {k}") for k, t in own.items()}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise CheckpointError(f"{folder} does not fit this model: {e}") from None
     if optimizer is not None:
-        if "optimizer" not in meta:
-            raise CheckpointError(f"{folder} holds no optimizer state")
-        o = meta["optimizer"]
-        if o["type"] != type(optimizer).__name__:
-            raise CheckpointError(f"{folder} holds {o['type']} state, not {type(optimizer).__name__}")
-        tensors = load_file(str(folder / "optimizer.safetensors"))
-        st = {}
-        for key, a in tensors.items():
-            idx, name = key.split(".", 1)
-            st.setdefault(int(idx), {})[name] = _from_numpy(a, dtypes.get(f"optimizer/{key}", ""))
-        for idx, scalars in o["scalars"].items():
-            st.setdefault(int(idx), {}).update(scalars)
-        params = _param_list(optimizer)
-        for idx, entries in st.items():
-            shard = getattr(params[idx], "tp_shard", None) if 0 <= idx < len(params) else None
-            if shard is None:
-                continue
-            want = shard.full_shape(params[idx].shape)
-            for k, v in entries.items():
-                if isinstance(v, Tensor) and tuple(v.shape) == want:
-                    entries[k] = shard.take(v)
-        groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in o["param_groups"]]
-        try:
-            optimizer.load_state_dict({"state": st, "param_groups": groups})
-        except ValueError as e:
-            raise CheckpointError(f"{folder}: optimizer state does not fit: {e}") from None
+        _load_optimizer(folder, meta, model, optimizer,
+                        _Files(folder, "optimizer", [f for f in files if f.startswith("optimizer")], dtypes))
     default_generator.set_state(meta["rng"])
     return meta
+
+
+def _own_part(full: Tensor, like: Tensor, what: str) -> Tensor:
+    """This rank's part of a one-process tensor: its tensor-parallel shard, or all of it."""
+    shard = getattr(like, "tp_shard", None)
+    want = shard.full_shape(like.shape) if shard is not None else tuple(like.shape)
+    if tuple(full.shape) != tuple(want):
+        raise CheckpointError(f"{what} does not fit: checkpoint {tuple(full.shape)} vs model {want}")
+    return shard.take(full) if shard is not None else full
+
+
+def _load_optimizer(folder: Path, meta: dict, model, optimizer, stored: _Files) -> None:
+    if "optimizer" not in meta:
+        raise CheckpointError(f"{folder} holds no optimizer state")
+    o = meta["optimizer"]
+    if o["type"] != type(optimizer).__name__:
+        raise CheckpointError(f"{folder} holds {o['type']} state, not {type(optimizer).__name__}")
+    params = _param_list(optimizer)
+    if meta["version"] == 1:  # keyed by the saving optimizer's parameter order
+        names = {id(p): str(i) for i, p in enumerate(params)}
+        split = "."
+    else:
+        names, split = _param_names(model), "/"
+    by_name = {}
+    for key in stored.keys():
+        pname, k = key.rsplit(split, 1) if split == "/" else key.split(split, 1)
+        by_name.setdefault(pname, {})[k] = key
+    state = {}
+    for i, p in enumerate(params):
+        name = names.get(id(p))
+        if name is None:
+            raise CheckpointError("the optimizer holds a parameter that is not the model's")
+        entries = {}
+        for k, key in by_name.get(name, {}).items():
+            t = stored.get(key)  # per-element state takes this rank's part; a scalar stays whole
+            entries[k] = _own_part(t, p, f"{folder}: optimizer state {key}") if t.ndim else t
+        entries.update(o["scalars"].get(name, {}))
+        if entries:
+            state[i] = entries
+    saved_groups = o["param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{folder}: optimizer state has {len(saved_groups)} parameter groups, "
+                              f"this optimizer has {len(optimizer.param_groups)}")
+    index, groups = 0, []
+    for saved, own in zip(saved_groups, optimizer.param_groups):
+        hyper = {k: (tuple(v) if k == "betas" else v) for k, v in saved.items() if k != "params"}
+        groups.append({**hyper, "params": list(range(index, index + len(own["params"])))})
+        index += len(own["params"])
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except ValueError as e:
+        raise CheckpointError(f"{folder}: optimizer state does not fit: {e}") from None
 
 
 @no_grad()

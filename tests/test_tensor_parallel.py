@@ -14,7 +14,7 @@ import pytest
 from infinitrain.nn.parallel import tensor_parallel as tpm
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = str(HERE / "mpi" / "tp_train.py")
+SCRIPT = str(HERE / "mpi" / "parallel_train.py")
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 ENV = {"OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
 # bf16 with AdamW at a high learning rate amplifies round-off chaotically (even DP alone, which

@@ -214,9 +214,12 @@ class CausalLM(Module):
 
     @no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int = 0):
-        """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix)."""
+                 seed: int = 0, forward=None):
+        """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix).
+        forward(idx) -> logits replaces the model's own forward (a pipeline passes its
+        PipelineParallel.logits, which every stage runs along)."""
         rng = np.random.default_rng(seed)
+        forward = forward or (lambda x: self(x)[0])
         tokens = idx.numpy().astype(np.int64)
         tp = getattr(self, "tp", None)
         multiple = tp.size if tp is not None and tp.sequence_parallel else 1
@@ -226,7 +229,7 @@ class CausalLM(Module):
             # sequence parallelism splits the sequence evenly: pad the end (causal attention
             # keeps the padding out of the real positions' logits)
             ctx = np.pad(ctx, ((0, 0), (0, (-n) % multiple)))
-            logits, _ = self(creation.from_numpy(np.ascontiguousarray(ctx)))
+            logits = forward(creation.from_numpy(np.ascontiguousarray(ctx)))
             last = logits[:, n - 1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
             if top_k:
                 kth = np.sort(last, axis=-1)[:, -top_k][:, None]

@@ -13,19 +13,23 @@ from ..kernels import elementwise as ew
 
 @no_grad()
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> float:
+                    error_if_nonfinite: bool = False, pipeline_group=None) -> float:
     """Scales gradients so that their global 2-norm is at most max_norm; returns the norm
-    before clipping (as torch.nn.utils.clip_grad_norm_)."""
+    before clipping (as torch.nn.utils.clip_grad_norm_). Under pipeline parallelism pass the
+    pipeline's group: each stage holds other parameters, so their squares are summed over it
+    (a stage's copy of a tied parameter is left out: the original counts)."""
     if norm_type != 2.0:
         raise NotImplementedError("clip_grad_norm_: only the 2-norm is implemented")
     params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params]
-    if not grads:
+    if not grads and pipeline_group is None:
         return 0.0
     # A tensor-parallel shard holds part of its parameter: the shards' squares are summed over
     # their group; replicated parameters (equal on every rank) count once, as in one process.
     total_sq, shard_sq = 0.0, {}
     for p, g in zip(params, grads):
+        if getattr(p, "tied_copy_of", None) is not None:
+            continue
         sq = ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, g.float())).item()
         shard = getattr(p, "tp_shard", None)
         if shard is None:
@@ -37,6 +41,10 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         t = from_numpy(np.array([acc], dtype=np.float64))
         group.all_reduce(t)
         total_sq += t.item()
+    if pipeline_group is not None and pipeline_group.size > 1:
+        t = from_numpy(np.array([total_sq], dtype=np.float64))
+        pipeline_group.all_reduce(t)
+        total_sq = t.item()
     total = math.sqrt(total_sq)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(f"the total norm of the gradients is {total}; set "

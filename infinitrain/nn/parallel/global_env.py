@@ -33,6 +33,21 @@ class GlobalEnv:
             groups[kind] = MPIProcessGroup(sub, members)
         self.dp_group, self.tp_group, self.pp_group = groups["dp"], groups["tp"], groups["pp"]
         self.world = MPIProcessGroup(comm, list(range(self.world_size)))
+        # the first and last stage of each pipeline: a tied embedding's gradient is summed there
+        self.embedding_group = None
+        if layout.pp > 1:
+            from mpi4py import MPI
+            members = [self.layout.pp_group(self.rank)[0], self.layout.pp_group(self.rank)[-1]]
+            inside = self.rank in members
+            color = layout.all_groups("pp").index(tuple(layout.pp_group(self.rank))) if inside else MPI.UNDEFINED
+            sub = comm.Split(color, members.index(self.rank) if inside else 0)
+            if inside:
+                self.embedding_group = MPIProcessGroup(sub, members)
+
+    def pipeline_stage(self, virtual: int = 1):
+        """This rank's PipelineStage (what a model is built with under pipeline parallelism)."""
+        from .pp.stage import PipelineStage
+        return PipelineStage(self.pp_group, virtual, self.embedding_group)
 
     @property
     def dp_rank(self) -> int:

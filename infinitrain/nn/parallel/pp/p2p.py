@@ -1,0 +1,68 @@
+"""Point-to-point traffic between pipeline stages: activations forward, their gradients back.
+
+Sends are non-blocking and kept until done; a receive blocks only when the pass needing it
+runs, and never forever: past the timeout it raises, naming this rank, its stage, the
+micro-batch and the rank it was waiting for (a dead or hung neighbour), and the job aborts.
+Every message's tag names (direction, micro-batch, receiving chunk), so a receive can only
+match the message meant for it, whatever order the neighbour sent in.
+"""
+from __future__ import annotations
+
+import time
+
+from ....creation import empty
+
+
+class PipelineTimeout(RuntimeError):
+    """A pipeline stage waited longer than the timeout for a neighbour."""
+
+
+class P2P:
+    def __init__(self, stage, timeout: float = 300.0):
+        if not timeout > 0:
+            raise ValueError(f"the pipeline timeout must be positive seconds, got {timeout}")
+        self.stage, self.group, self.timeout = stage, stage.group, float(timeout)
+        self.chunks = stage.size * stage.virtual
+        self.pending = []  # (work, tensor): sends in flight and the memory they read
+
+    def _tag(self, backward: bool, micro: int, chunk: int) -> int:
+        return ((micro * self.chunks + chunk) << 1) | int(backward)
+
+    def send(self, t, to_stage: int, backward: bool, micro: int, chunk: int) -> None:
+        """chunk: the global chunk that will receive t."""
+        work = self.group.isend(t, to_stage, self._tag(backward, micro, chunk))
+        self.pending.append((work, t))
+
+    def recv(self, shape, dtype, from_stage: int, backward: bool, micro: int, chunk: int):
+        """chunk: the global chunk (on this stage) that needs the tensor."""
+        t = empty(*shape, dtype=dtype)
+        work = self.group.irecv(t, from_stage, self._tag(backward, micro, chunk))
+        what = "gradient" if backward else "activation"
+        self._wait(work, lambda: f"the {what} of micro-batch {micro} for chunk {chunk} from "
+                                 f"stage {from_stage} (rank {self.group.ranks[from_stage]})")
+        return t
+
+    def poll(self) -> None:
+        """Lets finished sends go (MPI moves messages along inside such calls)."""
+        self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
+
+    def flush(self) -> None:
+        for work, _ in self.pending:
+            self._wait(work, lambda: "a send to a neighbouring stage to be received")
+        self.pending = []
+
+    def _wait(self, work, describe) -> None:
+        if work.is_completed():
+            return
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                s = self.stage
+                raise PipelineTimeout(
+                    f"rank {self.group.ranks[s.stage]} (pipeline stage {s.stage} of {s.size}) waited "
+                    f"{self.timeout:.0f} s for {describe()}: that rank died or hung. If a stage is "
+                    "legitimately that slow, raise the pipeline timeout (--pipeline_timeout)")
+            # sleeping, not spinning: ranks oversubscribing cores need them to compute
+            time.sleep(pause)
+            pause = min(max(2 * pause, 1e-5), 1e-3)

@@ -1,0 +1,211 @@
+"""The pipeline engine: runs a schedule's passes on this stage's model chunks.
+
+One training step takes the step's M micro-batches (every stage gets the same ones: the
+first stage reads the tokens, the last the targets) and returns the mean loss, known on
+every stage. On the way it
+- sends each chunk's output to the stage holding the next chunk, and each input's gradient
+  back (p2p.py), with shapes and dtype known up front from the model (`hidden_spec`);
+- scales each micro-batch's loss by 1/M, so that the gradients are the mean over the step,
+  as gradient accumulation in one process;
+- with data parallelism, keeps one Reducer per chunk and lets it all-reduce only in that
+  chunk's last backward of the step, which the schedule tells (decided at backward time:
+  under 1F1B the last forward is not followed by the last backward);
+- sums the gradients of parameters the model ties but the pipeline holds twice (GPT-2's
+  token embedding and output head) over the first and last stage, so the copies stay equal.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+
+from ....autograd import no_grad
+from ....autograd.engine import backward as autograd_backward
+from ....creation import empty, from_numpy
+from ..ddp import Reducer
+from ..process_group import ReduceOp
+from .p2p import P2P
+from .schedules import schedule
+from .stage import PipelineStage
+
+
+class _SingleStage:
+    """The pipeline of a model that is not split: one stage, one chunk."""
+    size, stage, virtual, is_first, is_last = 1, 0, 1, True, True
+    group = embedding_group = None
+
+
+class PipelineParallel:
+    """model: a CausalLM built with pp=PipelineStage (or a whole one: a pipeline of one
+    stage). schedule: "gpipe", "1f1b" or "interleaved" (needs virtual >= 2). dp_group: the
+    data-parallel group of this stage's replicas (gradients averaged over it)."""
+
+    def __init__(self, model, schedule: str = "1f1b", dp_group=None, timeout: float = 300.0):
+        self.model = model
+        self.stage = model.pp if model.pp is not None else _SingleStage()
+        self.schedule = schedule
+        s = self.stage
+        self.chunk_layers = model.stage_layers
+        self.V = len(self.chunk_layers)
+        self.last_chunk = s.size * self.V - 1
+        self.p2p = P2P(s, timeout) if s.size > 1 else None
+        self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
+        self.reducers = []
+        if self.dp_group is not None:
+            with no_grad():  # replicas start equal (they do by seed; a loaded model is made so)
+                for t in list(model.parameters()) + list(model.buffers()):
+                    if t.is_contiguous():
+                        self.dp_group.broadcast(t, 0)
+            self.reducers = [Reducer(params, self.dp_group) for params in self._chunk_parameters()]
+
+    def _chunk_parameters(self) -> list:
+        """Each local chunk's parameters: its blocks', plus the embedding's on the chunk that
+        embeds and the final norm's and head's on the chunk that ends in the loss."""
+        chunk_of = {i: v for v, layers in enumerate(self.chunk_layers) for i in layers}
+        out = [[] for _ in range(self.V)]
+        for name, p in self.model.named_parameters():
+            parts = name.split(".")
+            if parts[:2] == ["transformer", "h"]:
+                out[chunk_of[int(parts[2])]].append(p)
+            elif parts[:2] in (["transformer", "wte"], ["transformer", "wpe"]):
+                out[0].append(p)
+            else:  # final norm and output head
+                out[self.V - 1].append(p)
+        return out
+
+    def _global(self, chunk: int) -> int:
+        return chunk * self.stage.size + self.stage.stage
+
+    def _neighbour(self, g: int) -> int:
+        return g % self.stage.size
+
+    # ---- one training step ------------------------------------------------------------------
+    def train_step(self, micro_batches, forward_context=None) -> float:
+        """micro_batches: [(idx, targets)] int [B, T] each. Runs forward and backward of all
+        of them as the schedule orders; gradients end up in .grad (mean over micro-batches,
+        averaged over DP). Returns the mean loss, on every stage."""
+        M = len(micro_batches)
+        s = self.stage
+        plan = schedule(self.schedule, s.size, self.V, M, s.stage) if s.size > 1 or self.V > 1 \
+            else [a for m in range(M) for a in (("F", m, 0), ("B", m, 0))]
+        last_backward = {a[2]: i for i, a in enumerate(plan) if a[0] == "B"}
+        for r in self.reducers:
+            r.prepare(sync=False)
+        self._inputs, self._outputs = {}, {}
+        context = forward_context or nullcontext
+        loss_sum = 0.0
+        for i, (kind, micro, chunk) in enumerate(plan):
+            if kind == "F":
+                with context():
+                    loss = self._forward(micro_batches, micro, chunk, scale=1.0 / M)
+                if loss is not None:
+                    loss_sum += loss
+            else:
+                if self.reducers and last_backward[chunk] == i:
+                    self.reducers[chunk].sync = True  # the chunk's gradients are complete after this
+                self._backward(micro_batches, micro, chunk)
+            if self.p2p is not None:
+                self.p2p.poll()
+        if self.p2p is not None:
+            self.p2p.flush()
+        self._sum_tied_gradients()
+        return self._share_loss(loss_sum / M)
+
+    def _forward(self, batches, micro: int, chunk: int, scale: float):
+        model, g = self.model, self._global(chunk)
+        idx, targets = batches[micro]
+        T = idx.shape[1]
+        if g == 0:
+            model.check_batch(idx, targets)
+            x = model.embed(idx)
+        else:
+            x = self._recv(idx, backward=False, micro=micro, g=g)
+            x.requires_grad_(True)
+            self._inputs[(micro, chunk)] = x
+        for i in self.chunk_layers[chunk]:
+            x = model.run_block(model.transformer.h[i], x, T)
+        if g == self.last_chunk:
+            _, loss = model.head(x, targets, return_logits=False)
+            self._outputs[(micro, chunk)] = loss * scale
+            return loss.item()
+        self._check_spec(x, idx, "the activation it sends on")
+        self.p2p.send(x, self._neighbour(g + 1), backward=False, micro=micro, chunk=g + 1)
+        self._outputs[(micro, chunk)] = x
+        return None
+
+    def _backward(self, batches, micro: int, chunk: int) -> None:
+        g = self._global(chunk)
+        out = self._outputs.pop((micro, chunk))
+        x = self._inputs.pop((micro, chunk), None)
+        if g == self.last_chunk:
+            autograd_backward(out)
+        else:
+            grad = self._recv(batches[micro][0], backward=True, micro=micro, g=g)
+            autograd_backward(out, grad)
+        if g > 0:
+            self.p2p.send(x.grad, self._neighbour(g - 1), backward=True, micro=micro, chunk=g - 1)
+
+    def _recv(self, idx, backward: bool, micro: int, g: int):
+        shape, dtype = self.model.hidden_spec(*idx.shape)
+        src = self._neighbour(g + 1 if backward else g - 1)
+        return self.p2p.recv(shape, dtype, src, backward, micro, g)
+
+    def _check_spec(self, x, idx, what: str) -> None:
+        shape, dtype = self.model.hidden_spec(*idx.shape)
+        if tuple(x.shape) != tuple(shape) or x.dtype is not dtype:
+            raise RuntimeError(f"{self.stage}: {what} is {tuple(x.shape)} {x.dtype.name}, but "
+                               f"stages exchange {tuple(shape)} {dtype.name} (the model's hidden_spec)")
+
+    def _sum_tied_gradients(self) -> None:
+        group = self.stage.embedding_group
+        for p in self.model.tied_parameters():
+            if p.grad is not None and group is not None:
+                group.all_reduce(p.grad, ReduceOp.SUM)
+
+    def _share_loss(self, value: float) -> float:
+        """The last stage's loss, on every stage."""
+        if self.stage.size == 1:
+            return value
+        t = from_numpy(np.array([value], dtype=np.float64))
+        self.stage.group.broadcast(t, self.stage.size - 1)
+        return t.item()
+
+    # ---- forward only: evaluation and sampling ------------------------------------------------
+    @no_grad()
+    def eval_step(self, micro_batches, forward_context=None) -> float:
+        """The mean loss of the micro-batches, no gradients; on every stage."""
+        M, context = len(micro_batches), forward_context or nullcontext
+        loss_sum = 0.0
+        with context():
+            for chunk in range(self.V):
+                for micro in range(M):
+                    loss = self._forward(micro_batches, micro, chunk, scale=1.0)
+                    if loss is not None:
+                        loss_sum += loss
+        self._inputs, self._outputs = {}, {}
+        if self.p2p is not None:
+            self.p2p.flush()
+        return self._share_loss(loss_sum / M)
+
+    @no_grad()
+    def logits(self, idx):
+        """The model's logits [B, T, vocab_size] (float32) for idx, on every stage: what
+        CausalLM.generate needs (pass forward=pipeline.logits)."""
+        model, s = self.model, self.stage
+        T = idx.shape[1]
+        x = None
+        for chunk in range(self.V):
+            g = self._global(chunk)
+            x = model.embed(idx) if g == 0 else self._recv(idx, backward=False, micro=0, g=g)
+            for i in self.chunk_layers[chunk]:
+                x = model.run_block(model.transformer.h[i], x, T)
+            if g != self.last_chunk:
+                self.p2p.send(x, self._neighbour(g + 1), backward=False, micro=0, chunk=g + 1)
+        if self.p2p is not None:
+            self.p2p.flush()
+        B, V = idx.shape[0], model.config.vocab_size
+        out = model.head(x, None, return_logits=True)[0].float().contiguous() if s.is_last \
+            else empty(B, T, V)
+        if s.size > 1:
+            s.group.broadcast(out, s.size - 1)
+        return out

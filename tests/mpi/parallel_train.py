@@ -1,0 +1,134 @@
+"""Trains a tiny GPT-2 or LLaMA-3 for a few AdamW steps under DP x TP (± SP) x PP on a fixed
+global batch and prints one line per step ("loss <step> <value>") from rank 0; on one process
+with the defaults it is the reference. The global batch (--batch sequences) is split over DP
+and then into --micro micro-batches, so every layout trains on the same tokens. At the end
+every parameter replicated across the TP group must be bit-identical on its ranks, and the
+pipeline's two copies of a tied embedding equal.
+
+    mpiexec -n 8 python parallel_train.py --model gpt2 --tp 2 --sp --pp 2 --vpp 2 --micro 4
+"""
+import argparse
+import hashlib
+from contextlib import nullcontext
+
+import numpy as np
+
+import infinitrain as it
+from infinitrain.amp import autocast
+from infinitrain.checkpoint import load_checkpoint, save_checkpoint
+from infinitrain.models import GPT2Config, LLaMA3Config
+from infinitrain.models.gpt2 import GPT2
+from infinitrain.models.llama3 import LLaMA3
+from infinitrain.nn import parallel
+from infinitrain.nn.parallel.pp import PipelineParallel
+from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
+from infinitrain.nn.utils import clip_grad_norm_
+from infinitrain.optim import AdamW
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", choices=["gpt2", "llama3"], default="gpt2")
+p.add_argument("--tp", type=int, default=1)
+p.add_argument("--sp", action="store_true")
+p.add_argument("--pp", type=int, default=1)
+p.add_argument("--vpp", type=int, default=1)
+p.add_argument("--schedule", default=None, help="gpipe | 1f1b | interleaved (default by --vpp)")
+p.add_argument("--micro", type=int, default=1, help="micro-batches per step (per DP rank)")
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--dtype", default="float32")
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--first", type=int, default=1, help="step to start at (after --load)")
+p.add_argument("--batch", type=int, default=4, help="global batch (sequences)")
+p.add_argument("--seq", type=int, default=16)
+p.add_argument("--lr", type=float, default=1e-2)
+p.add_argument("--clip", type=float, default=1.0)
+p.add_argument("--save", default=None)
+p.add_argument("--load", default=None)
+p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
+args = p.parse_args()
+
+env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp)
+tp = TensorParallel(env.tp_group, sequence_parallel=args.sp) if args.tp > 1 else None
+stage = env.pipeline_stage(args.vpp) if args.pp > 1 or args.vpp > 1 else None
+dp, dp_rank = env.layout.dp, env.dp_rank
+if args.model == "gpt2":
+    cfg = GPT2Config(block_size=64, vocab_size=50257, n_layer=args.layers, n_head=4, n_embd=32)
+    model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else GPT2(cfg, seed=5, tp=tp, pp=stage)
+else:  # grouped-query attention: 8 query heads, 4 KV heads
+    cfg = LLaMA3Config(block_size=64, vocab_size=50257, n_layer=args.layers, n_head=8, n_kv_head=4,
+                       n_embd=32, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
+    model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage)
+pipe = None
+if stage is not None:
+    pipe = PipelineParallel(model, args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
+                            dp_group=env.dp_group, timeout=120)
+    net = model
+else:
+    net = parallel.DistributedDataParallel(model) if dp > 1 else model
+decay = [q for q in model.parameters() if q.ndim >= 2]
+no_decay = [q for q in model.parameters() if q.ndim < 2]
+opt = AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=args.lr, betas=(0.9, 0.95))
+if args.load:
+    load_checkpoint(args.load, model, opt)
+
+
+def context():
+    return autocast(args.dtype, enabled=args.dtype != "float32")
+
+
+B, T, M = args.batch // dp, args.seq, args.micro
+b = B // M
+for step in range(args.first, args.steps + 1):
+    # two batches in turn from a few hundred ids: the loss falls fast, so steps differ a lot
+    data = np.random.default_rng(step % 2).integers(0, 300, (args.batch, T + 1))
+    mine = data[dp_rank * B:(dp_rank + 1) * B]
+    micro = [(it.from_numpy(mine[m * b:(m + 1) * b, :-1].copy()), it.from_numpy(mine[m * b:(m + 1) * b, 1:].copy()))
+             for m in range(M)]
+    if pipe is not None:
+        value = pipe.train_step(micro, forward_context=context)
+    else:
+        value = 0.0
+        for m, (x, y) in enumerate(micro):
+            with (net.no_sync() if dp > 1 and m < M - 1 else nullcontext()):
+                with context():
+                    _, loss = net(x, y, return_logits=False)
+                (loss / M).backward()
+            value += loss.item() / M
+    allreduce_sequence_parallel_grads(model)
+    norm = clip_grad_norm_(model.parameters(), args.clip, pipeline_group=env.pp_group)
+    opt.step()
+    opt.zero_grad()
+    t = it.tensor([value])
+    env.dp_group.all_reduce(t, parallel.ReduceOp.AVG)
+    if env.rank == 0:
+        print(f"loss {step} {t.item():.9g} norm {norm:.9g}", flush=True)
+
+
+def digest(q) -> int:
+    return int(np.frombuffer(hashlib.sha256(q.detach().float().numpy().tobytes()).digest()[:8], np.int64)[0])
+
+
+def same_everywhere(value: int, group) -> bool:
+    hi, lo = it.tensor([value], dtype=it.int64), it.tensor([value], dtype=it.int64)
+    group.all_reduce(hi, parallel.ReduceOp.MAX)
+    group.all_reduce(lo, parallel.ReduceOp.MIN)
+    return hi.item() == lo.item()
+
+
+# replicated parameters (not TP shards) must be bit-identical across the TP group
+for name, q in model.named_parameters():
+    if q.tp_shard is None:
+        assert same_everywhere(digest(q), env.tp_group), f"{name} differs across the TP group after {args.steps} steps"
+# the tied embedding's two copies (first and last stage) must be equal
+for q in model.tied_parameters():
+    assert same_everywhere(digest(q), env.embedding_group), "the tied embedding's copies differ"
+# sampling runs the model on sequences of every length (padded to a multiple of TP under SP)
+with it.no_grad():
+    tokens = model.generate(it.tensor([[1, 2, 3]]), 5, top_k=20, seed=1,
+                            forward=pipe.logits if pipe else None).numpy()[0].tolist()
+if env.rank == 0:
+    print("sample", tokens, flush=True)
+if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
+    save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
+    env.world.barrier()
+print(f"rank {env.rank} OK", flush=True)
