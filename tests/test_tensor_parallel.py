@@ -32,10 +32,12 @@ def run(n, args, timeout=300):
 
 
 def losses(stdout):
-    """Per-step losses, then the sampled tokens (as a float list, compared exactly)."""
+    """Per-step losses and gradient norms (before clipping) interleaved, then the sampled
+    tokens (as a float list, compared exactly)."""
     sample = re.search(r"^sample \[(.*)\]$", stdout, re.M)
-    return [float(v) for v in re.findall(r"^loss \d+ (\S+)$", stdout, re.M)], \
-        [float(v) for v in sample.group(1).split(",")]
+    steps = re.findall(r"^loss \d+ (\S+) norm (\S+)$", stdout, re.M)
+    assert steps and sample, f"no 'loss N v norm g' or 'sample' lines in:\n{stdout}"
+    return [float(v) for step in steps for v in step], [float(v) for v in sample.group(1).split(",")]
 
 
 @lru_cache(maxsize=None)
@@ -49,9 +51,16 @@ def assert_same(got, want, dtype, what):
         assert got_sample == want_sample, f"{what}: sampled {got_sample}, one process {want_sample}"
     assert len(got) == len(want), f"{what}: {got} vs {want}"
     print(f"{what}\n  one process: {want}\n  parallel:    {got}")
-    for step, (a, b) in enumerate(zip(got, want), 1):
-        ok = abs(a - b) <= 1e-5 * abs(b) if dtype == "float32" else abs(a - b) <= 1e-2
-        assert ok, f"{what}: step {step} loss {a} vs one process {b}\n{got}\n{want}"
+    for i, (a, b) in enumerate(zip(got, want)):
+        step, kind = i // 2 + 1, ("loss", "gradient norm")[i % 2]
+        # losses within 1e-5 relative (fp32) or 1e-2 (bf16). The gradient norm of step 1 (same
+        # weights everywhere) as tightly; later norms, into which AdamW amplifies round-off (a
+        # near-zero moment flips sign), within 1e-2 / 5e-2 relative
+        if kind == "loss" or step == 1:
+            ok = abs(a - b) <= (1e-5 * abs(b) if dtype == "float32" else 1e-2 * max(1.0, abs(b)))
+        else:
+            ok = abs(a - b) <= (1e-2 if dtype == "float32" else 5e-2) * abs(b)
+        assert ok, f"{what}: step {step} {kind} {a} vs one process {b}\n{got}\n{want}"
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -90,7 +99,7 @@ def test_checkpoint_saved_at_tp2_resumes_at_tp1_and_tp4(model, tmp_path):
     for n, flags in ((1, []), (4, ["--tp", "4"])):
         got = losses(run(n, ["--model", model, "--lr", LR["float32"], *flags, "--load", str(tmp_path),
                              "--first", "6", "--steps", "10"]))
-        assert_same(got, (full[0][5:], full[1]), "float32", f"{model} resumed at {n} ranks {flags}")
+        assert_same(got, (full[0][2 * 5:], full[1]), "float32", f"{model} resumed at {n} ranks {flags}")
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])

@@ -14,9 +14,12 @@ from infinitrain.examples.lm_train import parse_args, train
 from infinitrain.models import LLAMA3_PRESETS, LLaMA3, llama3
 
 
-def build_model(args, tp=None):
-    """tp: the TensorParallel layout to build the model in (None: one process's model)."""
-    return LLaMA3.from_llmc(args.llmc_filepath, tp=tp) if args.llmc_filepath else llama3(args.model, tp=tp)
+def build_model(args, tp=None, pp=None):
+    """tp, pp: the TensorParallel layout and PipelineStage to build this rank's part of the
+    model in (None: one process's model)."""
+    if args.llmc_filepath:
+        return LLaMA3.from_llmc(args.llmc_filepath, tp=tp, pp=pp)
+    return llama3(args.model, tp=tp, pp=pp)
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,7 @@ from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
 from infinitrain.nn import parallel
+from infinitrain.nn.parallel.pp import PipelineParallel
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
 from infinitrain.nn.utils import clip_grad_norm_
 from infinitrain.optim import AdamW
@@ -55,7 +56,15 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="ranks that split each layer's weights (Megatron-style); DP = world / (TP * PP)")
     p.add_argument("--sequence_parallel", action="store_true",
                    help="with --tensor_parallel > 1: split activations between TP regions along the sequence")
-    p.add_argument("--pipeline_parallel", type=int, default=1)
+    p.add_argument("--pipeline_parallel", type=int, default=1,
+                   help="pipeline stages the model's layers are split over")
+    p.add_argument("--virtual_pipeline_parallel", type=int, default=1,
+                   help="model chunks per pipeline stage (> 1: interleaved 1F1B)")
+    p.add_argument("--pipeline_schedule", default=None, choices=["gpipe", "1f1b", "interleaved"],
+                   help="default: 1f1b, or interleaved with --virtual_pipeline_parallel > 1. "
+                        "The micro-batches of a step are its gradient accumulation steps")
+    p.add_argument("--pipeline_timeout", type=float, default=300.0,
+                   help="seconds a stage waits for a neighbour before aborting the job")
     return p.parse_args(argv)
 
 
@@ -64,19 +73,28 @@ def train(args, build_model) -> int:
     data-parallel MPI ranks as the job has."""
     if args.device != "cpu":
         it.zeros(1, device=args.device)  # raises the library's clear error until CUDA lands
-    if args.pipeline_parallel != 1:
-        sys.exit("pipeline parallelism arrives in a later version; run with DP and TP")
-    if args.tensor_parallel < 1:
-        sys.exit(f"--tensor_parallel must be at least 1, got {args.tensor_parallel}")
+    for flag in ("tensor_parallel", "pipeline_parallel", "virtual_pipeline_parallel"):
+        if getattr(args, flag) < 1:
+            sys.exit(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
+    if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
+        sys.exit("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
+    if schedule == "1f1b" and args.virtual_pipeline_parallel > 1:
+        sys.exit("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
+                 "> 1 use interleaved (the default) or gpipe")
     try:
         env = parallel.init(args.tensor_parallel, args.pipeline_parallel)
     except ValueError as e:
         sys.exit(f"cannot lay out the job: {e}")
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
+    pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
+    stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
     layout = env.layout.describe(sequence_parallel=tp is not None and tp.sequence_parallel)
+    if args.virtual_pipeline_parallel > 1:
+        layout += f", VPP={args.virtual_pipeline_parallel}"
     log = print if main else (lambda *a, **k: None)
     B, T = args.batch_size, args.sequence_length
     tokens_per_micro = B * T * dp
@@ -97,7 +115,7 @@ def train(args, build_model) -> int:
 
     it.manual_seed(args.seed)
     try:
-        model = build_model(args, tp)
+        model = build_model(args, tp, stage)
     except ValueError as e:  # a layout that does not divide the model
         sys.exit(f"cannot build the model in this layout ({layout}): {e}")
     cfg = model.config
@@ -109,15 +127,22 @@ def train(args, build_model) -> int:
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
     log(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
           f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
-          f"{model.num_parameters():,} parameters{' on this rank' if tp else ''} | {layout}", flush=True)
-    log(f"batch: {B} x {T} tokens x {accum} accumulation steps x {dp} data-parallel ranks = "
-        f"{total} tokens per step | {it.get_num_threads()} threads per rank", flush=True)
+          f"{model.num_parameters():,} parameters{' on this rank' if tp or stage else ''} | {layout}", flush=True)
+    log(f"batch: {B} x {T} tokens x {accum} {'micro-batches' if stage else 'accumulation steps'} x "
+        f"{dp} data-parallel ranks = {total} tokens per step | {it.get_num_threads()} threads per rank",
+        flush=True)
+    if stage is not None:
+        log(f"pipeline: {schedule} schedule over {args.pipeline_parallel} stages x "
+            f"{args.virtual_pipeline_parallel} chunks, layers per chunk {[len(c) for c in model.stage_layers]} "
+            f"on stage 0", flush=True)
 
     rank = env.dp_rank
     train = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size)
     val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size) \
         if args.input_val_bin else None
-    net = parallel.DistributedDataParallel(model) if dp > 1 else model
+    pipe = PipelineParallel(model, schedule, env.dp_group, args.pipeline_timeout) if stage else None
+    net = parallel.DistributedDataParallel(model) if dp > 1 and pipe is None else model
+    forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
     tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
 
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -125,51 +150,55 @@ def train(args, build_model) -> int:
     optimizer = AdamW([{"params": decay, "weight_decay": args.weight_decay},
                        {"params": no_decay, "weight_decay": 0.0}],
                       lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
-    schedule = WarmupConstantLR(optimizer, args.warmup_iters, args.num_iteration) \
+    lr_schedule = WarmupConstantLR(optimizer, args.warmup_iters, args.num_iteration) \
         if args.warmup_iters else ConstantLR(optimizer)
 
     first = 1
     if args.load:
         meta = load_checkpoint(args.load, model, optimizer)
         train.load_state(meta["extra"]["train_loader"])
-        schedule.load_state_dict(meta["extra"]["schedule"])
+        lr_schedule.load_state_dict(meta["extra"]["schedule"])
         first = meta["step"] + 1
         log(f"resumed from {args.load} at step {meta['step']}", flush=True)
 
     def save(step: int) -> None:
-        # the files hold one-process tensors: TP shards are gathered on every rank, one writes
-        if main or tp is not None:
+        # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
+        # DP rank 0 writes its layers (its TP rank 0 does)
+        if env.coords.dp == 0:
             path = save_checkpoint(args.save, step, model, optimizer,
-                                   extra={"train_loader": train.state(), "schedule": schedule.state_dict()},
-                                   keep=args.max_checkpoint_keep or None, write=main)
+                                   extra={"train_loader": train.state(), "schedule": lr_schedule.state_dict()},
+                                   keep=args.max_checkpoint_keep or None, write=env.coords.tp == 0)
             log(f"saved {path}", flush=True)
         env.world.barrier()
 
     for step in range(first, args.num_iteration + 1):
         if val is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
-            log(f"val loss {evaluate(model, val, args.val_max_steps, env):.6f}", flush=True)
+            log(f"val loss {evaluate(model, val, args.val_max_steps, env, pipe):.6f}", flush=True)
         if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
-            sample(model, tokenizer, args, main, tp is not None)
+            sample(model, tokenizer, args, env, pipe)
 
         it.reset_peak_memory_stats()
         t0 = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
-        loss_sum = 0.0
-        for micro in range(accum):
-            x, y = train.next_batch()
-            last = micro == accum - 1
-            with (net.no_sync() if dp > 1 and not last else nullcontext()):
-                with autocast(args.dtype, enabled=args.dtype != "float32"):
-                    _, loss = net(x, y, return_logits=False)
-                (loss / accum if accum > 1 else loss).backward()
-            loss_sum += loss.item()
+        if pipe is not None:  # the accumulation steps are the pipeline's micro-batches
+            step_loss = pipe.train_step([train.next_batch() for _ in range(accum)], forward_context)
+        else:
+            step_loss = 0.0
+            for micro in range(accum):
+                x, y = train.next_batch()
+                last = micro == accum - 1
+                with (net.no_sync() if dp > 1 and not last else nullcontext()):
+                    with forward_context():
+                        _, loss = net(x, y, return_logits=False)
+                    (loss / accum if accum > 1 else loss).backward()
+                step_loss += loss.item() / accum
         allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
-        if args.grad_clip > 0:
-            clip_grad_norm_(model.parameters(), args.grad_clip)
+        if args.grad_clip > 0:  # one norm over every stage's parameters, as one process's
+            clip_grad_norm_(model.parameters(), args.grad_clip, pipeline_group=env.pp_group)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        mean_loss = dp_mean(loss_sum / accum, env)
+        lr_schedule.step()
+        mean_loss = dp_mean(step_loss, env)
         ms = (time.perf_counter() - t0) * 1e3
         peak_mb = it.memory_stats()["peak_allocated_bytes"] // 2**20
         log(f"step {step:4d}/{args.num_iteration} | train loss {mean_loss:.6f} | lr {lr:.2e} | "
@@ -181,9 +210,9 @@ def train(args, build_model) -> int:
     if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
         save(args.num_iteration)
     if val is not None and args.val_loss_every:
-        log(f"val loss {evaluate(model, val, args.val_max_steps, env):.6f}", flush=True)
+        log(f"val loss {evaluate(model, val, args.val_max_steps, env, pipe):.6f}", flush=True)
     if tokenizer is not None and args.sample_every:
-        sample(model, tokenizer, args, main, tp is not None)
+        sample(model, tokenizer, args, env, pipe)
     return 0
 
 
@@ -197,27 +226,29 @@ def dp_mean(value: float, env) -> float:
 
 
 @it.no_grad()
-def evaluate(model, loader, max_steps: int, env) -> float:
+def evaluate(model, loader, max_steps: int, env, pipe=None) -> float:
     model.eval()
     loader.reset()
     steps = max(1, min(max_steps, len(loader.shards[0]) // (loader.B * loader.T * loader.world)))
     total = 0.0
     for _ in range(steps):
         x, y = loader.next_batch()
-        total += model(x, y, return_logits=False)[1].item()
+        total += pipe.eval_step([(x, y)]) if pipe is not None else model(x, y, return_logits=False)[1].item()
     model.train()
     return dp_mean(total / steps, env)
 
 
-def sample(model, tokenizer, args, main: bool, tensor_parallel: bool) -> None:
-    """Main rank samples; under TP every rank of its group must run the model along."""
-    if not (main or tensor_parallel):
+def sample(model, tokenizer, args, env, pipe=None) -> None:
+    """The main rank prints a sample; the ranks holding the rest of its model (its TP group
+    and pipeline stages: DP rank 0) run the model along."""
+    if env.coords.dp != 0:
         return
     model.eval()
     start = it.tensor([[tokenizer.eot_token]])
-    out = model.generate(start, args.sample_length, temperature=1.0, top_k=40, seed=args.seed)
+    out = model.generate(start, args.sample_length, temperature=1.0, top_k=40, seed=args.seed,
+                         forward=pipe.logits if pipe is not None else None)
     model.train()
-    if not main:
+    if not env.is_main:
         return
     text = tokenizer.decode(out.numpy()[0, 1:])
     print("---- sample ----\n" + text + "\n----------------", flush=True)

@@ -78,7 +78,11 @@ def context():
 
 B, T, M = args.batch // dp, args.seq, args.micro
 b = B // M
+assert b >= 1, f"--batch {args.batch} cannot give {dp} DP ranks {M} micro-batches each"
+activation_peak = 0  # the most memory a step held above what it started with (rank 0: stage 0)
 for step in range(args.first, args.steps + 1):
+    start = it.memory_stats()["allocated_bytes"]
+    it.reset_peak_memory_stats()
     # two batches in turn from a few hundred ids: the loss falls fast, so steps differ a lot
     data = np.random.default_rng(step % 2).integers(0, 300, (args.batch, T + 1))
     mine = data[dp_rank * B:(dp_rank + 1) * B]
@@ -94,10 +98,12 @@ for step in range(args.first, args.steps + 1):
                     _, loss = net(x, y, return_logits=False)
                 (loss / M).backward()
             value += loss.item() / M
+    if step > args.first:  # the first step also allocates the gradients
+        activation_peak = max(activation_peak, it.memory_stats()["peak_allocated_bytes"] - start)
     allreduce_sequence_parallel_grads(model)
     norm = clip_grad_norm_(model.parameters(), args.clip, pipeline_group=env.pp_group)
     opt.step()
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=False)  # gradients stay allocated: a step's peak above its start is activations
     t = it.tensor([value])
     env.dp_group.all_reduce(t, parallel.ReduceOp.AVG)
     if env.rank == 0:
@@ -128,6 +134,7 @@ with it.no_grad():
                             forward=pipe.logits if pipe else None).numpy()[0].tolist()
 if env.rank == 0:
     print("sample", tokens, flush=True)
+    print("activation_peak", activation_peak, flush=True)
 if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
     save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
     env.world.barrier()

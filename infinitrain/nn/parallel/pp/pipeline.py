@@ -51,6 +51,7 @@ class PipelineParallel:
         self.p2p = P2P(s, timeout) if s.size > 1 else None
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.reducers = []
+        self._inputs, self._outputs = {}, {}  # per (micro-batch, chunk) until its backward
         if self.dp_group is not None:
             with no_grad():  # replicas start equal (they do by seed; a loaded model is made so)
                 for t in list(model.parameters()) + list(model.buffers()):
@@ -179,10 +180,10 @@ class PipelineParallel:
         with context():
             for chunk in range(self.V):
                 for micro in range(M):
+                    self._inputs, self._outputs = {}, {}  # nothing is kept for a backward
                     loss = self._forward(micro_batches, micro, chunk, scale=1.0)
                     if loss is not None:
                         loss_sum += loss
-        self._inputs, self._outputs = {}, {}
         if self.p2p is not None:
             self.p2p.flush()
         return self._share_loss(loss_sum / M)
