@@ -130,3 +130,27 @@ def test_tensor_parallel_example_matches_one_process(tmp_path, example):
     bad = subprocess.run([MPIEXEC, "-n", "4", sys.executable, *args, "--tensor_parallel", "3"],
                          capture_output=True, text=True, timeout=120, env=ENV)
     assert bad.returncode != 0 and "cannot be split into tensor parallel 3" in bad.stderr, bad.stderr
+    # 3D: DP 2 x TP 2 (+SP) x PP 2 with 2 micro-batches, through the example's own flags; the
+    # checkpoint it writes resumes in one process with the uninterrupted losses
+    three_d = mpirun(8, args + ["--tensor_parallel", "2", "--sequence_parallel", "--pipeline_parallel", "2",
+                                "--total_batch_size", "256", "--save", str(tmp_path / "ck3"),
+                                "--save_interval", "3"])
+    assert "DP=2, TP=2, SP=2, PP=2" in three_d and "pipeline: 1f1b schedule over 2 stages" in three_d, three_d
+    one_accum = subprocess.run([sys.executable, *args, "--total_batch_size", "256"], capture_output=True,
+                               text=True, timeout=300, env=ENV)
+    np.testing.assert_allclose(_losses(three_d), _losses(one_accum.stdout), rtol=1e-5, atol=0)
+    resumed = subprocess.run([sys.executable, *args, "--total_batch_size", "256",
+                              "--load", str(tmp_path / "ck3" / "step_000003")],
+                             capture_output=True, text=True, timeout=300, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr
+    np.testing.assert_allclose(_losses(resumed.stdout), _losses(one_accum.stdout)[3:], rtol=1e-5, atol=0)
+
+
+def test_a_hung_pipeline_stage_aborts_the_job_with_a_message():
+    """Stage 1 stops answering: stage 0's wait times out and names who it waited for."""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "mpi" / "parallel_train.py"),
+                          "--layers", "2", "--pp", "2", "--steps", "2", "--hang_stage", "1",
+                          "--pipeline_timeout", "3"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode != 0
+    assert re.search(r"rank 0 \(pipeline stage 0 of 2\) waited 3 s for the gradient of micro-batch 0 "
+                     r"for chunk 0 from stage 1 \(rank 1\)", out.stderr), out.stderr

@@ -74,19 +74,25 @@ def test_schedules_are_free_of_deadlock_and_1f1b_holds_less():
         schedule("zero-bubble", 4, 1, 4, 0)
 
 
+@pytest.mark.parametrize("seed", [3, None], ids=["own-generator", "default-generator"])
 @pytest.mark.parametrize("cls", [GPT2, LLaMA3])
-def test_every_stage_holds_the_whole_models_weights(cls):
+def test_every_stage_holds_the_whole_models_weights(cls, seed):
     """Each stage's part, built alone, starts with exactly the one-process weights of the same
-    names (drawn in one process's order): uneven split of 5 layers over 2 stages x 2 chunks."""
+    names (drawn in one process's order) and leaves the default generator where one process
+    does: uneven split of 5 layers over 2 stages x 2 chunks."""
     if cls is GPT2:
         cfg = GPT2Config(block_size=32, vocab_size=300, n_layer=5, n_head=2, n_embd=16)
     else:
         cfg = LLaMA3Config(block_size=32, vocab_size=300, n_layer=5, n_head=4, n_kv_head=2, n_embd=16,
                            ffn_dim_multiplier=None, multiple_of=16, rope_theta=10000.0)
-    whole = dict(cls(cfg, seed=3).state_dict())
+    it.manual_seed(11)
+    whole = dict(cls(cfg, seed=seed).state_dict())
+    after = it.random.default_generator.get_state()
     seen = set()
     for s in range(2):
-        part = cls(cfg, seed=3, pp=PipelineStage(_Group(s, 2), virtual=2))
+        it.manual_seed(11)
+        part = cls(cfg, seed=seed, pp=PipelineStage(_Group(s, 2), virtual=2))
+        assert it.random.default_generator.get_state() == after
         assert part.stage_layers == [[0, 1], [3]] if s == 0 else [[2], [4]]
         for name, t in part.state_dict().items():
             np.testing.assert_array_equal(t.numpy(), whole[name].numpy(), err_msg=name)

@@ -111,28 +111,29 @@ class GPT2(CausalLM):
         super().__init__()
         self.config = config
         layers = self._setup_parallel(tp, pp)
-        tp = self.tp
-        Vp, C = config.padded_vocab_size, config.n_embd
-        if tp:
-            tp.check_divisible("the padded vocabulary", Vp)
-        parts = {}
-        if self.has_embedding:
-            parts["wte"] = tpl.VocabParallelEmbedding(Vp, C, tp) if tp else Embedding(Vp, C)
-            parts["wpe"] = Embedding(config.block_size, C)
-            # under SP each rank adds the positions of its part of the sequence: wpe's gradient,
-            # like the norms', is summed over TP after backward
-            tpl.mark_sequence_parallel(parts["wpe"], tp)
-        parts["h"] = Blocks({i: Block(config, tp) for i in layers})
-        if self.has_head:
-            parts["ln_f"] = LayerNorm(C)
-            tpl.mark_sequence_parallel(parts["ln_f"], tp)
-        self.transformer = ModuleDict(parts)
-        if self.has_head:
-            self.lm_head = tpl.ColumnParallelLinear(C, Vp, tp, bias=False) if tp else Linear(C, Vp, bias=False)
+        with init.deferred():  # every weight is drawn by _init_weights, in one process's order
+            tp = self.tp
+            Vp, C = config.padded_vocab_size, config.n_embd
+            if tp:
+                tp.check_divisible("the padded vocabulary", Vp)
+            parts = {}
             if self.has_embedding:
-                self.lm_head.weight = self.transformer.wte.weight  # tied (the same rows on each rank)
-            else:
-                self.lm_head.weight.tied_copy_of = "transformer.wte.weight"
+                parts["wte"] = tpl.VocabParallelEmbedding(Vp, C, tp) if tp else Embedding(Vp, C)
+                parts["wpe"] = Embedding(config.block_size, C)
+                # under SP each rank adds the positions of its part of the sequence: wpe's gradient,
+                # like the norms', is summed over TP after backward
+                tpl.mark_sequence_parallel(parts["wpe"], tp)
+            parts["h"] = Blocks({i: Block(config, tp) for i in layers})
+            if self.has_head:
+                parts["ln_f"] = LayerNorm(C)
+                tpl.mark_sequence_parallel(parts["ln_f"], tp)
+            self.transformer = ModuleDict(parts)
+            if self.has_head:
+                self.lm_head = tpl.ColumnParallelLinear(C, Vp, tp, bias=False) if tp else Linear(C, Vp, bias=False)
+                if self.has_embedding:
+                    self.lm_head.weight = self.transformer.wte.weight  # tied (the same rows on each rank)
+                else:
+                    self.lm_head.weight.tied_copy_of = "transformer.wte.weight"
         self._init_weights(seed)
 
     def _embedding_weight(self):

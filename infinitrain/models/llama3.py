@@ -156,22 +156,23 @@ class LLaMA3(CausalLM):
         config.validate()
         self.config = config
         layers = self._setup_parallel(tp, pp)
-        tp = self.tp
-        C, V = config.n_embd, config.vocab_size
-        parts = {}
-        if self.has_embedding:
-            parts["wte"] = tpl.VocabParallelEmbedding(V, C, tp) if tp else Embedding(V, C)
-        parts["h"] = Blocks({i: Block(config, tp) for i in layers})
-        if self.has_head:
-            parts["ln_f"] = RMSNorm(C, eps=config.norm_eps)
-            tpl.mark_sequence_parallel(parts["ln_f"], tp)
-        self.transformer = ModuleDict(parts)
-        if self.has_head:
-            self.lm_head = tpl.ColumnParallelLinear(C, V, tp, bias=False, pad=True) if tp \
-                else Linear(C, V, bias=False)
-        angles = np.outer(np.arange(config.block_size), rope_frequencies(config))
-        self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
-        self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
+        with init.deferred():  # every weight is drawn by _init_weights, in one process's order
+            tp = self.tp
+            C, V = config.n_embd, config.vocab_size
+            parts = {}
+            if self.has_embedding:
+                parts["wte"] = tpl.VocabParallelEmbedding(V, C, tp) if tp else Embedding(V, C)
+            parts["h"] = Blocks({i: Block(config, tp) for i in layers})
+            if self.has_head:
+                parts["ln_f"] = RMSNorm(C, eps=config.norm_eps)
+                tpl.mark_sequence_parallel(parts["ln_f"], tp)
+            self.transformer = ModuleDict(parts)
+            if self.has_head:
+                self.lm_head = tpl.ColumnParallelLinear(C, V, tp, bias=False, pad=True) if tp \
+                    else Linear(C, V, bias=False)
+            angles = np.outer(np.arange(config.block_size), rope_frequencies(config))
+            self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
+            self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
         self._init_weights(seed)
 
     @no_grad()

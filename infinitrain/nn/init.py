@@ -2,9 +2,24 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from ..autograd import no_grad
 from ..random import default_generator
+
+_deferred = [False]
+
+
+@contextmanager
+def deferred():
+    """Inside, random initialisers fill zeros and draw nothing: a model that initialises every
+    parameter itself afterwards builds its modules here, so that what it draws does not depend
+    on how many modules this rank built (a pipeline stage builds only its own)."""
+    previous, _deferred[0] = _deferred[0], True
+    try:
+        yield
+    finally:
+        _deferred[0] = previous
 
 
 def _fill(tensor, fill):
@@ -29,12 +44,16 @@ def _fill(tensor, fill):
 
 @no_grad()
 def normal_(tensor, mean: float = 0.0, std: float = 1.0, generator=None):
+    if _deferred[0]:
+        return tensor.fill_(0)
     g = generator or default_generator
     return _fill(tensor, lambda t: g.fill_normal(t, mean, std))
 
 
 @no_grad()
 def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None):
+    if _deferred[0]:
+        return tensor.fill_(0)
     g = generator or default_generator
     return _fill(tensor, lambda t: g.fill_uniform(t, a, b))
 

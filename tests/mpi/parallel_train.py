@@ -43,6 +43,8 @@ p.add_argument("--lr", type=float, default=1e-2)
 p.add_argument("--clip", type=float, default=1.0)
 p.add_argument("--save", default=None)
 p.add_argument("--load", default=None)
+p.add_argument("--pipeline_timeout", type=float, default=120.0)
+p.add_argument("--hang_stage", type=int, default=None, help="this stage stops answering (a test of timeouts)")
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
 args = p.parse_args()
 
@@ -60,7 +62,7 @@ else:  # grouped-query attention: 8 query heads, 4 KV heads
 pipe = None
 if stage is not None:
     pipe = PipelineParallel(model, args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
-                            dp_group=env.dp_group, timeout=120)
+                            dp_group=env.dp_group, timeout=args.pipeline_timeout)
     net = model
 else:
     net = parallel.DistributedDataParallel(model) if dp > 1 else model
@@ -88,6 +90,9 @@ for step in range(args.first, args.steps + 1):
     mine = data[dp_rank * B:(dp_rank + 1) * B]
     micro = [(it.from_numpy(mine[m * b:(m + 1) * b, :-1].copy()), it.from_numpy(mine[m * b:(m + 1) * b, 1:].copy()))
              for m in range(M)]
+    if args.hang_stage is not None and env.coords.pp == args.hang_stage:
+        import time
+        time.sleep(3600)
     if pipe is not None:
         value = pipe.train_step(micro, forward_context=context)
     else:
