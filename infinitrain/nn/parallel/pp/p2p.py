@@ -24,6 +24,7 @@ class P2P:
         self.stage, self.group, self.timeout = stage, stage.group, float(timeout)
         self.chunks = stage.size * stage.virtual
         self.pending = []  # (work, tensor): sends in flight and the memory they read
+        self.wait_s = 0.0  # time spent blocked on neighbours: this stage's share of the bubble
 
     def _tag(self, backward: bool, micro: int, chunk: int) -> int:
         return ((micro * self.chunks + chunk) << 1) | int(backward)
@@ -54,7 +55,8 @@ class P2P:
     def _wait(self, work, describe) -> None:
         if work.is_completed():
             return
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         pause = 0.0
         while not work.is_completed():
             if time.monotonic() > deadline:
@@ -66,3 +68,4 @@ class P2P:
             # sleeping, not spinning: ranks oversubscribing cores need them to compute
             time.sleep(pause)
             pause = min(max(2 * pause, 1e-5), 1e-3)
+        self.wait_s += time.monotonic() - start

@@ -1,0 +1,101 @@
+"""Pipeline schedules compared on one job: GPipe, 1F1B and interleaved 1F1B training the same
+GPT-2 on the same global batch. Per schedule: tokens/s (median over the steps after the first),
+and per stage the measured bubble (the share of the step the stage sat blocked on a
+neighbour), the schedule's bubble on paper (`simulate`, forward 1 : backward 2), the peak
+tensor memory and the peak activation memory (what a step held above what it started with).
+
+    python benchmarks/pp_train.py                          # PP 4, 8 micro-batches, GPT-2 small
+    python benchmarks/pp_train.py --pp 2 --micro 8 --layers 8 --seq 128
+
+Each schedule is a fresh `mpiexec -n PP` job running this file with --child; with fewer cores
+than ranks the stages share cores and the measured bubble mixes with that contention.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def child(args) -> None:
+    import infinitrain as it
+    from infinitrain.models import gpt2
+    from infinitrain.nn import parallel
+    from infinitrain.nn.parallel.pp import PipelineParallel, simulate
+    from infinitrain.optim import AdamW
+    from mpi4py import MPI
+
+    env = parallel.init(pipeline_parallel=args.pp)
+    V = 2 if args.schedule == "interleaved" else 1
+    model = gpt2(args.model, pp=env.pipeline_stage(V), n_layer=args.layers)
+    pipe = PipelineParallel(model, args.schedule)
+    opt = AdamW(model.parameters(), lr=1e-4)
+    rng = __import__("numpy").random.default_rng(0)
+    b = args.batch // args.micro
+    rows = []
+    for step in range(args.steps):
+        data = rng.integers(0, 50257, (args.batch, args.seq + 1))
+        micro = [(it.from_numpy(data[m * b:(m + 1) * b, :-1].copy()),
+                  it.from_numpy(data[m * b:(m + 1) * b, 1:].copy())) for m in range(args.micro)]
+        start_bytes = it.memory_stats()["allocated_bytes"]
+        it.reset_peak_memory_stats()
+        env.world.barrier()
+        pipe.p2p.wait_s = 0.0
+        t0 = time.perf_counter()
+        pipe.train_step(micro)
+        elapsed = time.perf_counter() - t0
+        peak = it.memory_stats()["peak_allocated_bytes"]
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        rows.append((elapsed, pipe.p2p.wait_s / elapsed, peak, peak - start_bytes))
+    rows = rows[1:] or rows  # the first step allocates the gradients
+    mine = (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
+            max(r[2] for r in rows), max(r[3] for r in rows))
+    every = MPI.COMM_WORLD.gather(mine, root=0)
+    if env.is_main:
+        paper = simulate(args.schedule, args.pp, V, args.micro)["bubble"]
+        step_s = max(r[0] for r in every)
+        print(f"{args.schedule:>11} | {args.batch * args.seq / step_s:7.0f} tok/s | bubble on paper "
+              f"{paper:4.0%} | per stage: " + ", ".join(
+                  f"s{s} bubble {w:4.0%} peak {p / 2**20:6.1f} MB act {a / 2**20:6.1f} MB"
+                  for s, (_, w, p, a) in enumerate(every)), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="small")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--pp", type=int, default=4)
+    p.add_argument("--micro", type=int, default=8, help="micro-batches per step")
+    p.add_argument("--batch", type=int, default=16, help="global batch, sequences")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1, help="OpenMP threads per rank")
+    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved"])
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--schedule", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.batch % args.micro:
+        raise SystemExit(f"--batch {args.batch} is not a multiple of --micro {args.micro}")
+    if args.child:
+        return child(args)
+    print(f"GPT-2 {args.model} with {args.layers} layers, PP {args.pp}, {args.micro} micro-batches of "
+          f"{args.batch // args.micro} x {args.seq} tokens, fp32, {args.threads} thread(s) per rank, "
+          f"{os.cpu_count()} cores")
+    for s in args.schedules:
+        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.pp), sys.executable, __file__,
+               "--child", "--schedule", s] + [f"--{k}={v}" for k, v in vars(args).items()
+                                              if k in ("model", "layers", "pp", "micro", "batch", "seq", "steps")]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+        if out.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+        print(out.stdout.strip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
