@@ -222,6 +222,30 @@ class _Files:
     def get(self, key: str) -> Tensor:
         return _from_numpy(self.where[key].get_tensor(key), self.dtypes.get(f"{self.kind}/{key}", ""))
 
+    def part(self, key: str, like: Tensor, what: str) -> Tensor:
+        """This rank's part of the stored one-process tensor `key`, shaped like `like`: its
+        tensor-parallel shard (only those rows or columns are read from the file), or all of it
+        (a 0-d tensor, such as a step count, is always whole)."""
+        sl = self.where[key].get_slice(key)
+        shape = tuple(sl.get_shape())
+        shard = getattr(like, "tp_shard", None) if shape else None
+        want = shard.full_shape(like.shape) if shard is not None else (tuple(like.shape) if shape else ())
+        if shape != want:
+            raise CheckpointError(f"{what} does not fit: checkpoint {shape} vs model {want}")
+        if shard is None:
+            return self.get(key)
+        d, parts = shard.dim, []
+        for start, stop in shard.pieces(shard.group.rank):
+            index = [slice(None)] * len(shape)
+            index[d] = slice(min(start, shape[d]), min(stop, shape[d]))
+            a = sl[tuple(index)]
+            if a.shape[d] < stop - start:  # rows past the true size: zero padding
+                widths = [(0, 0)] * a.ndim
+                widths[d] = (0, stop - start - a.shape[d])
+                a = np.pad(a, widths)
+            parts.append(a)
+        return _from_numpy(np.concatenate(parts, axis=d), self.dtypes.get(f"{self.kind}/{key}", ""))
+
 
 def load_checkpoint(path, model, optimizer=None) -> dict:
     """Loads a checkpoint into model (and optimizer), restores the RNG, and returns its meta
@@ -253,7 +277,7 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
     if missing or unexpected:
         raise CheckpointError(f"{folder} does not fit this model: missing keys: {', '.join(missing[:8]) or '-'}; "
                               f"unexpected keys: {', '.join(unexpected[:8]) or '-'}")
-    state = {k: _own_part(stored.get(k), t, f"{folder}: {k}") for k, t in own.items()}
+    state = {k: stored.part(k, t, f"{folder}: {k}") for k, t in own.items()}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -263,15 +287,6 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
                         _Files(folder, "optimizer", [f for f in files if f.startswith("optimizer")], dtypes))
     default_generator.set_state(meta["rng"])
     return meta
-
-
-def _own_part(full: Tensor, like: Tensor, what: str) -> Tensor:
-    """This rank's part of a one-process tensor: its tensor-parallel shard, or all of it."""
-    shard = getattr(like, "tp_shard", None)
-    want = shard.full_shape(like.shape) if shard is not None else tuple(like.shape)
-    if tuple(full.shape) != tuple(want):
-        raise CheckpointError(f"{what} does not fit: checkpoint {tuple(full.shape)} vs model {want}")
-    return shard.take(full) if shard is not None else full
 
 
 def _load_optimizer(folder: Path, meta: dict, model, optimizer, stored: _Files) -> None:
@@ -295,10 +310,8 @@ def _load_optimizer(folder: Path, meta: dict, model, optimizer, stored: _Files) 
         name = names.get(id(p))
         if name is None:
             raise CheckpointError("the optimizer holds a parameter that is not the model's")
-        entries = {}
-        for k, key in by_name.get(name, {}).items():
-            t = stored.get(key)  # per-element state takes this rank's part; a scalar stays whole
-            entries[k] = _own_part(t, p, f"{folder}: optimizer state {key}") if t.ndim else t
+        entries = {k: stored.part(key, p, f"{folder}: optimizer state {key}")
+                   for k, key in by_name.get(name, {}).items()}
         entries.update(o["scalars"].get(name, {}))
         if entries:
             state[i] = entries

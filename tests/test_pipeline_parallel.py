@@ -128,8 +128,9 @@ def test_pipeline_fp32_matches_one_process(model, n, flags):
 
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 @pytest.mark.parametrize("n,flags", [(8, ["--pp", "8", "--micro", "4"]),
+                                     (4, ["--pp", "4", "--vpp", "2", "--micro", "2"]),
                                      (8, ["--tp", "2", "--sp", "--pp", "2", "--vpp", "2", "--micro", "2"])],
-                         ids=["pp8", "tp2sp-pp2-vpp2-dp2"])
+                         ids=["pp8", "pp4-vpp2", "tp2sp-pp2-vpp2-dp2"])
 def test_pipeline_bf16_matches_one_process(model, n, flags):
     got = losses(run(n, ["--model", model, "--dtype", "bfloat16", "--lr", LR["bfloat16"], *LAYERS, *flags]))
     assert_same(got, one_process(model, "bfloat16"), "bfloat16", f"{model} bf16 {n} ranks {flags}")

@@ -90,7 +90,7 @@ class TPShard:
         s[self.dim] = self.full_size
         return tuple(s)
 
-    def _pieces(self, rank: int):
+    def pieces(self, rank: int):
         """(start, stop) along dim of rank's pieces in the padded full tensor."""
         at, out = 0, []
         for b in self.blocks:
@@ -109,7 +109,7 @@ class TPShard:
             widths = [(0, 0)] * a.ndim
             widths[self.dim] = (0, pad)
             a = np.pad(a, widths)
-        parts = [np.take(a, np.arange(s, e), axis=self.dim) for s, e in self._pieces(self.group.rank)]
+        parts = [np.take(a, np.arange(s, e), axis=self.dim) for s, e in self.pieces(self.group.rank)]
         return _from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=self.dim)), full.dtype)
 
     @no_grad()
