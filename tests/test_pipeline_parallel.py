@@ -165,3 +165,25 @@ def test_3d_checkpoint_resumes_under_any_layout(tmp_path):
         got = losses(run(n, resume + flags))[0][::2]
         print(n, flags, got, whole[5:])
         np.testing.assert_allclose(got, whole[5:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")
+
+
+def test_a_whole_model_is_a_pipeline_of_one_stage():
+    """PipelineParallel over a model that is not split runs the schedule on one stage: the
+    gradients are those of plain gradient accumulation over the micro-batches."""
+    from infinitrain.nn.parallel.pp import PipelineParallel
+    cfg = GPT2Config(block_size=16, vocab_size=200, n_layer=2, n_head=2, n_embd=16)
+    rng = np.random.default_rng(0)
+    batches = [(it.from_numpy(rng.integers(0, 200, (2, 8))), it.from_numpy(rng.integers(0, 200, (2, 8))))
+               for _ in range(3)]
+    plain = GPT2(cfg, seed=1)
+    want = 0.0
+    for x, y in batches:
+        loss = plain(x, y, return_logits=False)[1]
+        (loss / 3).backward()
+        want += loss.item() / 3
+    for name in ("gpipe", "1f1b"):
+        model = GPT2(cfg, seed=1)
+        got = PipelineParallel(model, name).train_step(batches)
+        assert got == pytest.approx(want, rel=1e-6)
+        for (n, p), q in zip(model.named_parameters(), plain.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=n)

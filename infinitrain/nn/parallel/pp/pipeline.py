@@ -87,8 +87,7 @@ class PipelineParallel:
         averaged over DP). Returns the mean loss, on every stage."""
         M = len(micro_batches)
         s = self.stage
-        plan = schedule(self.schedule, s.size, self.V, M, s.stage) if s.size > 1 or self.V > 1 \
-            else [a for m in range(M) for a in (("F", m, 0), ("B", m, 0))]
+        plan = schedule(self.schedule, s.size, self.V, M, s.stage)
         last_backward = {a[2]: i for i, a in enumerate(plan) if a[0] == "B"}
         for r in self.reducers:
             r.prepare(sync=False)
