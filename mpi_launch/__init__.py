@@ -40,10 +40,24 @@ def parse(argv=None):
     p.add_argument("--mpiexec", default=None)
     p.add_argument("-m", dest="module", default=None, help="run a module, as python -m")
     p.add_argument("script", nargs="?", help="the training script (or use -m)")
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    a = p.parse_args(argv)
-    if (a.module is None) == (a.script is None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # as torchrun: everything after the script or `-m MODULE` belongs to the program, whatever
+    # it looks like (argparse alone would claim the program's --flags as the launcher's)
+    at, target = 0, None
+    while at < len(argv):
+        tok = argv[at]
+        if tok == "-m" and at + 1 < len(argv):
+            target, rest = argv[at:at + 2], argv[at + 2:]
+            break
+        if not tok.startswith("-"):
+            target, rest = [tok], argv[at + 1:]
+            break
+        at += 1 if "=" in tok or tok in ("-h", "--help") else 2  # launcher flags all take a value
+    if target is None:
+        p.parse_args(argv)  # --help, or an error naming what is wrong
         p.error("give a script or -m module")
+    a = p.parse_args(argv[:at] + target)
+    a.args = rest
     if a.nnodes < 1 or a.nproc_per_node < 1:
         p.error("--nnodes and --nproc_per_node must be >= 1")
     if a.nnodes > 1 and not a.hostfile:

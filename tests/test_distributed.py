@@ -104,6 +104,23 @@ def test_launcher_env_and_failing_rank(tmp_path):
     assert "[rank 1] uncaught exception, aborting the job" in bad.stdout + bad.stderr, shown
 
 
+def test_mpi_launch_module_form_passes_the_programs_flags(tmp_path):
+    """`mpi_launch --nproc_per_node 2 -m infinitrain.examples.gpt2 --model tiny ...` (the
+    README's form): every flag after the module is the program's."""
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 10))
+    out = subprocess.run([sys.executable, "-m", "mpi_launch", "--nproc_per_node", "2", "-m",
+                          "infinitrain.examples.gpt2", "--model", "tiny", "--input_bin",
+                          str(tmp_path / "t.bin"), "--batch_size", "2", "--sequence_length", "16",
+                          "--num_iteration", "2"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "DP=2, TP=1, SP=0, PP=1" in out.stdout and "step    2/2" in out.stdout, out.stdout
+    from mpi_launch import parse
+    a = parse(["--nproc_per_node=2", "train.py", "--nproc_per_node", "9", "-m", "x"])
+    assert a.nproc_per_node == 2 and a.script == "train.py" and a.args == ["--nproc_per_node", "9", "-m", "x"]
+    with pytest.raises(SystemExit):
+        parse(["--nproc_per_node", "2"])
+
+
 def test_mismatched_mpi_is_reported():
     code = "from infinitrain.nn import parallel; parallel.init()"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
