@@ -10,7 +10,8 @@ Layout of a checkpoint root DIR:
     DIR/step_000005/meta.json              {"format": "infinitrain-checkpoint", "version": 2,
                                             "step", "optimizer": scalars and hyperparameters,
                                             "rng": [seed, offset], "extra": {...}, "dtypes": {...},
-                                            "sha256": {file: digest}}
+                                            "sha256": {file: digest},
+                                            "meta_sha256": the digest of the rest of meta.json}
     DIR/latest                             the name of the newest complete checkpoint
 
 Under pipeline parallelism each stage writes its own layers, as model-stage-S-of-P.safetensors
@@ -27,12 +28,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 
 from .autograd import no_grad
+from safetensors import SafetensorError
+
 from .io import fsync_dir, sha256_file
 from .creation import from_numpy
 from .random import default_generator
@@ -78,9 +82,32 @@ def _param_names(model) -> dict:
     return {id(p): getattr(p, "tied_copy_of", None) or n for n, p in model.named_parameters()}
 
 
+def _stored_names(model) -> dict:
+    """state-dict key -> the name it is stored under: its own, or that of the parameter it is
+    tied to (a tied alias such as GPT-2's head, or a pipeline stage's copy of one)."""
+    first, out = {}, {}
+    for k, t in model.state_dict(keep_vars=True).items():
+        copy_of = getattr(t, "tied_copy_of", None)
+        out[k] = copy_of if copy_of is not None else first.setdefault(id(t), k)
+    return out
+
+
 def _stage_suffix(model) -> str:
     pp = getattr(model, "pp", None)
     return "" if pp is None else f"-stage-{pp.stage}-of-{pp.size}"
+
+
+def ensure_writable(root) -> None:
+    """Raises CheckpointError unless checkpoints can be written under root (created if need
+    be): a training script calls it before training, not after hours of it."""
+    root = Path(root)
+    probe = root / f".probe.{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoints to {root}: {e.strerror or e}") from None
 
 
 def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None = None,
@@ -92,7 +119,10 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
     DP rank 0, TP rank 0), writes: each its stage's part, stage 0 the rest."""
     from safetensors.numpy import save_file
     names = _param_names(model)
-    model_tensors = {k: _full(t) for k, t in model.state_dict(keep_vars=True).items()}
+    # a tied parameter is stored once, under its first name (GPT-2's head is its embedding)
+    stored_as = _stored_names(model)
+    model_tensors = {k: _full(t) for k, t in model.state_dict(keep_vars=True).items()
+                     if stored_as[k] == k}
     opt_tensors, scalars, groups = {}, {}, None
     if optimizer is not None:
         sd = optimizer.state_dict()
@@ -117,6 +147,18 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
     pp = getattr(model, "pp", None)
     leader = pp is None or pp.stage == 0
     tmp = root / f".{name}.tmp"
+    try:
+        return _write(root, name, tmp, leader, pp, step, model, optimizer, model_tensors,
+                      opt_tensors, scalars, groups, extra, keep)
+    except (OSError, SafetensorError) as e:  # a full or read-only disk: nothing half-written left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint {root / name}: {e.strerror or e} "
+                              "(nothing was written; 'latest' still names the previous one)") from None
+
+
+def _write(root: Path, name: str, tmp: Path, leader: bool, pp, step, model, optimizer,
+           model_tensors, opt_tensors, scalars, groups, extra, keep) -> Path:
+    from safetensors.numpy import save_file
     if leader:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -154,6 +196,8 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
                                  "param_groups": groups}
         meta["dtypes"] = dtypes
         meta["sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
+        meta = json.loads(json.dumps(meta, default=_json_default))
+        meta["meta_sha256"] = _meta_digest(meta)
         with open(tmp / "meta.json", "w") as f:
             json.dump(meta, f, indent=1, default=_json_default)
             f.flush()
@@ -252,15 +296,7 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
     ({"step", "extra", ...}). Whatever layout wrote it, each rank reads the tensors of its part
     of the model and cuts out its shards. Raises CheckpointError naming any mismatch."""
     folder = resolve(path)
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{folder}/meta.json is not valid JSON ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{folder} is not an infinitrain checkpoint (format {meta.get('format')!r})")
-    if meta.get("version") not in READABLE_VERSIONS:
-        raise CheckpointError(f"{folder} has checkpoint format version {meta.get('version')}; this "
-                              f"infinitrain reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+    meta = _read_meta(folder)
     for name, digest in meta["sha256"].items():
         f = folder / name
         if not f.is_file():
@@ -268,16 +304,89 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
         if sha256_file(f) != digest:
             raise CheckpointError(f"{f} is damaged: its sha256 does not match the one recorded "
                                   "when it was saved")
+    try:
+        return _load(folder, meta, model, optimizer)
+    except (SafetensorError, KeyError, TypeError, ValueError, IndexError) as e:
+        # a file that passed its checksum but holds what this model cannot take
+        raise CheckpointError(f"{folder} cannot be loaded into this model: {type(e).__name__}: {e}") from None
+
+
+_DTYPES = ("float32", "float64", "bfloat16", "float16", "int32", "int64", "uint8", "bool")
+
+
+def _meta_digest(meta: dict) -> str:
+    """The checksum of meta.json's own content (all of it but this field)."""
+    import hashlib
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _read_meta(folder: Path) -> dict:
+    """meta.json, checked field by field: whatever it holds, a CheckpointError naming the
+    problem, never a KeyError from deep inside loading."""
+    where = folder / "meta.json"
+    try:
+        meta = json.loads(where.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{where} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+
+    def bad(what: str):
+        return CheckpointError(f"{where}: {what}")
+
+    if not isinstance(meta, dict):
+        raise bad("is not a JSON object")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{folder} is not an infinitrain checkpoint (format {meta.get('format')!r})")
+    if meta.get("version") not in READABLE_VERSIONS:
+        raise CheckpointError(f"{folder} has checkpoint format version {meta.get('version')}; this "
+                              f"infinitrain reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+    if meta["version"] >= 2 and meta.get("meta_sha256") != _meta_digest(meta):
+        raise bad("has been changed since it was saved (its own checksum does not match)")
+    step = meta.get("step")
+    if type(step) is not int or not 0 <= step < 2**62:
+        raise bad(f"'step' must be a non-negative integer, got {step!r}")
+    rng = meta.get("rng")
+    if not (isinstance(rng, list) and len(rng) == 2 and all(type(v) is int and 0 <= v < 2**64 for v in rng)):
+        raise bad(f"'rng' must be [seed, offset] (two non-negative integers), got {str(rng)[:80]}")
+    if not isinstance(meta.get("extra", {}), dict):
+        raise bad("'extra' must be an object")
+    dtypes = meta.get("dtypes", {})
+    if not isinstance(dtypes, dict) or any(not isinstance(v, str) or v not in _DTYPES for v in dtypes.values()):
+        raise bad(f"'dtypes' must map tensor names to one of {', '.join(_DTYPES)}")
+    digests = meta.get("sha256")
+    if not isinstance(digests, dict) or not digests:
+        raise bad("'sha256' must list every file of the checkpoint with its digest")
+    for name, digest in digests.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+\.safetensors", name) \
+                or name.startswith("."):
+            raise bad(f"names a file {name!r} that is not a safetensors file inside the checkpoint folder")
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise bad(f"the sha256 of {name} is not a digest: {str(digest)[:80]!r}")
+    if not any(n.startswith("model") for n in digests):
+        raise bad("lists no model file")
+    o = meta.get("optimizer")
+    if o is not None:
+        groups = o.get("param_groups") if isinstance(o, dict) else None
+        if not (isinstance(o, dict) and isinstance(o.get("type"), str) and isinstance(o.get("scalars"), dict)
+                and isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
+            raise bad("'optimizer' must hold 'type', 'scalars' and 'param_groups'")
+        if not any(n.startswith("optimizer") for n in digests):
+            raise bad("has optimizer state but lists no optimizer file")
+    return meta
+
+
+def _load(folder: Path, meta: dict, model, optimizer) -> dict:
     dtypes = meta.get("dtypes", {})
     files = sorted(meta["sha256"])
     stored = _Files(folder, "model", [f for f in files if f.startswith("model")], dtypes)
     own = model.state_dict(keep_vars=True)
-    missing = [k for k in own if k not in stored.where]
+    source = _stored_names(model) if meta["version"] >= 2 else {k: k for k in own}  # 1: every alias
+    missing = [k for k in own if source[k] not in stored.where]
     unexpected = [k for k in stored.keys() if k not in own] if getattr(model, "pp", None) is None else []
     if missing or unexpected:
         raise CheckpointError(f"{folder} does not fit this model: missing keys: {', '.join(missing[:8]) or '-'}; "
                               f"unexpected keys: {', '.join(unexpected[:8]) or '-'}")
-    state = {k: stored.part(k, t, f"{folder}: {k}") for k, t in own.items()}
+    state = {k: stored.part(source[k], t, f"{folder}: {k}") for k, t in own.items()}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

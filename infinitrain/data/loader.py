@@ -151,8 +151,13 @@ class TokenLoader:
         return {"shard": self.shard, "position": self.position - self.B * self.T * self.rank}
 
     def load_state(self, state: dict) -> None:
-        self.shard = int(state["shard"])
-        self.position = int(state["position"]) + self.B * self.T * self.rank
+        shard, position = int(state["shard"]), int(state["position"]) + self.B * self.T * self.rank
+        if not 0 <= shard < len(self.shards):
+            raise ValueError(f"the saved loader was at shard {shard}, but there are {len(self.shards)}")
+        if not 0 <= position <= len(self.shards[shard]) - (self.B * self.T + 1):
+            raise ValueError(f"the saved loader was at token {position} of shard {shard}, which has "
+                             f"{len(self.shards[shard])} tokens: these are not the shards it read")
+        self.shard, self.position = shard, position
 
     def next_batch(self):
         B, T = self.B, self.T

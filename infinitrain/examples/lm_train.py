@@ -12,9 +12,10 @@ from contextlib import nullcontext
 
 import infinitrain as it
 from infinitrain.amp import autocast
-from infinitrain.checkpoint import load_checkpoint, save_checkpoint
+from infinitrain.checkpoint import CheckpointError, ensure_writable, load_checkpoint, save_checkpoint
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
+from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_float, positive_int
 from infinitrain.nn import parallel
 from infinitrain.nn.parallel.pp import PipelineParallel
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
@@ -30,40 +31,40 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--tokenizer_bin", default=None, help="llm.c tokenizer file, to print samples")
     p.add_argument("--llmc_filepath", default=None, help="start from this llm.c checkpoint (overrides --model)")
     p.add_argument("--model", default=default_model, choices=sorted(presets), help=f"preset (default {default_model})")
-    p.add_argument("--batch_size", type=int, default=4, help="sequences per micro-batch")
-    p.add_argument("--sequence_length", type=int, default=64)
-    p.add_argument("--total_batch_size", type=int, default=None,
+    p.add_argument("--batch_size", type=positive_int, default=4, help="sequences per micro-batch")
+    p.add_argument("--sequence_length", type=positive_int, default=64)
+    p.add_argument("--total_batch_size", type=positive_int, default=None,
                    help="tokens per optimizer step; gradient accumulation makes up the difference "
                         "(default: batch_size * sequence_length)")
-    p.add_argument("--num_iteration", type=int, default=10)
-    p.add_argument("--learning_rate", type=float, default=1e-4)
-    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW decay, on 2-D weights only")
-    p.add_argument("--grad_clip", type=float, default=0.0, help="max gradient norm (0 = no clipping)")
-    p.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps, then constant")
+    p.add_argument("--num_iteration", type=positive_int, default=10)
+    p.add_argument("--learning_rate", type=nonnegative_float, default=1e-4)
+    p.add_argument("--weight_decay", type=nonnegative_float, default=0.0, help="AdamW decay, on 2-D weights only")
+    p.add_argument("--grad_clip", type=nonnegative_float, default=0.0, help="max gradient norm (0 = no clipping)")
+    p.add_argument("--warmup_iters", type=nonnegative_int, default=0, help="linear warmup steps, then constant")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="bfloat16: autocast (bf16 matrix products, fp32 master weights and optimizer)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--val_loss_every", type=int, default=0, help="0 = never")
-    p.add_argument("--val_max_steps", type=int, default=20)
-    p.add_argument("--sample_every", type=int, default=0, help="0 = never")
-    p.add_argument("--sample_length", type=int, default=64)
+    p.add_argument("--val_loss_every", type=nonnegative_int, default=0, help="0 = never")
+    p.add_argument("--val_max_steps", type=positive_int, default=20)
+    p.add_argument("--sample_every", type=nonnegative_int, default=0, help="0 = never")
+    p.add_argument("--sample_length", type=positive_int, default=64)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--save", default=None, help="folder for checkpoints to resume from")
-    p.add_argument("--save_interval", type=int, default=0, help="save every N steps (0 = only at the end)")
-    p.add_argument("--max_checkpoint_keep", type=int, default=0, help="keep the newest K (0 = all)")
+    p.add_argument("--save_interval", type=nonnegative_int, default=0, help="save every N steps (0 = only at the end)")
+    p.add_argument("--max_checkpoint_keep", type=nonnegative_int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
-    p.add_argument("--tensor_parallel", type=int, default=1,
+    p.add_argument("--tensor_parallel", type=positive_int, default=1,
                    help="ranks that split each layer's weights (Megatron-style); DP = world / (TP * PP)")
     p.add_argument("--sequence_parallel", action="store_true",
                    help="with --tensor_parallel > 1: split activations between TP regions along the sequence")
-    p.add_argument("--pipeline_parallel", type=int, default=1,
+    p.add_argument("--pipeline_parallel", type=positive_int, default=1,
                    help="pipeline stages the model's layers are split over")
-    p.add_argument("--virtual_pipeline_parallel", type=int, default=1,
+    p.add_argument("--virtual_pipeline_parallel", type=positive_int, default=1,
                    help="model chunks per pipeline stage (> 1: interleaved 1F1B)")
     p.add_argument("--pipeline_schedule", default=None, choices=["gpipe", "1f1b", "interleaved"],
                    help="default: 1f1b, or interleaved with --virtual_pipeline_parallel > 1. "
                         "The micro-batches of a step are its gradient accumulation steps")
-    p.add_argument("--pipeline_timeout", type=float, default=300.0,
+    p.add_argument("--pipeline_timeout", type=positive_float, default=300.0,
                    help="seconds a stage waits for a neighbour before aborting the job")
     return p.parse_args(argv)
 
@@ -73,9 +74,6 @@ def train(args, build_model) -> int:
     data-parallel MPI ranks as the job has."""
     if args.device != "cpu":
         it.zeros(1, device=args.device)  # raises the library's clear error until CUDA lands
-    for flag in ("tensor_parallel", "pipeline_parallel", "virtual_pipeline_parallel"):
-        if getattr(args, flag) < 1:
-            sys.exit(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
     if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
         sys.exit("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
@@ -155,11 +153,25 @@ def train(args, build_model) -> int:
 
     first = 1
     if args.load:
-        meta = load_checkpoint(args.load, model, optimizer)
-        train.load_state(meta["extra"]["train_loader"])
-        lr_schedule.load_state_dict(meta["extra"]["schedule"])
+        try:
+            meta = load_checkpoint(args.load, model, optimizer)
+            train.load_state(meta["extra"]["train_loader"])
+            lr_schedule.load_state_dict(meta["extra"]["schedule"])
+        except CheckpointError as e:
+            sys.exit(f"cannot resume: {e}")
+        except (KeyError, TypeError, ValueError) as e:
+            sys.exit(f"cannot resume from {args.load}: its data-loader or schedule state is missing "
+                     f"or damaged ({type(e).__name__}: {e})")
         first = meta["step"] + 1
+        if first > args.num_iteration:
+            sys.exit(f"{args.load} is at step {meta['step']}: --num_iteration {args.num_iteration} "
+                     "leaves nothing to train; raise --num_iteration to train further")
         log(f"resumed from {args.load} at step {meta['step']}", flush=True)
+    if args.save:
+        try:  # before training, not after it
+            ensure_writable(args.save)
+        except CheckpointError as e:
+            sys.exit(str(e))
 
     def save(step: int) -> None:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of

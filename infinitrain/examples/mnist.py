@@ -17,6 +17,7 @@ import infinitrain as it
 import infinitrain.nn.functional as F
 from infinitrain.data import DataLoader, DistributedSampler, TensorDataset
 from infinitrain.data.prepare import load_mnist, mnist_file
+from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_int, probability
 from infinitrain.models.mlp import MLP
 from infinitrain.nn import parallel
 
@@ -25,13 +26,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="mnist.npz (default: prepared under $INFINITRAIN_DATA)")
     p.add_argument("--model", default="mlp", choices=["mlp"])
-    p.add_argument("--hidden", type=int, nargs="*", default=[512, 256])
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch_size", type=int, default=128, help="global batch (split over data-parallel ranks)")
-    p.add_argument("--learning_rate", type=float, default=1e-3)
-    p.add_argument("--weight_decay", type=float, default=0.0)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--train_subset", type=int, default=0, help="train on the first N images (0 = all 50,000)")
+    p.add_argument("--hidden", type=positive_int, nargs="*", default=[512, 256])
+    p.add_argument("--epochs", type=positive_int, default=5)
+    p.add_argument("--batch_size", type=positive_int, default=128, help="global batch (split over data-parallel ranks)")
+    p.add_argument("--learning_rate", type=nonnegative_float, default=1e-3)
+    p.add_argument("--weight_decay", type=nonnegative_float, default=0.0)
+    p.add_argument("--dropout", type=probability, default=0.1)
+    p.add_argument("--train_subset", type=nonnegative_int, default=0, help="train on the first N images (0 = all 50,000)")
     p.add_argument("--seed", type=int, default=42)
     return p.parse_args(argv)
 

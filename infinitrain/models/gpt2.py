@@ -226,6 +226,9 @@ class GPT2(CausalLM):
             raise DataFormatError(f"{path}: checkpoint version {version} is not supported "
                                   "(3 = float32, 5 = bfloat16)")
         maxT, V, L, H, C, Vp = (int(x) for x in header[2:8])
+        if min(maxT, V, L, H, C, Vp) < 1:
+            raise DataFormatError(f"{path}: header sizes (block size, vocabulary, layers, heads, width, "
+                                  f"padded vocabulary) must be positive, got {[maxT, V, L, H, C, Vp]}")
         cfg = GPT2Config(block_size=maxT, vocab_size=V, n_layer=L, n_head=H, n_embd=C)
         if Vp != cfg.padded_vocab_size:
             raise DataFormatError(f"{path}: padded vocabulary {Vp} is not {V} rounded up to 128")

@@ -170,10 +170,21 @@ class LLaMA3(CausalLM):
             if self.has_head:
                 self.lm_head = tpl.ColumnParallelLinear(C, V, tp, bias=False, pad=True) if tp \
                     else Linear(C, V, bias=False)
-            angles = np.outer(np.arange(config.block_size), rope_frequencies(config))
-            self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
-            self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
+        # rotary tables for the positions in use (grown on demand up to block_size: a header's
+        # block_size of 2^26 must not allocate gigabytes before any sequence is that long)
+        self._rope_tables(min(config.block_size, 2048))
         self._init_weights(seed)
+
+    def _rope_tables(self, T: int) -> None:
+        angles = np.outer(np.arange(T), rope_frequencies(self.config))
+        self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
+        self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
+
+    def rope(self, T: int) -> tuple:
+        """(cos, sin) [T, head_dim / 2] of the first T positions, float32."""
+        if T > self.rope_cos.shape[0]:
+            self._rope_tables(min(self.config.block_size, max(T, 2 * self.rope_cos.shape[0])))
+        return self.rope_cos[:T], self.rope_sin[:T]
 
     @no_grad()
     def _init_weights(self, seed):
@@ -208,7 +219,7 @@ class LLaMA3(CausalLM):
         return self.transformer.wte(idx)  # [B, T/TP, C] under SP
 
     def run_block(self, block, x, T: int):
-        return block(x, self.rope_cos[:T], self.rope_sin[:T])
+        return block(x, *self.rope(T))
 
     # ---- checkpoints ---------------------------------------------------------------------
     _PER_LAYER = ["ln_1.weight", "attn.c_attn.weight", "attn.c_proj.weight", "ln_2.weight",
@@ -272,12 +283,19 @@ class LLaMA3(CausalLM):
                 "with its floats truncated to int (as llm.c's train_llama3.py does), so the model "
                 "it describes is wrong; rewrite the header with the fields as float32 bits")
         scaling = float(str(floats[16])) if floats[16] > 0 else 8.0
+        sizes = [int(header[i]) for i in (2, 3, 4, 5, 6, 7, 9)]
+        if min(sizes) < 1:
+            raise DataFormatError(f"{path}: header sizes (block size, vocabulary, layers, heads, KV heads, "
+                                  f"width, multiple_of) must be positive, got {sizes}")
         cfg = LLaMA3Config(block_size=int(header[2]), vocab_size=int(header[3]), n_layer=int(header[4]),
                            n_head=int(header[5]), n_kv_head=int(header[6]), n_embd=int(header[7]),
                            ffn_dim_multiplier=ffn_mult or None, multiple_of=int(header[9]),
                            norm_eps=norm_eps, rope_theta=theta, use_scaled_rope=bool(header[12]),
                            rope_scaling_factor=scaling)
-        cfg.validate()
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise DataFormatError(f"{path}: the header describes no valid model: {e}") from None
         expected = 1024 + 4 * cls._llmc_numel(cfg)
         if size != expected:  # checked before the model is built: a header cannot eat the memory
             raise DataFormatError(f"{path}: {size} bytes, but the model in its header needs {expected} "

@@ -1,0 +1,36 @@
+"""Argument types for the examples' flags: a value that makes no sense is refused when the
+flags are read, with the flag's name, instead of training nonsense (a negative batch, a NaN
+learning rate) or failing later with a ZeroDivisionError."""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(kind, low, low_ok: bool, what: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < low or (value == low and not low_ok):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _number(int, 1, True, "a positive integer")
+nonnegative_int = _number(int, 0, True, "0 or a positive integer")
+positive_float = _number(float, 0.0, False, "a positive number")
+nonnegative_float = _number(float, 0.0, True, "0 or a positive number")
+unit_interval = _number(float, 0.0, True, "in [0, 1)")
+
+
+def probability(text: str) -> float:
+    value = unit_interval(text)
+    if value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
