@@ -22,6 +22,14 @@ it_status it_set_error(it_status status, const char *fmt, ...)
 #define IT_CHECK_PTR(p, fn) IT_CHECK_ARG((p) != NULL, "%s: %s is NULL", fn, #p)
 #define IT_CHECK_SIZE(x, fn) IT_CHECK_ARG((x) >= 0, "%s: %s must be >= 0, got %lld", fn, #x, \
                                           (long long)(x))
+/* Sizes whose product (of all of them, each >= 0) stays at most 2^58: kernels multiply them
+ * into element counts, byte counts and scratch sizes of a few buffers, which must not wrap
+ * (a wrapped product means a heap overflow, or IT_OK for work never done). */
+#define IT_MAX_ELEMENTS ((int64_t)1 << 58)
+it_status it_check_product(const char *fn, const int64_t *sizes, int n);
+#define IT_CHECK_PRODUCT(fn, ...)                                                            \
+    IT_TRY(it_check_product((fn), (const int64_t[]){__VA_ARGS__},                            \
+                            (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))))
 #define IT_TRY(expr)                                                                         \
     do {                                                                                     \
         it_status _st = (expr);                                                              \
@@ -32,6 +40,10 @@ it_status it_set_error(it_status status, const char *fmt, ...)
  * devices are answered by the CUDA implementation once it exists (roadmap step 6). */
 it_status it_check_device(it_device device, const char *fn);
 #define IT_ON_CPU(device, fn) IT_TRY(it_check_device((device), (fn)))
+
+/* The most threads a kernel may use: OpenMP runtimes exit the process when asked for far more
+ * threads than they can create (OMP_NUM_THREADS=70000), so requests are bounded here. */
+#define IT_MAX_THREADS 1024
 
 /* float32, bfloat16 and float16: the dtypes compute kernels accept. */
 static inline int it_is_float(it_dtype dt) {
@@ -141,7 +153,8 @@ static inline void it_row_store(it_dtype dt, void *base, int64_t off, const floa
  * (libm's expf is an opaque call). Range reduction x = n ln2 + r, degree-7 polynomial for
  * e^r, 2^n built in the exponent bits. exp(-inf) = 0, exp(nan) = nan. */
 static inline float it_expf(float x) {
-    float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+    /* NaN is clamped too (to 0), so that the integer conversion below is always defined */
+    float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : (x == x ? x : 0.0f));
     float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
     float r = xc - n * 0.693145751953125f - n * 1.428606765330187e-06f;
     float p = 1.0f / 5040.0f;
@@ -152,7 +165,7 @@ static inline float it_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* n + 127 in [1, 254] */
     float scale;
     memcpy(&scale, &bits, 4);
     float y = p * scale;

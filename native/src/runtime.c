@@ -2,6 +2,7 @@
 #include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -47,8 +48,26 @@ const char *it_status_name(it_status status) {
     return "IT_ERR_UNKNOWN";
 }
 
+it_status it_check_product(const char *fn, const int64_t *sizes, int n) {
+    int64_t total = 1;
+    for (int i = 0; i < n; i++) {
+        IT_CHECK_ARG(sizes[i] >= 0, "%s: size %d is negative (%lld)", fn, i, (long long)sizes[i]);
+        if (sizes[i] == 0) return IT_OK;
+    }
+    for (int i = 0; i < n; i++) {
+        IT_CHECK_ARG(!__builtin_mul_overflow(total, sizes[i], &total) && total <= IT_MAX_ELEMENTS,
+                     "%s: the sizes multiply past %lld elements (size %d is %lld): too large",
+                     fn, (long long)IT_MAX_ELEMENTS, i, (long long)sizes[i]);
+    }
+    return IT_OK;
+}
+
 it_status it_check_device(it_device device, const char *fn) {
-    if (device.type == IT_CPU) return IT_OK;
+    if (device.type == IT_CPU) {
+        IT_CHECK_ARG(device.index == 0, "%s: there is one CPU device, cpu:0; got cpu:%d", fn,
+                     (int)device.index);
+        return IT_OK;
+    }
     if (device.type == IT_CUDA)
         return it_set_error(IT_ERR_NO_CUDA,
                             "%s: this build of libinfinitrain has no CUDA support (cuda:%d was "
@@ -113,8 +132,21 @@ int it_blas_set_threads_local(int n) {
 #endif
 }
 
+/* OMP_NUM_THREADS is read by the OpenMP runtime itself: a value past IT_MAX_THREADS is
+ * brought down when the library loads, before any kernel can ask for that many threads. */
+__attribute__((constructor)) static void it_bound_threads_at_load(void) {
+    if (omp_get_max_threads() > IT_MAX_THREADS) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int n = cores >= 1 && cores <= IT_MAX_THREADS ? (int)cores : IT_MAX_THREADS;
+        omp_set_num_threads(n);
+        it_blas_set_threads(n);
+    }
+}
+
 it_status it_set_num_threads(int32_t n) {
-    IT_CHECK_ARG(n >= 1, "it_set_num_threads: the thread count must be >= 1, got %d", (int)n);
+    IT_CHECK_ARG(n >= 1 && n <= IT_MAX_THREADS,
+                 "it_set_num_threads: the thread count must be in [1, %d], got %d", IT_MAX_THREADS,
+                 (int)n);
     omp_set_num_threads(n);
     it_blas_set_threads(n);
     return IT_OK;

@@ -44,6 +44,10 @@ static it_status check_attention(const char *fn, it_dtype dtype, int64_t B, int6
     IT_CHECK_ARG(H > 0 && Hkv > 0 && D > 0, "%s: heads, kv_heads and head_dim must be > 0", fn);
     IT_CHECK_ARG(H % Hkv == 0, "%s: heads (%lld) must be a multiple of kv_heads (%lld)", fn,
                  (long long)H, (long long)Hkv);
+    IT_CHECK_ARG(T < INT32_MAX && D < INT32_MAX, "%s: seq (%lld) and head_dim (%lld) must be "
+                 "below 2^31 (the BLAS takes int32 sizes)", fn, (long long)T, (long long)D);
+    IT_CHECK_PRODUCT(fn, B, H, T, D);
+    IT_CHECK_PRODUCT(fn, 16, T, T + D);  /* a thread's scratch: 2 T x T and 8 T x D floats */
     return IT_OK;
 }
 

@@ -126,9 +126,11 @@ it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int
     IT_TRY(check_dtype(dtype, "it_copy_strided"));
     IT_CHECK_ARG(ndim >= 0 && ndim <= IT_MAX_DIMS, "it_copy_strided: ndim %d not in [0, %d]",
                  (int)ndim, IT_MAX_DIMS);
+    IT_CHECK_ARG(ndim == 0 || (shape && out_strides && inp_strides),
+                 "it_copy_strided: shape or strides are NULL");
     int64_t sh[IT_MAX_DIMS + 1], so[IT_MAX_DIMS + 1], si[IT_MAX_DIMS + 1], numel = 1;
+    if (ndim > 0) IT_TRY(it_check_product("it_copy_strided", shape, ndim));
     for (int d = 0; d < ndim; d++) {
-        IT_CHECK_SIZE(shape[d], "it_copy_strided");
         sh[d] = shape[d], so[d] = out_strides[d], si[d] = inp_strides[d], numel *= shape[d];
     }
     if (numel == 0) return IT_OK;
@@ -153,14 +155,16 @@ static it_status concat_or_split(const char *fn, it_dtype dtype, void *joined,
                                  int64_t outer, int64_t inner, int split) {
     IT_TRY(check_dtype(dtype, fn));
     IT_CHECK_ARG(num_parts >= 1, "%s: needs at least one tensor", fn);
+    IT_CHECK_ARG(sizes && parts, "%s: the sizes or tensors array is NULL", fn);
     IT_CHECK_SIZE(outer, fn);
     IT_CHECK_SIZE(inner, fn);
     int64_t total = 0;
     for (int i = 0; i < num_parts; i++) {
         IT_CHECK_ARG(sizes[i] >= 0, "%s: size %d is negative", fn, i);
+        IT_CHECK_ARG(!__builtin_add_overflow(total, sizes[i], &total), "%s: sizes overflow", fn);
+        IT_CHECK_PRODUCT(fn, 8, total, outer, inner);
         IT_CHECK_ARG(parts[i] != NULL || sizes[i] * outer * inner == 0,
                      "%s: tensor %d is NULL", fn, i);
-        total += sizes[i];
     }
     if (total * outer * inner == 0) return IT_OK;
     IT_CHECK_PTR(joined, fn);
@@ -202,6 +206,7 @@ it_status it_triangle(it_device device, it_dtype dtype, void *out, const void *i
     IT_CHECK_SIZE(batch, "it_triangle");
     IT_CHECK_SIZE(rows, "it_triangle");
     IT_CHECK_SIZE(cols, "it_triangle");
+    IT_CHECK_PRODUCT("it_triangle", 8, batch, rows, cols);
     if (batch * rows * cols == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_triangle");
     IT_CHECK_PTR(inp, "it_triangle");

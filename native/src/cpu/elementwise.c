@@ -126,7 +126,7 @@ it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, 
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
                "it_unary: dtype %s is not supported (a floating-point dtype)", it_dtype_name(dtype));
     IT_TRY(check_unary_op(op, "it_unary"));
-    IT_CHECK_SIZE(n, "it_unary");
+    IT_CHECK_PRODUCT("it_unary", 8, n);
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_unary");
     IT_CHECK_PTR(inp, "it_unary");
@@ -361,7 +361,7 @@ it_status it_scalar(it_device device, it_scalar_op op, it_dtype dtype, void *out
     IT_ON_CPU(device, "it_scalar");
     IT_CHECK_ARG(op >= IT_SCALAR_ADD && op <= IT_SCALAR_DIV, "it_scalar: unknown op %d", (int)op);
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_scalar: unknown dtype %d", (int)dtype);
-    IT_CHECK_SIZE(n, "it_scalar");
+    IT_CHECK_PRODUCT("it_scalar", 8, n);
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_scalar");
     IT_CHECK_PTR(inp, "it_scalar");

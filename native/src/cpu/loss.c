@@ -32,6 +32,8 @@ static it_status check_ce(const char *fn, it_dtype dtype, it_dtype target_dtype,
     IT_CHECK_ARG(vocab > 0 && padded_vocab >= vocab,
                  "%s: need 0 < vocab (%lld) <= padded_vocab (%lld)", fn, (long long)vocab,
                  (long long)padded_vocab);
+    IT_CHECK_PRODUCT(fn, 8, rows, padded_vocab);
+    IT_CHECK_PRODUCT(fn, 8, padded_vocab);
     return IT_OK;
 }
 

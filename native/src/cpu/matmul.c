@@ -72,6 +72,9 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
     IT_CHECK_SIZE(k, "it_matmul");
     IT_CHECK_ARG(m < INT32_MAX && n < INT32_MAX && k < INT32_MAX,
                  "it_matmul: a dimension does not fit BLAS's 32-bit integers");
+    IT_CHECK_PRODUCT("it_matmul", 4, batch, m, n);  /* before any product is used */
+    IT_CHECK_PRODUCT("it_matmul", 4, batch, m, k);
+    IT_CHECK_PRODUCT("it_matmul", 4, batch, k, n);
     if (batch * m * n == 0) return IT_OK;
     IT_CHECK_ARG(c != NULL && ((a && b) || k == 0), "it_matmul: NULL pointer");
     IT_CHECK_ARG(stride_c >= m * n || batch == 1,

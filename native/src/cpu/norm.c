@@ -149,7 +149,9 @@ static it_status norm_backward(const char *fn, it_dtype dt, void *dinp, void *dw
     IT_CHECK_FLOAT(dtype, fn);                                                               \
     IT_CHECK_SIZE(rows, fn);                                                                 \
     IT_CHECK_ARG(cols > 0, "%s: the normalised dimension must be > 0, got %lld", fn,         \
-                 (long long)cols)
+                 (long long)cols);                                                           \
+    IT_CHECK_PRODUCT(fn, 16, rows, cols);                                                   \
+    IT_CHECK_PRODUCT(fn, 16, cols)
 
 it_status it_layernorm_forward(it_device device, it_dtype dtype, void *out, float *mean,
                                float *rstd, const void *inp, const void *weight,

@@ -22,6 +22,8 @@ static it_status rope(const char *fn, it_device device, it_dtype dtype, void *ou
     IT_CHECK_SIZE(H, fn);
     IT_CHECK_ARG(D > 0 && D % 2 == 0, "%s: head_dim must be even and > 0, got %lld", fn,
                  (long long)D);
+    IT_CHECK_PRODUCT(fn, 8, B, T, H, D);
+    IT_CHECK_PRODUCT(fn, 8, T, D);  /* the cos/sin tables */
     if (B * T * H == 0) return IT_OK;
     IT_CHECK_ARG(out && inp && cos && sin, "%s: NULL pointer", fn);
     int64_t rows = B * T * H, half = D / 2;
@@ -92,6 +94,8 @@ it_status it_embedding_forward(it_device device, it_dtype dtype, void *out, cons
     IT_CHECK_SIZE(n, "it_embedding_forward");
     IT_CHECK_SIZE(cols, "it_embedding_forward");
     IT_CHECK_SIZE(num_embeddings, "it_embedding_forward");
+    IT_CHECK_PRODUCT("it_embedding_forward", 8, n, cols);
+    IT_CHECK_PRODUCT("it_embedding_forward", 8, num_embeddings, cols);
     if (n * cols == 0) return IT_OK;
     IT_CHECK_ARG(out && indices && weight, "it_embedding_forward: NULL pointer");
     IT_TRY(check_indices("it_embedding_forward", index_dtype, indices, n, num_embeddings));
@@ -115,6 +119,8 @@ it_status it_embedding_backward(it_device device, it_dtype dtype, void *dweight,
     IT_CHECK_SIZE(n, "it_embedding_backward");
     IT_CHECK_SIZE(cols, "it_embedding_backward");
     IT_CHECK_SIZE(num_embeddings, "it_embedding_backward");
+    IT_CHECK_PRODUCT("it_embedding_backward", 8, n, cols);
+    IT_CHECK_PRODUCT("it_embedding_backward", 8, num_embeddings, cols);
     if (n * cols == 0) return IT_OK;
     IT_CHECK_ARG(dweight && indices && dout, "it_embedding_backward: NULL pointer");
     IT_TRY(check_indices("it_embedding_backward", index_dtype, indices, n, num_embeddings));

@@ -26,7 +26,7 @@ static it_status generate(const char *fn, distribution dist, it_device device, i
                           uint64_t offset) {
     IT_ON_CPU(device, fn);
     IT_CHECK_FLOAT(dtype, fn);
-    IT_CHECK_SIZE(n, fn);
+    IT_CHECK_PRODUCT(fn, 8, n);
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, fn);
     /* Uniform and normal draws use different keys so that their streams never coincide. */

@@ -49,6 +49,8 @@ it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out
     IT_CHECK_SIZE(n, "it_reduce");
     IT_REQUIRE(n > 0 || op == IT_SUM, IT_ERR_INVALID_ARGUMENT,
                "it_reduce: mean/max/min of an empty dimension is undefined");
+    IT_CHECK_PRODUCT("it_reduce", 8, outer, n, inner);
+    IT_CHECK_PRODUCT("it_reduce", 8, outer, inner);
     if (outer * inner == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_reduce");
     IT_CHECK_ARG(inp != NULL || n == 0, "it_reduce: inp is NULL");
@@ -116,6 +118,7 @@ static it_status arg_extreme(const char *fn, int is_max, it_dtype dtype, int64_t
     IT_CHECK_SIZE(outer, fn);
     IT_CHECK_SIZE(inner, fn);
     IT_CHECK_ARG(n > 0, "%s: the reduced dimension is empty", fn);
+    IT_CHECK_PRODUCT(fn, 8, outer, n, inner);
     if (outer * inner == 0) return IT_OK;
     IT_CHECK_PTR(out, fn);
     IT_CHECK_PTR(inp, fn);

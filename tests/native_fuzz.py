@@ -1,0 +1,95 @@
+"""Hostile calls into the C ABI, drawn from a seeded generator: every call has at least one
+argument that cannot be right (a negative size, sizes whose product passes 2^58 elements, a
+NULL array where work is asked for, a device or dtype that does not exist). Each must return a
+non-zero status with a message; the process must survive all of them. Run in a subprocess by
+tests/test_native_fuzz.py (a crash is then a failed test, not a dead test session)."""
+import random
+import sys
+
+from infinitrain._native import ffi, lib
+
+CPU = ffi.new("it_device *", [lib.IT_CPU, 0])[0]
+BAD_DEVICES = [ffi.new("it_device *", d)[0] for d in ([lib.IT_CPU, 7], [lib.IT_CPU, -1], [9, 0], [lib.IT_CUDA, 0])]
+BUF = ffi.new("float[4096]")
+I64 = ffi.new("int64_t[64]", [1] * 64)
+HOSTILE = [-1, -2**63, 2**59, 2**62, 2**63 - 1]
+FINE = [1, 2, 3]
+
+
+def draw(rng, n_sizes):
+    """n sizes, one of them hostile, or the first two (sizes every call multiplies) huge
+    enough that their product overflows."""
+    sizes = [rng.choice(FINE) for _ in range(n_sizes)]
+    if n_sizes >= 2 and rng.random() < 0.3:
+        sizes[0] = sizes[1] = 2**31 + rng.randrange(2**20)
+    else:
+        sizes[rng.randrange(n_sizes)] = rng.choice(HOSTILE)
+    return sizes
+
+
+def calls(rng):
+    f32 = lib.IT_FLOAT32
+    b = BUF
+    # (batch, heads, seq, head_dim, kv_heads)
+    yield "attention", lambda s: lib.it_attention_forward(CPU, f32, b, b, b, b, b, s[0], s[1], s[4],
+                                                          s[2], s[3], 1.0), 5
+    yield "layernorm", lambda s: lib.it_layernorm_forward(CPU, f32, b, b, b, b, b, b, *s, 1e-5), 2
+    yield "rmsnorm", lambda s: lib.it_rmsnorm_forward(CPU, f32, b, b, b, b, *s, 1e-5), 2
+    yield "softmax", lambda s: lib.it_softmax_forward(CPU, f32, b, b, *s), 2
+    yield "cross_entropy", lambda s: lib.it_cross_entropy_forward(CPU, f32, b, b, b, I64, lib.IT_INT64,
+                                                                  s[0], s[1], s[1], -100), 2
+    yield "rope", lambda s: lib.it_rope_forward(CPU, f32, b, b, b, b, s[0], s[1], s[2],
+                                                      2 * s[3] if s[3] in FINE else s[3]), 4
+    # (n, cols, num_embeddings)
+    yield "embedding", lambda s: lib.it_embedding_forward(CPU, f32, b, I64, lib.IT_INT64, b, s[0], s[2], s[1]), 3
+    yield "reduce", lambda s: lib.it_reduce(CPU, lib.IT_SUM, f32, b, b, *s), 3
+    yield "argmax", lambda s: lib.it_argmax(CPU, f32, I64, b, *s), 3
+    yield "matmul", lambda s: lib.it_matmul(CPU, f32, b, b, b, *s, 0, 0, 1.0, 0.0, 0, 0, 0), 4
+    yield "unary", lambda s: lib.it_unary(CPU, lib.IT_EXP, f32, b, b, *s), 1
+    yield "scalar", lambda s: lib.it_scalar(CPU, lib.IT_ADD, f32, b, b, 1.0, *s), 1
+    yield "random", lambda s: lib.it_random_normal(CPU, f32, b, s[0], 0.0, 1.0, 1, 0), 1
+
+    def strided(s):
+        shape = ffi.new("int64_t[]", s)
+        return lib.it_copy_strided(CPU, f32, b, I64, b, I64, shape, len(s))
+    yield "copy_strided", strided, 3
+
+    def concat(s):
+        parts = ffi.new("void *[]", [b, b])
+        sizes = ffi.new("int64_t[]", [s[0], s[2]])
+        return lib.it_concat(CPU, f32, b, parts, sizes, 2, s[1], 1)
+    yield "concat", concat, 3
+
+
+def main(cases: int) -> None:
+    rng = random.Random(1234)
+    table = list(calls(rng))
+    done = 0
+    for i in range(cases):
+        name, fn, n = table[i % len(table)]
+        sizes = draw(rng, n)
+        status = fn(sizes)
+        message = ffi.string(lib.it_last_error()).decode()
+        assert status != lib.IT_OK and message, f"{name}{tuple(sizes)} returned {status} ({message!r})"
+        done += 1
+    # NULL arrays where work is asked for, and devices, dtypes and thread counts that do not exist
+    nulls = [
+        lambda: lib.it_copy_strided(CPU, lib.IT_FLOAT32, BUF, ffi.NULL, BUF, ffi.NULL, ffi.NULL, 2),
+        lambda: lib.it_binary(CPU, lib.IT_ADD, lib.IT_FLOAT32, BUF, BUF, ffi.NULL, BUF, ffi.NULL, ffi.NULL, 3),
+        lambda: lib.it_concat(CPU, lib.IT_FLOAT32, BUF, ffi.NULL, ffi.NULL, 2, 1, 1),
+        lambda: lib.it_split(CPU, lib.IT_FLOAT32, ffi.NULL, BUF, ffi.NULL, 2, 1, 1),
+        lambda: lib.it_set_num_threads(2**31 - 1),
+        lambda: lib.it_set_num_threads(0),
+        lambda: lib.it_unary(CPU, lib.IT_EXP, 99, BUF, BUF, 4),
+        lambda: lib.it_reduce(CPU, 77, lib.IT_FLOAT32, BUF, BUF, 1, 4, 1),
+    ] + [(lambda d=d: lib.it_unary(d, lib.IT_EXP, lib.IT_FLOAT32, BUF, BUF, 4)) for d in BAD_DEVICES] \
+      + [(lambda d=d: lib.it_storage_new(d, 64, ffi.new("it_storage **"))) for d in BAD_DEVICES]
+    for i, fn in enumerate(nulls):
+        status = fn()
+        assert status != lib.IT_OK and ffi.string(lib.it_last_error()), f"case {i} returned {status}"
+        done += 1
+    print(f"OK {done} hostile calls refused", flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3000)
