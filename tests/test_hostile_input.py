@@ -195,3 +195,16 @@ def test_a_llama_header_with_a_huge_block_size_allocates_little(tmp_path):
     (tmp_path / "bad.bin").write_bytes(_header(20240803, 3, [64, 64, 1, 3, 2, 16], [(8, 0.0)]) + b"\0" * 4096)
     with pytest.raises(DataFormatError):
         LLaMA3.from_llmc(tmp_path / "bad.bin")
+
+
+def test_a_corrupt_mnist_cache_says_what_to_do(tmp_path):
+    from infinitrain.data.prepare import load_mnist
+    (tmp_path / "mnist.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(DataFormatError, match="delete it and run `python -m infinitrain.data.prepare mnist`"):
+        load_mnist(tmp_path / "mnist.npz")
+    np.savez(tmp_path / "partial.npz", train_images=np.zeros((3, 28, 28), np.uint8))
+    with pytest.raises(DataFormatError, match="the train split is missing or malformed"):
+        load_mnist(tmp_path / "partial.npz")
+    np.save(tmp_path / "pickled.npy", np.array([{"a": 1}], dtype=object))
+    with pytest.raises(DataFormatError, match="not a readable MNIST cache"):
+        load_mnist(tmp_path / "pickled.npy")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io import DataFormatError
 from .llmc import write_shard, write_tokenizer
 
 WHEELS = {
@@ -199,10 +200,26 @@ def mnist_file(out_dir: Path | None = None, prepare: bool = True) -> Path:
     return prepare_mnist(path.parent)
 
 
+_MNIST_SPLITS = {"train": 50000, "val": 10000, "test": 10000}
+
+
 def load_mnist(path=None) -> dict:
     """{split_images: uint8 [N, 28, 28], split_labels: int64 [N]} for train/val/test."""
-    with np.load(path or mnist_file(), allow_pickle=False) as f:
-        return {k: f[k] for k in f.files}
+    path = Path(path or mnist_file())
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise DataFormatError(f"{path} is not a readable MNIST cache ({type(e).__name__}: {e}); delete it "
+                              "and run `python -m infinitrain.data.prepare mnist` (or the example "
+                              "again) to prepare it afresh") from None
+    for split in _MNIST_SPLITS:
+        images, labels = data.get(f"{split}_images"), data.get(f"{split}_labels")
+        if images is None or labels is None or images.dtype != np.uint8 or images.ndim != 3 \
+                or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
+            raise DataFormatError(f"{path}: the {split} split is missing or malformed; delete the file "
+                                  "and run `python -m infinitrain.data.prepare mnist` to prepare it afresh")
+    return data
 
 
 def main(argv=None) -> int:
