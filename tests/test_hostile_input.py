@@ -64,7 +64,8 @@ def _example(tmp_path, *flags, timeout=120):
     if not (tmp_path / "t.bin").exists():
         write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 200), 10))
     return subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
-                           "--model", "tiny", "--batch_size", "2", "--sequence_length", "16", *flags],
+                           *(["--model", "tiny"] if "--model" not in flags else []), "--batch_size", "2",
+                           "--sequence_length", "16", *flags],
                           capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
@@ -208,3 +209,14 @@ def test_a_corrupt_mnist_cache_says_what_to_do(tmp_path):
     np.save(tmp_path / "pickled.npy", np.array([{"a": 1}], dtype=object))
     with pytest.raises(DataFormatError, match="not a readable MNIST cache"):
         load_mnist(tmp_path / "pickled.npy")
+
+
+def test_a_job_that_cannot_fit_in_memory_is_refused_before_it_starts(tmp_path):
+    """GPT-2 XL with 64 x 1024-token sequences needs hundreds of GB: said and refused before
+    anything is built (seconds, not the OOM killer)."""
+    out = _example(tmp_path, "--model", "gpt2-xl", "--batch_size", "64", "--sequence_length", "1024",
+                   timeout=60)
+    assert out.returncode != 0 and "this job will not fit in memory" in out.stderr, out.stderr
+    assert "GB per rank" in out.stderr and "--tensor_parallel" in out.stderr
+    fits = _example(tmp_path, "--num_iteration", "1")
+    assert fits.returncode == 0 and "memory: about" in fits.stdout, fits.stderr

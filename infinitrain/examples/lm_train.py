@@ -66,6 +66,7 @@ def parse_args(argv, description: str, presets, default_model: str):
                         "The micro-batches of a step are its gradient accumulation steps")
     p.add_argument("--pipeline_timeout", type=positive_float, default=300.0,
                    help="seconds a stage waits for a neighbour before aborting the job")
+    p.set_defaults(presets=presets)
     return p.parse_args(argv)
 
 
@@ -110,6 +111,15 @@ def train(args, build_model) -> int:
         args.input_bin = str(files["train"])
         args.input_val_bin = args.input_val_bin or str(files["val"])
         args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])
+
+    plan = memory_plan(args, env, accum)
+    if plan is not None:
+        need, have, text = plan
+        log(text, flush=True)
+        if need > have:
+            sys.exit(f"this job will not fit in memory: {text}. Use a smaller --model, fewer ranks "
+                     "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
+                     "or a smaller --batch_size / --sequence_length")
 
     it.manual_seed(args.seed)
     try:
@@ -226,6 +236,47 @@ def train(args, build_model) -> int:
     if tokenizer is not None and args.sample_every:
         sample(model, tokenizer, args, env, pipe)
     return 0
+
+
+def _config_of(args):
+    """The model's configuration before it is built: the preset's, or an llm.c file's header."""
+    from infinitrain.models import GPT2, LLaMA3, GPT2Config
+    if args.llmc_filepath:
+        return None
+    cfg = args.presets[args.model]
+    return cfg, (GPT2 if isinstance(cfg, GPT2Config) else LLaMA3)
+
+
+def memory_plan(args, env, micro_batches: int):
+    """(bytes this node's ranks will need, bytes available, a line saying so), estimated before
+    anything is built: per parameter 4 bytes of weights, 4 of gradient and 8 of AdamW moments
+    (+2 for bfloat16 copies), split over TP x PP; activations of the micro-batches a stage
+    holds (all M under GPipe, up to PP under 1F1B) at about 24 B T C floats per layer plus the
+    attention scores, the logits and their gradient on the last stage, and ~350 MB for the
+    process itself (Python, numpy, MPI, BLAS buffers, the data). None if unknown."""
+    known = _config_of(args)
+    try:
+        available = next(int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo")
+                         if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    if known is None:
+        return None
+    cfg, cls = known
+    L = env.layout
+    params = cls._llmc_numel(cfg) / (L.tp * L.pp)
+    state = params * (18 if args.dtype == "bfloat16" else 16)
+    B, T, C = args.batch_size, args.sequence_length, cfg.n_embd
+    held = micro_batches if L.pp == 1 or args.pipeline_schedule == "gpipe" else min(micro_batches, L.pp)
+    per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (cfg.n_head / L.tp) * T * T)
+    vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
+    acts = held * per_layer * cfg.n_layer / L.pp + 2 * 4 * B * T * vocab / L.tp
+    per_rank = state + acts + 350 * 2**20
+    need = per_rank * env.local_size
+    text = (f"memory: about {per_rank / 2**30:.2f} GB per rank ({params / 1e6:.1f}M parameters with "
+            f"gradients and AdamW state, activations of {held} micro-batch(es)) x {env.local_size} "
+            f"rank(s) on this node = {need / 2**30:.1f} GB of {available / 2**30:.1f} GB available")
+    return need, available, text
 
 
 def dp_mean(value: float, env) -> float:

@@ -33,6 +33,10 @@ class GlobalEnv:
             groups[kind] = MPIProcessGroup(sub, members)
         self.dp_group, self.tp_group, self.pp_group = groups["dp"], groups["tp"], groups["pp"]
         self.world = MPIProcessGroup(comm, list(range(self.world_size)))
+        from mpi4py import MPI
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_size = local.Get_size()  # ranks on this node, sharing its memory and cores
+        local.Free()
         # the first and last stage of each pipeline: a tied embedding's gradient is summed there
         self.embedding_group = None
         if layout.pp > 1:
