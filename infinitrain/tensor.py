@@ -302,6 +302,13 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A numpy array sharing this tensor's memory (CPU only; bfloat16 as ml_dtypes)."""
+        if self.requires_grad:  # as PyTorch: writes through the array would bypass autograd
+            raise RuntimeError("Can't call numpy() on a tensor that requires grad; use "
+                               "tensor.detach().numpy()")
+        return self._array()
+
+    def _array(self) -> np.ndarray:
+        """numpy()'s array without the autograd check, for reading (item, tolist, repr)."""
         if self.device.type != "cpu":
             raise TypeError(f"numpy() needs a CPU tensor, this one is on {self.device}; "
                             "call .cpu() first")
@@ -321,13 +328,13 @@ class Tensor:
         return arr if dtype is None else arr.astype(dtype)
 
     def tolist(self):
-        return self.numpy().tolist()
+        return self._array().tolist()
 
     def item(self):
         if self.numel() != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has shape "
                              f"{self._shape}")
-        return self.numpy().reshape(()).item()
+        return self._array().reshape(()).item()
 
     def __float__(self):
         return builtins.float(self.item())
@@ -344,8 +351,8 @@ class Tensor:
         return self._shape[0]
 
     def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self.numpy(), dtype=np.float32)
-                               if self.dtype is _dt.bfloat16 else self.numpy(),
+        body = np.array2string(np.asarray(self._array(), dtype=np.float32)
+                               if self.dtype is _dt.bfloat16 else self._array(),
                                separator=", ", prefix="tensor(", threshold=200)
         extras = []
         if self.dtype not in (_dt.float32, _dt.int64):

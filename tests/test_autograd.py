@@ -14,7 +14,7 @@ def check(fn, ref, *arrays, rtol=1e-3, atol=1e-4, seed=0):
     ts = [it.tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
     out = fn(*ts)
     G = rng.standard_normal(out.shape)
-    np.testing.assert_allclose(out.numpy(), ref(*arrays), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.detach().numpy(), ref(*arrays), rtol=1e-4, atol=1e-5)
     (out * it.tensor(G.astype(np.float32))).sum().backward()
     for i, (t, a) in enumerate(zip(ts, arrays)):
         def f(x, i=i):
@@ -140,9 +140,9 @@ def test_cross_entropy_and_embedding():
         return np.mean((lse - logits[np.arange(4), np.where(keep, targets, 0)])[keep])
     logits = it.tensor(r(4, 5).astype(np.float32), requires_grad=True)
     loss = F.cross_entropy(logits, it.tensor(targets))
-    assert abs(loss.item() - ce(logits.numpy().astype(np.float64))) < 1e-5
+    assert abs(loss.item() - ce(logits.detach().numpy().astype(np.float64))) < 1e-5
     loss.backward()
-    np.testing.assert_allclose(logits.grad.numpy(), numerical_grad(ce, logits.numpy()), rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(logits.grad.detach().numpy(), numerical_grad(ce, logits.detach().numpy()), rtol=1e-3, atol=1e-5)
     per_row = F.cross_entropy(logits.detach(), it.tensor(targets), reduction="none")
     assert per_row.shape == (4,) and per_row.numpy()[2] == 0
     idx = np.array([[1, 3, 1], [0, 0, 2]])
@@ -175,9 +175,9 @@ def test_dropout_mask_is_consistent():
     it.manual_seed(3)
     x = it.ones(2000, requires_grad=True)
     y = F.dropout(x, 0.25, training=True)
-    kept = y.numpy() != 0
+    kept = y.detach().numpy() != 0
     assert 0.7 < kept.mean() < 0.8
-    np.testing.assert_allclose(y.numpy()[kept], 1 / 0.75, rtol=1e-6)
+    np.testing.assert_allclose(y.detach().numpy()[kept], 1 / 0.75, rtol=1e-6)
     y.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy() != 0, kept)
     assert F.dropout(x, 0.25, training=False) is x

@@ -45,14 +45,14 @@ def test_round_trip_restores_model_optimizer_and_rng(tmp_path):
     assert it.default_generator.get_state() == expected_rng
     np.testing.assert_array_equal(it.randn(4).numpy(), after)
     for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
-        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=n)
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy(), err_msg=n)
     for m, o in ((model, opt), (model2, opt2)):  # one more step: identical
         _, loss = m(x, x, return_logits=False)
         o.zero_grad()
         loss.backward()
         o.step()
     for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
-        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=n)
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy(), err_msg=n)
 
 
 def test_damaged_foreign_and_mismatched_checkpoints(tmp_path):
@@ -141,4 +141,4 @@ def test_save_pretrained_safetensors(tmp_path, factory, cls):
     assert set(weights) == set(model.state_dict())
     again = cls.from_pretrained(tmp_path)
     x = it.tensor([[3, 1, 4, 1, 5]])
-    np.testing.assert_array_equal(model(x, x)[1].numpy(), again(x, x)[1].numpy())
+    np.testing.assert_array_equal(model(x, x)[1].detach().numpy(), again(x, x)[1].detach().numpy())

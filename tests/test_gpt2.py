@@ -33,7 +33,7 @@ def test_logits_and_padded_vocab():
     it.manual_seed(0)
     model = gpt2("tiny")
     assert model.transformer.wte.weight.shape == (50304, 64)
-    assert np.all(model.transformer.wte.weight.numpy()[50257:] == 0)
+    assert np.all(model.transformer.wte.weight.detach().numpy()[50257:] == 0)
     logits, loss = model(it.tensor([[1, 2, 3]]))
     assert logits.shape == (1, 3, 50257) and loss is None
     with pytest.raises(ValueError, match="block size"):
@@ -49,11 +49,11 @@ def test_llmc_checkpoint_round_trip(tmp_path, version):
     assert header.tolist() == [20240326, version, 256, 50257, 3, 2, 64, 50304]
     loaded = GPT2.from_llmc(tmp_path / "m.bin")
     for (n, a), (_, b) in zip(model.named_parameters(), loaded.named_parameters()):
-        ref = a.numpy() if version == 3 else a.bfloat16().float().numpy()
-        np.testing.assert_array_equal(b.numpy(), ref, err_msg=n)
+        ref = a.detach().numpy() if version == 3 else a.bfloat16().float().detach().numpy()
+        np.testing.assert_array_equal(b.detach().numpy(), ref, err_msg=n)
     x = it.tensor([[5, 6, 7, 8]])
     if version == 3:
-        np.testing.assert_array_equal(model(x, x)[1].numpy(), loaded(x, x)[1].numpy())
+        np.testing.assert_array_equal(model(x, x)[1].detach().numpy(), loaded(x, x)[1].detach().numpy())
 
 
 def test_llmc_checkpoint_file_order(tmp_path):
@@ -64,14 +64,14 @@ def test_llmc_checkpoint_file_order(tmp_path):
     data = np.fromfile(tmp_path / "m.bin", dtype="<f4", offset=1024)
     C, Vp, maxT = 64, 50304, 256
     wte = data[:Vp * C].reshape(Vp, C)
-    np.testing.assert_array_equal(wte, model.transformer.wte.weight.numpy())
+    np.testing.assert_array_equal(wte, model.transformer.wte.weight.detach().numpy())
     at = Vp * C + maxT * C
     ln1w = data[at:at + 2 * C].reshape(2, C)
-    np.testing.assert_array_equal(ln1w[1], model.transformer.h[1].ln_1.weight.numpy())
+    np.testing.assert_array_equal(ln1w[1], model.transformer.h[1].ln_1.weight.detach().numpy())
     at += 4 * C  # ln_1 weight and bias of both layers
     qkvw = data[at:at + 2 * 3 * C * C].reshape(2, 3 * C, C)
-    np.testing.assert_array_equal(qkvw[0], model.transformer.h[0].attn.c_attn.weight.numpy())
-    np.testing.assert_array_equal(data[-C:], model.transformer.ln_f.bias.numpy())
+    np.testing.assert_array_equal(qkvw[0], model.transformer.h[0].attn.c_attn.weight.detach().numpy())
+    np.testing.assert_array_equal(data[-C:], model.transformer.ln_f.bias.detach().numpy())
 
 
 def test_broken_checkpoints(tmp_path):

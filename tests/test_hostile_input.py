@@ -107,7 +107,7 @@ def test_a_tied_embedding_is_stored_once(tmp_path):
     again = gpt2("tiny", n_layer=2)
     load_checkpoint(path, again)
     assert again.lm_head.weight is again.transformer.wte.weight
-    np.testing.assert_array_equal(again.lm_head.weight.numpy(), model.lm_head.weight.numpy())
+    np.testing.assert_array_equal(again.lm_head.weight.detach().numpy(), model.lm_head.weight.detach().numpy())
 
 
 # ---- meta.json, every field mutated -----------------------------------------------------------
@@ -192,7 +192,7 @@ def test_a_llama_header_with_a_huge_block_size_allocates_little(tmp_path):
     again = LLaMA3.from_llmc(tmp_path / "m.bin")
     assert it.memory_stats()["peak_allocated_bytes"] < 2**24
     x = it.tensor([[1, 2, 3, 4]])
-    np.testing.assert_array_equal(again(x, x)[1].numpy(), model(x, x)[1].numpy())
+    np.testing.assert_array_equal(again(x, x)[1].detach().numpy(), model(x, x)[1].detach().numpy())
     (tmp_path / "bad.bin").write_bytes(_header(20240803, 3, [64, 64, 1, 3, 2, 16], [(8, 0.0)]) + b"\0" * 4096)
     with pytest.raises(DataFormatError):
         LLaMA3.from_llmc(tmp_path / "bad.bin")
@@ -220,3 +220,12 @@ def test_a_job_that_cannot_fit_in_memory_is_refused_before_it_starts(tmp_path):
     assert "GB per rank" in out.stderr and "--tensor_parallel" in out.stderr
     fits = _example(tmp_path, "--num_iteration", "1")
     assert fits.returncode == 0 and "memory: about" in fits.stdout, fits.stderr
+
+
+def test_numpy_of_a_tensor_that_requires_grad_is_refused():
+    """As PyTorch: a writable view would let writes bypass autograd; reading stays possible."""
+    w = it.nn.Parameter(it.ones(3))
+    with pytest.raises(RuntimeError, match=r"use tensor.detach\(\).numpy\(\)"):
+        w.numpy()
+    assert w.detach().numpy().tolist() == [1.0, 1.0, 1.0] and w.tolist() == [1.0, 1.0, 1.0]
+    assert (w * 2).sum().item() == 6.0 and "Parameter containing" in repr(w)

@@ -20,9 +20,9 @@ def test_attention_gqa_with_rope_against_numpy(rng):
     cfg, attn = model.config, model.transformer.h[0].attn
     B, T, C, H, KV, D = 2, 7, cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim
     x = rng.standard_normal((B, T, C)).astype(np.float32)
-    out = attn(it.tensor(x), model.rope_cos[:T], model.rope_sin[:T]).numpy()
+    out = attn(it.tensor(x), model.rope_cos[:T], model.rope_sin[:T]).detach().numpy()
 
-    w, wp = attn.c_attn.weight.numpy().astype(np.float64), attn.c_proj.weight.numpy().astype(np.float64)
+    w, wp = attn.c_attn.weight.detach().numpy().astype(np.float64), attn.c_proj.weight.detach().numpy().astype(np.float64)
     qkv = x.astype(np.float64) @ w.T
     q = qkv[..., :H * D].reshape(B, T, H, D)
     k = qkv[..., H * D:(H + KV) * D].reshape(B, T, KV, D)
@@ -89,9 +89,9 @@ def test_checkpoint_round_trip_and_truncated_floats(tmp_path):
     loaded = LLaMA3.from_llmc(tmp_path / "m.bin")
     assert loaded.config == model.config
     for (n, a), (_, b) in zip(model.named_parameters(), loaded.named_parameters()):
-        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=n)
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy(), err_msg=n)
     x = it.tensor([[1, 2, 3, 4]])
-    np.testing.assert_array_equal(model(x, x)[1].numpy(), loaded(x, x)[1].numpy())
+    np.testing.assert_array_equal(model(x, x)[1].detach().numpy(), loaded(x, x)[1].detach().numpy())
     # llm.c's train_llama3.py writes the float fields truncated to integers
     data = bytearray((tmp_path / "m.bin").read_bytes())
     bad = np.frombuffer(bytes(data[:1024]), dtype="<i4").copy()

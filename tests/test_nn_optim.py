@@ -39,7 +39,7 @@ def test_state_dict_round_trip_and_strict_errors():
     a, b = Net(), Net()
     b.load_state_dict(a.state_dict())
     idx = it.tensor([[1, 2, 3]])
-    np.testing.assert_array_equal(a(idx).numpy(), b(idx).numpy())
+    np.testing.assert_array_equal(a(idx).detach().numpy(), b(idx).detach().numpy())
     sd = a.state_dict()
     bad = dict(sd)
     del bad["norm.bias"]
@@ -79,8 +79,8 @@ def test_train_eval_zero_grad_to_apply():
 def test_containers_and_layers_against_numpy(rng):
     lin = nn.Linear(5, 3)
     x = rng.standard_normal((2, 5)).astype(np.float32)
-    np.testing.assert_allclose(lin(it.tensor(x)).numpy(),
-                               x @ lin.weight.numpy().T + lin.bias.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lin(it.tensor(x)).detach().numpy(),
+                               x @ lin.weight.detach().numpy().T + lin.bias.detach().numpy(), rtol=1e-5, atol=1e-6)
     ml = nn.ModuleList([nn.ReLU(), nn.Sigmoid()])
     md = nn.ModuleDict({"a": nn.SiLU()})
     assert len(ml) == 2 and "a" in md and isinstance(ml[1], nn.Sigmoid)
@@ -101,7 +101,7 @@ def _quadratic_problem(opt_cls, steps=5, **kw):
         opt.zero_grad()
         ((w - 3.0) ** 2).sum().backward()
         opt.step()
-        path.append(w.numpy().copy())
+        path.append(w.detach().numpy().copy())
     return np.array(path), opt
 
 
@@ -142,7 +142,7 @@ def test_optimizer_state_dict_resumes_exactly():
         o.zero_grad()
         ((p - 3.0) ** 2).sum().backward()
         o.step()
-    np.testing.assert_array_equal(w.numpy(), w2.numpy())
+    np.testing.assert_array_equal(w.detach().numpy(), w2.detach().numpy())
     with pytest.raises(ValueError, match="parameter groups"):
         optim.AdamW([w2], lr=0.1).load_state_dict({"state": {}, "param_groups": []})
 

@@ -39,7 +39,7 @@ gy_big = rng.standard_normal((B, T, OUT)).astype(np.float32)
 
 # -- ColumnParallelLinear over a fused q|k|v output (blocks), with and without gather / SP
 ref = Linear(C, OUT)
-w_full, b_full = ref.weight.numpy().copy(), ref.bias.numpy().copy()
+w_full, b_full = ref.weight.detach().numpy().copy(), ref.bias.detach().numpy().copy()
 xr = it.from_numpy(x_np).requires_grad_()
 yr = ref(xr)
 (yr * it.from_numpy(gy_big)).sum().backward()
@@ -53,16 +53,16 @@ for sp in (False, True):
         xin = it.from_numpy(seq_slice(x_np).copy() if sp else x_np).requires_grad_()
         y = layer(xin)
         mine = layer.weight.tp_shard.take(it.from_numpy(gy_big.transpose(2, 0, 1).copy()))
-        gy_local = gy_big if gather else mine.numpy().transpose(1, 2, 0)
+        gy_local = gy_big if gather else mine.detach().numpy().transpose(1, 2, 0)
         (y * it.from_numpy(np.ascontiguousarray(gy_local))).sum().backward()
         expect = yr.detach().numpy()
         if not gather:
-            expect = layer.weight.tp_shard.take(it.from_numpy(expect.transpose(2, 0, 1).copy())).numpy().transpose(1, 2, 0)
+            expect = layer.weight.tp_shard.take(it.from_numpy(expect.transpose(2, 0, 1).copy())).detach().numpy().transpose(1, 2, 0)
         close(y.detach().numpy(), expect, f"column y sp={sp} gather={gather}")
-        gx = xr.grad.numpy()
-        close(xin.grad.numpy(), seq_slice(gx) if sp else gx, f"column dx sp={sp} gather={gather}")
-        close(layer.weight.grad.numpy(), layer.weight.tp_shard.take(ref.weight.grad).numpy(), "column dW")
-        close(layer.bias.grad.numpy(), layer.bias.tp_shard.take(ref.bias.grad).numpy(), "column db")
+        gx = xr.grad.detach().numpy()
+        close(xin.grad.detach().numpy(), seq_slice(gx) if sp else gx, f"column dx sp={sp} gather={gather}")
+        close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), "column dW")
+        close(layer.bias.grad.detach().numpy(), layer.bias.tp_shard.take(ref.bias.grad).detach().numpy(), "column db")
 
 # -- RowParallelLinear: input split along features (or scattered by the layer)
 IN = 4 * N
@@ -75,7 +75,7 @@ yr = ref(xr)
 for sp in (False, True):
     for parallel_in in (True, False) if not sp else (True,):
         layer = tpm.RowParallelLinear(IN, C, tp_sp if sp else tp, input_is_parallel=parallel_in)
-        load(layer.weight, ref.weight.numpy())
+        load(layer.weight, ref.weight.detach().numpy())
         with it.no_grad():
             layer.bias.copy_(ref.bias)
         k = IN // N
@@ -84,15 +84,15 @@ for sp in (False, True):
         (y * it.from_numpy(seq_slice(gyr).copy() if sp else gyr)).sum().backward()
         expect = yr.detach().numpy()
         close(y.detach().numpy(), seq_slice(expect) if sp else expect, f"row y sp={sp}")
-        gx = xr.grad.numpy()
-        close(xin.grad.numpy(), gx[..., R * k:(R + 1) * k] if parallel_in else gx, f"row dx sp={sp}")
-        close(layer.weight.grad.numpy(), layer.weight.tp_shard.take(ref.weight.grad).numpy(), "row dW")
-        db = layer.bias.grad.numpy()
+        gx = xr.grad.detach().numpy()
+        close(xin.grad.detach().numpy(), gx[..., R * k:(R + 1) * k] if parallel_in else gx, f"row dx sp={sp}")
+        close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), "row dW")
+        db = layer.bias.grad.detach().numpy()
         if sp:  # each rank saw its part of the sequence: the sum over ranks is the full gradient
             assert layer.bias.sequence_parallel_group is env.tp_group
             tpm.allreduce_sequence_parallel_grads(layer)
-            db = layer.bias.grad.numpy()
-        close(db, ref.bias.grad.numpy(), f"row db sp={sp}")
+            db = layer.bias.grad.detach().numpy()
+        close(db, ref.bias.grad.detach().numpy(), f"row db sp={sp}")
 
 # -- VocabParallelEmbedding, a vocabulary that TP does not divide (padded)
 V = 4 * N + 1
@@ -103,12 +103,12 @@ gE = rng.standard_normal((B, T, C)).astype(np.float32)
 (yr * it.from_numpy(gE)).sum().backward()
 for sp in (False, True):
     layer = tpm.VocabParallelEmbedding(V, C, tp_sp if sp else tp)
-    load(layer.weight, ref.weight.numpy())
+    load(layer.weight, ref.weight.detach().numpy())
     y = layer(it.from_numpy(ids))
     (y * it.from_numpy(seq_slice(gE).copy() if sp else gE)).sum().backward()
     close(y.detach().numpy(), seq_slice(yr.detach().numpy()) if sp else yr.detach().numpy(), f"embedding y sp={sp}")
-    close(layer.weight.grad.numpy(), layer.weight.tp_shard.take(ref.weight.grad).numpy(), f"embedding dW sp={sp}")
-    assert np.array_equal(layer.weight.tp_shard.gather(layer.weight).numpy(), ref.weight.numpy())
+    close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), f"embedding dW sp={sp}")
+    assert np.array_equal(layer.weight.tp_shard.gather(layer.weight).detach().numpy(), ref.weight.detach().numpy())
 
 # -- vocab-parallel cross-entropy against the fused one, padded columns included
 Vreal, Vpad = 10 * N - 3, 10 * N
@@ -126,10 +126,10 @@ loss = tpm.vocab_parallel_cross_entropy(ll, it.from_numpy(targets), Vreal, tp)
 (loss * 2.0).backward()
 
 close(loss.item(), loss_ref.item(), "vocab-parallel CE loss", rtol=1e-6)
-close(ll.grad.numpy(), 2 * lr.grad.numpy()[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad", rtol=1e-5, atol=1e-7)
+close(ll.grad.detach().numpy(), 2 * lr.grad.detach().numpy()[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad", rtol=1e-5, atol=1e-7)
 
 # -- the collectives along the last dim round-trip
 z = it.from_numpy(rng.standard_normal((B, T, 2 * N)).astype(np.float32)).requires_grad_()
 back = tpm.gather_from_tp(tpm.scatter_to_tp(z, env.tp_group), env.tp_group)
-close(back.detach().numpy(), z.numpy(), "scatter/gather round trip")
+close(back.detach().numpy(), z.detach().numpy(), "scatter/gather round trip")
 print(f"rank {env.rank} OK", flush=True)
