@@ -106,6 +106,7 @@ def test_every_stage_holds_the_whole_models_weights(cls, seed):
 
 FP32_CASES = [  # (ranks, flags); micro-batches M per DP rank
     (2, ["--pp", "2", "--micro", "1"]),
+    (3, ["--pp", "3", "--micro", "4"]),                      # 8 layers on 3 stages: 3, 3, 2
     (4, ["--pp", "4", "--micro", "2"]),                      # M < P
     (8, ["--pp", "8", "--micro", "8"]),
     (4, ["--pp", "4", "--vpp", "2", "--micro", "4"]),
@@ -148,6 +149,22 @@ def test_the_three_schedules_agree_and_1f1b_holds_fewer_activations():
     for s in ("1f1b", "interleaved"):
         np.testing.assert_allclose(got[s], got["gpipe"], rtol=1e-6, atol=0)
     assert peak["1f1b"] < peak["gpipe"], peak
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_llmc_checkpoint_loads_split_over_a_pipeline(model, tmp_path):
+    """An llm.c file written by one process, read by TP 2 x PP 2 (each rank its layers and
+    slices; GPT-2's last stage its copy of the embedding): the one-process run."""
+    if model == "gpt2":
+        GPT2(GPT2Config(block_size=64, vocab_size=50257, n_layer=8, n_head=4, n_embd=32), seed=5) \
+            .save_llmc(tmp_path / "m.bin")
+    else:
+        LLaMA3(LLaMA3Config(block_size=64, vocab_size=50257, n_layer=8, n_head=8, n_kv_head=4, n_embd=32,
+                            ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=5) \
+            .save_llmc(tmp_path / "m.bin")
+    got = losses(run(4, ["--model", model, "--lr", LR["float32"], *LAYERS, "--tp", "2", "--pp", "2",
+                         "--micro", "2", "--llmc", str(tmp_path / "m.bin")]))
+    assert_same(got, one_process(model, "float32"), "float32", f"{model} from llm.c at TP2 x PP2")
 
 
 def test_3d_checkpoint_resumes_under_any_layout(tmp_path):
