@@ -18,6 +18,7 @@ from infinitrain.data.prepare import shakespeare_files
 from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_float, positive_int
 from infinitrain.nn import parallel
 from infinitrain.nn.parallel.pp import PipelineParallel
+from infinitrain.nn.parallel.zero import ZeroOptimizer
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
 from infinitrain.nn.utils import clip_grad_norm_
 from infinitrain.optim import AdamW
@@ -66,6 +67,9 @@ def parse_args(argv, description: str, presets, default_model: str):
                         "The micro-batches of a step are its gradient accumulation steps")
     p.add_argument("--pipeline_timeout", type=positive_float, default=300.0,
                    help="seconds a stage waits for a neighbour before aborting the job")
+    p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2],
+                   help="ZeRO over the data-parallel ranks: 1 shards the optimizer state, 2 also "
+                        "the gradients (replaces DDP; DP only for now)")
     p.set_defaults(presets=presets)
     return p.parse_args(argv)
 
@@ -88,6 +92,9 @@ def train(args, build_model) -> int:
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
+    if args.zero_stage and (args.tensor_parallel > 1 or pipelined or args.save or args.load):
+        sys.exit("--zero_stage runs under data parallelism only in this version, without --save/--load "
+                 "(its checkpoints and TP/PP composition are not built yet)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
@@ -149,15 +156,20 @@ def train(args, build_model) -> int:
     val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size) \
         if args.input_val_bin else None
     pipe = PipelineParallel(model, schedule, env.dp_group, args.pipeline_timeout) if stage else None
-    net = parallel.DistributedDataParallel(model) if dp > 1 and pipe is None else model
+    zero = args.zero_stage > 0 and dp > 1
+    net = parallel.DistributedDataParallel(model) if dp > 1 and pipe is None and not zero else model
     forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
     tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
 
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                       {"params": no_decay, "weight_decay": 0.0}],
-                      lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    groups = [{"params": decay, "weight_decay": args.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if zero:
+        optimizer = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero_stage,
+                                  lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    else:
+        optimizer = AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     lr_schedule = WarmupConstantLR(optimizer, args.warmup_iters, args.num_iteration) \
         if args.warmup_iters else ConstantLR(optimizer)
 
@@ -209,13 +221,15 @@ def train(args, build_model) -> int:
             for micro in range(accum):
                 x, y = train.next_batch()
                 last = micro == accum - 1
-                with (net.no_sync() if dp > 1 and not last else nullcontext()):
+                with (net.no_sync() if dp > 1 and not last and not zero else nullcontext()):
                     with forward_context():
                         _, loss = net(x, y, return_logits=False)
                     (loss / accum if accum > 1 else loss).backward()
                 step_loss += loss.item() / accum
         allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
-        if args.grad_clip > 0:  # one norm over every stage's parameters, as one process's
+        if args.grad_clip > 0 and zero:  # over every rank's gradient shard
+            optimizer.clip_grad_norm_(args.grad_clip)
+        elif args.grad_clip > 0:  # one norm over every stage's parameters, as one process's
             clip_grad_norm_(model.parameters(), args.grad_clip, pipeline_group=env.pp_group)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

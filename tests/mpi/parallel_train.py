@@ -21,6 +21,7 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn import parallel
 from infinitrain.nn.parallel.pp import PipelineParallel
+from infinitrain.nn.parallel.zero import ZeroOptimizer
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
 from infinitrain.nn.utils import clip_grad_norm_
 from infinitrain.optim import AdamW
@@ -34,6 +35,8 @@ p.add_argument("--vpp", type=int, default=1)
 p.add_argument("--schedule", default=None, help="gpipe | 1f1b | interleaved (default by --vpp)")
 p.add_argument("--micro", type=int, default=1, help="micro-batches per step (per DP rank)")
 p.add_argument("--layers", type=int, default=2)
+p.add_argument("--vocab", type=int, default=50257)
+p.add_argument("--embd", type=int, default=32)
 p.add_argument("--dtype", default="float32")
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--first", type=int, default=1, help="step to start at (after --load)")
@@ -43,6 +46,7 @@ p.add_argument("--lr", type=float, default=1e-2)
 p.add_argument("--clip", type=float, default=1.0)
 p.add_argument("--save", default=None)
 p.add_argument("--load", default=None)
+p.add_argument("--zero", type=int, default=0, help="ZeRO stage over DP (replaces DDP)")
 p.add_argument("--pipeline_timeout", type=float, default=120.0)
 p.add_argument("--hang_stage", type=int, default=None, help="this stage stops answering (a test of timeouts)")
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
@@ -53,11 +57,11 @@ tp = TensorParallel(env.tp_group, sequence_parallel=args.sp) if args.tp > 1 else
 stage = env.pipeline_stage(args.vpp) if args.pp > 1 or args.vpp > 1 else None
 dp, dp_rank = env.layout.dp, env.dp_rank
 if args.model == "gpt2":
-    cfg = GPT2Config(block_size=64, vocab_size=50257, n_layer=args.layers, n_head=4, n_embd=32)
+    cfg = GPT2Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=4, n_embd=args.embd)
     model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else GPT2(cfg, seed=5, tp=tp, pp=stage)
 else:  # grouped-query attention: 8 query heads, 4 KV heads
-    cfg = LLaMA3Config(block_size=64, vocab_size=50257, n_layer=args.layers, n_head=8, n_kv_head=4,
-                       n_embd=32, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
+    cfg = LLaMA3Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=8, n_kv_head=4,
+                       n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
     model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage)
 pipe = None
 if stage is not None:
@@ -65,11 +69,16 @@ if stage is not None:
                             dp_group=env.dp_group, timeout=args.pipeline_timeout)
     net = model
 else:
-    net = parallel.DistributedDataParallel(model) if dp > 1 else model
+    net = parallel.DistributedDataParallel(model) if dp > 1 and not args.zero else model
 decay = [q for q in model.parameters() if q.ndim >= 2]
 no_decay = [q for q in model.parameters() if q.ndim < 2]
-opt = AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=args.lr, betas=(0.9, 0.95))
+groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+if args.zero:
+    assert args.tp == 1 and args.pp == 1 and not args.save and not args.load, "ZeRO runs under DP only, for now"
+    opt = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero, bucket_cap_mb=0.25, lr=args.lr,
+                        betas=(0.9, 0.95))
+else:
+    opt = AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
 if args.load:
     load_checkpoint(args.load, model, opt)
 
@@ -84,9 +93,10 @@ assert b >= 1, f"--batch {args.batch} cannot give {dp} DP ranks {M} micro-batche
 activation_peak = 0  # the most memory a step held above what it started with (rank 0: stage 0)
 for step in range(args.first, args.steps + 1):
     start = it.memory_stats()["allocated_bytes"]
-    it.reset_peak_memory_stats()
+    if step > args.first:  # the peak over the steps after the first (all state allocated)
+        it.reset_peak_memory_stats()
     # two batches in turn from a few hundred ids: the loss falls fast, so steps differ a lot
-    data = np.random.default_rng(step % 2).integers(0, 300, (args.batch, T + 1))
+    data = np.random.default_rng(step % 2).integers(0, min(300, args.vocab), (args.batch, T + 1))
     mine = data[dp_rank * B:(dp_rank + 1) * B]
     micro = [(it.from_numpy(mine[m * b:(m + 1) * b, :-1].copy()), it.from_numpy(mine[m * b:(m + 1) * b, 1:].copy()))
              for m in range(M)]
@@ -98,7 +108,7 @@ for step in range(args.first, args.steps + 1):
     else:
         value = 0.0
         for m, (x, y) in enumerate(micro):
-            with (net.no_sync() if dp > 1 and m < M - 1 else nullcontext()):
+            with (net.no_sync() if dp > 1 and m < M - 1 and not args.zero else nullcontext()):
                 with context():
                     _, loss = net(x, y, return_logits=False)
                 (loss / M).backward()
@@ -106,7 +116,8 @@ for step in range(args.first, args.steps + 1):
     if step > args.first:  # the first step also allocates the gradients
         activation_peak = max(activation_peak, it.memory_stats()["peak_allocated_bytes"] - start)
     allreduce_sequence_parallel_grads(model)
-    norm = clip_grad_norm_(model.parameters(), args.clip, pipeline_group=env.pp_group)
+    norm = opt.clip_grad_norm_(args.clip) if args.zero else \
+        clip_grad_norm_(model.parameters(), args.clip, pipeline_group=env.pp_group)
     opt.step()
     opt.zero_grad(set_to_none=False)  # gradients stay allocated: a step's peak above its start is activations
     t = it.tensor([value])
@@ -140,6 +151,8 @@ with it.no_grad():
 if env.rank == 0:
     print("sample", tokens, flush=True)
     print("activation_peak", activation_peak, flush=True)
+    print("peak_bytes", it.memory_stats()["peak_allocated_bytes"], flush=True)
+    print("parameters", sum(q.numel() for q in model.parameters()), flush=True)
 if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
     save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
     env.world.barrier()

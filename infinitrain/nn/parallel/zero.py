@@ -1,0 +1,247 @@
+"""ZeRO (stages 1 and 2): the optimizer's state, and with stage 2 the gradients, sharded over
+the data-parallel group, as DeepSpeed describes them. It replaces DDP: gradients are averaged
+over DP by the reduce-scatter that shards them.
+
+Layout. The parameters (in reverse registration order, roughly the order backward produces
+their gradients) are packed into flat buckets, each padded to a multiple of DP; rank r owns
+piece r of every bucket. The parameters become views into the buckets, so that one all-gather
+per bucket after the step refreshes them all. Rank r's optimizer sees one 1-D "shard
+parameter" per (bucket piece ∩ parameter) segment, a view into the same memory, in the group
+of the parameter it is part of (so weight-decay masks come from the original parameters, not
+from the flat shard).
+
+Gradients. Stage 1 keeps full flat gradients: each .grad is a view into its bucket, so
+backward accumulates in place (micro-batches too), and step() reduce-scatters every bucket
+into this rank's shard. Stage 2 keeps only the shards: a post-accumulate-grad hook moves each
+gradient into its bucket (allocated when the bucket's first gradient lands) and drops .grad;
+the bucket is reduce-scattered as soon as its last gradient has landed (overlapped with the
+rest of backward), this rank's piece added into its shard and the full-size bucket freed;
+with gradient accumulation every micro-batch is reduced so (DeepSpeed's way).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...autograd import no_grad
+from ...autograd.engine import queue_callback
+from ...creation import empty, from_numpy, zeros
+from ..parameter import Parameter
+from .process_group import ReduceOp
+
+
+class _Bucket:
+    def __init__(self, params, world: int):
+        self.params = params
+        self.offsets, n = [], 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.numel = n
+        self.padded = -(-max(n, 1) // world) * world
+        self.piece = self.padded // world
+        self.flat_param = zeros(self.padded, dtype=params[0].dtype)
+        self.flat_grad = None     # full-size gradient (stage 1: always; stage 2: while filling)
+        self.shard_grad = zeros(self.piece, dtype=params[0].dtype)
+        self.pending = len(params)
+
+
+class ZeroOptimizer:
+    """optimizer_class(param_groups, **defaults) runs on this rank's shard. params: parameters
+    or param groups (dicts with "params" and per-group options such as weight_decay)."""
+
+    def __init__(self, params, optimizer_class, dp_group, stage: int = 1,
+                 bucket_cap_mb: float = 25.0, **defaults):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeRO stage must be 1 or 2 (3 is not implemented yet), got {stage}")
+        self.stage, self.group = stage, dp_group
+        self.world, self.rank = dp_group.size, dp_group.rank
+        groups = list(params)
+        if not groups or not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.param_groups = [dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in groups]
+        group_of, ordered = {}, []
+        for gi, g in enumerate(self.param_groups):
+            for p in g["params"]:
+                if id(p) not in group_of:
+                    group_of[id(p)] = gi
+                    ordered.append(p)
+        if not ordered:
+            raise ValueError("ZeroOptimizer got no parameters that require grad")
+        dtypes = {p.dtype.name for p in ordered}
+        if len(dtypes) != 1:
+            raise ValueError(f"ZeroOptimizer needs parameters of one dtype, got {sorted(dtypes)}")
+        self.buckets, self.where = [], {}
+        cap = bucket_cap_mb * 2**20
+        current, size = [], 0
+        for p in reversed(ordered):
+            if current and size + p.nbytes > cap:
+                self.buckets.append(_Bucket(current, self.world))
+                current, size = [], 0
+            current.append(p)
+            size += p.nbytes
+        self.buckets.append(_Bucket(current, self.world))
+        with no_grad():
+            for bi, b in enumerate(self.buckets):
+                for j, p in enumerate(b.params):
+                    self.where[id(p)] = (bi, j)
+                    view = b.flat_param[b.offsets[j]:b.offsets[j] + p.numel()].view(*p.shape)
+                    view.copy_(p)
+                    p._assign(view)  # the parameter now lives in its bucket
+                    p.grad = None
+                    p.register_post_accumulate_grad_hook(self._on_grad)
+                self.group.broadcast(b.flat_param, 0)  # replicas start equal
+                if stage == 1:
+                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
+                    for j, p in enumerate(b.params):
+                        p.grad = self._grad_view(b, j)
+        # this rank's segments: (bucket, start in bucket, length, group index)
+        inner_groups = [dict({k: v for k, v in g.items() if k != "params"}, params=[])
+                        for g in self.param_groups]
+        self.segments = []
+        for bi, b in enumerate(self.buckets):
+            lo, hi = self.rank * b.piece, (self.rank + 1) * b.piece
+            for j, p in enumerate(b.params):
+                s, e = max(lo, b.offsets[j]), min(hi, b.offsets[j] + p.numel())
+                if s < e:
+                    shard = Parameter(b.flat_param[s:e])
+                    shard.grad = b.shard_grad[s - lo:e - lo]
+                    inner_groups[group_of[id(p)]]["params"].append(shard)
+                    self.segments.append(shard)
+        self._inner_of = [gi for gi, g in enumerate(inner_groups) if g["params"]]
+        inner_groups = [g for g in inner_groups if g["params"]]
+        self.optimizer = optimizer_class(inner_groups, **defaults) if inner_groups else None
+        # param_groups show the optimizer's settings (lr, ...), also for a group with no
+        # element on this rank, so that a scheduler works on every rank alike
+        for g in self.param_groups:
+            for key, v in defaults.items():
+                g.setdefault(key, v)
+        if self.optimizer is not None:
+            for k, gi in enumerate(self._inner_of):
+                for key, v in self.optimizer.param_groups[k].items():
+                    if key != "params":
+                        self.param_groups[gi].setdefault(key, v)
+        self._callback_queued = False
+        self._works = []
+        self._sharded = False  # stage 1: this step's gradients already reduce-scattered
+
+    def _grad_view(self, b: _Bucket, j: int):
+        p = b.params[j]
+        return b.flat_grad[b.offsets[j]:b.offsets[j] + p.numel()].view(*p.shape)
+
+    # ---- gradients --------------------------------------------------------------------------
+    @no_grad()
+    def _on_grad(self, p) -> None:
+        bi, j = self.where[id(p)]
+        b = self.buckets[bi]
+        if self.stage == 1:
+            if p.grad._storage is not b.flat_grad._storage:  # .grad was reset behind our back
+                view = self._grad_view(b, j)
+                view.add_(p.grad)
+                p.grad = view
+            return
+        if not self._callback_queued:
+            queue_callback(self._finish_backward)
+            self._callback_queued = True
+        if b.flat_grad is None and len(b.params) == 1 and b.padded == p.numel() and p.grad.is_contiguous():
+            b.flat_grad = p.grad.view(-1)  # a bucket of one parameter: its gradient, no copy
+        else:
+            if b.flat_grad is None:
+                b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
+            self._grad_view(b, j).add_(p.grad)
+        p.grad = None  # the flat bucket holds it now
+        b.pending -= 1
+        if b.pending == 0:
+            self._reduce(b)
+            self._collect(keep=1)  # at most one bucket in flight: memory bounded, overlap kept
+
+    def _reduce(self, b: _Bucket) -> None:
+        """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
+        it is done (at the end of backward)."""
+        out = empty(b.piece, dtype=b.flat_param.dtype)
+        self._works.append((b, out, self.group.reduce_scatter(out, b.flat_grad, ReduceOp.AVG, async_op=True)))
+        b.pending = -1  # launched
+
+    def _collect(self, keep: int = 0) -> None:
+        """Waits for all but the newest `keep` reduce-scatters, adds them into the shards and
+        frees their full-size buckets."""
+        done, self._works = self._works[:len(self._works) - keep], self._works[len(self._works) - keep:]
+        for b, out, work in done:
+            work.wait()
+            b.shard_grad.add_(out)
+            b.flat_grad = None
+
+    def _finish_backward(self) -> None:
+        for b in self.buckets:  # a parameter that got no gradient contributes zeros
+            if b.pending >= 0:
+                if b.flat_grad is None:
+                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
+                self._reduce(b)
+        self._collect()
+        for b in self.buckets:
+            b.pending = len(b.params)
+        self._callback_queued = False
+
+    @no_grad()
+    def _shard_gradients(self) -> None:
+        """Stage 1, at the step: every bucket's full gradient reduce-scattered into its shard."""
+        if self._sharded:
+            return
+        for b in self.buckets:
+            self.group.reduce_scatter(b.shard_grad, b.flat_grad, ReduceOp.AVG)
+        self._sharded = True
+
+    # ---- the step -----------------------------------------------------------------------------
+    @no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """One global 2-norm over every rank's gradient shard (the one-process norm); scales
+        the shards when it exceeds max_norm. Returns the norm before clipping."""
+        if self.stage == 1:
+            self._shard_gradients()
+        sq = sum(float((b.shard_grad.float() ** 2).sum().item()) for b in self.buckets)
+        t = from_numpy(np.array([sq], dtype=np.float64))
+        self.group.all_reduce(t)
+        total = math.sqrt(t.item())
+        coef = max_norm / (total + 1e-6)
+        if coef < 1.0:
+            for b in self.buckets:
+                b.shard_grad.mul_(coef)
+        return total
+
+    @no_grad()
+    def step(self) -> None:
+        if self.stage == 1:
+            self._shard_gradients()
+        if self.optimizer is not None:
+            for k, gi in enumerate(self._inner_of):  # a scheduler sets lr on param_groups
+                inner = self.optimizer.param_groups[k]
+                inner.update({key: v for key, v in self.param_groups[gi].items() if key != "params"})
+            self.optimizer.step()
+        for b in self.buckets:  # every rank's updated piece, to every rank
+            mine = b.flat_param[self.rank * b.piece:(self.rank + 1) * b.piece].clone()
+            self.group.all_gather(b.flat_param, mine)
+
+    @no_grad()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes the gradient shards (and, stage 1, the flat gradients the .grad views show)."""
+        for b in self.buckets:
+            b.shard_grad.zero_()
+            if self.stage == 1:
+                b.flat_grad.zero_()
+                for j, p in enumerate(b.params):
+                    p.grad = self._grad_view(b, j)
+            else:
+                b.flat_grad = None
+                for p in b.params:
+                    p.grad = None
+        self._sharded = False
+
+    @property
+    def state(self):
+        return self.optimizer.state if self.optimizer is not None else {}
+
+    def __repr__(self) -> str:
+        n = sum(s.numel() for s in self.segments)
+        return (f"ZeroOptimizer(stage {self.stage}, rank {self.rank} of {self.world}, "
+                f"{len(self.buckets)} buckets, {n} elements of optimizer state here)")
