@@ -152,7 +152,7 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
                       opt_tensors, scalars, groups, extra, keep)
     except (OSError, SafetensorError) as e:  # a full or read-only disk: nothing half-written left
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {root / name}: {e.strerror or e} "
+        raise CheckpointError(f"could not write checkpoint {root / name}: {getattr(e, 'strerror', None) or e} "
                               "(nothing was written; 'latest' still names the previous one)") from None
 
 
@@ -192,7 +192,8 @@ def _write(root: Path, name: str, tmp: Path, leader: bool, pp, step, model, opti
             scalars.update(d["scalars"])
             part.unlink()
         if optimizer is not None:
-            meta["optimizer"] = {"type": type(optimizer).__name__, "scalars": scalars,
+            kind = getattr(optimizer, "state_type", type(optimizer).__name__)  # ZeRO: its inner one's
+            meta["optimizer"] = {"type": kind, "scalars": scalars,
                                  "param_groups": groups}
         meta["dtypes"] = dtypes
         meta["sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
@@ -402,8 +403,9 @@ def _load_optimizer(folder: Path, meta: dict, model, optimizer, stored: _Files) 
     if "optimizer" not in meta:
         raise CheckpointError(f"{folder} holds no optimizer state")
     o = meta["optimizer"]
-    if o["type"] != type(optimizer).__name__:
-        raise CheckpointError(f"{folder} holds {o['type']} state, not {type(optimizer).__name__}")
+    kind = getattr(optimizer, "state_type", type(optimizer).__name__)  # ZeRO: its inner optimizer's
+    if o["type"] != kind:
+        raise CheckpointError(f"{folder} holds {o['type']} state, not {kind}")
     params = _param_list(optimizer)
     if meta["version"] == 1:  # keyed by the saving optimizer's parameter order
         names = {id(p): str(i) for i, p in enumerate(params)}

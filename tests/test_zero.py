@@ -63,5 +63,21 @@ def test_zero_stage_flag_of_the_example_matches_one_process(tmp_path):
     one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV)
     assert one.returncode == 0, one.stderr
     for stage in ("1", "2"):
-        got = mpirun(4, args + ["--zero_stage", stage])
+        got = mpirun(4, args + ["--zero_stage", stage, "--save", str(tmp_path / f"ck{stage}"), "--save_interval", "2"])
         np.testing.assert_allclose(_losses(got), _losses(one.stdout), rtol=1e-5, atol=0, err_msg=f"stage {stage}")
+    # the stage-2 checkpoint of step 2 resumes on DP 2 at stage 1
+    resumed = mpirun(2, args + ["--zero_stage", "1", "--load", str(tmp_path / "ck2" / "step_000002")])
+    np.testing.assert_allclose(_losses(resumed), _losses(one.stdout)[2:], rtol=1e-5, atol=0)
+
+
+def test_a_zero2_checkpoint_resumes_under_another_dp_size(tmp_path):
+    """Saved by ZeRO-2 on DP 4 at step 3 (the optimizer state gathered into one process's form),
+    resumed by ZeRO-2 on DP 2, ZeRO-1 on DP 8 and one process: the uninterrupted losses."""
+    common = ["--batch", "8", "--micro", "1", "--clip", "0.5", "--lr", "3e-3"]
+    whole = losses(run(1, common + ["--steps", "6"]))[0][::2]
+    run(4, common + ["--zero", "2", "--steps", "3", "--save", str(tmp_path / "ck")])
+    resume = common + ["--steps", "6", "--first", "4", "--load", str(tmp_path / "ck")]
+    import numpy as np
+    for n, flags in ((2, ["--zero", "2"]), (8, ["--zero", "1"]), (1, [])):
+        got = losses(run(n, resume + flags))[0][::2]
+        np.testing.assert_allclose(got, whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")

@@ -92,9 +92,9 @@ def train(args, build_model) -> int:
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
-    if args.zero_stage and (args.tensor_parallel > 1 or pipelined or args.save or args.load):
-        sys.exit("--zero_stage runs under data parallelism only in this version, without --save/--load "
-                 "(its checkpoints and TP/PP composition are not built yet)")
+    if args.zero_stage and (args.tensor_parallel > 1 or pipelined):
+        sys.exit("--zero_stage runs under data parallelism only in this version (its composition "
+                 "with --tensor_parallel / --pipeline_parallel is not built yet)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
@@ -198,10 +198,11 @@ def train(args, build_model) -> int:
     def save(step: int) -> None:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
         # DP rank 0 writes its layers (its TP rank 0 does)
-        if env.coords.dp == 0:
+        if env.coords.dp == 0 or zero:  # ZeRO: every DP rank holds a shard of the state
             path = save_checkpoint(args.save, step, model, optimizer,
                                    extra={"train_loader": train.state(), "schedule": lr_schedule.state_dict()},
-                                   keep=args.max_checkpoint_keep or None, write=env.coords.tp == 0)
+                                   keep=args.max_checkpoint_keep or None,
+                                   write=env.coords.tp == 0 and env.coords.dp == 0)
             log(f"saved {path}", flush=True)
         env.world.barrier()
 

@@ -96,7 +96,7 @@ class ZeroOptimizer:
                     b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
                     for j, p in enumerate(b.params):
                         p.grad = self._grad_view(b, j)
-        # this rank's segments: (bucket, start in bucket, length, group index)
+        # this rank's segments: a shard parameter per (bucket piece ∩ parameter)
         inner_groups = [dict({k: v for k, v in g.items() if k != "params"}, params=[])
                         for g in self.param_groups]
         self.segments = []
@@ -108,10 +108,11 @@ class ZeroOptimizer:
                     shard = Parameter(b.flat_param[s:e])
                     shard.grad = b.shard_grad[s - lo:e - lo]
                     inner_groups[group_of[id(p)]]["params"].append(shard)
-                    self.segments.append(shard)
+                    self.segments.append((shard, bi, s - lo, p, s - b.offsets[j]))
         self._inner_of = [gi for gi, g in enumerate(inner_groups) if g["params"]]
         inner_groups = [g for g in inner_groups if g["params"]]
         self.optimizer = optimizer_class(inner_groups, **defaults) if inner_groups else None
+        self.state_type = optimizer_class.__name__  # state_dict() is that optimizer's, whole
         # param_groups show the optimizer's settings (lr, ...), also for a group with no
         # element on this rank, so that a scheduler works on every rank alike
         for g in self.param_groups:
@@ -237,11 +238,78 @@ class ZeroOptimizer:
                     p.grad = None
         self._sharded = False
 
+    # ---- state: in one process's form, so that checkpoints are layout-free ------------------
+    def _original_params(self) -> list:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    @no_grad()
+    def state_dict(self) -> dict:
+        """The state one process's optimizer would have (per original parameter, full tensors),
+        gathered from every rank's shard: collective over the DP group."""
+        index = {id(p): i for i, p in enumerate(self._original_params())}
+        keys, step = set(), 0
+        if self.optimizer is not None:
+            for st in self.optimizer.state.values():
+                keys |= {k for k, v in st.items() if hasattr(v, "numel") and v.ndim == 1}
+                step = max(step, int(st.get("step", 0)))
+        t = from_numpy(np.array([step], dtype=np.int64))
+        self.group.all_reduce(t, ReduceOp.MAX)
+        step = int(t.item())
+        keys = sorted(keys) if keys else ["exp_avg", "exp_avg_sq"]
+        state = {}
+        for bi, b in enumerate(self.buckets):
+            for key in keys:
+                mine = zeros(b.piece, dtype=b.flat_param.dtype)
+                for shard, sbi, at, p, _ in self.segments:
+                    if sbi == bi and shard in self.state and key in self.state[shard]:
+                        mine[at:at + shard.numel()].copy_(self.state[shard][key])
+                full = empty(b.padded, dtype=b.flat_param.dtype)
+                self.group.all_gather(full, mine)
+                for j, p in enumerate(b.params):
+                    entry = state.setdefault(index[id(p)], {"step": step})
+                    entry[key] = full[b.offsets[j]:b.offsets[j] + p.numel()].view(*p.shape).clone()
+        groups, at = [], 0
+        for g in self.param_groups:
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(range(at, at + len(g["params"])))})
+            at += len(g["params"])
+        return {"state": state if step > 0 else {}, "param_groups": groups}
+
+    @no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Takes one process's optimizer state (what state_dict gives, from any DP size or
+        none): each rank keeps its shard of every tensor."""
+        params = self._original_params()
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"optimizer state has {len(groups)} parameter groups, this optimizer "
+                             f"has {len(self.param_groups)}")
+        for saved, own in zip(groups, self.param_groups):
+            own.update({k: v for k, v in saved.items() if k != "params"})
+        index = {id(p): i for i, p in enumerate(params)}
+        inner = {}
+        for shard, _, _, p, off in self.segments:
+            st = state_dict["state"].get(index[id(p)], state_dict["state"].get(str(index[id(p)])))
+            if not st:
+                continue
+            entry = {}
+            for k, v in st.items():
+                if hasattr(v, "numel") and tuple(v.shape) == tuple(p.shape):
+                    entry[k] = v.contiguous().view(-1)[off:off + shard.numel()].clone()
+                elif hasattr(v, "numel") and v.numel() > 1:
+                    raise ValueError(f"optimizer state '{k}' has shape {tuple(v.shape)}, its parameter "
+                                     f"{tuple(p.shape)}")
+                else:
+                    entry[k] = v.item() if hasattr(v, "item") else v
+            inner[shard] = entry
+        if self.optimizer is not None:
+            self.optimizer.state = inner
+
     @property
     def state(self):
         return self.optimizer.state if self.optimizer is not None else {}
 
     def __repr__(self) -> str:
-        n = sum(s.numel() for s in self.segments)
+        n = sum(seg[0].numel() for seg in self.segments)
         return (f"ZeroOptimizer(stage {self.stage}, rank {self.rank} of {self.world}, "
                 f"{len(self.buckets)} buckets, {n} elements of optimizer state here)")
