@@ -26,6 +26,16 @@ def test_zero_fp32_matches_one_process(model, n, micro, stage):
 
 
 @pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_zero_with_tensor_and_sequence_parallelism_matches_one_process(model, stage):
+    """DP 2 x TP 2 + SP: ZeRO shards each TP rank's slices over DP; SP gradients are summed
+    over TP before they are sharded; the norm counts TP shards over TP and replicas once."""
+    got = losses(run(4, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage), "--micro", "2",
+                         "--tp", "2", "--sp"]))
+    assert_same(got, one_process(model, "float32"), "float32", f"{model} ZeRO-{stage} DP 2 x TP 2 + SP")
+
+
+@pytest.mark.parametrize("stage", [1, 2])
 def test_zero_bf16_matches_one_process(stage):
     got = losses(run(4, ["--model", "llama3", "--dtype", "bfloat16", "--lr", "3e-3", *COMMON,
                          "--zero", str(stage), "--micro", "2"]))
@@ -78,6 +88,6 @@ def test_a_zero2_checkpoint_resumes_under_another_dp_size(tmp_path):
     run(4, common + ["--zero", "2", "--steps", "3", "--save", str(tmp_path / "ck")])
     resume = common + ["--steps", "6", "--first", "4", "--load", str(tmp_path / "ck")]
     import numpy as np
-    for n, flags in ((2, ["--zero", "2"]), (8, ["--zero", "1"]), (1, [])):
+    for n, flags in ((2, ["--zero", "2"]), (8, ["--zero", "1"]), (1, []), (4, ["--zero", "2", "--tp", "2"])):
         got = losses(run(n, resume + flags))[0][::2]
         np.testing.assert_allclose(got, whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")

@@ -92,9 +92,9 @@ def train(args, build_model) -> int:
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
-    if args.zero_stage and (args.tensor_parallel > 1 or pipelined):
-        sys.exit("--zero_stage runs under data parallelism only in this version (its composition "
-                 "with --tensor_parallel / --pipeline_parallel is not built yet)")
+    if args.zero_stage and pipelined:
+        sys.exit("--zero_stage runs with data and tensor parallelism in this version (its "
+                 "composition with --pipeline_parallel is not built yet)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)

@@ -74,7 +74,7 @@ decay = [q for q in model.parameters() if q.ndim >= 2]
 no_decay = [q for q in model.parameters() if q.ndim < 2]
 groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 if args.zero:
-    assert args.tp == 1 and args.pp == 1, "ZeRO runs under DP only, for now"
+    assert args.pp == 1, "ZeRO runs under DP (x TP), not PP, for now"
     opt = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero, bucket_cap_mb=0.25, lr=args.lr,
                         betas=(0.9, 0.95))
 else:

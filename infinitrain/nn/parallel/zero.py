@@ -145,6 +145,9 @@ class ZeroOptimizer:
         if not self._callback_queued:
             queue_callback(self._finish_backward)
             self._callback_queued = True
+        sp_group = getattr(p, "sequence_parallel_group", None)
+        if sp_group is not None:  # SP: summed over TP now, before this rank's .grad is dropped
+            sp_group.all_reduce(p.grad, ReduceOp.SUM)
         if b.flat_grad is None and len(b.params) == 1 and b.padded == p.numel() and p.grad.is_contiguous():
             b.flat_grad = p.grad.view(-1)  # a bucket of one parameter: its gradient, no copy
         else:
@@ -196,14 +199,27 @@ class ZeroOptimizer:
     # ---- the step -----------------------------------------------------------------------------
     @no_grad()
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """One global 2-norm over every rank's gradient shard (the one-process norm); scales
-        the shards when it exceeds max_norm. Returns the norm before clipping."""
+        """One global 2-norm over every rank's gradient shard (the one-process norm: under TP,
+        squares of tensor-parallel shards are also summed over TP, replicated parameters
+        counted once); scales the shards when it exceeds max_norm. Returns the norm before
+        clipping."""
         if self.stage == 1:
             self._shard_gradients()
-        sq = sum(float((b.shard_grad.float() ** 2).sum().item()) for b in self.buckets)
-        t = from_numpy(np.array([sq], dtype=np.float64))
+        sq, tp_groups = [0.0, 0.0], {}  # [replicated, tensor-parallel shards]
+        for shard, _, _, p, _ in self.segments:
+            tp = getattr(p, "tp_shard", None)
+            if tp is not None:
+                tp_groups[id(tp.group)] = tp.group
+            sq[tp is not None] += float((shard.grad.float() ** 2).sum().item())
+        t = from_numpy(np.array(sq, dtype=np.float64))
         self.group.all_reduce(t)
-        total = math.sqrt(t.item())
+        if len(tp_groups) > 1:
+            raise NotImplementedError("parameters sharded over several tensor-parallel groups")
+        for g in tp_groups.values():
+            part = t[1:2].clone()
+            g.all_reduce(part)
+            t[1:2].copy_(part)
+        total = math.sqrt(float(t.sum().item()))
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:
             for b in self.buckets:
