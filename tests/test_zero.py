@@ -35,6 +35,16 @@ def test_zero_with_tensor_and_sequence_parallelism_matches_one_process(model, st
     assert_same(got, one_process(model, "float32"), "float32", f"{model} ZeRO-{stage} DP 2 x TP 2 + SP")
 
 
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_zero1_in_a_3d_layout_matches_one_process(model):
+    """DP 2 x TP 2 x PP 2 with ZeRO-1 (the pipeline's tied-embedding sum acts on the flat
+    gradients before they are sharded; the norm sums over stages and leaves the copy out)."""
+    flags = ["--layers", "4", "--tp", "2", "--pp", "2", "--zero", "1", "--micro", "2"]
+    ref = losses(run(1, ["--model", model, "--lr", "3e-3", *COMMON, "--layers", "4"]))
+    got = losses(run(8, ["--model", model, "--lr", "3e-3", *COMMON, *flags]))
+    assert_same(got, ref, "float32", f"{model} ZeRO-1 DP2 x TP2 x PP2")
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero_bf16_matches_one_process(stage):
     got = losses(run(4, ["--model", "llama3", "--dtype", "bfloat16", "--lr", "3e-3", *COMMON,

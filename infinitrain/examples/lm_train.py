@@ -92,9 +92,8 @@ def train(args, build_model) -> int:
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
-    if args.zero_stage and pipelined:
-        sys.exit("--zero_stage runs with data and tensor parallelism in this version (its "
-                 "composition with --pipeline_parallel is not built yet)")
+    if args.zero_stage == 2 and pipelined:
+        sys.exit("--zero_stage 2 does not compose with --pipeline_parallel yet (stage 1 does)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
@@ -155,8 +154,9 @@ def train(args, build_model) -> int:
     train = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size)
     val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size) \
         if args.input_val_bin else None
-    pipe = PipelineParallel(model, schedule, env.dp_group, args.pipeline_timeout) if stage else None
-    zero = args.zero_stage > 0 and dp > 1
+    zero = args.zero_stage > 0 and dp > 1  # ZeRO does the DP reduction instead of DDP
+    pipe = PipelineParallel(model, schedule, None if zero else env.dp_group, args.pipeline_timeout) \
+        if stage else None
     net = parallel.DistributedDataParallel(model) if dp > 1 and pipe is None and not zero else model
     forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
     tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
@@ -229,7 +229,7 @@ def train(args, build_model) -> int:
                 step_loss += loss.item() / accum
         allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
         if args.grad_clip > 0 and zero:  # over every rank's gradient shard
-            optimizer.clip_grad_norm_(args.grad_clip)
+            optimizer.clip_grad_norm_(args.grad_clip, pipeline_group=env.pp_group)
         elif args.grad_clip > 0:  # one norm over every stage's parameters, as one process's
             clip_grad_norm_(model.parameters(), args.grad_clip, pipeline_group=env.pp_group)
         optimizer.step()

@@ -66,7 +66,7 @@ else:  # grouped-query attention: 8 query heads, 4 KV heads
 pipe = None
 if stage is not None:
     pipe = PipelineParallel(model, args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
-                            dp_group=env.dp_group, timeout=args.pipeline_timeout)
+                            dp_group=None if args.zero else env.dp_group, timeout=args.pipeline_timeout)
     net = model
 else:
     net = parallel.DistributedDataParallel(model) if dp > 1 and not args.zero else model
@@ -74,7 +74,7 @@ decay = [q for q in model.parameters() if q.ndim >= 2]
 no_decay = [q for q in model.parameters() if q.ndim < 2]
 groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 if args.zero:
-    assert args.pp == 1, "ZeRO runs under DP (x TP), not PP, for now"
+    assert args.pp == 1 or args.zero == 1, "ZeRO-2 does not compose with PP yet"
     opt = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero, bucket_cap_mb=0.25, lr=args.lr,
                         betas=(0.9, 0.95))
 else:
@@ -116,7 +116,7 @@ for step in range(args.first, args.steps + 1):
     if step > args.first:  # the first step also allocates the gradients
         activation_peak = max(activation_peak, it.memory_stats()["peak_allocated_bytes"] - start)
     allreduce_sequence_parallel_grads(model)
-    norm = opt.clip_grad_norm_(args.clip) if args.zero else \
+    norm = opt.clip_grad_norm_(args.clip, pipeline_group=env.pp_group) if args.zero else \
         clip_grad_norm_(model.parameters(), args.clip, pipeline_group=env.pp_group)
     opt.step()
     opt.zero_grad(set_to_none=False)  # gradients stay allocated: a step's peak above its start is activations

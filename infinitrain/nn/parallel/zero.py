@@ -198,15 +198,18 @@ class ZeroOptimizer:
 
     # ---- the step -----------------------------------------------------------------------------
     @no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float, pipeline_group=None) -> float:
         """One global 2-norm over every rank's gradient shard (the one-process norm: under TP,
         squares of tensor-parallel shards are also summed over TP, replicated parameters
-        counted once); scales the shards when it exceeds max_norm. Returns the norm before
-        clipping."""
+        counted once; under PP, summed over the pipeline's stages, a stage's copy of a tied
+        parameter left out); scales the shards when it exceeds max_norm. Returns the norm
+        before clipping."""
         if self.stage == 1:
             self._shard_gradients()
         sq, tp_groups = [0.0, 0.0], {}  # [replicated, tensor-parallel shards]
         for shard, _, _, p, _ in self.segments:
+            if getattr(p, "tied_copy_of", None) is not None:
+                continue
             tp = getattr(p, "tp_shard", None)
             if tp is not None:
                 tp_groups[id(tp.group)] = tp.group
@@ -219,6 +222,8 @@ class ZeroOptimizer:
             part = t[1:2].clone()
             g.all_reduce(part)
             t[1:2].copy_(part)
+        if pipeline_group is not None and pipeline_group.size > 1:
+            pipeline_group.all_reduce(t)
         total = math.sqrt(float(t.sum().item()))
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:
