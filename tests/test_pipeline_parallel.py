@@ -18,7 +18,7 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn.parallel.pp import PipelineStage, chunk_layers, schedule, simulate
 
-from test_tensor_parallel import assert_same, losses, run
+from test_tensor_parallel import assert_same, losses, run, write_llmc
 
 LAYERS = ["--layers", "8", "--batch", "8", "--steps", "6"]
 # 8 layers at lr 1e-2 already amplify round-off chaotically (TP 2 alone drifts by 4e-5 in 6
@@ -155,13 +155,7 @@ def test_the_three_schedules_agree_and_1f1b_holds_fewer_activations():
 def test_llmc_checkpoint_loads_split_over_a_pipeline(model, tmp_path):
     """An llm.c file written by one process, read by TP 2 x PP 2 (each rank its layers and
     slices; GPT-2's last stage its copy of the embedding): the one-process run."""
-    if model == "gpt2":
-        GPT2(GPT2Config(block_size=64, vocab_size=50257, n_layer=8, n_head=4, n_embd=32), seed=5) \
-            .save_llmc(tmp_path / "m.bin")
-    else:
-        LLaMA3(LLaMA3Config(block_size=64, vocab_size=50257, n_layer=8, n_head=8, n_kv_head=4, n_embd=32,
-                            ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=5) \
-            .save_llmc(tmp_path / "m.bin")
+    write_llmc(model, 8, tmp_path / "m.bin")
     got = losses(run(4, ["--model", model, "--lr", LR["float32"], *LAYERS, "--tp", "2", "--pp", "2",
                          "--micro", "2", "--llmc", str(tmp_path / "m.bin")]))
     assert_same(got, one_process(model, "float32"), "float32", f"{model} from llm.c at TP2 x PP2")

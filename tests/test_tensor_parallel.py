@@ -102,20 +102,25 @@ def test_checkpoint_saved_at_tp2_resumes_at_tp1_and_tp4(model, tmp_path):
         assert_same(got, (full[0][2 * 5:], full[1]), "float32", f"{model} resumed at {n} ranks {flags}")
 
 
-@pytest.mark.parametrize("model", ["gpt2", "llama3"])
-def test_llmc_checkpoint_loads_sliced_under_tp(model, tmp_path):
-    """An llm.c file written by one process, read at TP 2 with SP: each rank keeps its slice and
-    the run is the one-process run (the file holds the same seed-5 weights)."""
+def write_llmc(model: str, layers: int, path) -> None:
+    """The llm.c file of the model parallel_train.py builds (seed 5), written by one process."""
     from infinitrain.models import GPT2Config, LLaMA3Config
     from infinitrain.models.gpt2 import GPT2
     from infinitrain.models.llama3 import LLaMA3
     if model == "gpt2":
-        GPT2(GPT2Config(block_size=64, vocab_size=50257, n_layer=2, n_head=4, n_embd=32), seed=5) \
-            .save_llmc(tmp_path / "m.bin")
+        GPT2(GPT2Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=4, n_embd=32), seed=5) \
+            .save_llmc(path)
     else:
-        LLaMA3(LLaMA3Config(block_size=64, vocab_size=50257, n_layer=2, n_head=8, n_kv_head=4, n_embd=32,
+        LLaMA3(LLaMA3Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=8, n_kv_head=4, n_embd=32,
                             ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=5) \
-            .save_llmc(tmp_path / "m.bin")
+            .save_llmc(path)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_llmc_checkpoint_loads_sliced_under_tp(model, tmp_path):
+    """An llm.c file written by one process, read at TP 2 with SP: each rank keeps its slice and
+    the run is the one-process run (the file holds the same seed-5 weights)."""
+    write_llmc(model, 2, tmp_path / "m.bin")
     got = losses(run(2, ["--model", model, "--lr", LR["float32"], "--tp", "2", "--sp",
                          "--llmc", str(tmp_path / "m.bin")]))
     assert_same(got, one_process(model, "float32"), "float32", f"{model} from llm.c at TP 2")

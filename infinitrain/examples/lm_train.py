@@ -270,12 +270,12 @@ def memory_plan(args, env, micro_batches: int):
     attention scores, the logits and their gradient on the last stage, and ~350 MB for the
     process itself (Python, numpy, MPI, BLAS buffers, the data). None if unknown."""
     known = _config_of(args)
-    try:
-        available = next(int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo")
-                         if ln.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
     if known is None:
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
         return None
     cfg, cls = known
     L = env.layout

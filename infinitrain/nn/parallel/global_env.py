@@ -19,7 +19,7 @@ _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COM
 
 
 class GlobalEnv:
-    def __init__(self, comm, layout: Layout):
+    def __init__(self, comm, layout: Layout, local_size: int = 1):
         self.comm = comm
         self.layout = layout
         self.rank = comm.Get_rank()
@@ -33,10 +33,7 @@ class GlobalEnv:
             groups[kind] = MPIProcessGroup(sub, members)
         self.dp_group, self.tp_group, self.pp_group = groups["dp"], groups["tp"], groups["pp"]
         self.world = MPIProcessGroup(comm, list(range(self.world_size)))
-        from mpi4py import MPI
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.local_size = local.Get_size()  # ranks on this node, sharing its memory and cores
-        local.Free()
+        self.local_size = local_size  # ranks on this node, sharing its memory and cores
         # the first and last stage of each pipeline: a tied embedding's gradient is summed there
         self.embedding_group = None
         if layout.pp > 1:
@@ -114,22 +111,27 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     comm = MPI.COMM_WORLD
     _check_mpi_environment(comm)
     layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel)
+    local_size = _local_size(comm)
     if comm.Get_size() > 1:
         _abort_on_exception()
-        _share_cores(comm)
-    _ENV = GlobalEnv(comm, layout)
+        _share_cores(local_size)  # before the groups: they choose a communication thread by it
+    _ENV = GlobalEnv(comm, layout, local_size)
     return _ENV
 
 
-def _share_cores(comm) -> None:
+def _local_size(comm) -> int:
+    from mpi4py import MPI
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    n = local.Get_size()
+    local.Free()
+    return n
+
+
+def _share_cores(n_local: int) -> None:
     """Ranks on one node split its cores (unless OMP_NUM_THREADS says otherwise), so that
     `mpirun -np N` on an N-core node does not start N x N threads."""
     if "OMP_NUM_THREADS" in os.environ:
         return
-    from mpi4py import MPI
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    n_local = local.Get_size()
-    local.Free()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     from ...runtime import set_num_threads
     set_num_threads(max(1, cores // n_local))
