@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,13 @@ def _full(p: Tensor) -> Tensor:
     """The one-process tensor of a parameter (a tensor-parallel shard is gathered)."""
     shard = getattr(p, "tp_shard", None)
     return shard.gather(p) if shard is not None else p
+
+
+def _gathered(optimizer, write: bool = False):
+    """An optimizer that holds the model's parameters sharded (ZeRO-3) makes them whole for
+    the time a checkpoint reads or writes them."""
+    gathered = getattr(optimizer, "gathered_parameters", None)
+    return gathered(write) if gathered is not None else nullcontext()
 
 
 def _param_list(optimizer) -> list:
@@ -117,7 +125,11 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
     every rank calls it (shards are gathered over their group); `write` says whether this rank
     writes. Under pipeline parallelism exactly one rank per stage, all of one pipeline (say
     DP rank 0, TP rank 0), writes: each its stage's part, stage 0 the rest."""
-    from safetensors.numpy import save_file
+    with _gathered(optimizer):  # ZeRO-3: the parameters whole while they are read and written
+        return _save(root, step, model, optimizer, extra, keep, write)
+
+
+def _save(root, step: int, model, optimizer, extra, keep, write) -> Path:
     names = _param_names(model)
     # a tied parameter is stored once, under its first name (GPT-2's head is its embedding)
     stored_as = _stored_names(model)
@@ -389,7 +401,8 @@ def _load(folder: Path, meta: dict, model, optimizer) -> dict:
                               f"unexpected keys: {', '.join(unexpected[:8]) or '-'}")
     state = {k: stored.part(source[k], t, f"{folder}: {k}") for k, t in own.items()}
     try:
-        model.load_state_dict(state, strict=True)
+        with _gathered(optimizer, write=True):
+            model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise CheckpointError(f"{folder} does not fit this model: {e}") from None
     if optimizer is not None:

@@ -21,6 +21,23 @@ class Storage:
         self.device = device
         self._keepalive = keepalive
 
+    def release(self, why: str) -> None:
+        """Gives the memory back now, while tensors still view this storage (ZeRO-3 frees a
+        sharded parameter between uses this way); any use of them raises RuntimeError(why)
+        until allocate() gives the storage memory again."""
+        self.handle, self.ptr, self.nbytes, self._keepalive = None, _Released(why), 0, None
+
+    def allocate(self, nbytes: int) -> None:
+        """New memory of nbytes (contents undefined) for this storage and every tensor that
+        views it; the old memory is given back."""
+        out = ffi.new("it_storage **")
+        check(lib.it_storage_new(self.device.native, nbytes, out))
+        self._init(out[0], nbytes, self.device, None)
+
+    @property
+    def is_released(self) -> bool:
+        return isinstance(self.ptr, _Released)
+
     @classmethod
     def wrap(cls, address: int, nbytes: int, device: Device, keepalive) -> "Storage":
         """Memory at `address` owned by `keepalive` (never freed by the library)."""
@@ -29,3 +46,17 @@ class Storage:
         self = cls.__new__(cls)
         self._init(out[0], nbytes, device, keepalive)
         return self
+
+
+class _Released:
+    """The address of released memory: reading it (data_ptr(), a collective's buffer) raises
+    a clear error instead of touching memory that is gone."""
+    __slots__ = ("why",)
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __add__(self, other):
+        raise RuntimeError(self.why)
+
+    __radd__ = __add__

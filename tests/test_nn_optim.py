@@ -76,6 +76,33 @@ def test_train_eval_zero_grad_to_apply():
     assert seen[-1] == "Net"
 
 
+def test_forward_hooks_see_and_replace_inputs_and_outputs():
+    """PyTorch's forward pre-hooks and forward hooks: called in order around forward, may
+    replace the arguments or the output, and remove() takes them away."""
+    lin, calls = nn.Linear(3, 2), []
+    x = it.ones(1, 3)
+
+    def pre(module, args):
+        calls.append(("pre", module is lin))
+        return (args[0] * 2,)
+
+    def post(module, args, out):
+        calls.append(("post", float(args[0].sum())))
+        return out + 1
+
+    h1, h2 = lin.register_forward_pre_hook(pre), lin.register_forward_hook(post)
+    with it.no_grad():
+        plain = lin.forward(x * 2) + 1
+        got = lin(x)
+    np.testing.assert_array_equal(got.numpy(), plain.numpy())
+    assert calls == [("pre", True), ("post", 6.0)]
+    h1.remove()
+    h2.remove()
+    with it.no_grad():
+        np.testing.assert_array_equal(lin(x).numpy(), lin.forward(x).numpy())
+    assert len(calls) == 2
+
+
 def test_containers_and_layers_against_numpy(rng):
     lin = nn.Linear(5, 3)
     x = rng.standard_normal((2, 5)).astype(np.float32)

@@ -67,9 +67,9 @@ def parse_args(argv, description: str, presets, default_model: str):
                         "The micro-batches of a step are its gradient accumulation steps")
     p.add_argument("--pipeline_timeout", type=positive_float, default=300.0,
                    help="seconds a stage waits for a neighbour before aborting the job")
-    p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2],
-                   help="ZeRO over the data-parallel ranks: 1 shards the optimizer state, 2 also "
-                        "the gradients (replaces DDP; DP only for now)")
+    p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="ZeRO over the data-parallel ranks (replaces DDP): 1 shards the optimizer "
+                        "state, 2 also the gradients, 3 also the parameters (gathered per layer)")
     p.set_defaults(presets=presets)
     return p.parse_args(argv)
 
@@ -92,8 +92,8 @@ def train(args, build_model) -> int:
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
-    if args.zero_stage == 2 and pipelined:
-        sys.exit("--zero_stage 2 does not compose with --pipeline_parallel yet (stage 1 does)")
+    if args.zero_stage >= 2 and pipelined:
+        sys.exit(f"--zero_stage {args.zero_stage} does not compose with --pipeline_parallel yet (stage 1 does)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
@@ -155,6 +155,7 @@ def train(args, build_model) -> int:
     val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size) \
         if args.input_val_bin else None
     zero = args.zero_stage > 0 and dp > 1  # ZeRO does the DP reduction instead of DDP
+    zero3 = zero and args.zero_stage == 3  # the model runs only with every DP rank along
     pipe = PipelineParallel(model, schedule, None if zero else env.dp_group, args.pipeline_timeout) \
         if stage else None
     net = parallel.DistributedDataParallel(model) if dp > 1 and pipe is None and not zero else model
@@ -166,7 +167,7 @@ def train(args, build_model) -> int:
     groups = [{"params": decay, "weight_decay": args.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if zero:
-        optimizer = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero_stage,
+        optimizer = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero_stage, module=model,
                                   lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     else:
         optimizer = AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
@@ -210,7 +211,7 @@ def train(args, build_model) -> int:
         if val is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
             log(f"val loss {evaluate(model, val, args.val_max_steps, env, pipe):.6f}", flush=True)
         if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
-            sample(model, tokenizer, args, env, pipe)
+            sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
 
         it.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -249,7 +250,7 @@ def train(args, build_model) -> int:
     if val is not None and args.val_loss_every:
         log(f"val loss {evaluate(model, val, args.val_max_steps, env, pipe):.6f}", flush=True)
     if tokenizer is not None and args.sample_every:
-        sample(model, tokenizer, args, env, pipe)
+        sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
     return 0
 
 
@@ -265,7 +266,7 @@ def _config_of(args):
 def memory_plan(args, env, micro_batches: int):
     """(bytes this node's ranks will need, bytes available, a line saying so), estimated before
     anything is built: per parameter 4 bytes of weights, 4 of gradient and 8 of AdamW moments
-    (+2 for bfloat16 copies), split over TP x PP; activations of the micro-batches a stage
+    (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP; activations of the micro-batches a stage
     holds (all M under GPipe, up to PP under 1F1B) at about 24 B T C floats per layer plus the
     attention scores, the logits and their gradient on the last stage, and ~350 MB for the
     process itself (Python, numpy, MPI, BLAS buffers, the data). None if unknown."""
@@ -280,7 +281,10 @@ def memory_plan(args, env, micro_batches: int):
     cfg, cls = known
     L = env.layout
     params = cls._llmc_numel(cfg) / (L.tp * L.pp)
-    state = params * (18 if args.dtype == "bfloat16" else 16)
+    weights, grads, moments = 4, 4, (10 if args.dtype == "bfloat16" else 8)
+    stage = args.zero_stage if L.dp > 1 else 0
+    state = params * (weights / (L.dp if stage >= 3 else 1) + grads / (L.dp if stage >= 2 else 1)
+                      + moments / (L.dp if stage >= 1 else 1))
     B, T, C = args.batch_size, args.sequence_length, cfg.n_embd
     held = micro_batches if L.pp == 1 or args.pipeline_schedule == "gpipe" else min(micro_batches, L.pp)
     per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (cfg.n_head / L.tp) * T * T)
@@ -316,10 +320,10 @@ def evaluate(model, loader, max_steps: int, env, pipe=None) -> float:
     return dp_mean(total / steps, env)
 
 
-def sample(model, tokenizer, args, env, pipe=None) -> None:
+def sample(model, tokenizer, args, env, pipe=None, every_dp_rank: bool = False) -> None:
     """The main rank prints a sample; the ranks holding the rest of its model (its TP group
-    and pipeline stages: DP rank 0) run the model along."""
-    if env.coords.dp != 0:
+    and pipeline stages: DP rank 0; under ZeRO-3 every DP rank) run the model along."""
+    if env.coords.dp != 0 and not every_dp_rank:
         return
     model.eval()
     start = it.tensor([[tokenizer.eot_token]])

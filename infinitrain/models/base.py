@@ -131,6 +131,16 @@ class CausalLM(Module):
         T = seq_len // tp.size if tp is not None and tp.sequence_parallel else seq_len
         return (batch, T, self.config.n_embd), next(iter(self.parameters())).dtype
 
+    def sharding_units(self) -> list:
+        """The modules whose parameters ZeRO-3 gathers together, in forward order: each
+        embedding, each block, the final norm, the head (which gathers a tied embedding too)."""
+        t = self.transformer
+        units = [m for name, m in t.named_children() if name not in ("h", "ln_f")]
+        units += list(t.h)
+        if self.has_head:
+            units += [t.ln_f, self.lm_head]
+        return units
+
     def tied_parameters(self) -> list:
         """Parameters that one process ties and a pipeline holds twice (first and last stage):
         their gradients are summed over the embedding group each step."""

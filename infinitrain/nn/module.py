@@ -20,7 +20,37 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        pre, post = self.__dict__.get("_forward_pre_hooks"), self.__dict__.get("_forward_hooks")
+        if not pre and not post:
+            return self.forward(*args, **kwargs)
+        for hook in list(pre.values()) if pre else ():
+            out = hook(self, args)
+            if out is not None:
+                args = out if isinstance(out, tuple) else (out,)
+        result = self.forward(*args, **kwargs)
+        for hook in list(post.values()) if post else ():
+            out = hook(self, args, result)
+            if out is not None:
+                result = out
+        return result
+
+    # ---- hooks -------------------------------------------------------------------------
+    def register_forward_pre_hook(self, hook) -> "RemovableHandle":
+        """hook(module, args) runs before forward; it may return new args."""
+        return self._add_hook("_forward_pre_hooks", hook)
+
+    def register_forward_hook(self, hook) -> "RemovableHandle":
+        """hook(module, args, output) runs after forward; it may return a new output."""
+        return self._add_hook("_forward_hooks", hook)
+
+    def _add_hook(self, store: str, hook) -> "RemovableHandle":
+        hooks = self.__dict__.get(store)
+        if hooks is None:
+            hooks = OrderedDict()
+            object.__setattr__(self, store, hooks)
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
 
     # ---- registration ------------------------------------------------------------------
     def __setattr__(self, name, value):
@@ -202,6 +232,18 @@ class Module:
         lines = [f"({n}): " + repr(m).replace("\n", "\n  ") for n, m in self._modules.items()]
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + ("\n  " + "\n  ".join(lines) + "\n)" if lines else ")")
+
+
+class RemovableHandle:
+    """What register_*_hook returns: remove() takes the hook away again."""
+    _next_id = 0
+
+    def __init__(self, hooks: dict):
+        self.hooks, self.id = hooks, RemovableHandle._next_id
+        RemovableHandle._next_id += 1
+
+    def remove(self) -> None:
+        self.hooks.pop(self.id, None)
 
 
 def _as_tensor(x):

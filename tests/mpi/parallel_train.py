@@ -74,9 +74,9 @@ decay = [q for q in model.parameters() if q.ndim >= 2]
 no_decay = [q for q in model.parameters() if q.ndim < 2]
 groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 if args.zero:
-    assert args.pp == 1 or args.zero == 1, "ZeRO-2 does not compose with PP yet"
+    assert args.pp == 1 or args.zero == 1, "ZeRO-2/3 do not compose with PP yet"
     opt = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero, bucket_cap_mb=0.25, lr=args.lr,
-                        betas=(0.9, 0.95))
+                        betas=(0.9, 0.95), module=model)
 else:
     opt = AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
 if args.load:
@@ -124,6 +124,7 @@ for step in range(args.first, args.steps + 1):
     env.dp_group.all_reduce(t, parallel.ReduceOp.AVG)
     if env.rank == 0:
         print(f"loss {step} {t.item():.9g} norm {norm:.9g}", flush=True)
+train_peak = it.memory_stats()["peak_allocated_bytes"]  # before the checks below gather anything
 
 
 def digest(q) -> int:
@@ -137,22 +138,23 @@ def same_everywhere(value: int, group) -> bool:
     return hi.item() == lo.item()
 
 
-# replicated parameters (not TP shards) must be bit-identical across the TP group
-for name, q in model.named_parameters():
-    if q.tp_shard is None:
-        assert same_everywhere(digest(q), env.tp_group), f"{name} differs across the TP group after {args.steps} steps"
-# the tied embedding's two copies (first and last stage) must be equal
-for q in model.tied_parameters():
-    assert same_everywhere(digest(q), env.embedding_group), "the tied embedding's copies differ"
+with opt.gathered_parameters() if args.zero else nullcontext():  # ZeRO-3 holds them sharded
+    # replicated parameters (not TP shards) must be bit-identical across the TP group
+    for name, q in model.named_parameters():
+        if q.tp_shard is None:
+            assert same_everywhere(digest(q), env.tp_group), f"{name} differs across the TP group after {args.steps} steps"
+    # the tied embedding's two copies (first and last stage) must be equal
+    for q in model.tied_parameters():
+        assert same_everywhere(digest(q), env.embedding_group), "the tied embedding's copies differ"
 # sampling runs the model on sequences of every length (padded to a multiple of TP under SP)
 with it.no_grad():
     tokens = model.generate(it.tensor([[1, 2, 3]]), 5, top_k=20, seed=1,
                             forward=pipe.logits if pipe else None).numpy()[0].tolist()
 if env.rank == 0:
-    print("sample", tokens, flush=True)
-    print("activation_peak", activation_peak, flush=True)
-    print("peak_bytes", it.memory_stats()["peak_allocated_bytes"], flush=True)
-    print("parameters", sum(q.numel() for q in model.parameters()), flush=True)
+    print(f"sample {tokens}", flush=True)
+    print(f"activation_peak {activation_peak}", flush=True)
+    print(f"peak_bytes {train_peak}", flush=True)
+    print(f"parameters {sum(q.numel() for q in model.parameters())}", flush=True)
 if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
     save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
     env.world.barrier()

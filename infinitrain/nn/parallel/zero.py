@@ -1,6 +1,6 @@
-"""ZeRO (stages 1 and 2): the optimizer's state, and with stage 2 the gradients, sharded over
-the data-parallel group, as DeepSpeed describes them. It replaces DDP: gradients are averaged
-over DP by the reduce-scatter that shards them.
+"""ZeRO (stages 1, 2 and 3): the optimizer's state, with stage 2 also the gradients, with stage
+3 also the parameters, sharded over the data-parallel group, as DeepSpeed describes them. It
+replaces DDP: gradients are averaged over DP by the reduce-scatter that shards them.
 
 Layout. The parameters (in reverse registration order, roughly the order backward produces
 their gradients) are packed into flat buckets, each padded to a multiple of DP; rank r owns
@@ -17,10 +17,15 @@ gradient into its bucket (allocated when the bucket's first gradient lands) and 
 the bucket is reduce-scattered as soon as its last gradient has landed (overlapped with the
 rest of backward), this rank's piece added into its shard and the full-size bucket freed;
 with gradient accumulation every micro-batch is reduced so (DeepSpeed's way).
+
+Stage 3 reduces gradients as stage 2 does, with one bucket per unit of the model (zero3.py):
+this rank's pieces are the only persistent copy of the parameters, gathered around each unit's
+forward and backward, so the step updates the pieces and gathers nothing.
 """
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -28,6 +33,7 @@ from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ...creation import empty, from_numpy, zeros
 from ..parameter import Parameter
+from . import zero3
 from .process_group import ReduceOp
 
 
@@ -42,19 +48,25 @@ class _Bucket:
         self.padded = -(-max(n, 1) // world) * world
         self.piece = self.padded // world
         self.flat_param = zeros(self.padded, dtype=params[0].dtype)
-        self.flat_grad = None     # full-size gradient (stage 1: always; stage 2: while filling)
+        self.flat_grad = None     # full-size gradient (stage 1: always; stage 2/3: while filling)
         self.shard_grad = zeros(self.piece, dtype=params[0].dtype)
+        self.shard_param = None   # this rank's piece: a view of flat_param (stage 3: its own copy)
         self.pending = len(params)
 
 
 class ZeroOptimizer:
     """optimizer_class(param_groups, **defaults) runs on this rank's shard. params: parameters
-    or param groups (dicts with "params" and per-group options such as weight_decay)."""
+    or param groups (dicts with "params" and per-group options such as weight_decay).
+    Stage 3 also needs the model (module=), whose parameters it takes over: they exist in full
+    only while their module runs (see zero3.py)."""
 
     def __init__(self, params, optimizer_class, dp_group, stage: int = 1,
-                 bucket_cap_mb: float = 25.0, **defaults):
-        if stage not in (1, 2):
-            raise ValueError(f"ZeRO stage must be 1 or 2 (3 is not implemented yet), got {stage}")
+                 bucket_cap_mb: float = 25.0, module=None, **defaults):
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+        if stage == 3 and module is None:
+            raise ValueError("ZeRO-3 shards the parameters of a model: pass it, "
+                             "ZeroOptimizer(..., stage=3, module=model)")
         self.stage, self.group = stage, dp_group
         self.world, self.rank = dp_group.size, dp_group.rank
         groups = list(params)
@@ -72,16 +84,20 @@ class ZeroOptimizer:
         dtypes = {p.dtype.name for p in ordered}
         if len(dtypes) != 1:
             raise ValueError(f"ZeroOptimizer needs parameters of one dtype, got {sorted(dtypes)}")
-        self.buckets, self.where = [], {}
-        cap = bucket_cap_mb * 2**20
-        current, size = [], 0
-        for p in reversed(ordered):
-            if current and size + p.nbytes > cap:
-                self.buckets.append(_Bucket(current, self.world))
-                current, size = [], 0
-            current.append(p)
-            size += p.nbytes
-        self.buckets.append(_Bucket(current, self.world))
+        if stage == 3:  # a bucket per unit of the model
+            units, owned, uses = zero3.partition(module, ordered)
+            packs = [ps for ps in owned if ps]
+        else:  # buckets of about bucket_cap_mb, in roughly the order backward fills them
+            packs, current, size = [], [], 0
+            for p in reversed(ordered):
+                if current and size + p.nbytes > bucket_cap_mb * 2**20:
+                    packs.append(current)
+                    current, size = [], 0
+                current.append(p)
+                size += p.nbytes
+            packs.append(current)
+        self.buckets = [_Bucket(ps, self.world) for ps in packs]
+        self.where = {}
         with no_grad():
             for bi, b in enumerate(self.buckets):
                 for j, p in enumerate(b.params):
@@ -92,10 +108,14 @@ class ZeroOptimizer:
                     p.grad = None
                     p.register_post_accumulate_grad_hook(self._on_grad)
                 self.group.broadcast(b.flat_param, 0)  # replicas start equal
+                b.shard_param = b.flat_param[self.rank * b.piece:(self.rank + 1) * b.piece]
                 if stage == 1:
                     b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
                     for j, p in enumerate(b.params):
                         p.grad = self._grad_view(b, j)
+        # stage 3: the pieces become the parameters' only persistent copy
+        self.gatherer = zero3.Gatherer(dp_group, self.buckets, units, uses,
+                                       {k: v[0] for k, v in self.where.items()}) if stage == 3 else None
         # this rank's segments: a shard parameter per (bucket piece ∩ parameter)
         inner_groups = [dict({k: v for k, v in g.items() if k != "params"}, params=[])
                         for g in self.param_groups]
@@ -105,7 +125,7 @@ class ZeroOptimizer:
             for j, p in enumerate(b.params):
                 s, e = max(lo, b.offsets[j]), min(hi, b.offsets[j] + p.numel())
                 if s < e:
-                    shard = Parameter(b.flat_param[s:e])
+                    shard = Parameter(b.shard_param[s - lo:e - lo])
                     shard.grad = b.shard_grad[s - lo:e - lo]
                     inner_groups[group_of[id(p)]]["params"].append(shard)
                     self.segments.append((shard, bi, s - lo, p, s - b.offsets[j]))
@@ -159,6 +179,8 @@ class ZeroOptimizer:
         if b.pending == 0:
             self._reduce(b)
             self._collect(keep=1)  # at most one bucket in flight: memory bounded, overlap kept
+            if self.gatherer is not None:
+                self.gatherer.grads_done(bi)
 
     def _reduce(self, b: _Bucket) -> None:
         """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
@@ -240,9 +262,16 @@ class ZeroOptimizer:
                 inner = self.optimizer.param_groups[k]
                 inner.update({key: v for key, v in self.param_groups[gi].items() if key != "params"})
             self.optimizer.step()
+        if self.stage == 3:  # the pieces are the parameters; each unit gathers them when it runs
+            return
         for b in self.buckets:  # every rank's updated piece, to every rank
-            mine = b.flat_param[self.rank * b.piece:(self.rank + 1) * b.piece].clone()
-            self.group.all_gather(b.flat_param, mine)
+            self.group.all_gather(b.flat_param, b.shard_param.clone())
+
+    def gathered_parameters(self, write: bool = False):
+        """A context in which every parameter of the model is whole (stage 3 gathers them; the
+        other stages keep them whole anyway): for checkpoints, evaluation by hand, inspection.
+        write=True: what every rank wrote into them (loading a checkpoint) becomes the shards."""
+        return self.gatherer.gathered(write) if self.gatherer is not None else nullcontext()
 
     @no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -1,0 +1,225 @@
+"""ZeRO-3's parameter side: every rank keeps only its piece of each parameter; a module's
+parameters are all-gathered just before its forward and again before its backward, and freed
+after use, as DeepSpeed's stage 3 (and PyTorch's FSDP) do.
+
+Units. The model is cut into units, modules whose parameters are gathered together: the
+model's `sharding_units()` if it has one (GPT-2 and LLaMA-3: the embeddings, each block, the
+final norm, the head), else every module that holds parameters itself. A unit owns the
+parameters it reaches (its subtree, less other units' subtrees) that no earlier unit owns, one
+flat bucket per unit; a unit that reaches a parameter owned elsewhere (GPT-2's head, tied to
+the token embedding) gathers that bucket too. Parameters no unit reaches belong to the root.
+
+Memory. A bucket's full-size storage is released in place (Storage.release) rather than
+dropped, so the views the autograd graph saved in forward see the gathered memory again in
+backward, and nothing holds the full weights in between; reading a released parameter raises
+a clear error. `gathered()` brings every parameter back for checkpoints and inspection.
+
+Order. The first forward records the order units run in; while it is recorded, every rank
+checks before each gather that all ranks gather the same unit (a rank that runs other modules
+gets an error naming both units, not a hang or silent garbage), and once the order is known
+each gather starts the next unit's gather (backward: the previous unit's) ahead of use.
+"""
+from __future__ import annotations
+
+import zlib
+from contextlib import contextmanager
+
+import numpy as np
+
+from ...autograd import Function, is_grad_enabled
+from ...autograd.engine import queue_callback
+from ...creation import from_numpy
+from ...tensor import Tensor
+from .process_group import ReduceOp
+
+RELEASED = ("this parameter is sharded by ZeRO-3: it exists in full only while its module runs; "
+            "read or change it inside `with optimizer.gathered_parameters():`")
+
+
+def partition(module, params) -> tuple:
+    """(unit modules, the parameters each owns, the parameters each uses) for the trainable
+    `params` of `module`, units in the model's order."""
+    units = module.sharding_units() if hasattr(module, "sharding_units") else \
+        [m for m in module.modules() if any(p is not None for p in m._parameters.values())]
+    unit_ids = {id(u) for u in units}
+    managed = {id(p) for p in params}
+
+    def reach(m, top=True):
+        if not top and id(m) in unit_ids:
+            return
+        for p in m._parameters.values():
+            if p is not None and id(p) in managed:
+                yield p
+        for child in m.children():
+            yield from reach(child, False)
+
+    if id(module) not in unit_ids and any(True for _ in reach(module)):
+        units = [module] + list(units)  # the root gathers what no unit reaches
+    owner, owned, uses = {}, [], []
+    for u in units:
+        used = list({id(p): p for p in reach(u)}.values())
+        uses.append(used)
+        owned.append([p for p in used if owner.setdefault(id(p), u) is u])
+    stray = [p for p in params if id(p) not in owner]
+    if stray:
+        raise ValueError(f"ZeRO-3: {len(stray)} parameter(s) given to the optimizer are not part of "
+                         f"the module (shapes {[tuple(p.shape) for p in stray[:4]]})")
+    return units, owned, uses
+
+
+class _GatherForBackward(Function):
+    """Identity in forward; in backward, gathers the unit's parameters before any of the
+    unit's own backward runs (they all come after its output's gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, gatherer, module):
+        ctx.gatherer, ctx.module = gatherer, module
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.gatherer.before_backward(ctx.module)
+        return grad, None, None
+
+
+class Gatherer:
+    """Gathers and frees the optimizer's buckets around the units' forward and backward.
+    buckets: the optimizer's flat buckets, one per unit that owns parameters; bucket_of:
+    id(parameter) -> bucket index."""
+
+    def __init__(self, group, buckets, units, uses, bucket_of):
+        self.group, self.buckets, self.units = group, buckets, units
+        for b in buckets:
+            b.shard_param = b.flat_param[group.rank * b.piece:(group.rank + 1) * b.piece].clone()
+            b.work, b.users, b.held = None, 0, False
+            self._free(b)
+        self.needs = {id(u): sorted({bucket_of[id(p)] for p in used}) for u, used in zip(units, uses)}
+        self.index = {id(u): k for k, u in enumerate(units)}
+        self.handles = [h for u in units for h in (u.register_forward_pre_hook(self._pre_forward),
+                                                   u.register_forward_hook(self._post_forward))]
+        self.order, self.position, self.verified = [], {}, False
+        self._callback_queued = False
+
+    # ---- one bucket ---------------------------------------------------------------------
+    def _gather(self, bi: int, wait: bool) -> None:
+        b = self.buckets[bi]
+        if b.flat_param._storage.is_released:
+            if not self.verified:
+                self._check_same_bucket(bi)
+            b.flat_param._storage.allocate(b.padded * b.flat_param.itemsize)
+            b.work = self.group.all_gather(b.flat_param, b.shard_param, async_op=True)
+        if wait and b.work is not None:
+            b.work.wait()
+            b.work = None
+
+    def _free(self, b) -> None:
+        if b.work is not None:  # never free memory a collective is writing
+            b.work.wait()
+            b.work = None
+        b.flat_param._storage.release(RELEASED)
+
+    def _maybe_free(self, b) -> None:
+        if b.users == 0 and not b.held and not b.flat_param._storage.is_released:
+            self._free(b)
+
+    def grads_done(self, bi: int) -> None:
+        """The optimizer took the bucket's last gradient: no backward needs it any more."""
+        b = self.buckets[bi]
+        b.held = False
+        self._maybe_free(b)
+
+    # ---- the order units run in -----------------------------------------------------------
+    def _check_same_bucket(self, bi: int) -> None:
+        t = from_numpy(np.array([bi, -bi], dtype=np.int64))
+        self.group.all_reduce(t, ReduceOp.MAX)
+        hi, lo = int(t[0].item()), -int(t[1].item())
+        if hi != bi or lo != bi:
+            names = [type(u).__name__ for u in self.units]
+            raise RuntimeError(f"ZeRO-3: data-parallel rank {self.group.rank} gathers bucket {bi} while "
+                               f"another rank gathers bucket {hi if hi != bi else lo}: every rank must run "
+                               f"the model's modules in the same order (units: {names[:8]}...)")
+
+    def _finalize_order(self) -> None:
+        """The first forward's order is the one prefetching follows; every rank must agree."""
+        self.verified = True
+        self.position = {id(u): k for k, u in enumerate(self.order)}
+        sig = zlib.crc32(np.array([self.index[id(u)] for u in self.order], dtype=np.int64).tobytes())
+        t = from_numpy(np.array([sig, -sig], dtype=np.int64))
+        self.group.all_reduce(t, ReduceOp.MAX)
+        if int(t[0].item()) != sig or -int(t[1].item()) != sig:
+            raise RuntimeError("ZeRO-3: the data-parallel ranks ran the model's modules in different "
+                               "orders on the first step; every rank must run the same modules in the "
+                               "same order")
+
+    def _prefetch(self, module, step: int) -> None:
+        k = self.position.get(id(module))
+        if k is not None and 0 <= k + step < len(self.order):
+            for bi in self.needs[id(self.order[k + step])]:
+                self._gather(bi, wait=False)
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def _pre_forward(self, module, args):
+        if not self.verified:
+            if any(u is module for u in self.order):  # the second forward begins
+                self._finalize_order()
+            else:
+                self.order.append(module)
+        need = self.needs[id(module)]
+        for bi in need:
+            self._gather(bi, wait=False)
+        if self.verified:
+            self._prefetch(module, +1)
+        for bi in need:
+            self._gather(bi, wait=True)
+            self.buckets[bi].users += 1
+
+    def _post_forward(self, module, args, output):
+        for bi in self.needs[id(module)]:
+            b = self.buckets[bi]
+            b.users -= 1
+            self._maybe_free(b)
+        if not is_grad_enabled():
+            return None
+        wrap = lambda t: _GatherForBackward.apply(t, self, module) \
+            if isinstance(t, Tensor) and t.requires_grad else t  # noqa: E731
+        return tuple(wrap(t) for t in output) if isinstance(output, tuple) else wrap(output)
+
+    def before_backward(self, module) -> None:
+        if not self._callback_queued:
+            queue_callback(self._after_backward)
+            self._callback_queued = True
+        if not self.verified:
+            self._finalize_order()
+        need = self.needs[id(module)]
+        for bi in need:
+            self._gather(bi, wait=False)
+            self.buckets[bi].held = True  # until the optimizer has its gradients
+        self._prefetch(module, -1)
+        for bi in need:
+            self._gather(bi, wait=True)
+
+    def _after_backward(self) -> None:
+        for b in self.buckets:  # what no gradient released (a unit without one, a prefetch)
+            b.held = False
+            self._maybe_free(b)
+        self._callback_queued = False
+
+    @contextmanager
+    def gathered(self, write: bool = False):
+        """Every parameter whole for the duration; with write=True, what was written into them
+        (every rank alike, as loading a checkpoint does) becomes the shards."""
+        for bi in range(len(self.buckets)):
+            self._gather(bi, wait=False)
+        for bi, b in enumerate(self.buckets):
+            self._gather(bi, wait=True)
+            b.users += 1
+        try:
+            yield
+            if write:
+                for b in self.buckets:
+                    r = self.group.rank
+                    b.shard_param.copy_(b.flat_param[r * b.piece:(r + 1) * b.piece])
+        finally:
+            for b in self.buckets:
+                b.users -= 1
+                self._maybe_free(b)
