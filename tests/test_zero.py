@@ -44,14 +44,29 @@ def test_zero_with_tensor_and_sequence_parallelism_matches_one_process(model, st
     assert_same(got, one_process(model, "float32"), "float32", f"{model} ZeRO-{stage} DP 2 x TP 2 + SP")
 
 
+@pytest.mark.parametrize("stage", [1, 2])
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
-def test_zero1_in_a_3d_layout_matches_one_process(model):
+def test_zero_in_a_3d_layout_matches_one_process(model, stage):
     """DP 2 x TP 2 x PP 2 with ZeRO-1 (the pipeline's tied-embedding sum acts on the flat
-    gradients before they are sharded; the norm sums over stages and leaves the copy out)."""
-    flags = ["--layers", "4", "--tp", "2", "--pp", "2", "--zero", "1", "--micro", "2"]
-    ref = losses(run(1, ["--model", model, "--lr", "3e-3", *COMMON, "--layers", "4"]))
+    gradients before they are sharded) and ZeRO-2 (the tied embedding has a bucket of its own
+    on the first and last stage, whose gradient pieces are summed over the two); the norm sums
+    over stages and leaves the copy out."""
+    flags = ["--layers", "4", "--tp", "2", "--pp", "2", "--zero", str(stage), "--micro", "2"]
     got = losses(run(8, ["--model", model, "--lr", "3e-3", *COMMON, *flags]))
-    assert_same(got, ref, "float32", f"{model} ZeRO-1 DP2 x TP2 x PP2")
+    assert_same(got, four_layers(model), "float32", f"{model} ZeRO-{stage} DP2 x TP2 x PP2")
+
+
+def test_zero2_with_interleaved_pipeline_matches_one_process():
+    """DP 2 x PP 2 x VPP 2: each micro-batch's backward runs chunk by chunk, each one reducing."""
+    flags = ["--layers", "4", "--pp", "2", "--vpp", "2", "--zero", "2", "--micro", "4"]
+    got = losses(run(4, ["--model", "gpt2", "--lr", "3e-3", *COMMON, *flags]))
+    assert_same(got, four_layers("gpt2"), "float32", "gpt2 ZeRO-2 DP2 x PP2 x VPP2")
+
+
+def four_layers(model):
+    if ("4 layers", model) not in _reference:
+        _reference[("4 layers", model)] = losses(run(1, ["--model", model, "--lr", "3e-3", *COMMON, "--layers", "4"]))
+    return _reference[("4 layers", model)]
 
 
 @pytest.mark.parametrize("stage,n", [(1, 4), (2, 4), (3, 4), (3, 8)])

@@ -92,8 +92,8 @@ def train(args, build_model) -> int:
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
-    if args.zero_stage >= 2 and pipelined:
-        sys.exit(f"--zero_stage {args.zero_stage} does not compose with --pipeline_parallel yet (stage 1 does)")
+    if args.zero_stage == 3 and pipelined:
+        sys.exit("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)

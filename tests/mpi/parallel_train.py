@@ -74,7 +74,7 @@ decay = [q for q in model.parameters() if q.ndim >= 2]
 no_decay = [q for q in model.parameters() if q.ndim < 2]
 groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 if args.zero:
-    assert args.pp == 1 or args.zero == 1, "ZeRO-2/3 do not compose with PP yet"
+    assert args.pp == 1 or args.zero < 3, "ZeRO-3 does not compose with PP yet"
     opt = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero, bucket_cap_mb=0.25, lr=args.lr,
                         betas=(0.9, 0.95), module=model)
 else:

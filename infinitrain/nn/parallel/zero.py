@@ -84,19 +84,30 @@ class ZeroOptimizer:
         dtypes = {p.dtype.name for p in ordered}
         if len(dtypes) != 1:
             raise ValueError(f"ZeroOptimizer needs parameters of one dtype, got {sorted(dtypes)}")
+        # a pipeline's tied embedding (GPT-2's on the first and last stage) gets a bucket of its
+        # own on both, so that the two stages' pieces line up and their gradients can be summed
+        tied = module.tied_parameters() if module is not None and hasattr(module, "tied_parameters") else []
+        tied = [p for p in tied if id(p) in group_of]
+        self._tied_group = module.pp.embedding_group if tied else None
         if stage == 3:  # a bucket per unit of the model
+            if tied:
+                raise ValueError("ZeRO-3 does not compose with pipeline parallelism yet")
             units, owned, uses = zero3.partition(module, ordered)
             packs = [ps for ps in owned if ps]
         else:  # buckets of about bucket_cap_mb, in roughly the order backward fills them
             packs, current, size = [], [], 0
             for p in reversed(ordered):
+                if any(p is q for q in tied):
+                    continue
                 if current and size + p.nbytes > bucket_cap_mb * 2**20:
                     packs.append(current)
                     current, size = [], 0
                 current.append(p)
                 size += p.nbytes
             packs.append(current)
+            packs = [ps for ps in packs if ps] + [[p] for p in tied]
         self.buckets = [_Bucket(ps, self.world) for ps in packs]
+        self._tied_buckets = self.buckets[len(self.buckets) - len(tied):] if tied and stage == 2 else []
         self.where = {}
         with no_grad():
             for bi, b in enumerate(self.buckets):
@@ -145,7 +156,7 @@ class ZeroOptimizer:
                         self.param_groups[gi].setdefault(key, v)
         self._callback_queued = False
         self._works = []
-        self._sharded = False  # stage 1: this step's gradients already reduce-scattered
+        self._sharded = False  # this step's gradients are final: reduce-scattered (stage 1), tied summed
 
     def _grad_view(self, b: _Bucket, j: int):
         p = b.params[j]
@@ -210,12 +221,17 @@ class ZeroOptimizer:
         self._callback_queued = False
 
     @no_grad()
-    def _shard_gradients(self) -> None:
-        """Stage 1, at the step: every bucket's full gradient reduce-scattered into its shard."""
+    def _finish_gradients(self) -> None:
+        """Once per step, before the norm or the step: stage 1 reduce-scatters every bucket's
+        full gradient into its shard; stage 2 sums a pipeline's tied embedding over its first
+        and last stage, piece by piece (stage 1's pipeline summed the full gradients)."""
         if self._sharded:
             return
-        for b in self.buckets:
-            self.group.reduce_scatter(b.shard_grad, b.flat_grad, ReduceOp.AVG)
+        if self.stage == 1:
+            for b in self.buckets:
+                self.group.reduce_scatter(b.shard_grad, b.flat_grad, ReduceOp.AVG)
+        for b in self._tied_buckets:
+            self._tied_group.all_reduce(b.shard_grad, ReduceOp.SUM)
         self._sharded = True
 
     # ---- the step -----------------------------------------------------------------------------
@@ -226,8 +242,7 @@ class ZeroOptimizer:
         counted once; under PP, summed over the pipeline's stages, a stage's copy of a tied
         parameter left out); scales the shards when it exceeds max_norm. Returns the norm
         before clipping."""
-        if self.stage == 1:
-            self._shard_gradients()
+        self._finish_gradients()
         sq, tp_groups = [0.0, 0.0], {}  # [replicated, tensor-parallel shards]
         for shard, _, _, p, _ in self.segments:
             if getattr(p, "tied_copy_of", None) is not None:
@@ -255,8 +270,7 @@ class ZeroOptimizer:
 
     @no_grad()
     def step(self) -> None:
-        if self.stage == 1:
-            self._shard_gradients()
+        self._finish_gradients()
         if self.optimizer is not None:
             for k, gi in enumerate(self._inner_of):  # a scheduler sets lr on param_groups
                 inner = self.optimizer.param_groups[k]
