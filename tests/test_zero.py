@@ -69,7 +69,7 @@ def four_layers(model):
     return _reference[("4 layers", model)]
 
 
-@pytest.mark.parametrize("stage,n", [(1, 4), (2, 4), (3, 4), (3, 8)])
+@pytest.mark.parametrize("stage,n", [(1, 8), (2, 2), (1, 4), (2, 4), (3, 4), (3, 2), (3, 8)])
 def test_zero_bf16_matches_one_process(stage, n):
     got = losses(run(n, ["--model", "llama3", "--dtype", "bfloat16", "--lr", "3e-3", *COMMON,
                          "--zero", str(stage), "--micro", "2" if n < 8 else "1"]))

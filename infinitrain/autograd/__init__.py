@@ -2,6 +2,7 @@
 from .engine import backward, zero_grads
 from .function import Context, Function, Node
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .recompute import checkpoint
 
 __all__ = ["Function", "Context", "Node", "backward", "no_grad", "enable_grad",
-           "is_grad_enabled", "set_grad_enabled", "zero_grads"]
+           "is_grad_enabled", "set_grad_enabled", "zero_grads", "checkpoint"]

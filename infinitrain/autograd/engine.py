@@ -101,7 +101,10 @@ def zero_grads(parameters, set_to_none: bool = True) -> None:
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
-    outer = getattr(_local, "callbacks", None)
+    if getattr(_local, "callbacks", None) is not None:
+        # a pass inside a pass (recomputation): its callbacks run when the outer pass ends
+        _backward(tensors, grad_tensors, retain_graph)
+        return
     _local.callbacks = []
     try:
         _backward(tensors, grad_tensors, retain_graph)
@@ -109,7 +112,7 @@ def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
         for fn in callbacks:
             fn()
     finally:
-        _local.callbacks = outer
+        _local.callbacks = None
 
 
 def _backward(tensors, grad_tensors, retain_graph: bool) -> None:

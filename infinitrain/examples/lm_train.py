@@ -70,6 +70,10 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO over the data-parallel ranks (replaces DDP): 1 shards the optimizer "
                         "state, 2 also the gradients, 3 also the parameters (gathered per layer)")
+    p.add_argument("--recompute", default="none", choices=["none", "full", "selective"],
+                   help="activation recomputation: full keeps only each block's input and reruns "
+                        "the block in backward; selective reruns the MLP's activation and down "
+                        "projection (its widest activations)")
     p.set_defaults(presets=presets)
     return p.parse_args(argv)
 
@@ -132,6 +136,7 @@ def train(args, build_model) -> int:
         model = build_model(args, tp, stage)
     except ValueError as e:  # a layout that does not divide the model
         sys.exit(f"cannot build the model in this layout ({layout}): {e}")
+    model.set_recompute(args.recompute)
     cfg = model.config
     if T > cfg.block_size:
         sys.exit(f"--sequence_length {T} exceeds the model's block size {cfg.block_size}")

@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import creation
 from ..autograd import no_grad
+from ..autograd.recompute import checkpoint
 from ..nn import init
 from ..nn.module import Module
 from ..nn.parallel import tensor_parallel as tpl
@@ -115,8 +116,27 @@ class CausalLM(Module):
         """Token ids [B, T] -> the first block's input [B, T, C] ([B, T/TP, C] under SP)."""
         raise NotImplementedError
 
+    # activation recomputation: "none", "full" (keep each block's input, rerun the block in
+    # backward) or "selective" (keep the MLP's up-projection, rerun its activation and down
+    # projection: the widest activations for a sixth of the block's forward FLOPs)
+    recompute = "none"
+
+    def set_recompute(self, mode: str) -> "CausalLM":
+        if mode not in ("none", "full", "selective"):
+            raise ValueError(f"recompute must be 'none', 'full' or 'selective', not {mode!r}")
+        self.recompute = mode
+        for block in self.transformer.h:
+            block.mlp.recompute = mode == "selective"
+        return self
+
+    def block_inputs(self, T: int) -> tuple:
+        """What a block takes besides the hidden state (LLaMA: the rotary tables)."""
+        return ()
+
     def run_block(self, block, x, T: int):
-        return block(x)
+        if self.recompute == "full":
+            return checkpoint(block, x, *self.block_inputs(T))
+        return block(x, *self.block_inputs(T))
 
     def head(self, x, targets, return_logits: bool):
         """The last block's output -> (logits or None, loss or None)."""

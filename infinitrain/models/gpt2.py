@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import creation
 from ..autograd import no_grad
+from ..autograd.recompute import checkpoint
 from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
@@ -80,8 +81,14 @@ class MLP(Module):
         self.c_fc = tpl.column_linear(cfg.n_embd, 4 * cfg.n_embd, tp)
         self.c_proj = tpl.row_linear(4 * cfg.n_embd, cfg.n_embd, tp)
 
+    recompute = False  # selective recomputation: GELU and the down projection rerun in backward
+
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        h = self.c_fc(x)
+        return checkpoint(self.down, h) if self.recompute else self.down(h)
+
+    def down(self, h):
+        return self.c_proj(F.gelu(h, approximate="tanh"))
 
 
 class Block(Module):

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import creation
 from ..autograd import no_grad
+from ..autograd.recompute import checkpoint
 from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
@@ -125,8 +126,14 @@ class MLP(Module):
         self.c_fc2 = tpl.column_linear(cfg.n_embd, cfg.ffn_hidden, tp, bias=False)   # gate (silu)
         self.c_proj = tpl.row_linear(cfg.ffn_hidden, cfg.n_embd, tp, bias=False)
 
+    recompute = False  # selective recomputation: the activation and down projection rerun in backward
+
     def forward(self, x):
-        return self.c_proj(F.swiglu(self.c_fc2(x), self.c_fc(x)))
+        gate, up = self.c_fc2(x), self.c_fc(x)
+        return checkpoint(self.down, gate, up) if self.recompute else self.down(gate, up)
+
+    def down(self, gate, up):
+        return self.c_proj(F.swiglu(gate, up))
 
 
 class Block(Module):
@@ -218,8 +225,8 @@ class LLaMA3(CausalLM):
     def embed(self, idx):
         return self.transformer.wte(idx)  # [B, T/TP, C] under SP
 
-    def run_block(self, block, x, T: int):
-        return block(x, *self.rope(T))
+    def block_inputs(self, T: int) -> tuple:
+        return self.rope(T)
 
     # ---- checkpoints ---------------------------------------------------------------------
     _PER_LAYER = ["ln_1.weight", "attn.c_attn.weight", "attn.c_proj.weight", "ln_2.weight",

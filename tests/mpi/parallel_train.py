@@ -47,6 +47,7 @@ p.add_argument("--clip", type=float, default=1.0)
 p.add_argument("--save", default=None)
 p.add_argument("--load", default=None)
 p.add_argument("--zero", type=int, default=0, help="ZeRO stage over DP (replaces DDP)")
+p.add_argument("--recompute", default="none", help="activation recomputation: none | full | selective")
 p.add_argument("--pipeline_timeout", type=float, default=120.0)
 p.add_argument("--hang_stage", type=int, default=None, help="this stage stops answering (a test of timeouts)")
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
@@ -63,6 +64,7 @@ else:  # grouped-query attention: 8 query heads, 4 KV heads
     cfg = LLaMA3Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=8, n_kv_head=4,
                        n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
     model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage)
+model.set_recompute(args.recompute)
 pipe = None
 if stage is not None:
     pipe = PipelineParallel(model, args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),

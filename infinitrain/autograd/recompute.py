@@ -1,0 +1,49 @@
+"""Activation recomputation (PyTorch's torch.utils.checkpoint): run a piece of the model
+without keeping what its backward would need, keep only its inputs, and run it again inside
+backward to get those. Memory falls by the piece's activations; compute rises by one forward
+of the piece.
+
+The replay sees what the first run saw: the same autocast dtype and the same random numbers
+(the default generator is put back to where it stood, then restored), so the recomputed
+activations, and hence the gradients, are bit-identical to a run without recomputation.
+"""
+from __future__ import annotations
+
+from .. import amp
+from ..random import default_generator
+from ..tensor import Tensor
+from .engine import backward
+from .function import Function
+from .grad_mode import enable_grad
+
+
+class _Recompute(Function):
+    @staticmethod
+    def forward(ctx, fn, *args):
+        ctx.fn, ctx.args = fn, args
+        ctx.autocast, ctx.rng = amp.autocast_dtype(), default_generator.get_state()
+        return fn(*args)  # Function.apply runs this without recording
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
+                  for a in ctx.args]
+        rng_now = default_generator.get_state()
+        default_generator.set_state(ctx.rng)
+        try:
+            with enable_grad(), amp.autocast(ctx.autocast, enabled=ctx.autocast is not None):
+                out = ctx.fn(*inputs)
+        finally:
+            default_generator.set_state(rng_now)
+        outs = out if isinstance(out, tuple) else (out,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, Tensor) and o.requires_grad]
+        if pairs:  # a nested pass: its end-of-backward callbacks wait for the outer one's end
+            backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None,) + tuple(a.grad if isinstance(a, Tensor) and a.requires_grad else None
+                               for a in inputs)
+
+
+def checkpoint(fn, *args):
+    """fn(*args), recomputed in backward instead of keeping its activations. fn's parameters
+    get their gradients as usual (hooks included); inputs that are tensors get theirs."""
+    return _Recompute.apply(fn, *args)
