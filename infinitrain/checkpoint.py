@@ -38,7 +38,7 @@ import numpy as np
 from .autograd import no_grad
 from safetensors import SafetensorError
 
-from .io import fsync_dir, sha256_file
+from .io import atomic_write, fsync_dir, sha256_file
 from .creation import from_numpy
 from .random import default_generator
 from .tensor import Tensor
@@ -479,3 +479,83 @@ def from_pretrained(cls, folder):
     state = {k: from_numpy(np.ascontiguousarray(a)) for k, a in load_file(str(folder / "model.safetensors")).items()}
     model.load_state_dict(state, strict=True)
     return model
+
+
+# ---- LoRA adapters alone -------------------------------------------------------------------
+
+def save_lora(model, folder, write: bool = True) -> Path:
+    """Writes the model's LoRA adapters alone, as one-process tensors under one-process names:
+    folder/adapter_model.safetensors (a pipeline stage: adapter_model-stage-S-of-P.safetensors)
+    and folder/adapter_config.json (rank, alpha, targets). Collective over TP (shards are
+    gathered); `write` says whether this rank writes (one per pipeline stage)."""
+    from safetensors.numpy import save_file
+    from .nn.lora import lora_state
+    config = getattr(model, "lora_config", None)
+    if config is None:
+        raise CheckpointError("this model has no LoRA adapters to save (nn.lora.apply_lora adds them)")
+    with no_grad():
+        tensors = {n: np.ascontiguousarray(_full(p).detach().float().numpy()) for n, p in lora_state(model).items()}
+    folder = Path(folder)
+    if not write:
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"adapter_model{_stage_suffix(model)}.safetensors"
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file(tensors, str(tmp), metadata={"format": "np"})
+        os.replace(tmp, path)
+        atomic_write(folder / "adapter_config.json", json.dumps(config, indent=1).encode())
+    except OSError as e:
+        raise CheckpointError(f"could not write LoRA adapters to {folder}: {e.strerror or e}") from None
+    return folder
+
+
+def read_lora_config(folder) -> dict:
+    """adapter_config.json of a folder save_lora wrote, checked."""
+    path = Path(folder) / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder} holds no LoRA adapters (no adapter_config.json)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable adapter config: {e}") from None
+    ok = isinstance(config, dict) and isinstance(config.get("r"), int) and config["r"] >= 1 \
+        and isinstance(config.get("lora_alpha"), (int, float)) \
+        and isinstance(config.get("target_modules"), list) \
+        and all(isinstance(t, str) for t in config["target_modules"])
+    if not ok:
+        raise CheckpointError(f"{path} must hold r (a positive integer), lora_alpha (a number) and "
+                              f"target_modules (names); it holds {str(config)[:200]}")
+    return config
+
+
+@no_grad()
+def load_lora(model, folder) -> None:
+    """Loads adapters that save_lora wrote (under any layout) into a model with adapters of the
+    same rank: each rank takes its slice of each tensor."""
+    from safetensors.numpy import load_file
+    from .nn.lora import lora_state
+    config = read_lora_config(folder)
+    own = lora_state(model)
+    mine = getattr(model, "lora_config", None)
+    if not own or mine is None:
+        raise CheckpointError("this model has no LoRA adapters: apply_lora(model, rank, ...) first, "
+                              f"with the saved settings (rank {config['r']})")
+    if mine["r"] != config["r"]:
+        raise CheckpointError(f"{folder} holds rank-{config['r']} adapters, this model's have rank {mine['r']}")
+    stored = {}
+    for f in sorted(Path(folder).glob("adapter_model*.safetensors")):
+        try:
+            stored.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None
+    for name, p in own.items():
+        if name not in stored:
+            raise CheckpointError(f"{folder} has no adapter {name} (its adapters: "
+                                  f"{', '.join(sorted(stored)[:6]) or 'none'})")
+        shard = getattr(p, "tp_shard", None)
+        want = shard.full_shape(p.shape) if shard is not None else tuple(p.shape)
+        if tuple(stored[name].shape) != tuple(want):
+            raise CheckpointError(f"{folder}: adapter {name} is {tuple(stored[name].shape)}, this model's {want}")
+        full = from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32))
+        p.copy_(shard.take(full) if shard is not None else full)

@@ -12,11 +12,13 @@ from contextlib import nullcontext
 
 import infinitrain as it
 from infinitrain.amp import autocast
-from infinitrain.checkpoint import CheckpointError, ensure_writable, load_checkpoint, save_checkpoint
+from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
+                                    read_lora_config, save_checkpoint, save_lora)
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
 from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_float, positive_int
 from infinitrain.nn import parallel
+from infinitrain.nn.lora import DEFAULT_TARGETS, apply_lora
 from infinitrain.nn.parallel.pp import PipelineParallel
 from infinitrain.nn.parallel.zero import ZeroOptimizer
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
@@ -74,6 +76,14 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="activation recomputation: full keeps only each block's input and reruns "
                         "the block in backward; selective reruns the MLP's activation and down "
                         "projection (its widest activations)")
+    p.add_argument("--lora_rank", type=nonnegative_int, default=0,
+                   help="LoRA adapters of this rank on the target layers, base weights frozen (0 = off)")
+    p.add_argument("--lora_alpha", type=positive_float, default=None, help="LoRA scale numerator (default: the rank)")
+    p.add_argument("--lora_target_modules", default=",".join(DEFAULT_TARGETS),
+                   help="comma-separated layer names (or name suffixes) that get adapters")
+    p.add_argument("--lora_save_path", default=None, help="save the adapters alone to this folder at the end")
+    p.add_argument("--lora_load_path", default=None,
+                   help="start from adapters saved so (their rank, alpha and targets unless given)")
     p.set_defaults(presets=presets)
     return p.parse_args(argv)
 
@@ -137,6 +147,8 @@ def train(args, build_model) -> int:
     except ValueError as e:  # a layout that does not divide the model
         sys.exit(f"cannot build the model in this layout ({layout}): {e}")
     model.set_recompute(args.recompute)
+    if args.lora_rank or args.lora_load_path:
+        setup_lora(model, args, log)
     cfg = model.config
     if T > cfg.block_size:
         sys.exit(f"--sequence_length {T} exceeds the model's block size {cfg.block_size}")
@@ -167,8 +179,8 @@ def train(args, build_model) -> int:
     forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
     tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
 
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    decay = [p for p in model.parameters() if p.ndim >= 2 and p.requires_grad]
+    no_decay = [p for p in model.parameters() if p.ndim < 2 and p.requires_grad]
     groups = [{"params": decay, "weight_decay": args.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if zero:
@@ -252,11 +264,37 @@ def train(args, build_model) -> int:
 
     if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
         save(args.num_iteration)
+    if args.lora_save_path:
+        with optimizer.gathered_parameters() if zero3 else nullcontext():
+            save_lora(model, args.lora_save_path, write=env.coords.dp == 0 and env.coords.tp == 0)
+        env.world.barrier()
+        log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
     if val is not None and args.val_loss_every:
         log(f"val loss {evaluate(model, val, args.val_max_steps, env, pipe):.6f}", flush=True)
     if tokenizer is not None and args.sample_every:
         sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
     return 0
+
+
+def setup_lora(model, args, log) -> None:
+    """Adapters as the flags say (or as the saved ones are), loaded if asked."""
+    rank, alpha = args.lora_rank, args.lora_alpha
+    targets = [t for t in args.lora_target_modules.split(",") if t]
+    try:
+        if args.lora_load_path:
+            saved = read_lora_config(args.lora_load_path)
+            rank = rank or saved["r"]
+            alpha = alpha if alpha is not None else saved["lora_alpha"]
+        names = apply_lora(model, rank, alpha, targets, seed=args.seed)
+        if args.lora_load_path:
+            load_lora(model, args.lora_load_path)
+    except (ValueError, CheckpointError) as e:
+        sys.exit(f"cannot set up LoRA: {e}")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log(f"LoRA: rank {rank}, alpha {model.lora_config['lora_alpha']:g} on {len(names)} layers "
+        f"({', '.join(sorted({n.split('.', 3)[-1] for n in names}))}) | {trainable:,} trainable of "
+        f"{model.num_parameters():,} parameters{' on this rank' if model.tp or model.pp else ''}"
+        + (f" | adapters from {args.lora_load_path}" if args.lora_load_path else ""), flush=True)
 
 
 def _config_of(args):

@@ -15,6 +15,11 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return _nn.linear(input, weight, bias)
 
 
+def lora(input, lora_A, lora_B, scale: float):
+    """scale · (x Aᵀ) Bᵀ: a LoRA adapter's update of a linear layer's output."""
+    return linear(linear(input, lora_A), lora_B) * scale
+
+
 def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
     _check_normalized(input, normalized_shape)
     if weight is None and bias is not None:  # the kernel takes a bias only with a weight

@@ -21,8 +21,11 @@ class Linear(Module):
         if self.bias is not None:
             init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
 
+    lora_on = False  # nn.lora.apply_lora adds lora_A, lora_B and turns this on
+
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
+        return y + F.lora(x, self.lora_A, self.lora_B, self.lora_scale) if self.lora_on else y
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -15,11 +15,12 @@ import numpy as np
 
 import infinitrain as it
 from infinitrain.amp import autocast
-from infinitrain.checkpoint import load_checkpoint, save_checkpoint
+from infinitrain.checkpoint import load_checkpoint, load_lora, save_checkpoint, save_lora
 from infinitrain.models import GPT2Config, LLaMA3Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn import parallel
+from infinitrain.nn.lora import apply_lora
 from infinitrain.nn.parallel.pp import PipelineParallel
 from infinitrain.nn.parallel.zero import ZeroOptimizer
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
@@ -48,6 +49,9 @@ p.add_argument("--save", default=None)
 p.add_argument("--load", default=None)
 p.add_argument("--zero", type=int, default=0, help="ZeRO stage over DP (replaces DDP)")
 p.add_argument("--recompute", default="none", help="activation recomputation: none | full | selective")
+p.add_argument("--lora", type=int, default=0, help="LoRA rank on the default targets (0 = off)")
+p.add_argument("--lora_save", default=None, help="save the adapters alone to this folder at the end")
+p.add_argument("--lora_load", default=None, help="load adapters saved so before training")
 p.add_argument("--pipeline_timeout", type=float, default=120.0)
 p.add_argument("--hang_stage", type=int, default=None, help="this stage stops answering (a test of timeouts)")
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
@@ -65,6 +69,10 @@ else:  # grouped-query attention: 8 query heads, 4 KV heads
                        n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
     model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage)
 model.set_recompute(args.recompute)
+if args.lora:
+    apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)
+    if args.lora_load:
+        load_lora(model, args.lora_load)
 pipe = None
 if stage is not None:
     pipe = PipelineParallel(model, args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
@@ -72,8 +80,8 @@ if stage is not None:
     net = model
 else:
     net = parallel.DistributedDataParallel(model) if dp > 1 and not args.zero else model
-decay = [q for q in model.parameters() if q.ndim >= 2]
-no_decay = [q for q in model.parameters() if q.ndim < 2]
+decay = [q for q in model.parameters() if q.ndim >= 2 and q.requires_grad]
+no_decay = [q for q in model.parameters() if q.ndim < 2 and q.requires_grad]
 groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 if args.zero:
     assert args.pp == 1 or args.zero < 3, "ZeRO-3 does not compose with PP yet"
@@ -159,5 +167,8 @@ if env.rank == 0:
     print(f"parameters {sum(q.numel() for q in model.parameters())}", flush=True)
 if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
     save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
+    env.world.barrier()
+if args.lora_save:
+    save_lora(model, args.lora_save, write=env.coords.dp == 0 and env.coords.tp == 0)
     env.world.barrier()
 print(f"rank {env.rank} OK", flush=True)

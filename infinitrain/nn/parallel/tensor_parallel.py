@@ -350,6 +350,8 @@ class ColumnParallelLinear(Module):
         if self.bias is not None:
             init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
 
+    lora_on = False  # nn.lora: lora_A whole, lora_B split as the weight's rows
+
     def forward(self, x):
         group = self.tp.group
         if self.tp.sequence_parallel:
@@ -357,6 +359,8 @@ class ColumnParallelLinear(Module):
         elif not self.input_is_parallel:
             x = copy_to_tp(x, group)
         y = F.linear(x, self.weight, self.bias)
+        if self.lora_on:
+            y = y + F.lora(x, self.lora_A, self.lora_B, self.lora_scale)
         return gather_from_tp(y, group) if self.gather_output else y
 
     def extra_repr(self):
@@ -384,6 +388,8 @@ class RowParallelLinear(Module):
             init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
             mark_sequence_parallel_param(self.bias, tp)
 
+    lora_on = False  # nn.lora: lora_A split as the weight's columns, lora_B whole
+
     def forward(self, x):
         group = self.tp.group
         if not self.input_is_parallel:
@@ -391,6 +397,8 @@ class RowParallelLinear(Module):
         low = amp.autocast_dtype()
         if low is None:
             y = F.linear(x, self.weight)
+            if self.lora_on:  # the adapter's partial product joins the layer's before the sum
+                y = y + F.lora(x, self.lora_A, self.lora_B, self.lora_scale)
             y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
             return y + self.bias if self.bias is not None else y
         # Under autocast one process rounds x W^T + b to 16 bits once, after float32
@@ -398,7 +406,10 @@ class RowParallelLinear(Module):
         # rounding per rank, so the partial products of the rounded inputs are summed in float32
         # and rounded once, bias included (gradients are rounded where one process rounds them).
         with amp.autocast(enabled=False):
-            y = F.linear(x.to(low).float(), self.weight.to(low).float())
+            xl = x.to(low).float()
+            y = F.linear(xl, self.weight.to(low).float())
+            if self.lora_on:
+                y = y + F.lora(xl, self.lora_A.to(low).float(), self.lora_B.to(low).float(), self.lora_scale)
             y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
             if self.bias is not None:
                 y = y + self.bias.to(low).float()
@@ -532,9 +543,10 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, vocab: int, tp
 @no_grad()
 def allreduce_sequence_parallel_grads(module: Module) -> None:
     """Sums over TP the gradients of replicated parameters that saw only this rank's part of
-    the sequence (norms, row-parallel biases, position embeddings under SP), so that every
-    TP rank takes the same step as one process. Call once per optimizer step, after the last
-    backward (as Megatron's finalize_model_grads); a no-op without SP."""
+    the sequence (norms, row-parallel biases, position embeddings under SP) or of the layer
+    (LoRA adapters' whole halves), so that every TP rank takes the same step as one process.
+    Call once per optimizer step, after the last backward (as Megatron's
+    finalize_model_grads); a no-op without SP or adapters."""
     by_group = {}
     for p in module.parameters():
         group = getattr(p, "sequence_parallel_group", None)
