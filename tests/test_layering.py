@@ -9,14 +9,14 @@ ROOT = Path(infinitrain.__file__).parent
 
 # bottom to top; a module may import its own layer (same package) and those listed before it
 LAYERS = [
-    ["infinitrain._native", "infinitrain.dtype", "infinitrain.device", "infinitrain.io"],
+    ["infinitrain._native", "infinitrain.dtype", "infinitrain.device", "infinitrain.io", "infinitrain._trace"],
     ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp"],
     ["infinitrain.tensor"],
     ["infinitrain.kernels"],
     ["infinitrain.autograd"],
     ["infinitrain.ops"],
     ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions"],
-    ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint"],
+    ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler"],
     ["infinitrain.models"],
     ["infinitrain.examples", "infinitrain.config", "infinitrain"],
 ]

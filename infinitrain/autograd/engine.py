@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from .. import _trace
 from .._native import lib
 from ..kernels import elementwise as ew
 from ..kernels.memory import convert, copy_into
@@ -174,7 +175,12 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
                 node.ctx.saved_tensors  # raises: this graph was already walked
             grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
             node.ctx.retain_graph = retain_graph
+            profiling = _trace.active
+            if profiling is not None:
+                t0 = _trace.now()
             in_grads = node.function.backward(node.ctx, *grads)
+            if profiling is not None:
+                profiling.add(node.name(), "backward", t0)
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             if not retain_graph:

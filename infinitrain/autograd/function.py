@@ -6,6 +6,7 @@ gradient goes: to the node that produced the input, or to the input itself if it
 """
 from __future__ import annotations
 
+from .. import _trace
 from ..tensor import Tensor
 from .grad_mode import is_grad_enabled, no_grad
 
@@ -80,8 +81,13 @@ class Function:
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = any(needs) and is_grad_enabled()
         ctx = Context(needs)
+        profiling = _trace.active
+        if profiling is not None:
+            t0 = _trace.now()
         with no_grad():
             out = cls.forward(ctx, *args, **kwargs)
+        if profiling is not None:
+            profiling.add(cls.__name__, "op", t0)
         if not record:
             return out
         outputs = out if isinstance(out, tuple) else (out,)

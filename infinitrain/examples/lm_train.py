@@ -11,6 +11,8 @@ import time
 from contextlib import nullcontext
 
 import infinitrain as it
+from infinitrain import profiler
+from infinitrain.profiler import record_function
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
                                     read_lora_config, save_checkpoint, save_lora)
@@ -84,6 +86,10 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--lora_save_path", default=None, help="save the adapters alone to this folder at the end")
     p.add_argument("--lora_load_path", default=None,
                    help="start from adapters saved so (their rank, alpha and targets unless given)")
+    p.add_argument("--profile", default=None, metavar="PATH",
+                   help="profile --profile_steps steps (from the second): print the op table and "
+                        "write a Chrome trace of every rank to PATH")
+    p.add_argument("--profile_steps", type=positive_int, default=3)
     p.set_defaults(presets=presets)
     return p.parse_args(argv)
 
@@ -192,6 +198,7 @@ def train(args, build_model) -> int:
         if args.warmup_iters else ConstantLR(optimizer)
 
     first = 1
+    prof = profiler.profile()
     if args.load:
         try:
             meta = load_checkpoint(args.load, model, optimizer)
@@ -212,6 +219,7 @@ def train(args, build_model) -> int:
             ensure_writable(args.save)
         except CheckpointError as e:
             sys.exit(str(e))
+    profiling = ProfileWindow(args.profile, first, args.num_iteration, args.profile_steps)
 
     def save(step: int) -> None:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
@@ -230,28 +238,33 @@ def train(args, build_model) -> int:
         if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
             sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
 
+        if profiling.starts(step):
+            prof.__enter__()
         it.reset_peak_memory_stats()
         t0 = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         if pipe is not None:  # the accumulation steps are the pipeline's micro-batches
-            step_loss = pipe.train_step([train.next_batch() for _ in range(accum)], forward_context)
+            with record_function("pipeline train_step"):
+                step_loss = pipe.train_step([train.next_batch() for _ in range(accum)], forward_context)
         else:
             step_loss = 0.0
             for micro in range(accum):
                 x, y = train.next_batch()
                 last = micro == accum - 1
                 with (net.no_sync() if dp > 1 and not last and not zero else nullcontext()):
-                    with forward_context():
+                    with forward_context(), record_function("forward"):
                         _, loss = net(x, y, return_logits=False)
-                    (loss / accum if accum > 1 else loss).backward()
+                    with record_function("backward"):
+                        (loss / accum if accum > 1 else loss).backward()
                 step_loss += loss.item() / accum
-        allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
-        if args.grad_clip > 0 and zero:  # over every rank's gradient shard
-            optimizer.clip_grad_norm_(args.grad_clip, pipeline_group=env.pp_group)
-        elif args.grad_clip > 0:  # one norm over every stage's parameters, as one process's
-            clip_grad_norm_(model.parameters(), args.grad_clip, pipeline_group=env.pp_group)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with record_function("optimizer step"):
+            allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
+            if args.grad_clip > 0 and zero:  # over every rank's gradient shard
+                optimizer.clip_grad_norm_(args.grad_clip, pipeline_group=env.pp_group)
+            elif args.grad_clip > 0:  # one norm over every stage's parameters, as one process's
+                clip_grad_norm_(model.parameters(), args.grad_clip, pipeline_group=env.pp_group)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         lr_schedule.step()
         mean_loss = dp_mean(step_loss, env)
         ms = (time.perf_counter() - t0) * 1e3
@@ -259,6 +272,9 @@ def train(args, build_model) -> int:
         log(f"step {step:4d}/{args.num_iteration} | train loss {mean_loss:.6f} | lr {lr:.2e} | "
             f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | peak used: {peak_mb:5d} MB | "
             f"{layout})", flush=True)
+        if profiling.ends(step):
+            prof.__exit__(None, None, None)
+            profiling.report(prof, env, log)
         if args.save and args.save_interval and step % args.save_interval == 0:
             save(step)
 
@@ -274,6 +290,30 @@ def train(args, build_model) -> int:
     if tokenizer is not None and args.sample_every:
         sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
     return 0
+
+
+class ProfileWindow:
+    """Which steps --profile covers: from the second step trained (the first allocates and
+    warms caches) for `count` steps, or the only step."""
+
+    def __init__(self, path, first: int, last: int, count: int):
+        self.path = path
+        self.start = first + 1 if last > first else first
+        self.stop = min(last, self.start + count - 1)
+
+    def starts(self, step: int) -> bool:
+        return self.path is not None and step == self.start
+
+    def ends(self, step: int) -> bool:
+        return self.path is not None and step == self.stop
+
+    def report(self, prof, env, log) -> None:
+        steps = self.stop - self.start + 1
+        log(f"---- profile of steps {self.start}-{self.stop} (rank 0; {steps} step(s), "
+            f"{prof.wall_ns / 1e6 / steps:.1f} ms per step) ----\n{prof.table()}", flush=True)
+        prof.export_chrome_trace(self.path, group=env.world)
+        log(f"wrote the Chrome trace of every rank to {self.path} (open it in ui.perfetto.dev "
+            "or chrome://tracing)", flush=True)
 
 
 def setup_lora(model, args, log) -> None:

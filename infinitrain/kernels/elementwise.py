@@ -8,6 +8,7 @@ import numbers
 _dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import check, int64_array, lib
 from ..tensor import Tensor, _empty, _wrap_dim
+from .. import _trace
 from . import _checks
 from .memory import convert, copy_into
 
@@ -35,6 +36,7 @@ def _float_if_int(t: Tensor) -> Tensor:
 
 
 # ---- elementwise -----------------------------------------------------------------------
+@_trace.traced("kernel")
 def unary(op: int, x: Tensor) -> Tensor:
     _checks.floating("elementwise op", "input", x)
     x = x._contiguous_raw()
@@ -43,6 +45,7 @@ def unary(op: int, x: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def unary_backward(op: int, dout: Tensor, saved: Tensor) -> Tensor:
     """dout * f'(x); `saved` is x, or the output for exp, sqrt, tanh and sigmoid."""
     _checks.same_device("unary backward", grad=dout, saved=saved)
@@ -61,6 +64,7 @@ def _check_out(out: Tensor, shape: tuple, like: Tensor) -> None:
                          f"got {out.dtype.name} {tuple(out.shape)}")
 
 
+@_trace.traced("kernel")
 def binary(op: int, a: Tensor, b, out: Tensor | None = None) -> Tensor:
     if not isinstance(b, Tensor):
         raise TypeError(f"expected a tensor or a number, got {type(b).__name__}")
@@ -77,6 +81,7 @@ def binary(op: int, a: Tensor, b, out: Tensor | None = None) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def scalar(op: int, x: Tensor, s, out: Tensor | None = None) -> Tensor:
     if not isinstance(s, numbers.Real):
         raise TypeError(f"expected a number, got {type(s).__name__}")
@@ -94,22 +99,27 @@ def scalar(op: int, x: Tensor, s, out: Tensor | None = None) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def add(a: Tensor, b) -> Tensor:
     return binary(lib.IT_ADD, a, b) if isinstance(b, Tensor) else scalar(lib.IT_SCALAR_ADD, a, b)
 
 
+@_trace.traced("kernel")
 def sub(a: Tensor, b) -> Tensor:
     return binary(lib.IT_SUB, a, b) if isinstance(b, Tensor) else scalar(lib.IT_SCALAR_ADD, a, -b)
 
 
+@_trace.traced("kernel")
 def rsub(a: Tensor, s) -> Tensor:
     return scalar(lib.IT_SCALAR_RSUB, a, s)
 
 
+@_trace.traced("kernel")
 def mul(a: Tensor, b) -> Tensor:
     return binary(lib.IT_MUL, a, b) if isinstance(b, Tensor) else scalar(lib.IT_SCALAR_MUL, a, b)
 
 
+@_trace.traced("kernel")
 def div(a: Tensor, b) -> Tensor:
     a = _float_if_int(a)  # true division, as in PyTorch
     if isinstance(b, Tensor):
@@ -117,16 +127,19 @@ def div(a: Tensor, b) -> Tensor:
     return scalar(lib.IT_SCALAR_DIV, a, b)
 
 
+@_trace.traced("kernel")
 def rdiv(a: Tensor, s) -> Tensor:
     return scalar(lib.IT_SCALAR_RDIV, _float_if_int(a), s)
 
 
+@_trace.traced("kernel")
 def pow(a: Tensor, b) -> Tensor:  # noqa: A001
     if isinstance(b, Tensor):
         return binary(lib.IT_POW, _float_if_int(a), _float_if_int(b))
     return scalar(lib.IT_SCALAR_POW, _float_if_int(a), b)
 
 
+@_trace.traced("kernel")
 def swiglu(a: Tensor, b: Tensor) -> Tensor:
     """silu(a) * b."""
     _checks.same_device("swiglu", a=a, b=b)
@@ -139,6 +152,7 @@ def swiglu(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def swiglu_backward(dout: Tensor, a: Tensor, b: Tensor) -> tuple:
     _checks.same_device("swiglu backward", grad=dout, a=a, b=b)
     _checks.same_dtype("swiglu backward", grad=dout, a=a, b=b)
@@ -167,6 +181,7 @@ def _reduced_shape(shape: tuple, dims: list, keepdim: bool) -> tuple:
     return tuple(n for i, n in enumerate(shape) if i not in dims)
 
 
+@_trace.traced("kernel")
 def reduce(op: int, x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """sum/mean/max/min over the dimensions `dim` names, in one native pass: the reduced
     dimensions are moved last and read as one row per output, so 16-bit inputs are rounded
@@ -203,6 +218,7 @@ def reduce(op: int, x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def arg_extreme(x: Tensor, dim=None, keepdim: bool = False, largest: bool = True) -> Tensor:
     """argmax (largest) or argmin: int64 indices of the first extreme (NaN counts as both)."""
     fn = lib.it_argmax if largest else lib.it_argmin
@@ -226,6 +242,7 @@ def arg_extreme(x: Tensor, dim=None, keepdim: bool = False, largest: bool = True
 
 
 # ---- matrix products -----------------------------------------------------------------
+@_trace.traced("kernel")
 def linear(x2d: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x2d [N, in] @ weight[out, in]^T + bias: one sgemm, the bias preloaded into the output
     and accumulated into by the product (beta = 1) instead of a separate pass."""
@@ -272,6 +289,7 @@ def _as_matrices(x: Tensor, batch: tuple):
     return x, False, rows * cols
 
 
+@_trace.traced("kernel")
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     if not isinstance(b, Tensor):
         raise TypeError(f"matmul: expected a tensor, got {type(b).__name__}")

@@ -7,10 +7,12 @@ import math
 _dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import check, ffi, int64_array, lib
 from ..tensor import Tensor, _empty, _wrap_dim
+from .. import _trace
 from . import _checks
 from .elementwise import _broadcast_strides, broadcast_shapes
 
 
+@_trace.traced("kernel")
 def compare(op: int, a: Tensor, b: Tensor) -> Tensor:
     """a op b elementwise with broadcasting -> bool; a and b must share dtype and device."""
     _checks.same_device("comparison", left=a, right=b)
@@ -24,6 +26,7 @@ def compare(op: int, a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def where(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """cond ? a : b with broadcasting; cond is bool, a and b share a dtype."""
     if cond.dtype is not _dt.bool:
@@ -44,6 +47,7 @@ def _axis(x_shape: tuple, d: int) -> tuple:
     return math.prod(x_shape[:d]), x_shape[d] if x_shape else 1, math.prod(x_shape[d + 1:])
 
 
+@_trace.traced("kernel")
 def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
     """out[..., j, ...] = x[..., index[..., j, ...], ...] along dim (torch.gather), for an
     index of x's shape except along dim."""
@@ -62,6 +66,7 @@ def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def scatter_add(out: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     """out[..., index[..., j, ...], ...] += src[..., j, ...] along dim, in place; returns out."""
     _checks.index_tensor("scatter_add", "index", index)
@@ -78,6 +83,7 @@ def scatter_add(out: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
     """The slices of x along dim named by a 1-D index (torch.index_select)."""
     _checks.index_tensor("index_select", "index", index)
@@ -96,6 +102,7 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def index_add(out: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     """out.index_select(dim, index) += src, in place (repeated indices add up); returns out."""
     _checks.index_tensor("index_add", "index", index)
@@ -112,6 +119,7 @@ def index_add(out: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def cumsum(x: Tensor, dim: int) -> Tensor:
     """Running sum along dim; integer and bool inputs give int64, as in PyTorch."""
     from .memory import convert
@@ -125,6 +133,7 @@ def cumsum(x: Tensor, dim: int) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True) -> tuple:
     """(values, int64 indices) of the k largest (smallest) entries along dim, sorted."""
     d = _wrap_dim(dim, x.ndim)
@@ -147,6 +156,7 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True) -> tuple:
             indices._permute_raw(last)._contiguous_raw())
 
 
+@_trace.traced("kernel")
 def multinomial(weights: Tensor, num_samples: int, replacement: bool, generator) -> Tensor:
     """Category indices drawn from each row of non-negative weights [n] or [rows, n]."""
     _checks.floating("multinomial", "weights", weights)

@@ -8,9 +8,11 @@ import numbers
 _dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import check, ffi, int64_array, lib
 from ..tensor import Tensor, _empty, _wrap_dim
+from .. import _trace
 from . import _checks
 
 
+@_trace.traced("kernel")
 def copy_into(dst: Tensor, src) -> None:
     """dst[...] = src, broadcasting src and converting its dtype."""
     if isinstance(src, numbers.Number):
@@ -38,6 +40,7 @@ def copy_into(dst: Tensor, src) -> None:
                               int64_array(dst.shape), dst.ndim))
 
 
+@_trace.traced("kernel")
 def convert(t: Tensor, dtype: _dt.dtype, device=None) -> Tensor:
     """A contiguous copy of t in dtype (on t's device unless another is named)."""
     device = t.device if device is None else device
@@ -51,6 +54,7 @@ def convert(t: Tensor, dtype: _dt.dtype, device=None) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def cat(tensors, dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
@@ -73,6 +77,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def split_copy(t: Tensor, sizes, dim: int = 0) -> list:
     """Splits along dim into new contiguous tensors (Tensor.split gives views instead)."""
     d = _wrap_dim(dim, t.ndim)
@@ -94,6 +99,7 @@ def stack(tensors, dim: int = 0) -> Tensor:
     return cat([t._unsqueeze_raw(d) for t in tensors], d)
 
 
+@_trace.traced("kernel")
 def triangle(t: Tensor, diagonal: int, upper: bool, fill_value: float = 0.0) -> Tensor:
     if t.ndim < 2:
         raise ValueError(f"{'triu' if upper else 'tril'}() needs at least 2 dimensions, got "

@@ -11,6 +11,7 @@ import math
 _dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import check, ffi, lib
 from ..tensor import Tensor, _empty, _wrap_dim
+from .. import _trace
 from . import _checks
 
 _NULL = ffi.NULL
@@ -38,6 +39,7 @@ def _check_params(op: str, x: Tensor, **params) -> None:
 
 
 # ---- LayerNorm / RMSNorm -------------------------------------------------------------------
+@_trace.traced("kernel")
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float = 1e-5):
     """Returns (out, mean, rstd) with mean/rstd float32 of shape x.shape[:-1]."""
     _checks.floating("layer_norm", "input", x)
@@ -52,6 +54,7 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
     return out, mean, rstd
 
 
+@_trace.traced("kernel")
 def layer_norm_backward(dout: Tensor, x: Tensor, weight, mean: Tensor, rstd: Tensor,
                         has_bias: bool = True):
     """Returns (dx, dweight, dbias); dweight/dbias are None without affine parameters."""
@@ -67,6 +70,7 @@ def layer_norm_backward(dout: Tensor, x: Tensor, weight, mean: Tensor, rstd: Ten
     return dx, dw, db
 
 
+@_trace.traced("kernel")
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float = 1e-6):
     """Returns (out, rstd)."""
     _checks.floating("rms_norm", "input", x)
@@ -80,6 +84,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float = 1e-6):
     return out, rstd
 
 
+@_trace.traced("kernel")
 def rms_norm_backward(dout: Tensor, x: Tensor, weight, rstd: Tensor):
     """Returns (dx, dweight)."""
     _checks.shape_is("rms_norm backward", "grad", dout, x.shape)
@@ -105,6 +110,7 @@ def _swap_last(x: Tensor, d: int) -> Tensor:
     return x._permute_raw(_swap(x.ndim, d))
 
 
+@_trace.traced("kernel")
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     _checks.floating("softmax", "input", x)
     d = _wrap_dim(dim, x.ndim)
@@ -121,6 +127,7 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def softmax_backward(dout: Tensor, out: Tensor, dim: int = -1) -> Tensor:
     if out.ndim == 0:
         return softmax_backward(dout._reshape_raw((1,)), out._reshape_raw((1,)))._reshape_raw(())
@@ -140,6 +147,7 @@ def softmax_backward(dout: Tensor, out: Tensor, dim: int = -1) -> Tensor:
 
 
 # ---- cross-entropy ---------------------------------------------------------------------
+@_trace.traced("kernel")
 def cross_entropy(logits: Tensor, targets: Tensor, vocab: int | None = None,
                   ignore_index: int = -100):
     """Per-row losses and log-sum-exp (both float32, shape [N]) of logits [N, Vp] against
@@ -161,6 +169,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, vocab: int | None = None,
     return losses, lse
 
 
+@_trace.traced("kernel")
 def cross_entropy_backward(dlosses: Tensor, logits: Tensor, lse: Tensor, targets: Tensor,
                            vocab: int | None = None, ignore_index: int = -100,
                            out: Tensor | None = None) -> Tensor:
@@ -194,6 +203,7 @@ def _attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple:
     return B, H, Hkv, T, D
 
 
+@_trace.traced("kernel")
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None):
     """Returns (out [B, H, T, D], lse float32 [B, H, T])."""
     _checks.floating("attention", "q", q)
@@ -209,6 +219,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
     return out, lse
 
 
+@_trace.traced("kernel")
 def causal_attention_backward(dout, q, k, v, out, lse, scale: float | None = None):
     """Returns (dq, dk, dv)."""
     B, H, Hkv, T, D = _attention_shapes(q, k, v)
@@ -242,16 +253,19 @@ def _rope(fn, name, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotates interleaved pairs of x [B, T, H, D] by angles with cos/sin [T, D/2]."""
     return _rope(lib.it_rope_forward, "rope", x, cos, sin)
 
 
+@_trace.traced("kernel")
 def rope_backward(dout: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return _rope(lib.it_rope_backward, "rope backward", dout, cos, sin)
 
 
 # ---- embedding -------------------------------------------------------------------------
+@_trace.traced("kernel")
 def embedding(weight: Tensor, indices: Tensor) -> Tensor:
     """weight [V, C] rows picked by indices (any shape) -> indices.shape + [C]."""
     _checks.index_tensor("embedding", "indices", indices)
@@ -267,6 +281,7 @@ def embedding(weight: Tensor, indices: Tensor) -> Tensor:
     return out
 
 
+@_trace.traced("kernel")
 def embedding_backward(dweight: Tensor, dout: Tensor, indices: Tensor) -> Tensor:
     """dweight[indices[n]] += dout[n]; returns dweight."""
     _checks.index_tensor("embedding backward", "indices", indices)

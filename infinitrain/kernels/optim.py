@@ -6,6 +6,7 @@ import importlib
 _dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
 from .._native import check, ffi, lib
 from ..tensor import Tensor
+from .. import _trace
 from . import _checks
 
 
@@ -25,6 +26,7 @@ def _param_and_grad(op: str, param: Tensor, grad: Tensor) -> Tensor:
     return grad._contiguous_raw()
 
 
+@_trace.traced("kernel")
 def adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, lr: float,
                beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> None:
     grad = _param_and_grad("adamw", param, grad)
@@ -36,6 +38,7 @@ def adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
                             beta2, eps, weight_decay, step))
 
 
+@_trace.traced("kernel")
 def sgd_step(param: Tensor, grad: Tensor, momentum_buf: Tensor | None, *, lr: float,
              momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
              nesterov: bool = False, first_step: bool = False) -> None:

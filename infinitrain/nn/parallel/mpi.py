@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 
+from ... import _trace
 from ...tensor import Tensor
-from .process_group import ProcessGroup, ReduceOp, Work, _then
+from .process_group import ProcessGroup, ReduceOp, Work, _then, traced_collective
 
 
 class MPIWork(Work):
@@ -44,7 +45,8 @@ class _CommThread:
         while True:
             fn, work = self._queue.get()
             try:
-                fn()
+                with _trace.span("collective", "comm"):  # where the bytes really move
+                    fn()
             except BaseException as e:  # reported by Work.wait on the caller's thread
                 work._error = e
             work._event.set()
@@ -130,6 +132,7 @@ class MPIProcessGroup(ProcessGroup):
         work.wait()
         return None
 
+    @traced_collective(0)
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
         MPI = _mpi()["MPI"]
         if not isinstance(op, ReduceOp):
@@ -167,6 +170,7 @@ class MPIProcessGroup(ProcessGroup):
             return self._comm_thread.submit(blocking, epilogue)
         return MPIWork([nonblocking()], epilogue)
 
+    @traced_collective(0)
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
         """out [size * n, ...] = the ranks' t [n, ...] in rank order."""
         if out.numel() != t.numel() * self.size or out.dtype is not t.dtype:
@@ -179,6 +183,7 @@ class MPIProcessGroup(ProcessGroup):
         return self._collective(lambda: self.comm.Allgather(src, dst),
                                 lambda: self.comm.Iallgather(src, dst), None, async_op)
 
+    @traced_collective(1)
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM,
                        async_op: bool = False):
         """out [n, ...] = this rank's block of the reduction of t [size * n, ...]."""
@@ -201,15 +206,18 @@ class MPIProcessGroup(ProcessGroup):
                                 lambda: self.comm.Ireduce_scatter_block(src, dst, op=mop),
                                 epilogue, async_op)
 
+    @traced_collective(0)
     def broadcast(self, t: Tensor, src: int = 0, async_op: bool = False):
         """src is an index into this group's ranks."""
         buf = _buffer(t)
         return self._collective(lambda: self.comm.Bcast(buf, root=src),
                                 lambda: self.comm.Ibcast(buf, root=src), None, async_op)
 
+    @traced_collective(0)
     def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
         return MPIWork([self.comm.Isend(_buffer(t), dest=dst, tag=tag)])
 
+    @traced_collective(0)
     def irecv(self, t: Tensor, src: int, tag: int = 0) -> Work:
         return MPIWork([self.comm.Irecv(_buffer(t), source=src, tag=tag)])
 
@@ -219,6 +227,7 @@ class MPIProcessGroup(ProcessGroup):
     def recv(self, t: Tensor, src: int, tag: int = 0) -> None:
         self.irecv(t, src, tag).wait()
 
+    @_trace.traced("comm")
     def barrier(self) -> None:
         self._collective(self.comm.Barrier, self.comm.Ibarrier, None, async_op=False)
 

@@ -4,9 +4,32 @@ the tensors' own memory) and, with the CUDA path, NCCL (bootstrapped through MPI
 """
 from __future__ import annotations
 
+import functools
 from enum import Enum
 
+from ... import _trace
 from ...tensor import Tensor
+
+
+def traced_collective(payload: int):
+    """Decorator for a backend's collective: while a profiler runs, records the call with the
+    bytes of its argument number `payload` (the data that travels) and the group's size."""
+    def wrap(fn):
+        name = fn.__name__
+
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            rec = _trace.active
+            if rec is None:
+                return fn(self, *args, **kwargs)
+            t0 = _trace.now()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                rec.add(name, "comm", t0, {"bytes": args[payload].nbytes, "ranks": self.size,
+                                           "async": bool(kwargs.get("async_op", False))})
+        return call
+    return wrap
 
 
 class ReduceOp(Enum):
@@ -45,7 +68,8 @@ class Work:
     def wait(self) -> None:
         if self._done:
             return
-        self._block()
+        with _trace.span("wait", "comm"):
+            self._block()
         self._finish()
 
     def _finish(self) -> None:

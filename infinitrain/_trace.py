@@ -1,0 +1,68 @@
+"""What the profiler records, at the bottom of the package so that kernels, autograd and the
+process groups can record into it. While no profiler runs, `active` is None and a recording
+site costs one global read; infinitrain.profiler is the user-facing side.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+active = None  # the Recorder of the profiler in progress, or None
+
+
+class Recorder:
+    """Complete events (name, category, thread id, start ns, end ns, args), appended from any
+    thread (list.append is atomic under the GIL)."""
+
+    def __init__(self):
+        self.events = []
+        self.threads = {}  # thread id -> name
+
+    def add(self, name: str, cat: str, t0: int, args=None) -> None:
+        tid = threading.get_ident()
+        if tid not in self.threads:
+            self.threads[tid] = threading.current_thread().name
+        self.events.append((name, cat, tid, t0, time.perf_counter_ns(), args))
+
+
+def now() -> int:
+    return time.perf_counter_ns()
+
+
+class span:
+    """`with span(name, cat, args):` records the block while a profiler runs."""
+    __slots__ = ("name", "cat", "args", "rec", "t0")
+
+    def __init__(self, name: str, cat: str = "user", args=None):
+        self.name, self.cat, self.args = name, cat, args
+
+    def __enter__(self):
+        self.rec = active
+        if self.rec is not None:
+            self.t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc):
+        if self.rec is not None:
+            self.rec.add(self.name, self.cat, self.t0, self.args)
+        return False
+
+
+def traced(cat: str):
+    """Decorator: records each call of the function under its name while a profiler runs."""
+    def wrap(fn):
+        name = fn.__name__
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            rec = active
+            if rec is None:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.add(name, cat, t0)
+        return call
+    return wrap
