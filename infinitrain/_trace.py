@@ -1,6 +1,7 @@
-"""What the profiler records, at the bottom of the package so that kernels, autograd and the
-process groups can record into it. While no profiler runs, `active` is None and a recording
-site costs one global read; infinitrain.profiler is the user-facing side.
+"""What the profiler records (and where the precision checker looks), at the bottom of the
+package so that kernels, autograd and the process groups can record into it. While no
+profiler runs, `active` is None and a recording site costs one global read;
+infinitrain.profiler and infinitrain.precision_checker are the user-facing sides.
 """
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import threading
 import time
 
 active = None  # the Recorder of the profiler in progress, or None
+# the precision checker watching every op (level 2), or None: inspector.op(name, "forward" |
+# "backward", tensors) sees each autograd op's outputs and each backward's input gradients
+inspector = None
 
 
 class Recorder:

@@ -16,7 +16,8 @@ LAYERS = [
     ["infinitrain.autograd"],
     ["infinitrain.ops"],
     ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions"],
-    ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler"],
+    ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler",
+     "infinitrain.precision_checker"],
     ["infinitrain.models"],
     ["infinitrain.examples", "infinitrain.config", "infinitrain"],
 ]

@@ -181,6 +181,9 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
             in_grads = node.function.backward(node.ctx, *grads)
             if profiling is not None:
                 profiling.add(node.name(), "backward", t0)
+            if _trace.inspector is not None:
+                _trace.inspector.op(node.name(), "backward",
+                                    in_grads if isinstance(in_grads, tuple) else (in_grads,))
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             if not retain_graph:

@@ -88,6 +88,8 @@ class Function:
             out = cls.forward(ctx, *args, **kwargs)
         if profiling is not None:
             profiling.add(cls.__name__, "op", t0)
+        if _trace.inspector is not None:
+            _trace.inspector.op(cls.__name__, "forward", out if isinstance(out, tuple) else (out,))
         if not record:
             return out
         outputs = out if isinstance(out, tuple) else (out,)

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 
 import infinitrain as it
 from infinitrain import profiler
+from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 from infinitrain.profiler import record_function
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
@@ -90,6 +91,10 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="profile --profile_steps steps (from the second): print the op table and "
                         "write a Chrome trace of every rank to PATH")
     p.add_argument("--profile_steps", type=positive_int, default=3)
+    p.add_argument("--precision_check", default=None, metavar="CONFIG",
+                   help="InfiniTrain's precision checker, e.g. 'level=1,format=simple,output_md5=true,"
+                        "save_tensors=true,output_path=PATH' (level 2: every op) or with 'baseline=PATH' "
+                        "to name the first tensor that differs from a run saved there")
     p.set_defaults(presets=presets)
     return p.parse_args(argv)
 
@@ -220,6 +225,13 @@ def train(args, build_model) -> int:
         except CheckpointError as e:
             sys.exit(str(e))
     profiling = ProfileWindow(args.profile, first, args.num_iteration, args.profile_steps)
+    checker = None
+    if args.precision_check:
+        try:
+            checker = PrecisionChecker(model, PrecisionCheckConfig.parse(args.precision_check), rank=env.rank,
+                                       world=env.world.size, dp=(env.dp_rank, dp))
+        except ValueError as e:
+            sys.exit(str(e))
 
     def save(step: int) -> None:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
@@ -243,6 +255,8 @@ def train(args, build_model) -> int:
         it.reset_peak_memory_stats()
         t0 = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
+        if checker is not None:
+            checker.begin_step(step)
         if pipe is not None:  # the accumulation steps are the pipeline's micro-batches
             with record_function("pipeline train_step"):
                 step_loss = pipe.train_step([train.next_batch() for _ in range(accum)], forward_context)
@@ -257,6 +271,8 @@ def train(args, build_model) -> int:
                     with record_function("backward"):
                         (loss / accum if accum > 1 else loss).backward()
                 step_loss += loss.item() / accum
+        if checker is not None:
+            checker.end_step()
         with record_function("optimizer step"):
             allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
             if args.grad_clip > 0 and zero:  # over every rank's gradient shard
@@ -280,6 +296,8 @@ def train(args, build_model) -> int:
 
     if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
         save(args.num_iteration)
+    if checker is not None:
+        print(checker.close(), flush=True)
     if args.lora_save_path:
         with optimizer.gathered_parameters() if zero3 else nullcontext():
             save_lora(model, args.lora_save_path, write=env.coords.dp == 0 and env.coords.tp == 0)
