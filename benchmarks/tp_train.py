@@ -37,7 +37,7 @@ def run(layout: str, args) -> tuple:
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    steps = re.findall(r"\| ([\d.]+) tok/s \| peak used: +(\d+) MB", out.stdout)
+    steps = re.findall(r"\| ([\d.]+) tok/s \| MFU [\d.]+% \| peak used: +(\d+) MB", out.stdout)
     toks = [float(t) for t, _ in steps[1:]] or [float(steps[0][0])]
     return tp, dp, sp, statistics.median(toks), max(int(mb) for _, mb in steps)
 

@@ -41,7 +41,7 @@ def main() -> None:
         if out.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
         params = int(re.search(r"\| ([\d,]+) parameters", out.stdout).group(1).replace(",", ""))
-        steps = re.findall(r"\| ([\d.]+) tok/s \| peak used: +(\d+) MB", out.stdout)
+        steps = re.findall(r"\| ([\d.]+) tok/s \| MFU [\d.]+% \| peak used: +(\d+) MB", out.stdout)
         toks = statistics.median(float(t) for t, _ in steps[1:] or steps)
         mb = max(int(m) for _, m in steps)
         print(f"{stage:5d} | {toks:7.0f} | {mb:12d} | {mb * 2**20 / params:11.1f}", flush=True)

@@ -19,7 +19,7 @@ LAYERS = [
     ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler",
      "infinitrain.precision_checker"],
     ["infinitrain.models"],
-    ["infinitrain.examples", "infinitrain.config", "infinitrain"],
+    ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain"],
 ]
 
 

@@ -1,7 +1,7 @@
 """The language-model training loop shared by the GPT-2 and LLaMA-3 examples: InfiniTrain's
 flags, llm.c's data order, one log line per step:
 
-    step    1/10 | train loss 10.996094 | lr 1.00e-04 | (123.45 ms | 1234 tok/s | peak used:   512 MB | DP=1, TP=1, SP=0, PP=1)
+    step    1/10 | train loss 10.996094 | lr 1.00e-04 | (123.45 ms | 1234 tok/s | MFU 21.3% | peak used:   512 MB | DP=1, TP=1, SP=0, PP=1)
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from contextlib import nullcontext
 
 import infinitrain as it
 from infinitrain import profiler
+from infinitrain.plot import plot_losses
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 from infinitrain.profiler import record_function
 from infinitrain.amp import autocast
@@ -19,6 +20,7 @@ from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_check
                                     read_lora_config, save_checkpoint, save_lora)
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
+from infinitrain.examples import mfu
 from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_float, positive_int
 from infinitrain.nn import parallel
 from infinitrain.nn.lora import DEFAULT_TARGETS, apply_lora
@@ -87,6 +89,10 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--lora_save_path", default=None, help="save the adapters alone to this folder at the end")
     p.add_argument("--lora_load_path", default=None,
                    help="start from adapters saved so (their rank, alpha and targets unless given)")
+    p.add_argument("--peak_tflops", type=positive_float, default=None,
+                   help="per-rank peak TFLOP/s for the MFU figure (default: measured at start from "
+                        "matrix products in --dtype on all ranks at once)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the train/val loss curves to this PNG at the end")
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="profile --profile_steps steps (from the second): print the op table and "
                         "write a Chrome trace of every rank to PATH")
@@ -178,6 +184,19 @@ def train(args, build_model) -> int:
             f"{args.virtual_pipeline_parallel} chunks, layers per chunk {[len(c) for c in model.stage_layers]} "
             f"on stage 0", flush=True)
 
+    if args.peak_tflops:
+        peak = args.peak_tflops * 1e12
+        log(f"MFU against a peak of {peak / 1e9:.1f} GFLOP/s per rank (--peak_tflops)", flush=True)
+    else:
+        peak = mfu.measure_peak_flops(args.dtype, env.world)
+        t = it.tensor([peak], dtype=it.float64)
+        env.world.all_reduce(t, parallel.ReduceOp.AVG)
+        peak = t.item()
+        log(f"MFU against a peak of {peak / 1e9:.1f} GFLOP/s per rank (measured: {args.dtype} matrix products "
+            f"on all {env.world.size} ranks at once; --peak_tflops gives one)", flush=True)
+    step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) * total
+    curves = {"train": [], "val": []}
+
     rank = env.dp_rank
     train = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size)
     val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size) \
@@ -246,7 +265,8 @@ def train(args, build_model) -> int:
 
     for step in range(first, args.num_iteration + 1):
         if val is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
-            log(f"val loss {evaluate(model, val, args.val_max_steps, env, pipe):.6f}", flush=True)
+            curves["val"].append((step - 1, evaluate(model, val, args.val_max_steps, env, pipe)))  # after step - 1
+            log(f"val loss {curves['val'][-1][1]:.6f}", flush=True)
         if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
             sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
 
@@ -285,9 +305,11 @@ def train(args, build_model) -> int:
         mean_loss = dp_mean(step_loss, env)
         ms = (time.perf_counter() - t0) * 1e3
         peak_mb = it.memory_stats()["peak_allocated_bytes"] // 2**20
+        utilisation = step_flops / (ms / 1e3) / (peak * env.world.size)
+        curves["train"].append((step, mean_loss))
         log(f"step {step:4d}/{args.num_iteration} | train loss {mean_loss:.6f} | lr {lr:.2e} | "
-            f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | peak used: {peak_mb:5d} MB | "
-            f"{layout})", flush=True)
+            f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
+            f"peak used: {peak_mb:5d} MB | {layout})", flush=True)
         if profiling.ends(step):
             prof.__exit__(None, None, None)
             profiling.report(prof, env, log)
@@ -304,7 +326,14 @@ def train(args, build_model) -> int:
         env.world.barrier()
         log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
     if val is not None and args.val_loss_every:
-        log(f"val loss {evaluate(model, val, args.val_max_steps, env, pipe):.6f}", flush=True)
+        curves["val"].append((args.num_iteration, evaluate(model, val, args.val_max_steps, env, pipe)))
+        log(f"val loss {curves['val'][-1][1]:.6f}", flush=True)
+    if args.plot and env.is_main:
+        try:
+            plot_losses({type(model).__name__: curves}, args.plot, f"{type(model).__name__} {layout}")
+            log(f"wrote the loss curves to {args.plot}", flush=True)
+        except (RuntimeError, ValueError, OSError) as e:
+            print(f"could not draw {args.plot}: {e}", file=sys.stderr, flush=True)
     if tokenizer is not None and args.sample_every:
         sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
     return 0

@@ -1,0 +1,82 @@
+"""Loss curves to a PNG: from the examples' log lines ("step 5/100 | train loss 4.56 ..." and
+"val loss 4.78"), one run or several on one chart (one process against a parallel layout, say).
+
+    python -m infinitrain.plot run.log [other.log ...] -o loss.png [--title TEXT]
+
+Needs matplotlib (`pip install 'infinitrain[plot]'`).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+_STEP = re.compile(r"^step\s+(\d+)/\d+ \| train loss ([-+0-9.eE]+|nan|inf)", re.M)
+_VAL = re.compile(r"^val loss ([-+0-9.eE]+|nan|inf)", re.M)
+
+
+def parse_log(text: str) -> dict:
+    """{"train": [(step, loss)], "val": [(steps trained, loss)]}: a val loss is placed at the
+    steps trained when it was measured (the examples evaluate before a step and at the end)."""
+    train, val, last = [], [], 0
+    for m in re.finditer(f"{_STEP.pattern}|{_VAL.pattern}", text, re.M):
+        if m.group(1) is not None:
+            last = int(m.group(1))
+            train.append((last, float(m.group(2))))
+        else:
+            val.append((last, float(m.group(3))))
+    return {"train": train, "val": val}
+
+
+def plot_losses(runs: dict, path, title: str = "loss") -> None:
+    """runs: {label: {"train": [(step, loss)], "val": [(step, loss)]}} -> a PNG at path."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("plotting needs matplotlib: pip install 'infinitrain[plot]'") from None
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for label, curves in runs.items():
+        if curves["train"]:
+            line, = ax.plot(*zip(*curves["train"]), label=f"{label} train", linewidth=1.2)
+            color = line.get_color()
+        else:
+            color = None
+        if curves["val"]:
+            ax.plot(*zip(*curves["val"]), "o--", color=color, label=f"{label} val", markersize=4)
+    if not ax.lines:
+        plt.close(fig)
+        raise ValueError("no losses to plot: no 'step N/M | train loss X' or 'val loss X' lines")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("logs", nargs="+", help="log files of the examples")
+    p.add_argument("-o", "--output", default="loss.png")
+    p.add_argument("--title", default="loss")
+    args = p.parse_args(argv)
+    runs = {}
+    for f in args.logs:
+        try:
+            runs[Path(f).stem] = parse_log(Path(f).read_text())
+        except OSError as e:
+            raise SystemExit(f"cannot read {f}: {e.strerror or e}")
+    try:
+        plot_losses(runs, args.output, args.title)
+    except (RuntimeError, ValueError) as e:
+        raise SystemExit(str(e))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
