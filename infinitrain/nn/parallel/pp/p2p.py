@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from .... import _trace
 from ....creation import empty
 
 
@@ -55,6 +56,10 @@ class P2P:
     def _wait(self, work, describe) -> None:
         if work.is_completed():
             return
+        with _trace.span("wait for neighbour stage", "comm"):  # the bubble, in a profile
+            self._block(work, describe)
+
+    def _block(self, work, describe) -> None:
         start = time.monotonic()
         deadline = start + self.timeout
         pause = 0.0
