@@ -44,7 +44,7 @@ BAD_FLAGS = [
 @pytest.mark.parametrize("flags,message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
 def test_nonsense_flags_are_refused(flags, message, capsys):
     from infinitrain.examples.gpt2 import GPT2_PRESETS, __doc__ as doc
-    from infinitrain.examples.lm_train import parse_args
+    from infinitrain.examples.lm_flags import parse_args
     with pytest.raises(SystemExit) as e:
         parse_args(flags, doc, GPT2_PRESETS, "gpt2")
     assert e.value.code == 2 and message in capsys.readouterr().err

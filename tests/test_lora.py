@@ -14,7 +14,7 @@ from infinitrain.checkpoint import CheckpointError, load_lora, save_lora
 from infinitrain.models import GPT2Config, LLaMA3Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
-from infinitrain.nn.lora import DEFAULT_TARGETS, apply_lora, merge_lora, unmerge_lora
+from infinitrain.nn.lora import apply_lora, merge_lora, unmerge_lora
 from infinitrain.optim import AdamW
 from test_distributed import ENV, MPIEXEC
 from test_tensor_parallel import assert_same, losses, run

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from infinitrain.examples.lm_train import parse_args, train
+from infinitrain.examples.lm_flags import parse_args
+from infinitrain.examples.lm_train import train
 from infinitrain.models import LLAMA3_PRESETS, LLaMA3, llama3
 
 

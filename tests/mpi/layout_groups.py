@@ -1,6 +1,4 @@
 """Run under mpiexec -n 8: a 2x2x2 layout's DP/TP/PP sub-groups reduce over their members."""
-import numpy as np
-
 import infinitrain as it
 from infinitrain.nn import parallel
 

@@ -1,0 +1,81 @@
+"""The flags of the language-model examples (GPT-2, LLaMA-3): InfiniTrain's names where it has
+them, llm.c's defaults, every value checked when read (examples/flags.py)."""
+from __future__ import annotations
+
+import argparse
+
+from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_float, positive_int
+from infinitrain.nn.lora import DEFAULT_TARGETS
+
+
+def parse_args(argv, description: str, presets, default_model: str):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input_bin", default=None, help="training token shard(s), a path or glob (default: Shakespeare)")
+    p.add_argument("--input_val_bin", default=None, help="validation token shard(s)")
+    p.add_argument("--tokenizer_bin", default=None, help="llm.c tokenizer file, to print samples")
+    p.add_argument("--llmc_filepath", default=None, help="start from this llm.c checkpoint (overrides --model)")
+    p.add_argument("--model", default=default_model, choices=sorted(presets), help=f"preset (default {default_model})")
+    p.add_argument("--batch_size", type=positive_int, default=4, help="sequences per micro-batch")
+    p.add_argument("--sequence_length", type=positive_int, default=64)
+    p.add_argument("--total_batch_size", type=positive_int, default=None,
+                   help="tokens per optimizer step; gradient accumulation makes up the difference "
+                        "(default: batch_size * sequence_length)")
+    p.add_argument("--num_iteration", type=positive_int, default=10)
+    p.add_argument("--learning_rate", type=nonnegative_float, default=1e-4)
+    p.add_argument("--weight_decay", type=nonnegative_float, default=0.0, help="AdamW decay, on 2-D weights only")
+    p.add_argument("--grad_clip", type=nonnegative_float, default=0.0, help="max gradient norm (0 = no clipping)")
+    p.add_argument("--warmup_iters", type=nonnegative_int, default=0, help="linear warmup steps, then constant")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="bfloat16: autocast (bf16 matrix products, fp32 master weights and optimizer)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--val_loss_every", type=nonnegative_int, default=0, help="0 = never")
+    p.add_argument("--val_max_steps", type=positive_int, default=20)
+    p.add_argument("--sample_every", type=nonnegative_int, default=0, help="0 = never")
+    p.add_argument("--sample_length", type=positive_int, default=64)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--save", default=None, help="folder for checkpoints to resume from")
+    p.add_argument("--save_interval", type=nonnegative_int, default=0, help="save every N steps (0 = only at the end)")
+    p.add_argument("--max_checkpoint_keep", type=nonnegative_int, default=0, help="keep the newest K (0 = all)")
+    p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
+    p.add_argument("--tensor_parallel", type=positive_int, default=1,
+                   help="ranks that split each layer's weights (Megatron-style); DP = world / (TP * PP)")
+    p.add_argument("--sequence_parallel", action="store_true",
+                   help="with --tensor_parallel > 1: split activations between TP regions along the sequence")
+    p.add_argument("--pipeline_parallel", type=positive_int, default=1,
+                   help="pipeline stages the model's layers are split over")
+    p.add_argument("--virtual_pipeline_parallel", type=positive_int, default=1,
+                   help="model chunks per pipeline stage (> 1: interleaved 1F1B)")
+    p.add_argument("--pipeline_schedule", default=None, choices=["gpipe", "1f1b", "interleaved"],
+                   help="default: 1f1b, or interleaved with --virtual_pipeline_parallel > 1. "
+                        "The micro-batches of a step are its gradient accumulation steps")
+    p.add_argument("--pipeline_timeout", type=positive_float, default=300.0,
+                   help="seconds a stage waits for a neighbour before aborting the job")
+    p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="ZeRO over the data-parallel ranks (replaces DDP): 1 shards the optimizer "
+                        "state, 2 also the gradients, 3 also the parameters (gathered per layer)")
+    p.add_argument("--recompute", default="none", choices=["none", "full", "selective"],
+                   help="activation recomputation: full keeps only each block's input and reruns "
+                        "the block in backward; selective reruns the MLP's activation and down "
+                        "projection (its widest activations)")
+    p.add_argument("--lora_rank", type=nonnegative_int, default=0,
+                   help="LoRA adapters of this rank on the target layers, base weights frozen (0 = off)")
+    p.add_argument("--lora_alpha", type=positive_float, default=None, help="LoRA scale numerator (default: the rank)")
+    p.add_argument("--lora_target_modules", default=",".join(DEFAULT_TARGETS),
+                   help="comma-separated layer names (or name suffixes) that get adapters")
+    p.add_argument("--lora_save_path", default=None, help="save the adapters alone to this folder at the end")
+    p.add_argument("--lora_load_path", default=None,
+                   help="start from adapters saved so (their rank, alpha and targets unless given)")
+    p.add_argument("--peak_tflops", type=positive_float, default=None,
+                   help="per-rank peak TFLOP/s for the MFU figure (default: measured at start from "
+                        "matrix products in --dtype on all ranks at once)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the train/val loss curves to this PNG at the end")
+    p.add_argument("--profile", default=None, metavar="PATH",
+                   help="profile --profile_steps steps (from the second): print the op table and "
+                        "write a Chrome trace of every rank to PATH")
+    p.add_argument("--profile_steps", type=positive_int, default=3)
+    p.add_argument("--precision_check", default=None, metavar="CONFIG",
+                   help="InfiniTrain's precision checker, e.g. 'level=1,format=simple,output_md5=true,"
+                        "save_tensors=true,output_path=PATH' (level 2: every op) or with 'baseline=PATH' "
+                        "to name the first tensor that differs from a run saved there")
+    p.set_defaults(presets=presets)
+    return p.parse_args(argv)
