@@ -74,7 +74,29 @@ typedef struct it_device {
 } it_device;
 
 size_t it_dtype_size(it_dtype dtype);   /* 0 for an unknown dtype */
+/* CUDA: 0 when this build has no CUDA library, or there is no driver or GPU (not an error). */
 it_status it_device_count(it_device_type type, int32_t *count);
+it_status it_device_synchronize(it_device device);  /* waits for all of the device's work */
+
+/* ---- streams and events --------------------------------------------------------------- */
+/* A stream is an ordered queue of work on one device. Kernels called for a device run on the
+ * calling thread's current stream for it (it_set_stream; NULL means the device's own stream)
+ * and return without waiting; an event marks a point in a stream that another stream, or the
+ * host, can wait for. On the CPU a kernel's work is done when it returns: its streams and
+ * events exist so that code is written once for both. */
+typedef struct it_stream it_stream;
+typedef struct it_event it_event;
+
+it_status it_stream_create(it_device device, it_stream **out);
+it_status it_stream_destroy(it_stream *stream);
+it_status it_stream_synchronize(it_stream *stream);
+it_status it_set_stream(it_device device, it_stream *stream);
+it_status it_event_create(it_device device, it_event **out);
+it_status it_event_destroy(it_event *event);
+it_status it_event_record(it_event *event, it_stream *stream);        /* NULL: the current stream */
+it_status it_stream_wait_event(it_stream *stream, it_event *event);   /* NULL: the current stream */
+it_status it_event_synchronize(it_event *event);
+it_status it_event_query(it_event *event, int32_t *done);
 
 /* ---- storage and the caching allocator ------------------------------------------------ */
 /* A storage is a block of device memory. Blocks come from a caching allocator: a freed

@@ -36,10 +36,35 @@ it_status it_check_product(const char *fn, const int64_t *sizes, int n);
         if (_st != IT_OK) return _st;                                                        \
     } while (0)
 
-/* Every kernel entry point starts here: CPU devices run the code that follows; CUDA
- * devices are answered by the CUDA implementation once it exists (roadmap step 6). */
+/* Every kernel entry point checks its device first (a known type: cpu:0, or cuda:N), then
+ * its other arguments; then IT_DISPATCH hands a CUDA device to the CUDA library and the CPU
+ * runs the code that follows. */
 it_status it_check_device(it_device device, const char *fn);
-#define IT_ON_CPU(device, fn) IT_TRY(it_check_device((device), (fn)))
+#define IT_CHECK_DEVICE(device, fn) IT_TRY(it_check_device((device), (fn)))
+
+/* libinfinitrain_cuda.so (beside this library) is opened on the first CUDA call, so that a
+ * CPU install needs no CUDA library. A build or machine without it answers IT_ERR_NO_CUDA
+ * saying why; an op it does not implement, IT_ERR_NOT_SUPPORTED. it_cuda_failed(status)
+ * carries the CUDA library's message over to it_last_error(). */
+it_status it_cuda_symbol(const char *symbol, const char *fn, void **out);
+it_status it_cuda_failed(it_status status);
+#define IT_CUDA_CALL(fn, sym, ...)                                                           \
+    do {                                                                                     \
+        static __typeof__(&sym) impl_;                                                       \
+        if (!impl_) IT_TRY(it_cuda_symbol(#sym, (fn), (void **)&impl_));                     \
+        it_status st_ = impl_(__VA_ARGS__);                                                  \
+        if (st_ != IT_OK) return it_cuda_failed(st_);                                        \
+    } while (0)
+/* After the checks: a CUDA device runs it_cuda_<op>(device, <the same arguments>). */
+#define IT_DISPATCH(op, device, ...)                                                         \
+    do {                                                                                     \
+        if ((device).type == IT_CUDA) {                                                      \
+            static __typeof__(&it_##op) cuda_;                                               \
+            if (!cuda_) IT_TRY(it_cuda_symbol("it_cuda_" #op, "it_" #op, (void **)&cuda_));  \
+            it_status st_ = cuda_((device), __VA_ARGS__);                                    \
+            return st_ == IT_OK ? IT_OK : it_cuda_failed(st_);                               \
+        }                                                                                    \
+    } while (0)
 
 /* The most threads a kernel may use: OpenMP runtimes exit the process when asked for far more
  * threads than they can create (OMP_NUM_THREADS=70000), so requests are bounded here. */

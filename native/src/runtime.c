@@ -62,30 +62,6 @@ it_status it_check_product(const char *fn, const int64_t *sizes, int n) {
     return IT_OK;
 }
 
-it_status it_check_device(it_device device, const char *fn) {
-    if (device.type == IT_CPU) {
-        IT_CHECK_ARG(device.index == 0, "%s: there is one CPU device, cpu:0; got cpu:%d", fn,
-                     (int)device.index);
-        return IT_OK;
-    }
-    if (device.type == IT_CUDA)
-        return it_set_error(IT_ERR_NO_CUDA,
-                            "%s: this build of libinfinitrain has no CUDA support (cuda:%d was "
-                            "asked for); rebuild with INFINITRAIN_CUDA=ON on a machine with nvcc",
-                            fn, (int)device.index);
-    return it_set_error(IT_ERR_INVALID_ARGUMENT, "%s: unknown device type %d", fn,
-                        (int)device.type);
-}
-
-it_status it_device_count(it_device_type type, int32_t *count) {
-    IT_CHECK_PTR(count, "it_device_count");
-    if (type == IT_CPU) *count = 1;
-    else if (type == IT_CUDA) *count = 0;
-    else return it_set_error(IT_ERR_INVALID_ARGUMENT, "it_device_count: unknown device type %d",
-                             (int)type);
-    return IT_OK;
-}
-
 /* ---- build information and threads ---------------------------------------------------- */
 const char *it_version(void) { return "0.1.0"; }
 
@@ -103,10 +79,12 @@ static const char *it_simd_level(void) {
 #endif
 }
 
+const char *it_cuda_describe(void);  /* device.c */
+
 const char *it_build_info(void) {
-    static _Thread_local char info[512];
-    snprintf(info, sizeof info, "infinitrain %s; BLAS: %s; SIMD: %s; OpenMP: %d threads; CUDA: no",
-             it_version(), IT_BLAS_DESC, it_simd_level(), omp_get_max_threads());
+    static _Thread_local char info[1024];
+    snprintf(info, sizeof info, "infinitrain %s; BLAS: %s; SIMD: %s; OpenMP: %d threads; CUDA: %s",
+             it_version(), IT_BLAS_DESC, it_simd_level(), omp_get_max_threads(), it_cuda_describe());
     return info;
 }
 

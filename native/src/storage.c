@@ -13,6 +13,7 @@
 #include <pthread.h>
 
 #include "common.h"
+#include "cuda_bridge.h"
 
 #define IT_ALIGNMENT 64
 #define IT_NUM_BINS (64 * 16 + 1)
@@ -79,14 +80,36 @@ static void update_peaks(void) {
     if (s->reserved_bytes > s->peak_reserved_bytes) s->peak_reserved_bytes = s->reserved_bytes;
 }
 
+static it_status it_storage_new_cuda(it_device device, size_t nbytes, void **out) {
+    IT_CUDA_CALL("it_storage_new", it_cuda_malloc, device, nbytes, out);
+    return IT_OK;
+}
+
+static it_status it_storage_free_cuda(it_storage *s) {
+    IT_CUDA_CALL("it_storage_free", it_cuda_free, s->device, s->data, s->nbytes);
+    return IT_OK;
+}
+
 it_status it_storage_new(it_device device, size_t nbytes, it_storage **out) {
     IT_CHECK_PTR(out, "it_storage_new");
     *out = NULL;
-    IT_ON_CPU(device, "it_storage_new");
+    IT_CHECK_DEVICE(device, "it_storage_new");
     IT_CHECK_ARG(nbytes < ((size_t)1 << 50), "it_storage_new: %zu bytes is not a sane size",
                  nbytes);
     it_storage *s = (it_storage *)malloc(sizeof *s);
     IT_REQUIRE(s, IT_ERR_OUT_OF_MEMORY, "it_storage_new: out of host memory");
+    if (device.type == IT_CUDA) {  /* the CUDA library's caching allocator, per device */
+        void *p = NULL;
+        it_status st = it_storage_new_cuda(device, nbytes, &p);
+        if (st != IT_OK) {
+            free(s);
+            return st;
+        }
+        *s = (it_storage){.data = p, .nbytes = nbytes, .capacity = nbytes, .device = device,
+                          .owns_data = 1};
+        *out = s;
+        return IT_OK;
+    }
     int bin;
     size_t cap = size_class(nbytes, &bin);
 
@@ -124,7 +147,7 @@ it_status it_storage_new(it_device device, size_t nbytes, it_storage **out) {
 it_status it_storage_wrap(it_device device, void *data, size_t nbytes, it_storage **out) {
     IT_CHECK_PTR(out, "it_storage_wrap");
     *out = NULL;
-    IT_ON_CPU(device, "it_storage_wrap");
+    IT_CHECK_DEVICE(device, "it_storage_wrap");
     IT_CHECK_ARG(data != NULL || nbytes == 0, "it_storage_wrap: data is NULL");
     it_storage *s = (it_storage *)malloc(sizeof *s);
     IT_REQUIRE(s, IT_ERR_OUT_OF_MEMORY, "it_storage_wrap: out of host memory");
@@ -136,6 +159,11 @@ it_status it_storage_wrap(it_device device, void *data, size_t nbytes, it_storag
 
 it_status it_storage_free(it_storage *s) {
     if (!s) return IT_OK;
+    if (s->owns_data && s->device.type == IT_CUDA) {
+        it_status st = it_storage_free_cuda(s);
+        free(s);
+        return st;
+    }
     if (s->owns_data) {
         int bin;
         size_class(s->nbytes, &bin);
@@ -165,7 +193,11 @@ it_device it_storage_device(const it_storage *s) {
 
 it_status it_memory_stats_get(it_device device, it_memory_stats *out) {
     IT_CHECK_PTR(out, "it_memory_stats_get");
-    IT_ON_CPU(device, "it_memory_stats_get");
+    IT_CHECK_DEVICE(device, "it_memory_stats_get");
+    if (device.type == IT_CUDA) {
+        IT_CUDA_CALL("it_memory_stats_get", it_cuda_memory_stats_get, device, out);
+        return IT_OK;
+    }
     pthread_mutex_lock(&cpu_cache.lock);
     *out = cpu_cache.stats;
     pthread_mutex_unlock(&cpu_cache.lock);
@@ -173,7 +205,11 @@ it_status it_memory_stats_get(it_device device, it_memory_stats *out) {
 }
 
 it_status it_memory_reset_peak(it_device device) {
-    IT_ON_CPU(device, "it_memory_reset_peak");
+    IT_CHECK_DEVICE(device, "it_memory_reset_peak");
+    if (device.type == IT_CUDA) {
+        IT_CUDA_CALL("it_memory_reset_peak", it_cuda_memory_reset_peak, device);
+        return IT_OK;
+    }
     pthread_mutex_lock(&cpu_cache.lock);
     cpu_cache.stats.peak_allocated_bytes = cpu_cache.stats.allocated_bytes;
     cpu_cache.stats.peak_reserved_bytes = cpu_cache.stats.reserved_bytes;
@@ -182,7 +218,11 @@ it_status it_memory_reset_peak(it_device device) {
 }
 
 it_status it_memory_empty_cache(it_device device) {
-    IT_ON_CPU(device, "it_memory_empty_cache");
+    IT_CHECK_DEVICE(device, "it_memory_empty_cache");
+    if (device.type == IT_CUDA) {
+        IT_CUDA_CALL("it_memory_empty_cache", it_cuda_memory_empty_cache, device);
+        return IT_OK;
+    }
     pthread_mutex_lock(&cpu_cache.lock);
     release_all_cached();
     pthread_mutex_unlock(&cpu_cache.lock);
@@ -191,11 +231,15 @@ it_status it_memory_empty_cache(it_device device) {
 
 it_status it_memcpy(it_device dst_device, void *dst, it_device src_device, const void *src,
                     size_t nbytes) {
-    IT_ON_CPU(dst_device, "it_memcpy");
-    IT_ON_CPU(src_device, "it_memcpy");
+    IT_CHECK_DEVICE(dst_device, "it_memcpy");
+    IT_CHECK_DEVICE(src_device, "it_memcpy");
     if (nbytes == 0) return IT_OK;
     IT_CHECK_PTR(dst, "it_memcpy");
     IT_CHECK_PTR(src, "it_memcpy");
+    if (dst_device.type == IT_CUDA || src_device.type == IT_CUDA) {  /* either way, or between GPUs */
+        IT_CUDA_CALL("it_memcpy", it_cuda_memcpy, dst_device, dst, src_device, src, nbytes);
+        return IT_OK;
+    }
     /* One call: glibc uses non-temporal stores for large copies, which a split into
      * per-thread pieces measured no faster than on this kind of machine. */
     memmove(dst, src, nbytes);

@@ -55,10 +55,12 @@ it_status it_attention_forward(it_device device, it_dtype dtype, void *out, floa
                                const void *q, const void *k, const void *v, int64_t batch,
                                int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim,
                                float scale) {
-    IT_ON_CPU(device, "it_attention_forward");
+    IT_CHECK_DEVICE(device, "it_attention_forward");
     IT_TRY(check_attention("it_attention_forward", dtype, batch, heads, kv_heads, seq, head_dim));
     if (batch * seq == 0) return IT_OK;
     IT_CHECK_ARG(out && lse && q && k && v, "it_attention_forward: NULL pointer");
+    IT_DISPATCH(attention_forward, device, dtype, out, lse, q, k, v, batch, heads, kv_heads, seq,
+                head_dim, scale);
     const int64_t T = seq, D = head_dim, group = heads / kv_heads, TD = T * D;
     int failed = 0;
     int blas_threads = it_blas_set_threads_local(1);
@@ -94,11 +96,13 @@ it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void
                                 const void *out, const float *lse, int64_t batch,
                                 int64_t heads, int64_t kv_heads, int64_t seq,
                                 int64_t head_dim, float scale) {
-    IT_ON_CPU(device, "it_attention_backward");
+    IT_CHECK_DEVICE(device, "it_attention_backward");
     IT_TRY(check_attention("it_attention_backward", dtype, batch, heads, kv_heads, seq, head_dim));
     if (batch * seq == 0) return IT_OK;
     IT_CHECK_ARG(dq && dk && dv && dout && q && k && v && out && lse,
                  "it_attention_backward: NULL pointer");
+    IT_DISPATCH(attention_backward, device, dtype, dq, dk, dv, dout, q, k, v, out, lse, batch,
+                heads, kv_heads, seq, head_dim, scale);
     const int64_t T = seq, D = head_dim, group = heads / kv_heads, TD = T * D;
     int failed = 0;
     int blas_threads = it_blas_set_threads_local(1);

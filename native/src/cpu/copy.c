@@ -50,11 +50,12 @@ static inline void put_pattern(size_t es, void *dst, int64_t j, const unsigned c
 }
 
 it_status it_fill(it_device device, it_dtype dtype, void *out, double value, int64_t n) {
-    IT_ON_CPU(device, "it_fill");
+    IT_CHECK_DEVICE(device, "it_fill");
     IT_TRY(check_dtype(dtype, "it_fill"));
     IT_CHECK_SIZE(n, "it_fill");
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_fill");
+    IT_DISPATCH(fill, device, dtype, out, value, n);
     unsigned char pattern[8] = {0};
     store_double(dtype, pattern, 0, value);
     size_t es = it_dtype_size(dtype);
@@ -72,11 +73,12 @@ it_status it_fill(it_device device, it_dtype dtype, void *out, double value, int
 
 it_status it_arange(it_device device, it_dtype dtype, void *out, double start, double step,
                     int64_t n) {
-    IT_ON_CPU(device, "it_arange");
+    IT_CHECK_DEVICE(device, "it_arange");
     IT_TRY(check_dtype(dtype, "it_arange"));
     IT_CHECK_SIZE(n, "it_arange");
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_arange");
+    IT_DISPATCH(arange, device, dtype, out, start, step, n);
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) store_double(dtype, out, i, start + (double)i * step);
     return IT_OK;
@@ -84,13 +86,14 @@ it_status it_arange(it_device device, it_dtype dtype, void *out, double start, d
 
 it_status it_cast(it_device device, void *out, it_dtype out_dtype, const void *inp,
                   it_dtype inp_dtype, int64_t n) {
-    IT_ON_CPU(device, "it_cast");
+    IT_CHECK_DEVICE(device, "it_cast");
     IT_TRY(check_dtype(out_dtype, "it_cast"));
     IT_TRY(check_dtype(inp_dtype, "it_cast"));
     IT_CHECK_SIZE(n, "it_cast");
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_cast");
     IT_CHECK_PTR(inp, "it_cast");
+    IT_DISPATCH(cast, device, out, out_dtype, inp, inp_dtype, n);
     int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
     if (out_dtype == inp_dtype) return it_memcpy(device, out, device, inp,
                                                  (size_t)n * it_dtype_size(out_dtype));
@@ -122,12 +125,13 @@ it_status it_cast(it_device device, void *out, it_dtype out_dtype, const void *i
 it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int64_t *out_strides,
                           const void *inp, const int64_t *inp_strides, const int64_t *shape,
                           int32_t ndim) {
-    IT_ON_CPU(device, "it_copy_strided");
+    IT_CHECK_DEVICE(device, "it_copy_strided");
     IT_TRY(check_dtype(dtype, "it_copy_strided"));
     IT_CHECK_ARG(ndim >= 0 && ndim <= IT_MAX_DIMS, "it_copy_strided: ndim %d not in [0, %d]",
                  (int)ndim, IT_MAX_DIMS);
     IT_CHECK_ARG(ndim == 0 || (shape && out_strides && inp_strides),
                  "it_copy_strided: shape or strides are NULL");
+    IT_DISPATCH(copy_strided, device, dtype, out, out_strides, inp, inp_strides, shape, ndim);
     int64_t sh[IT_MAX_DIMS + 1], so[IT_MAX_DIMS + 1], si[IT_MAX_DIMS + 1], numel = 1;
     if (ndim > 0) IT_TRY(it_check_product("it_copy_strided", shape, ndim));
     for (int d = 0; d < ndim; d++) {
@@ -150,9 +154,9 @@ it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int
     return IT_OK;
 }
 
-static it_status concat_or_split(const char *fn, it_dtype dtype, void *joined,
-                                 void *const *parts, const int64_t *sizes, int32_t num_parts,
-                                 int64_t outer, int64_t inner, int split) {
+static it_status check_parts(const char *fn, it_dtype dtype, const void *joined,
+                             void *const *parts, const int64_t *sizes, int32_t num_parts,
+                             int64_t outer, int64_t inner) {
     IT_TRY(check_dtype(dtype, fn));
     IT_CHECK_ARG(num_parts >= 1, "%s: needs at least one tensor", fn);
     IT_CHECK_ARG(sizes && parts, "%s: the sizes or tensors array is NULL", fn);
@@ -166,8 +170,16 @@ static it_status concat_or_split(const char *fn, it_dtype dtype, void *joined,
         IT_CHECK_ARG(parts[i] != NULL || sizes[i] * outer * inner == 0,
                      "%s: tensor %d is NULL", fn, i);
     }
+    IT_CHECK_ARG(total * outer * inner == 0 || joined, "%s: the joined tensor is NULL", fn);
+    return IT_OK;
+}
+
+static it_status concat_or_split(it_dtype dtype, void *joined, void *const *parts,
+                                 const int64_t *sizes, int32_t num_parts, int64_t outer,
+                                 int64_t inner, int split) {
+    int64_t total = 0;
+    for (int i = 0; i < num_parts; i++) total += sizes[i];
     if (total * outer * inner == 0) return IT_OK;
-    IT_CHECK_PTR(joined, fn);
     size_t es = it_dtype_size(dtype);
 #pragma omp parallel for schedule(static) if (total * outer * inner > 32768)
     for (int64_t o = 0; o < outer; o++) {
@@ -186,22 +198,25 @@ static it_status concat_or_split(const char *fn, it_dtype dtype, void *joined,
 
 it_status it_concat(it_device device, it_dtype dtype, void *out, const void *const *inputs,
                     const int64_t *sizes, int32_t num_inputs, int64_t outer, int64_t inner) {
-    IT_ON_CPU(device, "it_concat");
-    return concat_or_split("it_concat", dtype, out, (void *const *)inputs, sizes, num_inputs,
-                           outer, inner, 0);
+    IT_CHECK_DEVICE(device, "it_concat");
+    IT_TRY(check_parts("it_concat", dtype, out, (void *const *)inputs, sizes, num_inputs, outer,
+                       inner));
+    IT_DISPATCH(concat, device, dtype, out, inputs, sizes, num_inputs, outer, inner);
+    return concat_or_split(dtype, out, (void *const *)inputs, sizes, num_inputs, outer, inner, 0);
 }
 
 it_status it_split(it_device device, it_dtype dtype, void *const *outputs, const void *inp,
                    const int64_t *sizes, int32_t num_outputs, int64_t outer, int64_t inner) {
-    IT_ON_CPU(device, "it_split");
-    return concat_or_split("it_split", dtype, (void *)inp, outputs, sizes, num_outputs, outer,
-                           inner, 1);
+    IT_CHECK_DEVICE(device, "it_split");
+    IT_TRY(check_parts("it_split", dtype, inp, outputs, sizes, num_outputs, outer, inner));
+    IT_DISPATCH(split, device, dtype, outputs, inp, sizes, num_outputs, outer, inner);
+    return concat_or_split(dtype, (void *)inp, outputs, sizes, num_outputs, outer, inner, 1);
 }
 
 it_status it_triangle(it_device device, it_dtype dtype, void *out, const void *inp, int64_t batch,
                       int64_t rows, int64_t cols, int64_t diagonal, int32_t upper,
                       double fill_value) {
-    IT_ON_CPU(device, "it_triangle");
+    IT_CHECK_DEVICE(device, "it_triangle");
     IT_TRY(check_dtype(dtype, "it_triangle"));
     IT_CHECK_SIZE(batch, "it_triangle");
     IT_CHECK_SIZE(rows, "it_triangle");
@@ -210,6 +225,7 @@ it_status it_triangle(it_device device, it_dtype dtype, void *out, const void *i
     if (batch * rows * cols == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_triangle");
     IT_CHECK_PTR(inp, "it_triangle");
+    IT_DISPATCH(triangle, device, dtype, out, inp, batch, rows, cols, diagonal, upper, fill_value);
     unsigned char pattern[8] = {0};
     store_double(dtype, pattern, 0, fill_value);
     size_t es = it_dtype_size(dtype);

@@ -122,7 +122,7 @@ static it_status check_unary_op(it_unary_op op, const char *fn) {
 
 it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, const void *inp,
                    int64_t n) {
-    IT_ON_CPU(device, "it_unary");
+    IT_CHECK_DEVICE(device, "it_unary");
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
                "it_unary: dtype %s is not supported (a floating-point dtype)", it_dtype_name(dtype));
     IT_TRY(check_unary_op(op, "it_unary"));
@@ -130,6 +130,7 @@ it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, 
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_unary");
     IT_CHECK_PTR(inp, "it_unary");
+    IT_DISPATCH(unary, device, op, dtype, out, inp, n);
     if (dtype == IT_FLOAT64) {
 #pragma omp parallel for schedule(static) if (n > 32768)
         for (int64_t i = 0; i < n; i++) ((double *)out)[i] = unary_f64(op, ((const double *)inp)[i]);
@@ -153,7 +154,7 @@ it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, 
 
 it_status it_unary_backward(it_device device, it_unary_op op, it_dtype dtype, void *dinp,
                             const void *dout, const void *saved, int64_t n) {
-    IT_ON_CPU(device, "it_unary_backward");
+    IT_CHECK_DEVICE(device, "it_unary_backward");
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
                "it_unary_backward: dtype %s is not supported (a floating-point dtype)",
                it_dtype_name(dtype));
@@ -163,6 +164,7 @@ it_status it_unary_backward(it_device device, it_unary_op op, it_dtype dtype, vo
     IT_CHECK_PTR(dinp, "it_unary_backward");
     IT_CHECK_PTR(dout, "it_unary_backward");
     IT_CHECK_PTR(saved, "it_unary_backward");
+    IT_DISPATCH(unary_backward, device, op, dtype, dinp, dout, saved, n);
     if (dtype == IT_FLOAT64) {
 #pragma omp parallel for schedule(static) if (n > 32768)
         for (int64_t i = 0; i < n; i++)
@@ -262,7 +264,7 @@ static const float *gather_f32(it_dtype dt, const void *base, int64_t off, int64
 it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out, const void *a,
                     const int64_t *a_strides, const void *b, const int64_t *b_strides,
                     const int64_t *shape, int32_t ndim) {
-    IT_ON_CPU(device, "it_binary");
+    IT_CHECK_DEVICE(device, "it_binary");
     IT_CHECK_ARG(op >= IT_ADD && op <= IT_POW, "it_binary: unknown op %d", (int)op);
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_binary: unknown dtype %d", (int)dtype);
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64 || (op != IT_DIV && op != IT_POW),
@@ -275,6 +277,7 @@ it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out
                  "it_binary: shape or strides are NULL");
     IT_CHECK_ARG(ndim >= 0 && ndim <= IT_MAX_DIMS, "it_binary: ndim %d not in [0, %d]",
                  (int)ndim, IT_MAX_DIMS);
+    IT_DISPATCH(binary, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     int64_t sh[IT_MAX_DIMS + 1], so[IT_MAX_DIMS + 1], sa[IT_MAX_DIMS + 1], sb[IT_MAX_DIMS + 1];
     int64_t numel = 1;
     for (int d = ndim - 1; d >= 0; d--) {
@@ -358,13 +361,14 @@ IT_HOT static void scalar_f32(it_scalar_op op, float *y, const float *x, float s
 
 it_status it_scalar(it_device device, it_scalar_op op, it_dtype dtype, void *out, const void *inp,
                     double scalar, int64_t n) {
-    IT_ON_CPU(device, "it_scalar");
+    IT_CHECK_DEVICE(device, "it_scalar");
     IT_CHECK_ARG(op >= IT_SCALAR_ADD && op <= IT_SCALAR_DIV, "it_scalar: unknown op %d", (int)op);
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_scalar: unknown dtype %d", (int)dtype);
     IT_CHECK_PRODUCT("it_scalar", 8, n);
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_scalar");
     IT_CHECK_PTR(inp, "it_scalar");
+    IT_DISPATCH(scalar, device, op, dtype, out, inp, scalar, n);
     if (dtype == IT_FLOAT64) {
 #pragma omp parallel for schedule(static) if (n > 32768)
         for (int64_t i = 0; i < n; i++) {
@@ -438,11 +442,12 @@ IT_HOT static void swiglu_backward_f32(float *da, float *db, const float *dy, co
 
 it_status it_swiglu_forward(it_device device, it_dtype dtype, void *out, const void *a,
                             const void *b, int64_t n) {
-    IT_ON_CPU(device, "it_swiglu_forward");
+    IT_CHECK_DEVICE(device, "it_swiglu_forward");
     IT_CHECK_FLOAT(dtype, "it_swiglu_forward");
     IT_CHECK_SIZE(n, "it_swiglu_forward");
     if (n == 0) return IT_OK;
     IT_CHECK_ARG(out && a && b, "it_swiglu_forward: NULL pointer");
+    IT_DISPATCH(swiglu_forward, device, dtype, out, a, b, n);
     int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
 #pragma omp parallel if (nchunks > 4)
     {
@@ -462,11 +467,12 @@ it_status it_swiglu_forward(it_device device, it_dtype dtype, void *out, const v
 
 it_status it_swiglu_backward(it_device device, it_dtype dtype, void *da, void *db,
                              const void *dout, const void *a, const void *b, int64_t n) {
-    IT_ON_CPU(device, "it_swiglu_backward");
+    IT_CHECK_DEVICE(device, "it_swiglu_backward");
     IT_CHECK_FLOAT(dtype, "it_swiglu_backward");
     IT_CHECK_SIZE(n, "it_swiglu_backward");
     if (n == 0) return IT_OK;
     IT_CHECK_ARG(da && db && dout && a && b, "it_swiglu_backward: NULL pointer");
+    IT_DISPATCH(swiglu_backward, device, dtype, da, db, dout, a, b, n);
     int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
 #pragma omp parallel if (nchunks > 4)
     {

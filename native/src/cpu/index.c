@@ -50,9 +50,10 @@ static inline int compare_result(it_compare_op op, int lt, int gt, int unordered
 it_status it_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t *out,
                      const void *a, const int64_t *a_strides, const void *b,
                      const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
-    IT_ON_CPU(device, "it_compare");
+    IT_CHECK_DEVICE(device, "it_compare");
     IT_CHECK_ARG(op >= IT_EQ && op <= IT_GE, "it_compare: unknown op %d", (int)op);
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_compare: unknown dtype %d", (int)dtype);
+    IT_DISPATCH(compare, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     const int64_t *strides[2] = {a_strides, b_strides};
     int64_t numel;
     IT_TRY(check_strided("it_compare", ndim, shape, strides, 2, &numel));
@@ -79,8 +80,10 @@ it_status it_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t
 it_status it_where(it_device device, it_dtype dtype, void *out, const uint8_t *cond,
                    const int64_t *cond_strides, const void *a, const int64_t *a_strides,
                    const void *b, const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
-    IT_ON_CPU(device, "it_where");
+    IT_CHECK_DEVICE(device, "it_where");
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_where: unknown dtype %d", (int)dtype);
+    IT_DISPATCH(where, device, dtype, out, cond, cond_strides, a, a_strides, b, b_strides, shape,
+                ndim);
     const int64_t *strides[3] = {cond_strides, a_strides, b_strides};
     int64_t numel;
     IT_TRY(check_strided("it_where", ndim, shape, strides, 3, &numel));
@@ -133,9 +136,10 @@ static inline int64_t wrap_index(int64_t v, int64_t n) { return v < 0 ? v + n : 
 it_status it_gather(it_device device, it_dtype dtype, void *out, const void *inp,
                     const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                     int64_t k, int64_t inner) {
-    IT_ON_CPU(device, "it_gather");
+    IT_CHECK_DEVICE(device, "it_gather");
     IT_TRY(check_axis("it_gather", dtype, out, inp, index, index_dtype, outer, n, k, inner,
                       outer * k * inner));
+    IT_DISPATCH(gather, device, dtype, out, inp, index, index_dtype, outer, n, k, inner);
     size_t es = it_dtype_size(dtype);
 #pragma omp parallel for schedule(static) if (outer * k * inner > 32768)
     for (int64_t e = 0; e < outer * k * inner; e++) {
@@ -149,9 +153,10 @@ it_status it_gather(it_device device, it_dtype dtype, void *out, const void *inp
 it_status it_index_select(it_device device, it_dtype dtype, void *out, const void *inp,
                           const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                           int64_t k, int64_t inner) {
-    IT_ON_CPU(device, "it_index_select");
+    IT_CHECK_DEVICE(device, "it_index_select");
     IT_TRY(check_axis("it_index_select", dtype, out, inp, index, index_dtype, outer, n, k,
                       inner, k));
+    IT_DISPATCH(index_select, device, dtype, out, inp, index, index_dtype, outer, n, k, inner);
     size_t es = it_dtype_size(dtype);
     size_t row = (size_t)inner * es;
 #pragma omp parallel for schedule(static) if (outer * k * inner > 32768)
@@ -173,10 +178,11 @@ static void add_at(it_dtype dtype, void *out, int64_t dst, const void *src, int6
 it_status it_scatter_add(it_device device, it_dtype dtype, void *out, const void *src,
                          const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                          int64_t k, int64_t inner) {
-    IT_ON_CPU(device, "it_scatter_add");
+    IT_CHECK_DEVICE(device, "it_scatter_add");
     IT_TRY(check_axis("it_scatter_add", dtype, out, src, index, index_dtype, outer, n, k, inner,
                       outer * k * inner));
     IT_REQUIRE(dtype != IT_BOOL, IT_ERR_NOT_SUPPORTED, "it_scatter_add: bool is not supported");
+    IT_DISPATCH(scatter_add, device, dtype, out, src, index, index_dtype, outer, n, k, inner);
 #pragma omp parallel for schedule(static) if (outer * k * inner > 32768)
     for (int64_t c = 0; c < outer * inner; c++) {
         int64_t o = c / inner, i = c % inner;
@@ -192,9 +198,10 @@ it_status it_scatter_add(it_device device, it_dtype dtype, void *out, const void
 it_status it_index_add(it_device device, it_dtype dtype, void *out, const void *src,
                        const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                        int64_t k, int64_t inner) {
-    IT_ON_CPU(device, "it_index_add");
+    IT_CHECK_DEVICE(device, "it_index_add");
     IT_TRY(check_axis("it_index_add", dtype, out, src, index, index_dtype, outer, n, k, inner, k));
     IT_REQUIRE(dtype != IT_BOOL, IT_ERR_NOT_SUPPORTED, "it_index_add: bool is not supported");
+    IT_DISPATCH(index_add, device, dtype, out, src, index, index_dtype, outer, n, k, inner);
 #pragma omp parallel for schedule(static) if (outer * k * inner > 32768)
     for (int64_t c = 0; c < outer * inner; c++) {
         int64_t o = c / inner, i = c % inner;
@@ -208,7 +215,7 @@ it_status it_index_add(it_device device, it_dtype dtype, void *out, const void *
 
 it_status it_cumsum(it_device device, it_dtype dtype, void *out, const void *inp, int64_t outer,
                     int64_t n, int64_t inner) {
-    IT_ON_CPU(device, "it_cumsum");
+    IT_CHECK_DEVICE(device, "it_cumsum");
     IT_REQUIRE(dtype != IT_BOOL && it_dtype_size(dtype) != 0, IT_ERR_NOT_SUPPORTED,
                "it_cumsum: dtype %d is not supported", (int)dtype);
     IT_CHECK_SIZE(outer, "it_cumsum");
@@ -219,6 +226,7 @@ it_status it_cumsum(it_device device, it_dtype dtype, void *out, const void *inp
     if (outer * n * inner == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_cumsum");
     IT_CHECK_PTR(inp, "it_cumsum");
+    IT_DISPATCH(cumsum, device, dtype, out, inp, outer, n, inner);
     int is_int = dtype == IT_INT32 || dtype == IT_INT64 || dtype == IT_UINT8;
 #pragma omp parallel for schedule(static) if (outer * n * inner > 32768)
     for (int64_t c = 0; c < outer * inner; c++) {
@@ -258,7 +266,7 @@ static inline int ranks_before(double va, int64_t ia, double vb, int64_t ib, int
 
 it_status it_topk(it_device device, it_dtype dtype, void *values, int64_t *indices,
                   const void *inp, int64_t rows, int64_t n, int64_t k, int32_t largest) {
-    IT_ON_CPU(device, "it_topk");
+    IT_CHECK_DEVICE(device, "it_topk");
     IT_REQUIRE(dtype != IT_BOOL && it_dtype_size(dtype) != 0, IT_ERR_NOT_SUPPORTED,
                "it_topk: dtype %d is not supported", (int)dtype);
     IT_CHECK_SIZE(rows, "it_topk");
@@ -270,6 +278,7 @@ it_status it_topk(it_device device, it_dtype dtype, void *values, int64_t *indic
     IT_CHECK_PTR(values, "it_topk");
     IT_CHECK_PTR(indices, "it_topk");
     IT_CHECK_PTR(inp, "it_topk");
+    IT_DISPATCH(topk, device, dtype, values, indices, inp, rows, n, k, largest);
     /* Each row keeps its best k in a sorted buffer (insertion): O(n k), fine for the k of
      * sampling and tests; a row of n is read once. */
     double *best = (double *)it_scratch_alloc((size_t)rows * (size_t)k * sizeof(double));

@@ -41,10 +41,12 @@ it_status it_cross_entropy_forward(it_device device, it_dtype dtype, float *loss
                                    const void *logits, const void *targets,
                                    it_dtype target_dtype, int64_t rows, int64_t vocab,
                                    int64_t padded_vocab, int64_t ignore_index) {
-    IT_ON_CPU(device, "it_cross_entropy_forward");
+    IT_CHECK_DEVICE(device, "it_cross_entropy_forward");
     IT_TRY(check_ce("it_cross_entropy_forward", dtype, target_dtype, rows, vocab, padded_vocab));
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(losses && lse && logits && targets, "it_cross_entropy_forward: NULL pointer");
+    IT_DISPATCH(cross_entropy_forward, device, dtype, losses, lse, logits, targets, target_dtype,
+                rows, vocab, padded_vocab, ignore_index);
     int64_t bad_row = -1, bad_target = 0;
     int failed = 0;
 #pragma omp parallel if (rows * vocab > 16384)
@@ -82,11 +84,13 @@ it_status it_cross_entropy_backward(it_device device, it_dtype dtype, void *dlog
                                     const void *logits, const float *lse, const void *targets,
                                     it_dtype target_dtype, const float *dlosses, int64_t rows,
                                     int64_t vocab, int64_t padded_vocab, int64_t ignore_index) {
-    IT_ON_CPU(device, "it_cross_entropy_backward");
+    IT_CHECK_DEVICE(device, "it_cross_entropy_backward");
     IT_TRY(check_ce("it_cross_entropy_backward", dtype, target_dtype, rows, vocab, padded_vocab));
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(dlogits && logits && lse && targets && dlosses,
                  "it_cross_entropy_backward: NULL pointer");
+    IT_DISPATCH(cross_entropy_backward, device, dtype, dlogits, logits, lse, targets,
+                target_dtype, dlosses, rows, vocab, padded_vocab, ignore_index);
     int64_t Vp = padded_vocab;
     int bad = 0, failed = 0;
 #pragma omp parallel if (rows * vocab > 16384)

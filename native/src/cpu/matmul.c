@@ -63,7 +63,7 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
                     int64_t batch, int64_t m, int64_t n, int64_t k, int32_t trans_a,
                     int32_t trans_b, float alpha, float beta, int64_t stride_a,
                     int64_t stride_b, int64_t stride_c) {
-    IT_ON_CPU(device, "it_matmul");
+    IT_CHECK_DEVICE(device, "it_matmul");
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
                "it_matmul: dtype %s is not supported (a floating-point dtype)", it_dtype_name(dtype));
     IT_CHECK_SIZE(batch, "it_matmul");
@@ -80,6 +80,8 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
     IT_CHECK_ARG(stride_c >= m * n || batch == 1,
                  "it_matmul: output problems overlap (stride_c %lld < m*n %lld)",
                  (long long)stride_c, (long long)(m * n));
+    IT_DISPATCH(matmul, device, dtype, c, a, b, batch, m, n, k, trans_a, trans_b, alpha, beta,
+                stride_a, stride_b, stride_c);
     int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
 
     if (dtype == IT_FLOAT64) {

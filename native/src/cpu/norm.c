@@ -145,7 +145,7 @@ static it_status norm_backward(const char *fn, it_dtype dt, void *dinp, void *dw
 
 /* ---- entry points --------------------------------------------------------------------- */
 #define CHECK_ROWS(fn)                                                                       \
-    IT_ON_CPU(device, fn);                                                                   \
+    IT_CHECK_DEVICE(device, fn);                                                             \
     IT_CHECK_FLOAT(dtype, fn);                                                               \
     IT_CHECK_SIZE(rows, fn);                                                                 \
     IT_CHECK_ARG(cols > 0, "%s: the normalised dimension must be > 0, got %lld", fn,         \
@@ -160,6 +160,7 @@ it_status it_layernorm_forward(it_device device, it_dtype dtype, void *out, floa
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(out && mean && rstd && inp, "it_layernorm_forward: NULL pointer");
     IT_CHECK_ARG(weight || !bias, "it_layernorm_forward: a bias needs a weight");
+    IT_DISPATCH(layernorm_forward, device, dtype, out, mean, rstd, inp, weight, bias, rows, cols, eps);
     int64_t C = cols;
     int stream = dtype == IT_FLOAT32 && rows * cols * 4 >= IT_STREAM_MIN_BYTES && out != inp;
     int failed = 0;
@@ -198,6 +199,8 @@ it_status it_layernorm_backward(it_device device, it_dtype dtype, void *dinp, vo
     IT_CHECK_ARG(dout && inp && mean && rstd, "it_layernorm_backward: NULL pointer");
     IT_CHECK_ARG(dweight || !dbias, "it_layernorm_backward: dbias needs dweight (the forward "
                  "pass had a bias without a weight)");
+    IT_DISPATCH(layernorm_backward, device, dtype, dinp, dweight, dbias, dout, inp, weight, mean,
+                rstd, rows, cols);
     if (rows == 0) {
         if (dweight) IT_TRY(it_fill(device, dtype, dweight, 0.0, cols));
         if (dbias) IT_TRY(it_fill(device, dtype, dbias, 0.0, cols));
@@ -213,6 +216,7 @@ it_status it_rmsnorm_forward(it_device device, it_dtype dtype, void *out, float 
     CHECK_ROWS("it_rmsnorm_forward");
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(out && rstd && inp, "it_rmsnorm_forward: NULL pointer");
+    IT_DISPATCH(rmsnorm_forward, device, dtype, out, rstd, inp, weight, rows, cols, eps);
     int64_t C = cols;
     int failed = 0;
 #pragma omp parallel if (rows * cols > 16384)
@@ -241,6 +245,7 @@ it_status it_rmsnorm_backward(it_device device, it_dtype dtype, void *dinp, void
                               const float *rstd, int64_t rows, int64_t cols) {
     CHECK_ROWS("it_rmsnorm_backward");
     IT_CHECK_ARG(dout && inp && rstd, "it_rmsnorm_backward: NULL pointer");
+    IT_DISPATCH(rmsnorm_backward, device, dtype, dinp, dweight, dout, inp, weight, rstd, rows, cols);
     if (rows == 0) return dweight ? it_fill(device, dtype, dweight, 0.0, cols) : IT_OK;
     return norm_backward("it_rmsnorm_backward", dtype, dinp, dweight, NULL, dout, inp, weight,
                          NULL, rstd, rows, cols);
@@ -251,6 +256,7 @@ it_status it_softmax_forward(it_device device, it_dtype dtype, void *out, const 
     CHECK_ROWS("it_softmax_forward");
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(out && inp, "it_softmax_forward: NULL pointer");
+    IT_DISPATCH(softmax_forward, device, dtype, out, inp, rows, cols);
     int64_t C = cols;
     /* A large float32 output is computed row by row in scratch and streamed out. */
     int stream = dtype == IT_FLOAT32 && rows * cols * 4 >= IT_STREAM_MIN_BYTES && out != inp;
@@ -286,6 +292,7 @@ it_status it_softmax_backward(it_device device, it_dtype dtype, void *dinp, cons
     CHECK_ROWS("it_softmax_backward");
     if (rows == 0) return IT_OK;
     IT_CHECK_ARG(dinp && dout && out, "it_softmax_backward: NULL pointer");
+    IT_DISPATCH(softmax_backward, device, dtype, dinp, dout, out, rows, cols);
     int64_t C = cols;
     int failed = 0;
 #pragma omp parallel if (rows * cols > 16384)

@@ -20,7 +20,7 @@ IT_HOT static void adamw_f32(float *p, const float *g, float *m, float *v, int64
 it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const void *grad,
                         float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, int64_t step) {
-    IT_ON_CPU(device, "it_adamw_step");
+    IT_CHECK_DEVICE(device, "it_adamw_step");
     IT_CHECK_FLOAT(dtype, "it_adamw_step");
     IT_CHECK_SIZE(n, "it_adamw_step");
     IT_CHECK_ARG(step >= 1, "it_adamw_step: step must be >= 1 (1-based), got %lld",
@@ -29,6 +29,8 @@ it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const voi
                  "it_adamw_step: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
     if (n == 0) return IT_OK;
     IT_CHECK_ARG(param && grad && m && v, "it_adamw_step: NULL pointer");
+    IT_DISPATCH(adamw_step, device, dtype, param, grad, m, v, n, lr, beta1, beta2, eps,
+                weight_decay, step);
     float bc1 = 1.0f - powf(beta1, (float)step);
     float bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)step));
     float step_size = lr / bc1;
@@ -67,7 +69,7 @@ IT_HOT static void sgd_f32(float *p, const float *g, float *buf, int64_t n, floa
 it_status it_sgd_step(it_device device, it_dtype dtype, void *param, const void *grad,
                       float *momentum_buf, int64_t n, float lr, float momentum, float dampening,
                       float weight_decay, int32_t nesterov, int32_t first_step) {
-    IT_ON_CPU(device, "it_sgd_step");
+    IT_CHECK_DEVICE(device, "it_sgd_step");
     IT_CHECK_FLOAT(dtype, "it_sgd_step");
     IT_CHECK_SIZE(n, "it_sgd_step");
     IT_CHECK_ARG(momentum == 0.0f || momentum_buf != NULL,
@@ -76,6 +78,8 @@ it_status it_sgd_step(it_device device, it_dtype dtype, void *param, const void 
                  "it_sgd_step: Nesterov momentum needs momentum > 0 and zero dampening");
     if (n == 0) return IT_OK;
     IT_CHECK_ARG(param && grad, "it_sgd_step: NULL pointer");
+    IT_DISPATCH(sgd_step, device, dtype, param, grad, momentum_buf, n, lr, momentum, dampening,
+                weight_decay, nesterov, first_step);
     float *buf = momentum != 0.0f ? momentum_buf : NULL;
     int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
 #pragma omp parallel if (nchunks > 4)

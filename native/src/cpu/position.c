@@ -12,10 +12,10 @@ IT_HOT static void rope_row(float *y, const float *x, const float *cs, const flo
     }
 }
 
-static it_status rope(const char *fn, it_device device, it_dtype dtype, void *out,
-                      const void *inp, const float *cos, const float *sin, int64_t B, int64_t T,
-                      int64_t H, int64_t D, float sign) {
-    IT_ON_CPU(device, fn);
+static it_status check_rope(const char *fn, it_device device, it_dtype dtype, void *out,
+                            const void *inp, const float *cos, const float *sin, int64_t B,
+                            int64_t T, int64_t H, int64_t D) {
+    IT_CHECK_DEVICE(device, fn);
     IT_CHECK_FLOAT(dtype, fn);
     IT_CHECK_SIZE(B, fn);
     IT_CHECK_SIZE(T, fn);
@@ -24,8 +24,14 @@ static it_status rope(const char *fn, it_device device, it_dtype dtype, void *ou
                  (long long)D);
     IT_CHECK_PRODUCT(fn, 8, B, T, H, D);
     IT_CHECK_PRODUCT(fn, 8, T, D);  /* the cos/sin tables */
+    IT_CHECK_ARG(B * T * H == 0 || (out && inp && cos && sin), "%s: NULL pointer", fn);
+    return IT_OK;
+}
+
+static it_status rope(const char *fn, it_dtype dtype, void *out, const void *inp,
+                      const float *cos, const float *sin, int64_t B, int64_t T, int64_t H,
+                      int64_t D, float sign) {
     if (B * T * H == 0) return IT_OK;
-    IT_CHECK_ARG(out && inp && cos && sin, "%s: NULL pointer", fn);
     int64_t rows = B * T * H, half = D / 2;
     int failed = 0;
 #pragma omp parallel if (rows * D > 16384)
@@ -57,15 +63,20 @@ static it_status rope(const char *fn, it_device device, it_dtype dtype, void *ou
 it_status it_rope_forward(it_device device, it_dtype dtype, void *out, const void *inp,
                           const float *cos, const float *sin, int64_t batch, int64_t seq,
                           int64_t heads, int64_t head_dim) {
-    return rope("it_rope_forward", device, dtype, out, inp, cos, sin, batch, seq, heads,
-                head_dim, 1.0f);
+    IT_TRY(check_rope("it_rope_forward", device, dtype, out, inp, cos, sin, batch, seq, heads,
+                      head_dim));
+    IT_DISPATCH(rope_forward, device, dtype, out, inp, cos, sin, batch, seq, heads, head_dim);
+    return rope("it_rope_forward", dtype, out, inp, cos, sin, batch, seq, heads, head_dim, 1.0f);
 }
 
 it_status it_rope_backward(it_device device, it_dtype dtype, void *dinp, const void *dout,
                            const float *cos, const float *sin, int64_t batch, int64_t seq,
                            int64_t heads, int64_t head_dim) {
-    return rope("it_rope_backward", device, dtype, dinp, dout, cos, sin, batch, seq, heads,
-                head_dim, -1.0f);
+    IT_TRY(check_rope("it_rope_backward", device, dtype, dinp, dout, cos, sin, batch, seq, heads,
+                      head_dim));
+    IT_DISPATCH(rope_backward, device, dtype, dinp, dout, cos, sin, batch, seq, heads, head_dim);
+    return rope("it_rope_backward", dtype, dinp, dout, cos, sin, batch, seq, heads, head_dim,
+                -1.0f);
 }
 
 /* ---- embedding ------------------------------------------------------------------------ */
@@ -89,7 +100,7 @@ static it_status check_indices(const char *fn, it_dtype index_dtype, const void 
 it_status it_embedding_forward(it_device device, it_dtype dtype, void *out, const void *indices,
                                it_dtype index_dtype, const void *weight, int64_t n,
                                int64_t num_embeddings, int64_t cols) {
-    IT_ON_CPU(device, "it_embedding_forward");
+    IT_CHECK_DEVICE(device, "it_embedding_forward");
     IT_CHECK_FLOAT(dtype, "it_embedding_forward");
     IT_CHECK_SIZE(n, "it_embedding_forward");
     IT_CHECK_SIZE(cols, "it_embedding_forward");
@@ -99,6 +110,8 @@ it_status it_embedding_forward(it_device device, it_dtype dtype, void *out, cons
     if (n * cols == 0) return IT_OK;
     IT_CHECK_ARG(out && indices && weight, "it_embedding_forward: NULL pointer");
     IT_TRY(check_indices("it_embedding_forward", index_dtype, indices, n, num_embeddings));
+    IT_DISPATCH(embedding_forward, device, dtype, out, indices, index_dtype, weight, n,
+                num_embeddings, cols);
     size_t row_bytes = (size_t)cols * it_dtype_size(dtype);
 #pragma omp parallel for schedule(static) if (n * cols > 32768)
     for (int64_t i = 0; i < n; i++)
@@ -114,7 +127,7 @@ IT_HOT static void add_row(float *acc, const float *x, int64_t n) {
 it_status it_embedding_backward(it_device device, it_dtype dtype, void *dweight,
                                 const void *dout, const void *indices, it_dtype index_dtype,
                                 int64_t n, int64_t num_embeddings, int64_t cols) {
-    IT_ON_CPU(device, "it_embedding_backward");
+    IT_CHECK_DEVICE(device, "it_embedding_backward");
     IT_CHECK_FLOAT(dtype, "it_embedding_backward");
     IT_CHECK_SIZE(n, "it_embedding_backward");
     IT_CHECK_SIZE(cols, "it_embedding_backward");
@@ -124,6 +137,8 @@ it_status it_embedding_backward(it_device device, it_dtype dtype, void *dweight,
     if (n * cols == 0) return IT_OK;
     IT_CHECK_ARG(dweight && indices && dout, "it_embedding_backward: NULL pointer");
     IT_TRY(check_indices("it_embedding_backward", index_dtype, indices, n, num_embeddings));
+    IT_DISPATCH(embedding_backward, device, dtype, dweight, dout, indices, index_dtype, n,
+                num_embeddings, cols);
     /* Threads own column ranges, so repeated tokens never race and every row's sum is
      * accumulated in token order. */
     const int64_t CB = 256;

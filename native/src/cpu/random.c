@@ -21,14 +21,18 @@ static inline double uniform_open0(uint64_t bits) {
 
 typedef enum { UNIFORM, NORMAL } distribution;
 
-static it_status generate(const char *fn, distribution dist, it_device device, it_dtype dtype,
-                          void *out, int64_t n, double a, double b, uint64_t seed,
-                          uint64_t offset) {
-    IT_ON_CPU(device, fn);
+static it_status check_generate(const char *fn, it_device device, it_dtype dtype, void *out,
+                                int64_t n) {
+    IT_CHECK_DEVICE(device, fn);
     IT_CHECK_FLOAT(dtype, fn);
     IT_CHECK_PRODUCT(fn, 8, n);
+    IT_CHECK_ARG(n == 0 || out, "%s: out is NULL", fn);
+    return IT_OK;
+}
+
+static it_status generate(distribution dist, it_dtype dtype, void *out, int64_t n, double a,
+                          double b, uint64_t seed, uint64_t offset) {
     if (n == 0) return IT_OK;
-    IT_CHECK_PTR(out, fn);
     /* Uniform and normal draws use different keys so that their streams never coincide. */
     uint64_t key = mix64(seed ^ (dist == UNIFORM ? 0x5851f42d4c957f2dull : 0xd1b54a32d192ed03ull));
     int64_t nchunks = (n + IT_CHUNK - 1) / IT_CHUNK;
@@ -70,13 +74,17 @@ static it_status generate(const char *fn, distribution dist, it_device device, i
 it_status it_random_uniform(it_device device, it_dtype dtype, void *out, int64_t n, double low,
                             double high, uint64_t seed, uint64_t offset) {
     IT_CHECK_ARG(low <= high, "it_random_uniform: low (%g) must be <= high (%g)", low, high);
-    return generate("it_random_uniform", UNIFORM, device, dtype, out, n, low, high, seed, offset);
+    IT_TRY(check_generate("it_random_uniform", device, dtype, out, n));
+    IT_DISPATCH(random_uniform, device, dtype, out, n, low, high, seed, offset);
+    return generate(UNIFORM, dtype, out, n, low, high, seed, offset);
 }
 
 it_status it_random_normal(it_device device, it_dtype dtype, void *out, int64_t n, double mean,
                            double std, uint64_t seed, uint64_t offset) {
     IT_CHECK_ARG(std >= 0, "it_random_normal: std must be >= 0, got %g", std);
-    return generate("it_random_normal", NORMAL, device, dtype, out, n, mean, std, seed, offset);
+    IT_TRY(check_generate("it_random_normal", device, dtype, out, n));
+    IT_DISPATCH(random_normal, device, dtype, out, n, mean, std, seed, offset);
+    return generate(NORMAL, dtype, out, n, mean, std, seed, offset);
 }
 
 /* Draw d of row r uses counter offset + r * num_samples + d, so rows are independent of the
@@ -85,7 +93,7 @@ it_status it_random_normal(it_device device, it_dtype dtype, void *out, int64_t 
 it_status it_multinomial(it_device device, it_dtype dtype, int64_t *out, const void *weights,
                          int64_t rows, int64_t n, int64_t num_samples, int32_t replacement,
                          uint64_t seed, uint64_t offset) {
-    IT_ON_CPU(device, "it_multinomial");
+    IT_CHECK_DEVICE(device, "it_multinomial");
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
                "it_multinomial: weights must be a floating-point dtype, got %s",
                it_dtype_name(dtype));
@@ -101,6 +109,8 @@ it_status it_multinomial(it_device device, it_dtype dtype, int64_t *out, const v
     if (rows == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_multinomial");
     IT_CHECK_PTR(weights, "it_multinomial");
+    IT_DISPATCH(multinomial, device, dtype, out, weights, rows, n, num_samples, replacement,
+                seed, offset);
     for (int64_t i = 0; i < rows * n; i++) {
         double w = it_load_f64(dtype, weights, i);
         IT_CHECK_ARG(w >= 0 && w <= 1.7e308, "it_multinomial: weight %lld is %g; weights must "

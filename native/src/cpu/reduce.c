@@ -40,7 +40,7 @@ static void reduce_f64(it_reduce_op op, double *out, const double *inp, int64_t 
 
 it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out, const void *inp,
                     int64_t outer, int64_t n, int64_t inner) {
-    IT_ON_CPU(device, "it_reduce");
+    IT_CHECK_DEVICE(device, "it_reduce");
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
                "it_reduce: dtype %s is not supported (a floating-point dtype)", it_dtype_name(dtype));
     IT_CHECK_ARG(op >= IT_SUM && op <= IT_MIN, "it_reduce: unknown op %d", (int)op);
@@ -54,6 +54,7 @@ it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out
     if (outer * inner == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_reduce");
     IT_CHECK_ARG(inp != NULL || n == 0, "it_reduce: inp is NULL");
+    IT_DISPATCH(reduce, device, op, dtype, out, inp, outer, n, inner);
     if (dtype == IT_FLOAT64) {
         reduce_f64(op, (double *)out, (const double *)inp, outer, n, inner);
         return IT_OK;
@@ -111,17 +112,21 @@ it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out
 }
 
 /* Index of the first maximum (or minimum) along n; a NaN wins over any number. */
-static it_status arg_extreme(const char *fn, int is_max, it_dtype dtype, int64_t *out,
-                             const void *inp, int64_t outer, int64_t n, int64_t inner) {
+static it_status check_arg_extreme(const char *fn, it_dtype dtype, int64_t *out,
+                                   const void *inp, int64_t outer, int64_t n, int64_t inner) {
     IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64, IT_ERR_NOT_SUPPORTED,
                "%s: dtype %s is not supported (a floating-point dtype)", fn, it_dtype_name(dtype));
     IT_CHECK_SIZE(outer, fn);
     IT_CHECK_SIZE(inner, fn);
     IT_CHECK_ARG(n > 0, "%s: the reduced dimension is empty", fn);
     IT_CHECK_PRODUCT(fn, 8, outer, n, inner);
+    IT_CHECK_ARG(outer * inner == 0 || (out && inp), "%s: NULL pointer", fn);
+    return IT_OK;
+}
+
+static it_status arg_extreme(int is_max, it_dtype dtype, int64_t *out, const void *inp,
+                             int64_t outer, int64_t n, int64_t inner) {
     if (outer * inner == 0) return IT_OK;
-    IT_CHECK_PTR(out, fn);
-    IT_CHECK_PTR(inp, fn);
 #pragma omp parallel for schedule(static) if (outer * n * inner > 32768)
     for (int64_t w = 0; w < outer * inner; w++) {
         int64_t o = w / inner, i = w % inner, best = 0;
@@ -139,12 +144,16 @@ static it_status arg_extreme(const char *fn, int is_max, it_dtype dtype, int64_t
 
 it_status it_argmax(it_device device, it_dtype dtype, int64_t *out, const void *inp,
                     int64_t outer, int64_t n, int64_t inner) {
-    IT_ON_CPU(device, "it_argmax");
-    return arg_extreme("it_argmax", 1, dtype, out, inp, outer, n, inner);
+    IT_CHECK_DEVICE(device, "it_argmax");
+    IT_TRY(check_arg_extreme("it_argmax", dtype, out, inp, outer, n, inner));
+    IT_DISPATCH(argmax, device, dtype, out, inp, outer, n, inner);
+    return arg_extreme(1, dtype, out, inp, outer, n, inner);
 }
 
 it_status it_argmin(it_device device, it_dtype dtype, int64_t *out, const void *inp,
                     int64_t outer, int64_t n, int64_t inner) {
-    IT_ON_CPU(device, "it_argmin");
-    return arg_extreme("it_argmin", 0, dtype, out, inp, outer, n, inner);
+    IT_CHECK_DEVICE(device, "it_argmin");
+    IT_TRY(check_arg_extreme("it_argmin", dtype, out, inp, outer, n, inner));
+    IT_DISPATCH(argmin, device, dtype, out, inp, outer, n, inner);
+    return arg_extreme(0, dtype, out, inp, outer, n, inner);
 }

@@ -1,0 +1,42 @@
+/* What libinfinitrain asks of libinfinitrain_cuda.so besides the kernels (each kernel's CUDA
+ * implementation, it_cuda_<op>, has the signature of its public it_<op>). Not part of the ABI:
+ * both libraries are built from this tree together. Streams and events cross as the CUDA
+ * runtime's handles (cudaStream_t / cudaEvent_t) behind void pointers. */
+#ifndef IT_CUDA_BRIDGE_H
+#define IT_CUDA_BRIDGE_H
+
+#include "infinitrain.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *it_cuda_last_error(void);  /* the CUDA library's message for its last failure */
+const char *it_cuda_info(void);        /* toolkit, devices, cuBLAS/NCCL found or why not */
+it_status it_cuda_device_count(int32_t *count);
+
+it_status it_cuda_malloc(it_device device, size_t nbytes, void **out);
+it_status it_cuda_free(it_device device, void *ptr, size_t nbytes);
+it_status it_cuda_memory_stats_get(it_device device, it_memory_stats *out);
+it_status it_cuda_memory_reset_peak(it_device device);
+it_status it_cuda_memory_empty_cache(it_device device);
+it_status it_cuda_memcpy(it_device dst_device, void *dst, it_device src_device, const void *src,
+                         size_t nbytes);
+
+it_status it_cuda_stream_create(it_device device, void **out);
+it_status it_cuda_stream_destroy(it_device device, void *stream);
+it_status it_cuda_stream_synchronize(it_device device, void *stream);
+it_status it_cuda_set_stream(it_device device, void *stream);  /* NULL: the device's own */
+it_status it_cuda_event_create(it_device device, void **out);
+it_status it_cuda_event_destroy(it_device device, void *event);
+it_status it_cuda_event_record(it_device device, void *event, void *stream);
+it_status it_cuda_stream_wait_event(it_device device, void *stream, void *event);
+it_status it_cuda_event_synchronize(it_device device, void *event);
+it_status it_cuda_event_query(it_device device, void *event, int32_t *done);
+it_status it_cuda_device_synchronize(it_device device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
