@@ -44,16 +44,16 @@ it_status it_check_device(it_device device, const char *fn);
 
 /* libinfinitrain_cuda.so (beside this library) is opened on the first CUDA call, so that a
  * CPU install needs no CUDA library. A build or machine without it answers IT_ERR_NO_CUDA
- * saying why; an op it does not implement, IT_ERR_NOT_SUPPORTED. it_cuda_failed(status)
+ * saying why; an op it does not implement, IT_ERR_NOT_SUPPORTED. it_cuda_failed(status, fn)
  * carries the CUDA library's message over to it_last_error(). */
 it_status it_cuda_symbol(const char *symbol, const char *fn, void **out);
-it_status it_cuda_failed(it_status status);
+it_status it_cuda_failed(it_status status, const char *fn);
 #define IT_CUDA_CALL(fn, sym, ...)                                                           \
     do {                                                                                     \
         static __typeof__(&sym) impl_;                                                       \
         if (!impl_) IT_TRY(it_cuda_symbol(#sym, (fn), (void **)&impl_));                     \
         it_status st_ = impl_(__VA_ARGS__);                                                  \
-        if (st_ != IT_OK) return it_cuda_failed(st_);                                        \
+        if (st_ != IT_OK) return it_cuda_failed(st_, (fn));                                  \
     } while (0)
 /* After the checks: a CUDA device runs it_cuda_<op>(device, <the same arguments>). */
 #define IT_DISPATCH(op, device, ...)                                                         \
@@ -62,7 +62,7 @@ it_status it_cuda_failed(it_status status);
             static __typeof__(&it_##op) cuda_;                                               \
             if (!cuda_) IT_TRY(it_cuda_symbol("it_cuda_" #op, "it_" #op, (void **)&cuda_));  \
             it_status st_ = cuda_((device), __VA_ARGS__);                                    \
-            return st_ == IT_OK ? IT_OK : it_cuda_failed(st_);                               \
+            return st_ == IT_OK ? IT_OK : it_cuda_failed(st_, "it_" #op);                    \
         }                                                                                    \
     } while (0)
 

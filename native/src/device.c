@@ -1,5 +1,6 @@
 /* Devices: checking them, counting them, streams and events, and the CUDA library, which is
  * opened on the first CUDA call so that the CPU library needs no CUDA at all. */
+#define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -61,8 +62,8 @@ it_status it_cuda_symbol(const char *symbol, const char *fn, void **out) {
     return IT_OK;
 }
 
-it_status it_cuda_failed(it_status status) {
-    return it_set_error(status, "%s", cuda_message ? cuda_message() : "the CUDA library failed");
+it_status it_cuda_failed(it_status status, const char *fn) {
+    return it_set_error(status, "%s: %s", fn, cuda_message ? cuda_message() : "the CUDA library failed");
 }
 
 const char *it_cuda_describe(void) {
@@ -80,7 +81,7 @@ it_status it_device_count(it_device_type type, int32_t *count) {
     }
     IT_CHECK_ARG(type == IT_CUDA, "it_device_count: unknown device type %d", (int)type);
     *count = 0;  /* no CUDA library, no driver or no GPU: no CUDA device, not an error */
-    void *fn;
+    void *fn = NULL;
     if (it_cuda_symbol("it_cuda_device_count", "it_device_count", &fn) != IT_OK) return IT_OK;
     if (((it_status(*)(int32_t *))fn)(count) != IT_OK) *count = 0;
     return IT_OK;

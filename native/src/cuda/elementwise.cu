@@ -1,0 +1,454 @@
+// Elementwise kernels: unary ops and their gradients, strided binary ops, comparisons and
+// selection, scalar ops, SwiGLU, fills, casts and strided copies. Math is in float for
+// float32/bfloat16/float16 (double for float64), with the CPU kernels' definitions (NaN
+// propagation of maximum/minimum included); 16-bit results are rounded once.
+#include "common.cuh"
+
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+
+template <typename C> __device__ C unary_op(int op, C x) {
+    switch (op) {
+    case IT_NEG: return -x;
+    case IT_EXP: return exp(x);
+    case IT_LOG: return log(x);
+    case IT_SQRT: return sqrt(x);
+    case IT_RSQRT: return C(1) / sqrt(x);
+    case IT_ABS: return fabs(x);
+    case IT_TANH: return tanh(x);
+    case IT_SIGMOID: return C(1) / (C(1) + exp(-x));
+    case IT_RELU: return x > C(0) || x != x ? x : C(0);
+    case IT_SILU: return x / (C(1) + exp(-x));
+    case IT_GELU_TANH: return C(0.5) * x * (C(1) + tanh(C(kGeluK) * (x + C(0.044715) * x * x * x)));
+    case IT_SIN: return sin(x);
+    case IT_COS: return cos(x);
+    case IT_SQUARE: return x * x;
+    default: return C(1) / x;  // IT_RECIPROCAL
+    }
+}
+
+// dx = dy * f'(x); s is x, or the op's output for EXP, SQRT, TANH and SIGMOID
+template <typename C> __device__ C unary_grad(int op, C dy, C s) {
+    switch (op) {
+    case IT_NEG: return -dy;
+    case IT_EXP: return dy * s;
+    case IT_LOG: return dy / s;
+    case IT_SQRT: return dy * C(0.5) / s;
+    case IT_RSQRT: return C(-0.5) * dy / (s * sqrt(s));
+    case IT_ABS: return s > C(0) ? dy : (s < C(0) ? -dy : C(0));
+    case IT_TANH: return dy * (C(1) - s * s);
+    case IT_SIGMOID: return dy * s * (C(1) - s);
+    case IT_RELU: return s > C(0) ? dy : C(0);
+    case IT_SILU: {
+        C sg = C(1) / (C(1) + exp(-s));
+        return dy * sg * (C(1) + s * (C(1) - sg));
+    }
+    case IT_GELU_TANH: {
+        C t = tanh(C(kGeluK) * (s + C(0.044715) * s * s * s));
+        C dt = C(kGeluK) * (C(1) + C(3 * 0.044715) * s * s);
+        return dy * (C(0.5) * (C(1) + t) + C(0.5) * s * (C(1) - t * t) * dt);
+    }
+    case IT_SIN: return dy * cos(s);
+    case IT_COS: return -dy * sin(s);
+    case IT_SQUARE: return C(2) * s * dy;
+    default: return -dy / (s * s);  // IT_RECIPROCAL
+    }
+}
+
+template <typename C> __device__ C binary_op(int op, C a, C b) {
+    switch (op) {
+    case IT_ADD: return a + b;
+    case IT_SUB: return a - b;
+    case IT_MUL: return a * b;
+    case IT_DIV: return a / b;
+    case IT_MAXIMUM: return (a != a || b != b) ? a + b : (a > b ? a : b);
+    case IT_MINIMUM: return (a != a || b != b) ? a + b : (a < b ? a : b);
+    default: return pow(a, b);  // IT_POW
+    }
+}
+
+template <typename I> __device__ I binary_int(int op, I a, I b) {
+    switch (op) {
+    case IT_ADD: return a + b;
+    case IT_SUB: return a - b;
+    case IT_MUL: return a * b;
+    case IT_DIV: return b ? a / b : 0;
+    case IT_MAXIMUM: return a > b ? a : b;
+    default: return a < b ? a : b;
+    }
+}
+
+template <typename C> __device__ C scalar_op(int op, C x, C s) {
+    switch (op) {
+    case IT_SCALAR_ADD: return x + s;
+    case IT_SCALAR_MUL: return x * s;
+    case IT_SCALAR_RSUB: return s - x;
+    case IT_SCALAR_RDIV: return s / x;
+    case IT_SCALAR_POW: return s == C(2) ? x * x : pow(x, s);
+    case IT_SCALAR_MAX: return x != x ? x : (x > s ? x : s);
+    case IT_SCALAR_MIN: return x != x ? x : (x < s ? x : s);
+    default: return x / s;  // IT_SCALAR_DIV
+    }
+}
+
+template <typename T> struct Compute { using type = float; };
+template <> struct Compute<double> { using type = double; };
+template <typename T> __device__ __forceinline__ typename Compute<T>::type load(const T *p, int64_t i) {
+    return (typename Compute<T>::type)to_f(p[i]);
+}
+template <> __device__ __forceinline__ double load<double>(const double *p, int64_t i) { return p[i]; }
+template <typename T> __device__ __forceinline__ void store(T *p, int64_t i, typename Compute<T>::type v) {
+    p[i] = from_f<T>((float)v);
+}
+template <> __device__ __forceinline__ void store<double>(double *p, int64_t i, double v) { p[i] = v; }
+
+// Shapes and strides of up to IT_MAX_DIMS (16) dimensions, passed by value to a kernel.
+struct Strided {
+    int ndim;
+    int64_t shape[16];
+    int64_t stride[3][16];  // up to three operands (where: cond, a, b)
+};
+
+__device__ __forceinline__ void offsets(const Strided &s, int64_t i, int operands, int64_t *off) {
+    for (int k = 0; k < operands; k++) off[k] = 0;
+    for (int d = s.ndim - 1; d >= 0; d--) {
+        int64_t idx = i % s.shape[d];
+        i /= s.shape[d];
+        for (int k = 0; k < operands; k++) off[k] += idx * s.stride[k][d];
+    }
+}
+
+it_status fill_strided(Strided *s, const int64_t *shape, int32_t ndim, const int64_t *const *strides,
+                       int operands, int64_t *numel) {
+    s->ndim = ndim;
+    *numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        s->shape[d] = shape[d];
+        *numel *= shape[d];
+        for (int k = 0; k < operands; k++) s->stride[k][d] = strides[k][d];
+    }
+    return IT_OK;
+}
+
+template <typename T> __global__ void unary_kernel(int op, T *out, const T *inp, int64_t n) {
+    GRID_STRIDE(i, n) store(out, i, unary_op(op, load(inp, i)));
+}
+
+template <typename T>
+__global__ void unary_grad_kernel(int op, T *dinp, const T *dout, const T *saved, int64_t n) {
+    GRID_STRIDE(i, n) store(dinp, i, unary_grad(op, load(dout, i), load(saved, i)));
+}
+
+template <typename T>
+__global__ void binary_kernel(int op, T *out, const T *a, const T *b, Strided s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t off[2];
+        offsets(s, i, 2, off);
+        store(out, i, binary_op(op, load(a, off[0]), load(b, off[1])));
+    }
+}
+
+template <typename I>
+__global__ void binary_int_kernel(int op, I *out, const I *a, const I *b, Strided s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t off[2];
+        offsets(s, i, 2, off);
+        out[i] = binary_int(op, a[off[0]], b[off[1]]);
+    }
+}
+
+template <typename T>
+__global__ void scalar_kernel(int op, T *out, const T *inp, double scalar, int64_t n) {
+    using C = typename Compute<T>::type;
+    GRID_STRIDE(i, n) store(out, i, scalar_op(op, load(inp, i), (C)scalar));
+}
+
+template <typename T> __global__ void swiglu_kernel(T *out, const T *a, const T *b, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float x = to_f(a[i]);
+        out[i] = from_f<T>(x / (1.0f + expf(-x)) * to_f(b[i]));
+    }
+}
+
+template <typename T>
+__global__ void swiglu_grad_kernel(T *da, T *db, const T *dout, const T *a, const T *b, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float x = to_f(a[i]), dy = to_f(dout[i]), s = 1.0f / (1.0f + expf(-x));
+        db[i] = from_f<T>(dy * x * s);
+        da[i] = from_f<T>(dy * to_f(b[i]) * s * (1.0f + x * (1.0f - s)));
+    }
+}
+
+template <typename T> __device__ bool compare(int op, T a, T b) {
+    switch (op) {
+    case IT_EQ: return a == b;
+    case IT_NE: return a != b;
+    case IT_LT: return a < b;
+    case IT_LE: return a <= b;
+    case IT_GT: return a > b;
+    default: return a >= b;  // IT_GE
+    }
+}
+
+template <typename T>
+__global__ void compare_kernel(int op, uint8_t *out, const T *a, const T *b, Strided s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t off[2];
+        offsets(s, i, 2, off);
+        out[i] = compare(op, load(a, off[0]), load(b, off[1]));
+    }
+}
+
+template <typename E>  // E: a type of the element's size; `where` only moves bytes
+__global__ void where_kernel(E *out, const uint8_t *cond, const E *a, const E *b, Strided s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t off[3];
+        offsets(s, i, 3, off);
+        out[i] = cond[off[0]] ? a[off[1]] : b[off[2]];
+    }
+}
+
+template <typename E>
+__global__ void copy_strided_kernel(E *out, const E *inp, Strided s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t off[2];
+        offsets(s, i, 2, off);
+        out[off[0]] = inp[off[1]];
+    }
+}
+
+// ---- dtypes as values: load/store any dtype through double (fill, arange, cast) ----------
+__device__ double load_any(int dtype, const void *p, int64_t i) {
+    switch (dtype) {
+    case IT_FLOAT32: return ((const float *)p)[i];
+    case IT_BFLOAT16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case IT_FLOAT16: return __half2float(((const __half *)p)[i]);
+    case IT_INT32: return ((const int32_t *)p)[i];
+    case IT_INT64: return (double)((const int64_t *)p)[i];
+    case IT_UINT8: return ((const uint8_t *)p)[i];
+    case IT_FLOAT64: return ((const double *)p)[i];
+    default: return ((const uint8_t *)p)[i] != 0;  // IT_BOOL
+    }
+}
+
+__device__ void store_any(int dtype, void *p, int64_t i, double v) {
+    switch (dtype) {
+    case IT_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case IT_BFLOAT16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16((float)v); break;
+    case IT_FLOAT16: ((__half *)p)[i] = __float2half((float)v); break;
+    case IT_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case IT_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case IT_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case IT_FLOAT64: ((double *)p)[i] = v; break;
+    default: ((uint8_t *)p)[i] = v != 0.0; break;  // IT_BOOL
+    }
+}
+
+__global__ void fill_kernel(int dtype, void *out, double value, int64_t n) {
+    GRID_STRIDE(i, n) store_any(dtype, out, i, value);
+}
+
+__global__ void arange_kernel(int dtype, void *out, double start, double step, int64_t n) {
+    GRID_STRIDE(i, n) store_any(dtype, out, i, start + (double)i * step);
+}
+
+// int64 through double would lose bits past 2^53: copied exactly when both sides are integers
+__global__ void cast_kernel(void *out, int out_dtype, const void *inp, int inp_dtype, int64_t n) {
+    GRID_STRIDE(i, n) {
+        if (out_dtype == IT_INT64 && inp_dtype == IT_INT64) ((int64_t *)out)[i] = ((const int64_t *)inp)[i];
+        else if (out_dtype == IT_INT64 && inp_dtype == IT_INT32) ((int64_t *)out)[i] = ((const int32_t *)inp)[i];
+        else if (out_dtype == IT_INT32 && inp_dtype == IT_INT64) ((int32_t *)out)[i] = (int32_t)((const int64_t *)inp)[i];
+        else store_any(out_dtype, out, i, load_any(inp_dtype, inp, i));
+    }
+}
+
+#define BY_SIZE(size, fn, ...)                                                                \
+    switch (size) {                                                                           \
+    case 1: { using E = uint8_t; __VA_ARGS__; break; }                                        \
+    case 2: { using E = uint16_t; __VA_ARGS__; break; }                                       \
+    case 4: { using E = uint32_t; __VA_ARGS__; break; }                                       \
+    case 8: { using E = uint64_t; __VA_ARGS__; break; }                                       \
+    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%s: element size %d", fn, (int)(size)); \
+    }
+
+#define FLOAT_OR_DOUBLE(dtype, fn, ...)                                                       \
+    if ((dtype) == IT_FLOAT64) {                                                              \
+        using T = double;                                                                     \
+        __VA_ARGS__;                                                                          \
+    } else {                                                                                  \
+        IT_FLOAT_SWITCH(dtype, fn, __VA_ARGS__)                                               \
+    }
+}  // namespace
+
+extern "C" {
+
+it_status it_cuda_unary(it_device device, it_unary_op op, it_dtype dtype, void *out,
+                        const void *inp, int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    FLOAT_OR_DOUBLE(dtype, "it_unary",
+                    unary_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_unary_backward(it_device device, it_unary_op op, it_dtype dtype, void *dinp,
+                                 const void *dout, const void *saved, int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    FLOAT_OR_DOUBLE(dtype, "it_unary_backward",
+                    unary_grad_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>(
+                        (int)op, (T *)dinp, (const T *)dout, (const T *)saved, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_binary(it_device device, it_binary_op op, it_dtype dtype, void *out,
+                         const void *a, const int64_t *a_strides, const void *b,
+                         const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
+    Strided st;
+    int64_t n;
+    const int64_t *strides[2] = {a_strides, b_strides};
+    fill_strided(&st, shape, ndim, strides, 2, &n);
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    if (dtype == IT_INT32) {
+        binary_int_kernel<int32_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (int32_t *)out,
+                                                                      (const int32_t *)a, (const int32_t *)b, st, n);
+    } else if (dtype == IT_INT64) {
+        binary_int_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (int64_t *)out,
+                                                                      (const int64_t *)a, (const int64_t *)b, st, n);
+    } else {
+        FLOAT_OR_DOUBLE(dtype, "it_binary",
+                        binary_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>(
+                            (int)op, (T *)out, (const T *)a, (const T *)b, st, n));
+    }
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_scalar(it_device device, it_scalar_op op, it_dtype dtype, void *out,
+                         const void *inp, double scalar, int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    FLOAT_OR_DOUBLE(dtype, "it_scalar",
+                    scalar_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp,
+                                                                        scalar, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_swiglu_forward(it_device device, it_dtype dtype, void *out, const void *a,
+                                 const void *b, int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    IT_FLOAT_SWITCH(dtype, "it_swiglu_forward",
+                    swiglu_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((T *)out, (const T *)a, (const T *)b, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_swiglu_backward(it_device device, it_dtype dtype, void *da, void *db,
+                                  const void *dout, const void *a, const void *b, int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    IT_FLOAT_SWITCH(dtype, "it_swiglu_backward",
+                    swiglu_grad_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>(
+                        (T *)da, (T *)db, (const T *)dout, (const T *)a, (const T *)b, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t *out,
+                          const void *a, const int64_t *a_strides, const void *b,
+                          const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
+    Strided st;
+    int64_t n;
+    const int64_t *strides[2] = {a_strides, b_strides};
+    fill_strided(&st, shape, ndim, strides, 2, &n);
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    switch (dtype) {
+    case IT_INT32: compare_kernel<int32_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const int32_t *)a, (const int32_t *)b, st, n); break;
+    case IT_INT64: compare_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const int64_t *)a, (const int64_t *)b, st, n); break;
+    case IT_UINT8:
+    case IT_BOOL: compare_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const uint8_t *)a, (const uint8_t *)b, st, n); break;
+    default:
+        FLOAT_OR_DOUBLE(dtype, "it_compare",
+                        compare_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const T *)a, (const T *)b, st, n));
+    }
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_where(it_device device, it_dtype dtype, void *out, const uint8_t *cond,
+                        const int64_t *cond_strides, const void *a, const int64_t *a_strides,
+                        const void *b, const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
+    Strided st;
+    int64_t n;
+    const int64_t *strides[3] = {cond_strides, a_strides, b_strides};
+    fill_strided(&st, shape, ndim, strides, 3, &n);
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    BY_SIZE(dtype_bytes(dtype), "it_where",
+            where_kernel<E><<<it_blocks(n), IT_THREADS, 0, s>>>((E *)out, cond, (const E *)a, (const E *)b, st, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_fill(it_device device, it_dtype dtype, void *out, double value, int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    fill_kernel<<<it_blocks(n), IT_THREADS, 0, it_cuda_stream(device)>>>((int)dtype, out, value, n);
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_arange(it_device device, it_dtype dtype, void *out, double start, double step,
+                         int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    arange_kernel<<<it_blocks(n), IT_THREADS, 0, it_cuda_stream(device)>>>((int)dtype, out, start, step, n);
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_cast(it_device device, void *out, it_dtype out_dtype, const void *inp,
+                       it_dtype inp_dtype, int64_t n) {
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    if (out_dtype == inp_dtype) {
+        CU_TRY(cudaMemcpyAsync(out, inp, (size_t)n * dtype_bytes(out_dtype), cudaMemcpyDeviceToDevice, s));
+        return IT_OK;
+    }
+    cast_kernel<<<it_blocks(n), IT_THREADS, 0, s>>>(out, (int)out_dtype, inp, (int)inp_dtype, n);
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_copy_strided(it_device device, it_dtype dtype, void *out, const int64_t *out_strides,
+                               const void *inp, const int64_t *inp_strides, const int64_t *shape,
+                               int32_t ndim) {
+    Strided st;
+    int64_t n;
+    const int64_t *strides[2] = {out_strides, inp_strides};
+    fill_strided(&st, shape, ndim, strides, 2, &n);
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    BY_SIZE(dtype_bytes(dtype), "it_copy_strided",
+            copy_strided_kernel<E><<<it_blocks(n), IT_THREADS, 0, s>>>((E *)out, (const E *)inp, st, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+}  // extern "C"

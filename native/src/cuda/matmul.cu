@@ -1,0 +1,109 @@
+// Matrix products through cuBLAS. cuBLAS is opened at run time by its soname (the CUDA 13
+// wheel's libcublas.so.13, else CUDA 12's), so that this library builds with the toolkit's
+// runtime alone and a machine without cuBLAS gets a clear error, not a failed import. The
+// few entry points used are declared here as the cuBLAS C API defines them.
+#include <dlfcn.h>
+#include <limits.h>
+#include <mutex>
+
+#include "common.cuh"
+
+namespace {
+typedef int cublasStatus_t;  // CUBLAS_STATUS_SUCCESS = 0
+typedef struct cublasContext *cublasHandle_t;
+constexpr int OP_N = 0, OP_T = 1;                        // cublasOperation_t
+constexpr int COMPUTE_32F = 68, COMPUTE_64F = 70;        // cublasComputeType_t
+constexpr int GEMM_DEFAULT = -1;                         // cublasGemmAlgo_t
+
+struct Cublas {
+    void *lib = nullptr;
+    char why[512] = "";
+    cublasStatus_t (*create)(cublasHandle_t *) = nullptr;
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
+    cublasStatus_t (*gemm)(cublasHandle_t, int, int, int, int, int, const void *, const void *,
+                           cudaDataType, int, long long, const void *, cudaDataType, int,
+                           long long, const void *, void *, cudaDataType, int, long long, int,
+                           int, int) = nullptr;
+};
+Cublas cublas;
+std::once_flag cublas_once;
+
+void open_cublas() {
+    const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    char first[256] = "";
+    for (const char *name : names) {
+        if ((cublas.lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+        if (!first[0]) snprintf(first, sizeof first, "%s", dlerror());
+    }
+    if (!cublas.lib) {
+        snprintf(cublas.why, sizeof cublas.why, "not found (%s); install it with "
+                 "pip install 'infinitrain[cuda]' (the nvidia-cublas wheel)", first);
+        return;
+    }
+    cublas.create = (decltype(cublas.create))dlsym(cublas.lib, "cublasCreate_v2");
+    cublas.set_stream = (decltype(cublas.set_stream))dlsym(cublas.lib, "cublasSetStream_v2");
+    cublas.gemm = (decltype(cublas.gemm))dlsym(cublas.lib, "cublasGemmStridedBatchedEx");
+    if (!cublas.create || !cublas.set_stream || !cublas.gemm) {
+        snprintf(cublas.why, sizeof cublas.why, "the cuBLAS library found lacks cublasCreate_v2, "
+                 "cublasSetStream_v2 or cublasGemmStridedBatchedEx");
+        cublas.lib = nullptr;
+    }
+}
+
+// One handle per (thread, device): a cuBLAS handle must not be used by two threads at once.
+thread_local cublasHandle_t handles[64];
+
+it_status handle_for(it_device device, cublasHandle_t *out) {
+    std::call_once(cublas_once, open_cublas);
+    if (!cublas.lib) return it_cuda_error(IT_ERR_NO_CUDA, "it_matmul on cuda:%d: cuBLAS %s",
+                                          (int)device.index, cublas.why);
+    cublasHandle_t &h = handles[device.index];
+    if (!h && cublas.create(&h) != 0)
+        return it_cuda_error(IT_ERR_CUDA, "it_matmul: cublasCreate failed on cuda:%d", (int)device.index);
+    if (cublas.set_stream(h, it_cuda_stream(device)) != 0)
+        return it_cuda_error(IT_ERR_CUDA, "it_matmul: cublasSetStream failed");
+    *out = h;
+    return IT_OK;
+}
+}  // namespace
+
+const char *it_cuda_blas_status(void) {
+    std::call_once(cublas_once, open_cublas);
+    return cublas.lib ? "found" : cublas.why;
+}
+
+// Row-major C [M, N] = op(A) [M, K] @ op(B) [K, N] is column-major C^T = op(B)^T op(A)^T:
+// cuBLAS gets B first, then A, with the leading dimensions of their row-major storage.
+extern "C" it_status it_cuda_matmul(it_device device, it_dtype dtype, void *c, const void *a,
+                                    const void *b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                                    int32_t trans_a, int32_t trans_b, float alpha, float beta,
+                                    int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+    if (batch * m * n == 0) return IT_OK;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || batch > INT_MAX)
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "it_matmul: cuBLAS takes sizes up to 2^31 - 1, got "
+                             "batch %lld, %lld x %lld x %lld", (long long)batch, (long long)m,
+                             (long long)n, (long long)k);
+    IT_CU_TRY(it_cuda_use(device));
+    cublasHandle_t h;
+    IT_CU_TRY(handle_for(device, &h));
+    cudaDataType type;
+    int compute = COMPUTE_32F;
+    switch (dtype) {
+    case IT_FLOAT32: type = CUDA_R_32F; break;
+    case IT_BFLOAT16: type = CUDA_R_16BF; break;
+    case IT_FLOAT16: type = CUDA_R_16F; break;
+    case IT_FLOAT64: type = CUDA_R_64F; compute = COMPUTE_64F; break;
+    default:
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "it_matmul: dtype %d is not supported on CUDA", (int)dtype);
+    }
+    double alpha64 = alpha, beta64 = beta;
+    const void *pa = compute == COMPUTE_64F ? (const void *)&alpha64 : (const void *)&alpha;
+    const void *pb = compute == COMPUTE_64F ? (const void *)&beta64 : (const void *)&beta;
+    int lda = trans_a ? (int)m : (int)k, ldb = trans_b ? (int)k : (int)n;
+    cublasStatus_t st = cublas.gemm(h, trans_b ? OP_T : OP_N, trans_a ? OP_T : OP_N, (int)n, (int)m,
+                                    (int)k, pa, b, type, ldb, stride_b, a, type, lda, stride_a, pb,
+                                    c, type, (int)n, stride_c, (int)batch, compute, GEMM_DEFAULT);
+    if (st != 0) return it_cuda_error(IT_ERR_CUDA, "it_matmul: cublasGemmStridedBatchedEx failed "
+                                      "with status %d", st);
+    return IT_OK;
+}
