@@ -323,18 +323,38 @@ class Tensor:
         arr = np.asarray(_ArrayOwner(self._storage, interface))
         return arr.view(self.dtype.numpy) if self.dtype is _dt.bfloat16 else arr
 
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """CUDA tensors are handed to other GPU libraries (CuPy, Numba, PyTorch) without a copy.
+        The data is ready on this thread's current stream of the device, which the consumer
+        must order its own work after (version 3 carries no stream)."""
+        if self.device.type != "cuda":
+            raise AttributeError("__cuda_array_interface__ is for CUDA tensors; this one is on the CPU")
+        typestr = np.dtype(np.uint16).str if self.dtype is _dt.bfloat16 else self.dtype.numpy.str
+        return {"version": 3, "shape": self._shape, "typestr": typestr, "data": (self.data_ptr(), False),
+                "strides": tuple(s * self.itemsize for s in self._strides)}
+
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
         return arr if dtype is None else arr.astype(dtype)
 
+    def _host(self) -> "Tensor":
+        """This tensor, or for a CUDA tensor a contiguous CPU copy (waits for the device)."""
+        if self.device.type == "cpu":
+            return self
+        src = self._contiguous_raw()
+        out = _empty(self._shape, self.dtype, CPU)
+        check(lib.it_memcpy(CPU.native, out._ptr(), self.device.native, src._ptr(), out.nbytes))
+        return out
+
     def tolist(self):
-        return self._array().tolist()
+        return self._host()._array().tolist()
 
     def item(self):
         if self.numel() != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has shape "
                              f"{self._shape}")
-        return self._array().reshape(()).item()
+        return self._host()._array().reshape(()).item()
 
     def __float__(self):
         return builtins.float(self.item())
@@ -351,8 +371,9 @@ class Tensor:
         return self._shape[0]
 
     def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self._array(), dtype=np.float32)
-                               if self.dtype is _dt.bfloat16 else self._array(),
+        host = self._host()._array()
+        body = np.array2string(np.asarray(host, dtype=np.float32)
+                               if self.dtype is _dt.bfloat16 else host,
                                separator=", ", prefix="tensor(", threshold=200)
         extras = []
         if self.dtype not in (_dt.float32, _dt.int64):

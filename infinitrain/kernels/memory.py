@@ -44,10 +44,13 @@ def copy_into(dst: Tensor, src) -> None:
 def convert(t: Tensor, dtype: _dt.dtype, device=None) -> Tensor:
     """A contiguous copy of t in dtype (on t's device unless another is named)."""
     device = t.device if device is None else device
-    if device != t.device:
-        raise NotImplementedError(f"moving tensors from {t.device} to {device} arrives with "
-                                  "the CUDA backend")
     t = t._contiguous_raw()
+    if device != t.device:  # across devices: copy as it is, then convert where it arrived
+        moved = _empty(t.shape, t.dtype, device)
+        check(lib.it_memcpy(device.native, moved._ptr(), t.device.native, t._ptr(), t.nbytes))
+        if dtype is t.dtype:
+            return moved
+        t = moved
     out = _empty(t.shape, dtype, device)
     check(lib.it_cast(device.native, out._ptr(), dtype.native, t._ptr(), t.dtype.native,
                       t.numel()))

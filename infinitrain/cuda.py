@@ -1,0 +1,115 @@
+"""CUDA devices with PyTorch's torch.cuda names: is_available(), device_count(), synchronize(),
+memory_stats(), Stream and Event, `with infinitrain.cuda.stream(s):`.
+
+Importing infinitrain needs no GPU, driver or CUDA library: without them is_available() is
+False and a CUDA tensor raises NoCudaError saying what is missing (build_info() too)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from . import runtime
+from ._native import check, ffi, lib
+from .device import as_device
+
+
+def device_count() -> int:
+    n = ffi.new("int32_t *")
+    check(lib.it_device_count(lib.IT_CUDA, n))
+    return int(n[0])
+
+
+def is_available() -> bool:
+    return device_count() > 0
+
+
+def _cuda(device):
+    d = as_device("cuda" if device is None else device)
+    if d.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {d}")
+    return d
+
+
+def synchronize(device=None) -> None:
+    """Waits for all work queued on the device (default cuda:0); reports an index error that
+    a kernel met since the last synchronisation."""
+    check(lib.it_device_synchronize(_cuda(device).native))
+
+
+def memory_stats(device=None) -> dict:
+    return runtime.memory_stats(_cuda(device))
+
+
+def memory_allocated(device=None) -> int:
+    return memory_stats(device)["allocated_bytes"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory_stats(device)["peak_allocated_bytes"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    runtime.reset_peak_memory_stats(_cuda(device))
+
+
+def empty_cache(device=None) -> None:
+    runtime.empty_cache(_cuda(device))
+
+
+class Stream:
+    """An ordered queue of work on a device; kernels go to this thread's current stream."""
+
+    def __init__(self, device=None):
+        self.device = _cuda(device)
+        out = ffi.new("it_stream **")
+        check(lib.it_stream_create(self.device.native, out))
+        self._handle = ffi.gc(out[0], lib.it_stream_destroy)
+
+    def synchronize(self) -> None:
+        check(lib.it_stream_synchronize(self._handle))
+
+    def wait_event(self, event: "Event") -> None:
+        check(lib.it_stream_wait_event(self._handle, event._handle))
+
+    def wait_stream(self, other: "Stream") -> None:
+        event = Event(self.device)
+        event.record(other)
+        self.wait_event(event)
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event or Event(self.device)
+        event.record(self)
+        return event
+
+
+class Event:
+    """A point in a stream that another stream, or the host, can wait for."""
+
+    def __init__(self, device=None):
+        self.device = _cuda(device)
+        out = ffi.new("it_event **")
+        check(lib.it_event_create(self.device.native, out))
+        self._handle = ffi.gc(out[0], lib.it_event_destroy)
+
+    def record(self, stream: Stream | None = None) -> None:
+        check(lib.it_event_record(self._handle, stream._handle if stream else ffi.NULL))
+
+    def wait(self, stream: Stream | None = None) -> None:
+        check(lib.it_stream_wait_event(stream._handle if stream else ffi.NULL, self._handle))
+
+    def synchronize(self) -> None:
+        check(lib.it_event_synchronize(self._handle))
+
+    def query(self) -> bool:
+        done = ffi.new("int32_t *")
+        check(lib.it_event_query(self._handle, done))
+        return bool(done[0])
+
+
+@contextmanager
+def stream(s: Stream):
+    """Kernels on s's device from this thread go to s inside the block."""
+    check(lib.it_set_stream(s.device.native, s._handle))
+    try:
+        yield s
+    finally:
+        check(lib.it_set_stream(s.device.native, ffi.NULL))
