@@ -176,3 +176,42 @@ def test_tiny_gpt2_trains_on_cuda_as_on_the_cpu():
             out.append(loss.item())
         losses[device] = out
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)
+
+
+# ---- NCCL -----------------------------------------------------------------------------------
+def test_communicator_arguments_are_checked_before_nccl():
+    cpu = ffi.new("it_device *", [lib.IT_CPU, 0])[0]
+    cuda0 = ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
+    buf = ffi.new("uint8_t[128]")
+    assert lib.it_comm_unique_id(cpu, buf, 128) == lib.IT_ERR_NOT_SUPPORTED
+    assert "CPU tensors use MPI" in ffi.string(lib.it_last_error()).decode()
+    assert lib.it_comm_unique_id(cuda0, buf, 16) == lib.IT_ERR_INVALID_ARGUMENT
+    out = ffi.new("it_comm **")
+    assert lib.it_comm_init(cuda0, buf, 128, 2, 5, out) == lib.IT_ERR_INVALID_ARGUMENT and out[0] == ffi.NULL
+    assert lib.it_comm_all_reduce(ffi.NULL, lib.IT_FLOAT32, buf, buf, 1, lib.IT_COMM_SUM, ffi.NULL) == \
+        lib.IT_ERR_INVALID_ARGUMENT
+    if not GPU:  # checked, then NCCL (or the device) is found missing, saying so
+        st = lib.it_comm_init(cuda0, buf, 128, 2, 0, out)
+        assert st in (lib.IT_ERR_NO_CUDA, lib.IT_ERR_NCCL), st
+        assert "it_comm_init: " in ffi.string(lib.it_last_error()).decode()
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is present")
+def test_cuda_layouts_and_examples_without_a_gpu_say_why():
+    import sys
+    code = "from infinitrain.nn import parallel; parallel.init(device='cuda')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "no usable CUDA device" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--device", "cuda"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and out.stderr.startswith("--device cuda: ") and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(it.cuda.device_count() < 2, reason="needs two GPUs")
+def test_nccl_collectives_on_two_gpus():
+    import sys
+    from test_distributed import ENV, MPIEXEC
+    script = str(Path(__file__).parent / "mpi" / "nccl_collectives.py")
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script], capture_output=True, text=True,
+                         timeout=300, env=ENV)
+    assert out.returncode == 0 and out.stdout.count(" OK") == 2, out.stdout + out.stderr

@@ -34,7 +34,13 @@ def train(args, build_model) -> int:
     """Trains build_model(args) (a GPT-2 or LLaMA-3 style model) as the flags say, on as many
     data-parallel MPI ranks as the job has."""
     if args.device != "cpu":
-        it.zeros(1, device=args.device)  # raises the library's clear error until CUDA lands
+        try:  # without a GPU: the library's error, naming what is missing
+            it.zeros(1, device=args.device)
+        except (it.NativeError, ValueError) as e:
+            sys.exit(f"--device {args.device}: {e}")
+        sys.exit(f"--device {args.device}: the examples train on the CPU in this version. The CUDA "
+                 "kernels, NCCL process groups (parallel.init(device='cuda')) and infinitrain.cuda are "
+                 "there for your own training loop; see the README's CUDA section")
     schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
     if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
         sys.exit("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")

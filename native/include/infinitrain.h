@@ -347,6 +347,35 @@ it_status it_sgd_step(it_device device, it_dtype dtype, void *param, const void 
                       float *momentum_buf, int64_t n, float lr, float momentum, float dampening,
                       float weight_decay, int32_t nesterov, int32_t first_step);
 
+/* ---- collective communication between GPUs (NCCL) ----------------------------------- */
+/* A communicator joins `nranks` processes, one GPU each. One rank makes a unique id (at most
+ * IT_COMM_ID_BYTES = 128 bytes) and gives it to the others out of band (infinitrain
+ * broadcasts it with MPI); each then calls it_comm_init with its rank. Collectives are queued
+ * on `stream` (NULL: the calling thread's current stream of the communicator's device) and
+ * return without waiting; send and recv pair up between two ranks. Counts are elements.
+ * Needs NCCL (libnccl.so.2), opened on first use: without it, IT_ERR_NO_CUDA says so. */
+typedef struct it_comm it_comm;
+typedef enum it_comm_op { IT_COMM_SUM = 0, IT_COMM_AVG, IT_COMM_MAX, IT_COMM_MIN } it_comm_op;
+
+it_status it_comm_unique_id(it_device device, uint8_t *id, size_t size);
+it_status it_comm_init(it_device device, const uint8_t *id, size_t size, int32_t nranks,
+                       int32_t rank, it_comm **out);
+it_status it_comm_destroy(it_comm *comm);
+it_status it_comm_all_reduce(it_comm *comm, it_dtype dtype, const void *send, void *recv,
+                             int64_t count, it_comm_op op, it_stream *stream);
+/* recv [nranks * count] = every rank's send [count], in rank order */
+it_status it_comm_all_gather(it_comm *comm, it_dtype dtype, const void *send, void *recv,
+                             int64_t count, it_stream *stream);
+/* recv [count] = this rank's block of the reduction of send [nranks * count] */
+it_status it_comm_reduce_scatter(it_comm *comm, it_dtype dtype, const void *send, void *recv,
+                                 int64_t count, it_comm_op op, it_stream *stream);
+it_status it_comm_broadcast(it_comm *comm, it_dtype dtype, const void *send, void *recv,
+                            int64_t count, int32_t root, it_stream *stream);
+it_status it_comm_send(it_comm *comm, it_dtype dtype, const void *buf, int64_t count,
+                       int32_t peer, it_stream *stream);
+it_status it_comm_recv(it_comm *comm, it_dtype dtype, void *buf, int64_t count, int32_t peer,
+                       it_stream *stream);
+
 /* IT_CDEF_END */
 
 #if defined(__GNUC__)

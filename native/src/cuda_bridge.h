@@ -35,6 +35,16 @@ it_status it_cuda_event_synchronize(it_device device, void *event);
 it_status it_cuda_event_query(it_device device, void *event, int32_t *done);
 it_status it_cuda_device_synchronize(it_device device);
 
+/* NCCL: `comm` is an ncclComm_t; kind 0 all-reduce, 1 all-gather, 2 reduce-scatter,
+ * 3 broadcast (arg: root), 4 send, 5 recv (arg: peer) */
+it_status it_cuda_comm_unique_id(it_device device, uint8_t *id, size_t size);
+it_status it_cuda_comm_init(it_device device, const uint8_t *id, size_t size, int32_t nranks,
+                            int32_t rank, void **comm);
+it_status it_cuda_comm_destroy(it_device device, void *comm);
+it_status it_cuda_comm_call(it_device device, void *comm, int32_t kind, it_dtype dtype,
+                            const void *send, void *recv, int64_t count, it_comm_op op,
+                            int32_t arg, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

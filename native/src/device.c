@@ -101,6 +101,10 @@ struct it_stream {
     void *handle;
 };
 
+/* The stream handle of a stream given to a collective: NULL stands for the current one. */
+void *it_stream_handle(const it_stream *stream) { return stream ? stream->handle : NULL; }
+it_device it_stream_device(const it_stream *stream) { return stream->device; }
+
 struct it_event {
     it_device device;
     void *handle;

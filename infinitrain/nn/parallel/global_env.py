@@ -8,6 +8,7 @@ import sys
 import time
 import traceback
 
+from ...device import as_device
 from .layout import Layout
 from .mpi import MPIProcessGroup
 
@@ -19,8 +20,16 @@ _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COM
 
 
 class GlobalEnv:
-    def __init__(self, comm, layout: Layout, local_size: int = 1):
+    """gpu: this rank's CUDA device (its groups are NCCL groups), or None (MPI groups, CPU)."""
+
+    def __init__(self, comm, layout: Layout, local_size: int = 1, gpu=None):
         self.comm = comm
+        self.device = gpu if gpu is not None else as_device("cpu")
+        if gpu is not None:
+            from .nccl import NCCLProcessGroup
+            make = lambda sub, members: NCCLProcessGroup(sub, members, gpu)  # noqa: E731
+        else:
+            make = MPIProcessGroup
         self.layout = layout
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
@@ -30,9 +39,9 @@ class GlobalEnv:
             members = getattr(layout, f"{kind}_group")(self.rank)
             color = layout.all_groups(kind).index(tuple(members))
             sub = comm.Split(color, members.index(self.rank))  # collective over the world
-            groups[kind] = MPIProcessGroup(sub, members)
+            groups[kind] = make(sub, members)
         self.dp_group, self.tp_group, self.pp_group = groups["dp"], groups["tp"], groups["pp"]
-        self.world = MPIProcessGroup(comm, list(range(self.world_size)))
+        self.world = make(comm, list(range(self.world_size)))
         self.local_size = local_size  # ranks on this node, sharing its memory and cores
         # the first and last stage of each pipeline: a tied embedding's gradient is summed there
         self.embedding_group = None
@@ -43,7 +52,7 @@ class GlobalEnv:
             color = layout.all_groups("pp").index(tuple(layout.pp_group(self.rank))) if inside else MPI.UNDEFINED
             sub = comm.Split(color, members.index(self.rank) if inside else 0)
             if inside:
-                self.embedding_group = MPIProcessGroup(sub, members)
+                self.embedding_group = make(sub, members)
 
     def pipeline_stage(self, virtual: int = 1):
         """This rank's PipelineStage (what a model is built with under pipeline parallelism)."""
@@ -101,12 +110,10 @@ def _abort_on_exception() -> None:
 
 def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu") -> GlobalEnv:
     """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv. The
-    device picks the collectives' backend: MPI for "cpu", NCCL (bootstrapped through MPI with
-    `mpi.nccl_unique_id`) for "cuda"."""
+    device picks the collectives' backend: MPI for "cpu"; for "cuda" each rank takes one GPU
+    of its node (by its rank on the node) and its groups are NCCL groups, bootstrapped through
+    MPI (`mpi.nccl_unique_id`)."""
     global _ENV
-    if str(device).startswith("cuda"):
-        raise NotImplementedError("the NCCL backend for CUDA tensors arrives with the CUDA kernels; "
-                                  "train on device='cpu' (MPI) for now")
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     _check_mpi_environment(comm)
@@ -115,8 +122,27 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     if comm.Get_size() > 1:
         _abort_on_exception()
         _share_cores(local_size)  # before the groups: they choose a communication thread by it
-    _ENV = GlobalEnv(comm, layout, local_size)
+    gpu = _pick_gpu(comm, local_size) if as_device(device).type == "cuda" else None
+    _ENV = GlobalEnv(comm, layout, local_size, gpu)
     return _ENV
+
+
+def _pick_gpu(comm, local_size: int):
+    """One rank per GPU: the node's k-th rank takes cuda:k."""
+    from mpi4py import MPI
+    from ... import cuda
+    from ...runtime import build_info
+    n = cuda.device_count()
+    if n == 0:
+        raise RuntimeError("device 'cuda' was asked for, but this node has no usable CUDA device ("
+                           + build_info().split("CUDA: ", 1)[-1] + ")")
+    if local_size > n:
+        raise RuntimeError(f"{local_size} ranks on this node but {n} GPU(s): NCCL takes one rank per GPU; "
+                           f"start at most {n} ranks per node")
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    index = local.Get_rank()
+    local.Free()
+    return as_device(f"cuda:{index}")
 
 
 def _local_size(comm) -> int:

@@ -167,10 +167,9 @@ unsigned int warp_blocks(int64_t rows) { return (unsigned int)((rows + kWarpsPer
 
 it_status check_sizes(int64_t head_dim, int64_t rows, const char *fn) {
     if (head_dim > 32 * kMaxPerLane)
-        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%s: head_dim %lld is above the CUDA kernel's %d", fn,
-                             (long long)head_dim, 32 * kMaxPerLane);
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "head_dim %lld is above the CUDA kernel's %d", (long long)head_dim, 32 * kMaxPerLane);
     if ((rows + kWarpsPerBlock - 1) / kWarpsPerBlock > 2147483647LL)
-        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%s: too many rows for one launch", fn);
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "too many rows for one launch");
     return IT_OK;
 }
 }  // namespace

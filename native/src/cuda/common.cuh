@@ -24,7 +24,7 @@ it_status it_cuda_error(it_status status, const char *fmt, ...);
             cudaGetLastError(); /* clear a sticky-free error so the next call can succeed */ \
             return it_cuda_error(err_ == cudaErrorMemoryAllocation ? IT_ERR_OUT_OF_MEMORY      \
                                                                     : IT_ERR_CUDA,             \
-                                 "%s: %s (%s)", __func__, cudaGetErrorString(err_), #expr);   \
+                                 "%s (%s)", cudaGetErrorString(err_), #expr);                \
         }                                                                                    \
     } while (0)
 #define IT_CU_TRY(expr)                                                                      \
@@ -79,8 +79,8 @@ template <> __device__ __forceinline__ __half from_f<__half>(float x) { return _
     case IT_BFLOAT16: { using T = __nv_bfloat16; __VA_ARGS__; break; }                       \
     case IT_FLOAT16: { using T = __half; __VA_ARGS__; break; }                               \
     default:                                                                                 \
-        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%s: dtype %d is not supported on CUDA",   \
-                             fn, (int)(dtype));                                              \
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "dtype %d is not supported on CUDA",       \
+                             (int)(dtype));                                                  \
     }
 
 // ---- launch sizes --------------------------------------------------------------------------

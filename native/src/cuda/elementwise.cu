@@ -268,7 +268,7 @@ __global__ void cast_kernel(void *out, int out_dtype, const void *inp, int inp_d
     case 2: { using E = uint16_t; __VA_ARGS__; break; }                                       \
     case 4: { using E = uint32_t; __VA_ARGS__; break; }                                       \
     case 8: { using E = uint64_t; __VA_ARGS__; break; }                                       \
-    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%s: element size %d", fn, (int)(size)); \
+    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "element size %d", (int)(size)); \
     }
 
 #define FLOAT_OR_DOUBLE(dtype, fn, ...)                                                       \

@@ -86,7 +86,7 @@ __global__ void cumsum_kernel(T *out, const T *inp, int64_t outer, int64_t n, in
     case 2: { using E = uint16_t; __VA_ARGS__; break; }                                       \
     case 4: { using E = uint32_t; __VA_ARGS__; break; }                                       \
     case 8: { using E = uint64_t; __VA_ARGS__; break; }                                       \
-    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%s: element size %d", fn, (int)(size)); \
+    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "element size %d", (int)(size)); \
     }
 
 it_status concat_or_split(it_device device, it_dtype dtype, void *joined, void *const *parts,

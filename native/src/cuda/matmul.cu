@@ -55,13 +55,13 @@ thread_local cublasHandle_t handles[64];
 
 it_status handle_for(it_device device, cublasHandle_t *out) {
     std::call_once(cublas_once, open_cublas);
-    if (!cublas.lib) return it_cuda_error(IT_ERR_NO_CUDA, "it_matmul on cuda:%d: cuBLAS %s",
-                                          (int)device.index, cublas.why);
+    if (!cublas.lib) return it_cuda_error(IT_ERR_NO_CUDA, "cuBLAS %s (cuda:%d)", cublas.why,
+                                          (int)device.index);
     cublasHandle_t &h = handles[device.index];
     if (!h && cublas.create(&h) != 0)
-        return it_cuda_error(IT_ERR_CUDA, "it_matmul: cublasCreate failed on cuda:%d", (int)device.index);
+        return it_cuda_error(IT_ERR_CUDA, "cublasCreate failed on cuda:%d", (int)device.index);
     if (cublas.set_stream(h, it_cuda_stream(device)) != 0)
-        return it_cuda_error(IT_ERR_CUDA, "it_matmul: cublasSetStream failed");
+        return it_cuda_error(IT_ERR_CUDA, "cublasSetStream failed");
     *out = h;
     return IT_OK;
 }
@@ -80,7 +80,7 @@ extern "C" it_status it_cuda_matmul(it_device device, it_dtype dtype, void *c, c
                                     int64_t stride_a, int64_t stride_b, int64_t stride_c) {
     if (batch * m * n == 0) return IT_OK;
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || batch > INT_MAX)
-        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "it_matmul: cuBLAS takes sizes up to 2^31 - 1, got "
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "cuBLAS takes sizes up to 2^31 - 1, got "
                              "batch %lld, %lld x %lld x %lld", (long long)batch, (long long)m,
                              (long long)n, (long long)k);
     IT_CU_TRY(it_cuda_use(device));
@@ -94,7 +94,7 @@ extern "C" it_status it_cuda_matmul(it_device device, it_dtype dtype, void *c, c
     case IT_FLOAT16: type = CUDA_R_16F; break;
     case IT_FLOAT64: type = CUDA_R_64F; compute = COMPUTE_64F; break;
     default:
-        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "it_matmul: dtype %d is not supported on CUDA", (int)dtype);
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "dtype %d is not supported on CUDA", (int)dtype);
     }
     double alpha64 = alpha, beta64 = beta;
     const void *pa = compute == COMPUTE_64F ? (const void *)&alpha64 : (const void *)&alpha;
@@ -103,7 +103,7 @@ extern "C" it_status it_cuda_matmul(it_device device, it_dtype dtype, void *c, c
     cublasStatus_t st = cublas.gemm(h, trans_b ? OP_T : OP_N, trans_a ? OP_T : OP_N, (int)n, (int)m,
                                     (int)k, pa, b, type, ldb, stride_b, a, type, lda, stride_a, pb,
                                     c, type, (int)n, stride_c, (int)batch, compute, GEMM_DEFAULT);
-    if (st != 0) return it_cuda_error(IT_ERR_CUDA, "it_matmul: cublasGemmStridedBatchedEx failed "
+    if (st != 0) return it_cuda_error(IT_ERR_CUDA, "cublasGemmStridedBatchedEx failed "
                                       "with status %d", st);
     return IT_OK;
 }

@@ -197,8 +197,7 @@ __global__ void ce_bwd(T *dlogits, const T *logits, const float *lse, const void
 unsigned int row_blocks(int64_t rows) { return (unsigned int)rows; }
 it_status check_rows(int64_t rows, const char *fn) {
     if (rows > 2147483647LL)
-        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%s: %lld rows exceed one launch's 2^31 - 1 blocks",
-                             fn, (long long)rows);
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%lld rows exceed one launch's 2^31 - 1 blocks", (long long)rows);
     return IT_OK;
 }
 
@@ -216,7 +215,7 @@ extern "C" {
 it_status it_cuda_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out,
                          const void *inp, int64_t outer, int64_t n, int64_t inner) {
     if (outer * inner == 0) return IT_OK;
-    if (n == 0) return it_cuda_error(IT_ERR_INVALID_ARGUMENT, "it_reduce: the reduced dimension is empty");
+    if (n == 0) return it_cuda_error(IT_ERR_INVALID_ARGUMENT, "the reduced dimension is empty");
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
     FLOAT_OR_DOUBLE(dtype, "it_reduce",

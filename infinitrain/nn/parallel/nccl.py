@@ -1,0 +1,135 @@
+"""The NCCL backend of ProcessGroup, for CUDA tensors: libinfinitrain's communicator (it_comm_*,
+NCCL inside the CUDA library), bootstrapped through MPI: the group's first rank makes the
+unique id and mpi4py broadcasts it (`mpi.nccl_unique_id`).
+
+Every collective runs on the group's communication stream. It first waits for an event
+recorded on the caller's current stream (the tensors are ready there), queues the NCCL call,
+and records its own event. Work.wait() makes the caller's current stream wait for that event:
+the host does not block, the compute kernels queued after it do (as torch.distributed with
+NCCL). is_completed() asks the event. A Work keeps its tensors alive until it has been waited
+for, so that memory the communication stream still reads is not reused. bfloat16 is reduced by
+NCCL natively.
+"""
+from __future__ import annotations
+
+from ... import cuda
+from ..._native import check, ffi, lib
+from ...tensor import Tensor
+from .mpi import nccl_unique_id
+from .process_group import ProcessGroup, ReduceOp, Work, traced_collective
+
+_OPS = {ReduceOp.SUM: lib.IT_COMM_SUM, ReduceOp.AVG: lib.IT_COMM_AVG, ReduceOp.MAX: lib.IT_COMM_MAX,
+        ReduceOp.MIN: lib.IT_COMM_MIN}
+
+
+class NCCLWork(Work):
+    def __init__(self, done: cuda.Event, keep: tuple):
+        super().__init__()
+        self._event, self._keep = done, keep
+
+    def _test(self) -> bool:
+        return self._event.query()
+
+    def _block(self) -> None:
+        self._event.wait()  # the caller's current stream waits; the host goes on
+        self._keep = ()
+
+
+class NCCLProcessGroup(ProcessGroup):
+    def __init__(self, comm, ranks, device):
+        self.comm, self.ranks = comm, list(ranks)  # comm: the group's MPI communicator (bootstrap)
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.device = device
+        uid = nccl_unique_id(comm, self._make_id)
+        out = ffi.new("it_comm **")
+        check(lib.it_comm_init(device.native, uid, len(uid), self.size, self.rank, out))
+        self._comm = ffi.gc(out[0], lib.it_comm_destroy)
+        self.stream = cuda.Stream(device)
+
+    def _make_id(self) -> bytes:
+        buf = ffi.new("uint8_t[128]")
+        check(lib.it_comm_unique_id(self.device.native, buf, 128))
+        return bytes(ffi.buffer(buf))
+
+    def __repr__(self) -> str:
+        return f"NCCLProcessGroup(ranks={self.ranks}, {self.device})"
+
+    def _check(self, *tensors: Tensor) -> None:
+        for t in tensors:
+            if t.device != self.device:
+                raise ValueError(f"the NCCL process group of {self.device} got a tensor on {t.device}")
+            if not t.is_contiguous():
+                raise ValueError("collectives need contiguous tensors; call .contiguous() first")
+
+    def _run(self, launch, keep: tuple, async_op: bool):
+        """launch(stream handle) queues the NCCL call on the communication stream, after the
+        work the caller's stream has queued so far."""
+        ready = cuda.Event(self.device)
+        ready.record()  # the caller's current stream
+        self.stream.wait_event(ready)
+        launch(self.stream._handle)
+        done = self.stream.record_event()
+        work = NCCLWork(done, keep)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    @traced_collective(0)
+    def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
+        self._check(t)
+        op = ReduceOp(op)
+        if op is ReduceOp.AVG and not t.dtype.is_floating_point:
+            raise TypeError(f"all_reduce AVG of {t.dtype.name} tensors is not defined; use SUM")
+        return self._run(lambda s: check(lib.it_comm_all_reduce(self._comm, t.dtype.native, t._ptr(), t._ptr(),
+                                                                t.numel(), _OPS[op], s)), (t,), async_op)
+
+    @traced_collective(0)
+    def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
+        self._check(out, t)
+        if out.numel() != t.numel() * self.size or out.dtype is not t.dtype:
+            raise ValueError(f"all_gather: out must hold {self.size} x {tuple(t.shape)} {t.dtype.name}, "
+                             f"got {tuple(out.shape)} {out.dtype.name}")
+        return self._run(lambda s: check(lib.it_comm_all_gather(self._comm, t.dtype.native, t._ptr(), out._ptr(),
+                                                                t.numel(), s)), (out, t), async_op)
+
+    @traced_collective(1)
+    def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
+        self._check(out, t)
+        if t.numel() != out.numel() * self.size or out.dtype is not t.dtype:
+            raise ValueError(f"reduce_scatter: input must hold {self.size} x {tuple(out.shape)}, got {tuple(t.shape)}")
+        op = ReduceOp(op)
+        return self._run(lambda s: check(lib.it_comm_reduce_scatter(self._comm, t.dtype.native, t._ptr(),
+                                                                    out._ptr(), out.numel(), _OPS[op], s)),
+                         (out, t), async_op)
+
+    @traced_collective(0)
+    def broadcast(self, t: Tensor, src: int = 0, async_op: bool = False):
+        self._check(t)
+        return self._run(lambda s: check(lib.it_comm_broadcast(self._comm, t.dtype.native, t._ptr(), t._ptr(),
+                                                               t.numel(), src, s)), (t,), async_op)
+
+    @traced_collective(0)
+    def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
+        """NCCL has no tags: messages between two ranks arrive in the order they were sent."""
+        self._check(t)
+        return self._run(lambda s: check(lib.it_comm_send(self._comm, t.dtype.native, t._ptr(), t.numel(),
+                                                          dst, s)), (t,), True)
+
+    @traced_collective(0)
+    def irecv(self, t: Tensor, src: int, tag: int = 0) -> Work:
+        self._check(t)
+        return self._run(lambda s: check(lib.it_comm_recv(self._comm, t.dtype.native, t._ptr(), t.numel(),
+                                                          src, s)), (t,), True)
+
+    def send(self, t: Tensor, dst: int, tag: int = 0) -> None:
+        self.isend(t, dst, tag).wait()
+
+    def recv(self, t: Tensor, src: int, tag: int = 0) -> None:
+        self.irecv(t, src, tag).wait()
+
+    def barrier(self) -> None:
+        """Every rank's host waits for every other's: the MPI communicator's barrier, after this
+        device's queued work."""
+        cuda.synchronize(self.device)
+        self.comm.Barrier()
