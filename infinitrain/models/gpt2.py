@@ -186,9 +186,9 @@ class GPT2(CausalLM):
         tp, T = self.tp, idx.shape[1]
         if tp and tp.sequence_parallel:  # this rank's part of the sequence, from here to the head
             n = T // tp.size
-            pos = creation.arange(tp.rank * n, (tp.rank + 1) * n)
+            pos = creation.arange(tp.rank * n, (tp.rank + 1) * n, device=idx.device)
         else:
-            pos = creation.arange(T)
+            pos = creation.arange(T, device=idx.device)
         return self.transformer.wte(idx) + self.transformer.wpe(pos)
 
     # ---- llm.c checkpoints -------------------------------------------------------------

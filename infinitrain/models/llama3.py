@@ -184,8 +184,11 @@ class LLaMA3(CausalLM):
 
     def _rope_tables(self, T: int) -> None:
         angles = np.outer(np.arange(T), rope_frequencies(self.config))
-        self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)), persistent=False)
-        self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)), persistent=False)
+        device = self.rope_cos.device if "rope_cos" in self._buffers else "cpu"  # grown where it lives
+        self.register_buffer("rope_cos", creation.from_numpy(np.cos(angles).astype(np.float32)).to(device=device),
+                             persistent=False)
+        self.register_buffer("rope_sin", creation.from_numpy(np.sin(angles).astype(np.float32)).to(device=device),
+                             persistent=False)
 
     def rope(self, T: int) -> tuple:
         """(cos, sin) [T, head_dim / 2] of the first T positions, float32."""
@@ -219,7 +222,8 @@ class LLaMA3(CausalLM):
     def to(self, *args, **kwargs) -> "LLaMA3":
         cos, sin = self.rope_cos, self.rope_sin
         super().to(*args, **kwargs)
-        self._buffers["rope_cos"], self._buffers["rope_sin"] = cos, sin  # tables stay float32
+        device = self.rope_cos.device  # the tables follow the model's device, but stay float32
+        self._buffers["rope_cos"], self._buffers["rope_sin"] = cos.to(device=device), sin.to(device=device)
         return self
 
     def embed(self, idx):

@@ -8,7 +8,10 @@ import numpy as np
 from .._native import lib
 from ..creation import from_numpy
 from ..autograd import no_grad, zero_grads  # noqa: F401  (zero_grads re-exported)
+from ..device import as_device
+from ..dtype import float64
 from ..kernels import elementwise as ew
+from ..kernels.memory import cat, convert
 
 
 @no_grad()
@@ -26,25 +29,29 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         return 0.0
     # A tensor-parallel shard holds part of its parameter: the shards' squares are summed over
     # their group; replicated parameters (equal on every rank) count once, as in one process.
-    total_sq, shard_sq = 0.0, {}
+    # Summed where the gradients are, in float64; the host reads one number at the end.
+    replicated, shard_sq = [], {}
     for p, g in zip(params, grads):
         if getattr(p, "tied_copy_of", None) is not None:
             continue
-        sq = ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, g.float())).item()
+        sq = convert(ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, g.float())), float64).reshape(1)
         shard = getattr(p, "tp_shard", None)
         if shard is None:
-            total_sq += sq
+            replicated.append(sq)
         else:
-            group, acc = shard_sq.get(id(shard.group), (shard.group, 0.0))
-            shard_sq[id(shard.group)] = (group, acc + sq)
-    for group, acc in shard_sq.values():
-        t = from_numpy(np.array([acc], dtype=np.float64))
+            shard_sq.setdefault(id(shard.group), (shard.group, []))[1].append(sq)
+    device = grads[0].device if grads else as_device("cpu")
+    total_t = from_numpy(np.zeros(1)).to(device)
+    if replicated:
+        total_t = ew.add(total_t, ew.reduce(lib.IT_SUM, cat(replicated)))
+    for group, parts in shard_sq.values():
+        t = ew.reduce(lib.IT_SUM, cat(parts)).reshape(1).contiguous()
         group.all_reduce(t)
-        total_sq += t.item()
+        total_t = ew.add(total_t, t)
     if pipeline_group is not None and pipeline_group.size > 1:
-        t = from_numpy(np.array([total_sq], dtype=np.float64))
-        pipeline_group.all_reduce(t)
-        total_sq = t.item()
+        total_t = total_t.contiguous()
+        pipeline_group.all_reduce(total_t)
+    total_sq = float(total_t.sum().item())
     total = math.sqrt(total_sq)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(f"the total norm of the gradients is {total}; set "

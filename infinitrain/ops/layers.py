@@ -4,13 +4,14 @@ from __future__ import annotations
 import math
 import sys
 
-import numpy as np
 
 from .. import amp
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
+from ..kernels import index as kidx
 from ..kernels import neural as knn
+from ..kernels.memory import convert
 from ..tensor import Tensor, _empty
 
 
@@ -75,9 +76,12 @@ class CrossEntropy(Function):
         total = losses.sum()
         if reduction == "sum":
             return total
-        count = int(np.count_nonzero(targets.numpy() != ignore_index))
-        ctx.count = count
-        return ew.div(total, max(count, 1)) if count else ew.mul(total, float("nan"))
+        # counted where the targets are (no host synchronisation on a GPU): with every row
+        # ignored the mean is 0 / 0 = NaN, as in PyTorch
+        ignore = _empty((), targets.dtype, targets.device).fill_(ignore_index)
+        counted = convert(kidx.compare(lib.IT_NE, targets, ignore), total.dtype)
+        ctx.count = ew.reduce(lib.IT_SUM, counted)
+        return ew.div(total, ctx.count)
 
     @staticmethod
     def backward(ctx, g):
@@ -86,8 +90,8 @@ class CrossEntropy(Function):
         if ctx.reduction == "none":
             dlosses = g.float().contiguous()
         else:
-            scale = g.float().item() / (ctx.count if ctx.reduction == "mean" and ctx.count else 1)
-            dlosses = _empty((n,), lse.dtype, lse.device).fill_(scale)
+            scale = ew.div(g.float(), ctx.count) if ctx.reduction == "mean" else g.float()
+            dlosses = ew.add(_empty((n,), lse.dtype, lse.device).fill_(0), scale)  # [n], on the device
         # When nothing but this node still holds the logits (the training loop dropped them),
         # their gradient is written over them, as llm.c does: that saves a logits-sized buffer,
         # the largest of a GPT-2 step. Never for a leaf or a tensor (or a view of its memory)

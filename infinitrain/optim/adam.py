@@ -34,8 +34,8 @@ class AdamW(Optimizer):
                 state = self.state.setdefault(p, {})
                 if not state:
                     state["step"] = 0
-                    state["exp_avg"] = zeros(*p.shape)
-                    state["exp_avg_sq"] = zeros(*p.shape)
+                    state["exp_avg"] = zeros(*p.shape, device=p.device)
+                    state["exp_avg_sq"] = zeros(*p.shape, device=p.device)
                 state["step"] += 1
                 kopt.adamw_step(p, self._grad(p, g), state["exp_avg"], state["exp_avg_sq"],
                                 lr=g["lr"], beta1=b1, beta2=b2, eps=g["eps"],

@@ -30,7 +30,7 @@ class SGD(Optimizer):
                 if g["momentum"] != 0:
                     buf = state.get("momentum_buffer")
                     if buf is None:
-                        buf = state["momentum_buffer"] = zeros(*p.shape)
+                        buf = state["momentum_buffer"] = zeros(*p.shape, device=p.device)
                         first = True
                 kopt.sgd_step(p, p.grad, buf, lr=g["lr"], momentum=g["momentum"],
                               dampening=g["dampening"], weight_decay=g["weight_decay"],

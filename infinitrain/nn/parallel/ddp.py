@@ -58,7 +58,7 @@ class Reducer:
             self.where[id(p)] = (len(self.buckets) - 1, len(b.params))
             b.add(p)
         for b in self.buckets:
-            b.flat = zeros(b.numel, dtype=b.dtype)
+            b.flat = zeros(b.numel, dtype=b.dtype, device=b.params[0].device)
             for p in b.params:
                 p.register_post_accumulate_grad_hook(self._on_grad)
         self.sync = True

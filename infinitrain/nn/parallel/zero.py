@@ -47,9 +47,10 @@ class _Bucket:
         self.numel = n
         self.padded = -(-max(n, 1) // world) * world
         self.piece = self.padded // world
-        self.flat_param = zeros(self.padded, dtype=params[0].dtype)
+        self.device = params[0].device
+        self.flat_param = zeros(self.padded, dtype=params[0].dtype, device=self.device)
         self.flat_grad = None     # full-size gradient (stage 1: always; stage 2/3: while filling)
-        self.shard_grad = zeros(self.piece, dtype=params[0].dtype)
+        self.shard_grad = zeros(self.piece, dtype=params[0].dtype, device=self.device)
         self.shard_param = None   # this rank's piece: a view of flat_param (stage 3: its own copy)
         self.pending = len(params)
 
@@ -121,7 +122,7 @@ class ZeroOptimizer:
                 self.group.broadcast(b.flat_param, 0)  # replicas start equal
                 b.shard_param = b.flat_param[self.rank * b.piece:(self.rank + 1) * b.piece]
                 if stage == 1:
-                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
+                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype, device=b.device)
                     for j, p in enumerate(b.params):
                         p.grad = self._grad_view(b, j)
         # stage 3: the pieces become the parameters' only persistent copy
@@ -183,7 +184,7 @@ class ZeroOptimizer:
             b.flat_grad = p.grad.view(-1)  # a bucket of one parameter: its gradient, no copy
         else:
             if b.flat_grad is None:
-                b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
+                b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype, device=b.device)
             self._grad_view(b, j).add_(p.grad)
         p.grad = None  # the flat bucket holds it now
         b.pending -= 1
@@ -196,7 +197,7 @@ class ZeroOptimizer:
     def _reduce(self, b: _Bucket) -> None:
         """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
         it is done (at the end of backward)."""
-        out = empty(b.piece, dtype=b.flat_param.dtype)
+        out = empty(b.piece, dtype=b.flat_param.dtype, device=b.device)
         self._works.append((b, out, self.group.reduce_scatter(out, b.flat_grad, ReduceOp.AVG, async_op=True)))
         b.pending = -1  # launched
 
@@ -213,7 +214,7 @@ class ZeroOptimizer:
         for b in self.buckets:  # a parameter that got no gradient contributes zeros
             if b.pending >= 0:
                 if b.flat_grad is None:
-                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype)
+                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype, device=b.device)
                 self._reduce(b)
         self._collect()
         for b in self.buckets:
@@ -251,7 +252,7 @@ class ZeroOptimizer:
             if tp is not None:
                 tp_groups[id(tp.group)] = tp.group
             sq[tp is not None] += float((shard.grad.float() ** 2).sum().item())
-        t = from_numpy(np.array(sq, dtype=np.float64))
+        t = from_numpy(np.array(sq, dtype=np.float64)).to(self.buckets[0].device)
         self.group.all_reduce(t)
         if len(tp_groups) > 1:
             raise NotImplementedError("parameters sharded over several tensor-parallel groups")
@@ -316,18 +317,18 @@ class ZeroOptimizer:
             for st in self.optimizer.state.values():
                 keys |= {k for k, v in st.items() if hasattr(v, "numel") and v.ndim == 1}
                 step = max(step, int(st.get("step", 0)))
-        t = from_numpy(np.array([step], dtype=np.int64))
+        t = from_numpy(np.array([step], dtype=np.int64)).to(self.buckets[0].device)
         self.group.all_reduce(t, ReduceOp.MAX)
         step = int(t.item())
         keys = sorted(keys) if keys else ["exp_avg", "exp_avg_sq"]
         state = {}
         for bi, b in enumerate(self.buckets):
             for key in keys:
-                mine = zeros(b.piece, dtype=b.flat_param.dtype)
+                mine = zeros(b.piece, dtype=b.flat_param.dtype, device=b.device)
                 for shard, sbi, at, p, _ in self.segments:
                     if sbi == bi and shard in self.state and key in self.state[shard]:
                         mine[at:at + shard.numel()].copy_(self.state[shard][key])
-                full = empty(b.padded, dtype=b.flat_param.dtype)
+                full = empty(b.padded, dtype=b.flat_param.dtype, device=b.device)
                 self.group.all_gather(full, mine)
                 for j, p in enumerate(b.params):
                     entry = state.setdefault(index[id(p)], {"step": step})
