@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import sys
 
-
 from .. import amp
 from .._native import lib
 from ..autograd import Function
