@@ -83,6 +83,25 @@ template <> __device__ __forceinline__ __half from_f<__half>(float x) { return _
                              (int)(dtype));                                                  \
     }
 
+// float64 too (elementwise ops, reductions): T is double, else as IT_FLOAT_SWITCH.
+#define FLOAT_OR_DOUBLE(dtype, fn, ...)                                                       \
+    if ((dtype) == IT_FLOAT64) {                                                              \
+        using T = double;                                                                     \
+        __VA_ARGS__;                                                                          \
+    } else {                                                                                  \
+        IT_FLOAT_SWITCH(dtype, fn, __VA_ARGS__)                                               \
+    }
+
+// Ops that only move elements: E is an unsigned type of the dtype's size.
+#define BY_SIZE(size, fn, ...)                                                                \
+    switch (size) {                                                                           \
+    case 1: { using E = uint8_t; __VA_ARGS__; break; }                                        \
+    case 2: { using E = uint16_t; __VA_ARGS__; break; }                                       \
+    case 4: { using E = uint32_t; __VA_ARGS__; break; }                                       \
+    case 8: { using E = uint64_t; __VA_ARGS__; break; }                                       \
+    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "element size %d", (int)(size));      \
+    }
+
 // ---- launch sizes --------------------------------------------------------------------------
 static constexpr int IT_THREADS = 256;
 static inline unsigned int it_blocks(int64_t n, int threads = IT_THREADS) {

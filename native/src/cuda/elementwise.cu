@@ -262,22 +262,7 @@ __global__ void cast_kernel(void *out, int out_dtype, const void *inp, int inp_d
     }
 }
 
-#define BY_SIZE(size, fn, ...)                                                                \
-    switch (size) {                                                                           \
-    case 1: { using E = uint8_t; __VA_ARGS__; break; }                                        \
-    case 2: { using E = uint16_t; __VA_ARGS__; break; }                                       \
-    case 4: { using E = uint32_t; __VA_ARGS__; break; }                                       \
-    case 8: { using E = uint64_t; __VA_ARGS__; break; }                                       \
-    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "element size %d", (int)(size)); \
-    }
 
-#define FLOAT_OR_DOUBLE(dtype, fn, ...)                                                       \
-    if ((dtype) == IT_FLOAT64) {                                                              \
-        using T = double;                                                                     \
-        __VA_ARGS__;                                                                          \
-    } else {                                                                                  \
-        IT_FLOAT_SWITCH(dtype, fn, __VA_ARGS__)                                               \
-    }
 }  // namespace
 
 extern "C" {

@@ -80,14 +80,6 @@ __global__ void cumsum_kernel(T *out, const T *inp, int64_t outer, int64_t n, in
     }
 }
 
-#define BY_SIZE(size, fn, ...)                                                                \
-    switch (size) {                                                                           \
-    case 1: { using E = uint8_t; __VA_ARGS__; break; }                                        \
-    case 2: { using E = uint16_t; __VA_ARGS__; break; }                                       \
-    case 4: { using E = uint32_t; __VA_ARGS__; break; }                                       \
-    case 8: { using E = uint64_t; __VA_ARGS__; break; }                                       \
-    default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "element size %d", (int)(size)); \
-    }
 
 it_status concat_or_split(it_device device, it_dtype dtype, void *joined, void *const *parts,
                           const int64_t *sizes, int32_t num, int64_t outer, int64_t inner, int split,

@@ -201,13 +201,6 @@ it_status check_rows(int64_t rows, const char *fn) {
     return IT_OK;
 }
 
-#define FLOAT_OR_DOUBLE(dtype, fn, ...)                                                       \
-    if ((dtype) == IT_FLOAT64) {                                                              \
-        using T = double;                                                                     \
-        __VA_ARGS__;                                                                          \
-    } else {                                                                                  \
-        IT_FLOAT_SWITCH(dtype, fn, __VA_ARGS__)                                               \
-    }
 }  // namespace
 
 extern "C" {
