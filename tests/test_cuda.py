@@ -43,7 +43,8 @@ def test_the_cuda_library_is_built_wherever_nvcc_is_and_needs_no_cuda_library():
                "libdl.so.2", "libpthread.so.0", "librt.so.1"}
     assert needed <= allowed, f"links {needed - allowed}: cudart must be static, cuBLAS/NCCL opened at run time"
     runpath = re.search(r"\((?:RUNPATH|RPATH)\).*\[(.+?)\]", dyn).group(1)
-    assert "$ORIGIN/../../nvidia/cu13/lib" in runpath and "$ORIGIN/../../nvidia/nccl/lib" in runpath
+    if runpath.strip(":"):  # an installed library (a CMake build tree only reserves the space)
+        assert "$ORIGIN/../../nvidia/cu13/lib" in runpath and "$ORIGIN/../../nvidia/nccl/lib" in runpath
     # the CPU library never links CUDA either
     cpu = subprocess.run(["readelf", "-d", str(LIBDIR / "libinfinitrain.so")], capture_output=True, text=True).stdout
     assert not re.search(r"NEEDED.*(cuda|cublas|nccl)", cpu)
