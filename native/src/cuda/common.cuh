@@ -42,7 +42,7 @@ it_status it_cuda_use(it_device device);
 // another). Kernels are queued on it and return without waiting.
 cudaStream_t it_cuda_stream(it_device device);
 
-// An index outside its range (an embedding id, a cross-entropy target) cannot be reported by
+// An input outside its range (an embedding id, a cross-entropy target, multinomial weights) cannot be reported by
 // the kernel that meets it without a host synchronisation: the kernel sets this device's flag
 // (it_cuda_index_flag gives its address) and the next synchronisation the host does anyway
 // (a copy to host memory, a stream or device sync) reports IT_ERR_INDEX_OUT_OF_RANGE.

@@ -41,10 +41,12 @@ it_status it_cuda_check_index_flag(it_device device) {
     CU_TRY(cudaMemcpyFromSymbol(&seen, index_error, sizeof seen));
     if (!seen) return IT_OK;
     CU_TRY(cudaMemcpyToSymbol(index_error, &zero, sizeof zero));
-    return it_cuda_error(IT_ERR_INDEX_OUT_OF_RANGE, "a kernel queued earlier on cuda:%d met an index "
-                         "outside its range (an embedding id >= the table's rows or negative, or a "
-                         "cross-entropy target outside the vocabulary that is not ignore_index); the "
-                         "results of that step are invalid", (int)device.index);
+    return it_cuda_error(IT_ERR_INDEX_OUT_OF_RANGE, "a kernel queued earlier on cuda:%d met an input "
+                         "outside its range: an embedding id >= the table's rows or negative, a "
+                         "cross-entropy target outside the vocabulary that is not ignore_index, an "
+                         "index outside its axis, or multinomial weights that are negative, not finite "
+                         "or all zero; the results since the last synchronisation are invalid",
+                         (int)device.index);
 }
 
 // ---- devices --------------------------------------------------------------------------
