@@ -54,7 +54,7 @@ class CheckpointError(RuntimeError):
 
 def _to_numpy(t: Tensor) -> tuple:
     """(array safetensors can store, dtype name to restore)."""
-    a = np.ascontiguousarray(t.detach().numpy())
+    a = np.ascontiguousarray(t.detach().cpu().numpy())
     if t.dtype.name == "bfloat16":
         return a.view(np.uint16), "bfloat16"
     return a, t.dtype.name

@@ -25,8 +25,7 @@ def copy_into(dst: Tensor, src) -> None:
         src = one
     if not isinstance(src, Tensor):
         raise TypeError(f"cannot copy a {type(src).__name__} into a tensor")
-    _checks.same_device("copy_", destination=dst, source=src)
-    if src.dtype is not dst.dtype:
+    if src.dtype is not dst.dtype or src.device != dst.device:  # as PyTorch: across devices too
         src = convert(src, dst.dtype, dst.device)
     elif src._storage is dst._storage:
         src = src._clone_raw()  # the copy must not read what it has already overwritten

@@ -250,7 +250,8 @@ class CausalLM(Module):
         PipelineParallel.logits, which every stage runs along)."""
         rng = np.random.default_rng(seed)
         forward = forward or (lambda x: self(x)[0])
-        tokens = idx.numpy().astype(np.int64)
+        tokens = idx.cpu().numpy().astype(np.int64)
+        device = next(iter(self.parameters())).device
         tp = getattr(self, "tp", None)
         multiple = tp.size if tp is not None and tp.sequence_parallel else 1
         for _ in range(max_new_tokens):
@@ -259,8 +260,8 @@ class CausalLM(Module):
             # sequence parallelism splits the sequence evenly: pad the end (causal attention
             # keeps the padding out of the real positions' logits)
             ctx = np.pad(ctx, ((0, 0), (0, (-n) % multiple)))
-            logits = forward(creation.from_numpy(np.ascontiguousarray(ctx)))
-            last = logits[:, n - 1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
+            logits = forward(creation.from_numpy(np.ascontiguousarray(ctx)).to(device))
+            last = logits[:, n - 1, :].float().cpu().numpy().astype(np.float64) / max(temperature, 1e-6)
             if top_k:
                 kth = np.sort(last, axis=-1)[:, -top_k][:, None]
                 last = np.where(last < kth, -np.inf, last)

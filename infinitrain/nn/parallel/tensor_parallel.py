@@ -131,7 +131,7 @@ class TPShard:
 
 
 def _as_numpy(t: Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
+    return t.detach().contiguous().cpu().numpy()
 
 
 def _from_numpy(a: np.ndarray, dtype) -> Tensor:
