@@ -121,11 +121,14 @@ class ZeroOptimizer:
                     p.register_post_accumulate_grad_hook(self._on_grad)
                 self.group.broadcast(b.flat_param, 0)  # replicas start equal
                 b.shard_param = b.flat_param[self.rank * b.piece:(self.rank + 1) * b.piece]
+                if stage == 3:  # the piece becomes the only copy, before the next bucket is packed
+                    b.shard_param = b.shard_param.clone()
+                    b.flat_param._storage.release(zero3.RELEASED)
                 if stage == 1:
                     b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype, device=b.device)
                     for j, p in enumerate(b.params):
                         p.grad = self._grad_view(b, j)
-        # stage 3: the pieces become the parameters' only persistent copy
+        # stage 3: the gathering around each unit's forward and backward
         self.gatherer = zero3.Gatherer(dp_group, self.buckets, units, uses,
                                        {k: v[0] for k, v in self.where.items()}) if stage == 3 else None
         # this rank's segments: a shard parameter per (bucket piece ∩ parameter)

@@ -84,15 +84,13 @@ class _GatherForBackward(Function):
 
 class Gatherer:
     """Gathers and frees the optimizer's buckets around the units' forward and backward.
-    buckets: the optimizer's flat buckets, one per unit that owns parameters; bucket_of:
-    id(parameter) -> bucket index."""
+    buckets: the optimizer's flat buckets, one per unit that owns parameters, released (their
+    pieces in shard_param); bucket_of: id(parameter) -> bucket index."""
 
     def __init__(self, group, buckets, units, uses, bucket_of):
         self.group, self.buckets, self.units = group, buckets, units
         for b in buckets:
-            b.shard_param = b.flat_param[group.rank * b.piece:(group.rank + 1) * b.piece].clone()
             b.work, b.users, b.held = None, 0, False
-            self._free(b)
         self.needs = {id(u): sorted({bucket_of[id(p)] for p in used}) for u, used in zip(units, uses)}
         self.index = {id(u): k for k, u in enumerate(units)}
         self.handles = [h for u in units for h in (u.register_forward_pre_hook(self._pre_forward),
