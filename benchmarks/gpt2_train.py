@@ -1,13 +1,17 @@
-"""GPT-2 training throughput and peak memory: infinitrain against PyTorch's CPU build on the
-same configuration, threads and data, each run in a fresh process.
+"""GPT-2 training throughput and peak memory: infinitrain against PyTorch on the same
+configuration, threads and data, each run in a fresh process; on a GPU also MFU.
 
-    python benchmarks/gpt2_train.py                      # small and 124M, 1 and 2 threads
+    python benchmarks/gpt2_train.py                      # CPU: small and 124M, 1 and 2 threads
     python benchmarks/gpt2_train.py --configs small --threads 2 --steps 5
+    python benchmarks/gpt2_train.py --device cuda --dtype bfloat16 --configs 124M   # a GPU
 
 Configurations: small = 4 layers, 256 wide, seq 256, batch 8; 124M = GPT-2 (d12), seq 256,
-batch 4; vocab 50257 (infinitrain pads it to 50304 as llm.c does), fp32, AdamW. Prints
-median tok/s over the measured steps (after warm-up), peak RSS of the process, and the ratio.
-Needs `pip install torch==2.13.0`.
+batch 4; vocab 50257 (infinitrain pads it to 50304 as llm.c does), AdamW; --dtype bfloat16 is
+autocast in both. Prints median tok/s over the measured steps (after warm-up), peak memory
+(RSS of the process on the CPU, the allocator's peak on a GPU), the ratios, and with
+--device cuda the model FLOPs utilisation (llm.c's count) against --peak_tflops (default 989,
+an H100 SXM's dense bf16). Needs PyTorch (`pip install '.[compare]'`; a CUDA build of it for
+--device cuda).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pathlib import Path
 CONFIGS = {"small": dict(model="small", B=8, T=256), "124M": dict(model="gpt2", B=4, T=256)}
 
 
-def child(framework: str, config: str, threads: int, steps: int, warmup: int) -> dict:
+def child(framework: str, config: str, threads: int, steps: int, warmup: int, device: str, dtype: str) -> dict:
     import resource
     import time
 
@@ -35,12 +39,13 @@ def child(framework: str, config: str, threads: int, steps: int, warmup: int) ->
         import infinitrain as it
         from infinitrain.models import gpt2
         it.manual_seed(0)
-        model = gpt2(cfg["model"])
+        model = gpt2(cfg["model"]).to(device)
         opt = it.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
         for b in batches:
-            x, y = it.from_numpy(b[:, :-1].copy()), it.from_numpy(b[:, 1:].copy())
+            x, y = it.from_numpy(b[:, :-1].copy()).to(device), it.from_numpy(b[:, 1:].copy()).to(device)
             t0 = time.perf_counter()
-            _, loss = model(x, y, return_logits=False)
+            with it.autocast(dtype, enabled=dtype != "float32"):
+                _, loss = model(x, y, return_logits=False)
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -55,12 +60,13 @@ def child(framework: str, config: str, threads: int, steps: int, warmup: int) ->
         c = GPT2_PRESETS[cfg["model"]]
         torch.manual_seed(0)
         # the unpadded vocabulary, as a PyTorch user would write it (padding only adds work there)
-        model = TorchGPT2(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size, c.vocab_size)
+        model = TorchGPT2(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size, c.vocab_size).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
         for b in batches:
-            x, y = torch.from_numpy(b[:, :-1].copy()), torch.from_numpy(b[:, 1:].copy())
+            x, y = torch.from_numpy(b[:, :-1].copy()).to(device), torch.from_numpy(b[:, 1:].copy()).to(device)
             t0 = time.perf_counter()
-            loss = model(x, y)
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=dtype != "float32"):
+                loss = model(x, y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -68,8 +74,13 @@ def child(framework: str, config: str, threads: int, steps: int, warmup: int) ->
             times.append(time.perf_counter() - t0)
     measured = sorted(times[warmup:])
     median = measured[len(measured) // 2]
-    return {"tok_s": B * T / median, "ms": median * 1e3,
-            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device == "cpu":
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    elif framework == "infinitrain":
+        peak = it.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    return {"tok_s": B * T / median, "ms": median * 1e3, "rss_mb": peak}
 
 
 def main() -> None:
@@ -78,27 +89,45 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="*", default=[1, 2])
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--peak_tflops", type=float, default=989.0, help="the GPU's peak for MFU")
     p.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "CONFIG", "THREADS"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.steps, a.warmup)))
+        print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.steps, a.warmup, a.device, a.dtype)))
         return
-    print(f"{'config':7s} {'threads':>7s} | {'infinitrain tok/s':>17s} {'peak RSS':>9s} | "
-          f"{'PyTorch tok/s':>13s} {'peak RSS':>9s} | {'speed':>6s} {'memory':>6s}")
+    gpu = a.device.startswith("cuda")
+    if gpu:
+        import infinitrain as it
+        if not it.cuda.is_available():
+            sys.exit(f"--device {a.device}: no CUDA device here ({it.build_info().split('CUDA: ', 1)[-1]})")
+        a.threads = [1]  # the host threads hardly matter on a GPU
+    print(f"{a.device}, {a.dtype}")
+    print(f"{'config':7s} {'threads':>7s} | {'infinitrain tok/s':>17s} {'peak mem':>9s} | "
+          f"{'PyTorch tok/s':>13s} {'peak mem':>9s} | {'speed':>6s} {'memory':>6s}" + (" | MFU it / torch" if gpu else ""))
     for config in a.configs:
         for n in a.threads:
             res = {}
             for fw in ("infinitrain", "torch"):
                 env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n))
                 out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--warmup",
-                                      str(a.warmup), "--child", fw, config, str(n)],
+                                      str(a.warmup), "--device", a.device, "--dtype", a.dtype,
+                                      "--child", fw, config, str(n)],
                                      env=env, capture_output=True, text=True)
                 if out.returncode != 0:
                     sys.exit(f"{fw} {config} failed:\n{out.stderr[-2000:]}")
                 res[fw] = json.loads(out.stdout.strip().splitlines()[-1])
             i, t = res["infinitrain"], res["torch"]
+            mfu = ""
+            if gpu:
+                from infinitrain.examples.mfu import flops_per_token
+                from infinitrain.models import GPT2, GPT2_PRESETS
+                c = GPT2_PRESETS[CONFIGS[config]["model"]]
+                f = flops_per_token(GPT2._llmc_numel(c), c.n_layer, c.n_embd, CONFIGS[config]["T"])
+                mfu = f" | {100 * f * i['tok_s'] / (a.peak_tflops * 1e12):5.1f}% / {100 * f * t['tok_s'] / (a.peak_tflops * 1e12):5.1f}%"
             print(f"{config:7s} {n:7d} | {i['tok_s']:17.0f} {i['rss_mb']:7.0f}MB | {t['tok_s']:13.0f} "
-                  f"{t['rss_mb']:7.0f}MB | {i['tok_s'] / t['tok_s']:5.2f}x {i['rss_mb'] / t['rss_mb']:5.2f}x",
+                  f"{t['rss_mb']:7.0f}MB | {i['tok_s'] / t['tok_s']:5.2f}x {i['rss_mb'] / t['rss_mb']:5.2f}x{mfu}",
                   flush=True)
 
 
