@@ -76,6 +76,20 @@ def test_an_unwritable_save_location_is_refused_before_training(tmp_path):
     assert "train loss" not in out.stdout  # nothing trained
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--profile", "{missing}/trace.json"], "--profile {missing}/trace.json: the folder"),
+    (["--plot", "{missing}/loss.png"], "--plot {missing}/loss.png: the folder"),
+    (["--precision_check", "level=1,output_path={file}/pc"], "--precision_check: cannot write to its output_path"),
+    (["--lora_rank", "2", "--lora_save_path", "{file}/ad"], "--lora_save_path: cannot write"),
+])
+def test_unwritable_outputs_of_the_new_flags_are_refused_before_training(tmp_path, flags, message):
+    (tmp_path / "file").write_text("not a folder")
+    fill = lambda t: t.format(missing=tmp_path / "missing", file=tmp_path / "file")  # noqa: E731
+    out = _example(tmp_path, "--num_iteration", "2", *map(fill, flags))
+    assert out.returncode != 0 and fill(message) in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "train loss" not in out.stdout
+
+
 def test_resuming_past_the_last_step_is_refused(tmp_path):
     assert _example(tmp_path, "--num_iteration", "2", "--save", str(tmp_path / "ck")).returncode == 0
     out = _example(tmp_path, "--num_iteration", "2", "--load", str(tmp_path / "ck"))

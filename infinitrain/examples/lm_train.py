@@ -169,11 +169,15 @@ def train(args, build_model) -> int:
             sys.exit(f"{args.load} is at step {meta['step']}: --num_iteration {args.num_iteration} "
                      "leaves nothing to train; raise --num_iteration to train further")
         log(f"resumed from {args.load} at step {meta['step']}", flush=True)
-    if args.save:
-        try:  # before training, not after it
-            ensure_writable(args.save)
+    for flag, folder in (("--save", args.save), ("--lora_save_path", args.lora_save_path)):
+        try:  # every output is checked before training, not after it
+            if folder:
+                ensure_writable(folder)
         except CheckpointError as e:
-            sys.exit(str(e))
+            sys.exit(f"{flag}: {e}")
+    for flag, path in (("--profile", args.profile), ("--plot", args.plot)):
+        if path:
+            check_writable_file(flag, path)
     profiling = ProfileWindow(args.profile, first, args.num_iteration, args.profile_steps)
     checker = None
     if args.precision_check:
@@ -182,6 +186,8 @@ def train(args, build_model) -> int:
                                        world=env.world.size, dp=(env.dp_rank, dp))
         except ValueError as e:
             sys.exit(str(e))
+        except OSError as e:
+            sys.exit(f"--precision_check: cannot write to its output_path: {e.strerror or e} ({e.filename})")
 
     def save(step: int) -> None:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
@@ -268,6 +274,14 @@ def train(args, build_model) -> int:
     if tokenizer is not None and args.sample_every:
         sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
     return 0
+
+
+def check_writable_file(flag: str, path) -> None:
+    """Exits with a message unless a file can be written at path (its folder must exist)."""
+    import os
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        sys.exit(f"{flag} {path}: the folder {folder} does not exist or is not writable")
 
 
 class ProfileWindow:
