@@ -75,3 +75,14 @@ def test_recompute_in_parallel_layouts_matches_one_process(model, n, layers, fla
     ref = losses(run(1, common))
     got = losses(run(n, common + flags + ["--recompute", mode]))
     assert_same(got, ref, "float32", f"{model} {mode} recomputation with {' '.join(flags)}")
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recompute_with_lora_where_no_block_input_needs_a_gradient(mode):
+    """LoRA freezes the embedding, so the first block's input needs no gradient and only the
+    adapters inside the block train: the recomputed piece must still be recorded."""
+    common = ["--model", "gpt2", "--lora", "4", "--steps", "4", "--batch", "8"]
+    plain = losses(run(1, common))
+    assert losses(run(1, common + ["--recompute", mode])) == plain  # bit-identical
+    got = losses(run(4, common + ["--recompute", mode, "--tp", "2", "--sp", "--micro", "2"]))
+    assert_same(got, plain, "float32", f"LoRA + {mode} recomputation, TP 2 + SP")

@@ -19,10 +19,13 @@ from .grad_mode import enable_grad
 
 class _Recompute(Function):
     @staticmethod
-    def forward(ctx, fn, *args):
-        ctx.fn, ctx.args = fn, args
+    def forward(ctx, fn, n_args, *inputs):
+        # inputs: fn's arguments, then the parameters fn trains, which are there only so that the
+        # node is recorded when no argument needs a gradient (LoRA: a frozen embedding feeds a
+        # block whose adapters train); the replay's own backward accumulates their gradients
+        ctx.fn, ctx.args, ctx.n_params = fn, inputs[:n_args], len(inputs) - n_args
         ctx.autocast, ctx.rng = amp.autocast_dtype(), default_generator.get_state()
-        return fn(*args)  # Function.apply runs this without recording
+        return fn(*ctx.args)  # Function.apply runs this without recording
 
     @staticmethod
     def backward(ctx, *grads):
@@ -39,11 +42,17 @@ class _Recompute(Function):
         pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, Tensor) and o.requires_grad]
         if pairs:  # a nested pass: its end-of-backward callbacks wait for the outer one's end
             backward([o for o, _ in pairs], [g for _, g in pairs])
-        return (None,) + tuple(a.grad if isinstance(a, Tensor) and a.requires_grad else None
-                               for a in inputs)
+        return (None, None) + tuple(a.grad if isinstance(a, Tensor) and a.requires_grad else None
+                                     for a in inputs) + (None,) * ctx.n_params
 
 
 def checkpoint(fn, *args):
     """fn(*args), recomputed in backward instead of keeping its activations. fn's parameters
-    get their gradients as usual (hooks included); inputs that are tensors get theirs."""
-    return _Recompute.apply(fn, *args)
+    get their gradients as usual (hooks included); inputs that are tensors get theirs. fn is
+    a module, a method of one, or a function (whose parameters, if it uses any, must then
+    reach it through args). A parameter used both inside and outside the piece gets its
+    gradient in two accumulations."""
+    owner = getattr(fn, "__self__", fn)  # a bound method's module
+    parameters = getattr(owner, "parameters", None)
+    trained = [p for p in parameters() if p.requires_grad] if callable(parameters) else []
+    return _Recompute.apply(fn, len(args), *args, *trained)
