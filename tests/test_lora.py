@@ -125,6 +125,7 @@ def test_adapters_save_and_load_alone(tmp_path):
     ("gpt2", 4, ["--tp", "2", "--sp", "--micro", "2"], "float32"),
     ("llama3", 4, ["--tp", "4"], "float32"),
     ("llama3", 4, ["--tp", "2", "--sp", "--zero", "2", "--micro", "2"], "float32"),
+    ("gpt2", 2, ["--zero", "3", "--micro", "2"], "float32"),  # only the adapters are sharded
     ("gpt2", 8, ["--tp", "2", "--pp", "2", "--micro", "2"], "float32"),
     ("llama3", 8, ["--tp", "2", "--sp", "--pp", "2", "--vpp", "2", "--layers", "4", "--micro", "4"], "float32"),
     ("gpt2", 4, ["--tp", "2", "--sp", "--micro", "2"], "bfloat16"),
