@@ -483,18 +483,20 @@ def from_pretrained(cls, folder):
 
 # ---- LoRA adapters alone -------------------------------------------------------------------
 
-def save_lora(model, folder, write: bool = True) -> Path:
+def save_lora(model, folder, write: bool = True, optimizer=None) -> Path:
     """Writes the model's LoRA adapters alone, as one-process tensors under one-process names:
     folder/adapter_model.safetensors (a pipeline stage: adapter_model-stage-S-of-P.safetensors)
     and folder/adapter_config.json (rank, alpha, targets). Collective over TP (shards are
-    gathered); `write` says whether this rank writes (one per pipeline stage)."""
+    gathered) and, given a ZeRO-3 optimizer, over DP; `write` says whether this rank writes
+    (one per pipeline stage)."""
     from safetensors.numpy import save_file
     from .nn.lora import lora_state
     config = getattr(model, "lora_config", None)
     if config is None:
         raise CheckpointError("this model has no LoRA adapters to save (nn.lora.apply_lora adds them)")
-    with no_grad():
-        tensors = {n: np.ascontiguousarray(_full(p).detach().float().numpy()) for n, p in lora_state(model).items()}
+    with no_grad(), _gathered(optimizer):
+        tensors = {n: np.ascontiguousarray(_full(p).detach().float().cpu().numpy())
+                   for n, p in lora_state(model).items()}
     folder = Path(folder)
     if not write:
         return folder

@@ -258,8 +258,7 @@ def train(args, build_model) -> int:
     if checker is not None:
         print(checker.close(), flush=True)
     if args.lora_save_path:
-        with optimizer.gathered_parameters() if zero3 else nullcontext():
-            save_lora(model, args.lora_save_path, write=env.coords.dp == 0 and env.coords.tp == 0)
+        save_lora(model, args.lora_save_path, write=env.coords.dp == 0 and env.coords.tp == 0, optimizer=optimizer)
         env.world.barrier()
         log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
     if val is not None and args.val_loss_every:

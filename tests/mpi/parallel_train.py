@@ -169,6 +169,6 @@ if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
     save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
     env.world.barrier()
 if args.lora_save:
-    save_lora(model, args.lora_save, write=env.coords.dp == 0 and env.coords.tp == 0)
+    save_lora(model, args.lora_save, write=env.coords.dp == 0 and env.coords.tp == 0, optimizer=opt)
     env.world.barrier()
 print(f"rank {env.rank} OK", flush=True)
