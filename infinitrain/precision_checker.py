@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _trace
+from .autograd.engine import in_backward
 from .tensor import Tensor
 
 
@@ -136,8 +137,9 @@ class PrecisionChecker:
         name = self.stack.pop() if self.stack else self.names.get(id(module), "?")
         if self.active and self.cfg.level == 1:
             outs = output if isinstance(output, tuple) else (output,)
-            self._check(name, "forward", outs)
-            for i, t in enumerate(outs):
+            if not in_backward():  # a recomputation's replay repeats a forward already checked
+                self._check(name, "forward", outs)
+            for i, t in enumerate(outs):  # (in a replay, the gradients are still to come)
                 if isinstance(t, Tensor) and t.requires_grad:
                     key = name if len(outs) == 1 else f"{name}.{i}"
                     t.register_hook(lambda g, key=key: self._check(key, "backward", (g,)))
@@ -145,7 +147,7 @@ class PrecisionChecker:
 
     def op(self, name: str, stage: str, tensors) -> None:
         """Level 2: an autograd op's outputs (forward) or input gradients (backward)."""
-        if self.active:
+        if self.active and not (stage == "forward" and in_backward()):  # not a recomputation's replay
             where = self.stack[-1] if self.stack else "model"
             self._check(f"{where}/{name}", stage, tensors)
 

@@ -30,6 +30,12 @@ def queue_callback(fn) -> None:
     callbacks.append(fn)
 
 
+def in_backward() -> bool:
+    """True while a backward pass runs on this thread (a recomputed piece's forward replay
+    runs inside one)."""
+    return getattr(_local, "callbacks", None) is not None
+
+
 def _dependencies(roots) -> tuple:
     """For every node reachable from the roots, and every leaf: how many edges point into it.
     A leaf reached by several edges (a weight used twice, such as a tied embedding) gets its
