@@ -99,7 +99,8 @@ def test_parallel_runs_against_a_one_process_baseline(tmp_path):
     base = subprocess.run(args + ["--precision_check", f"level=1,save_tensors=true,output_path={tmp_path / 'one'}"],
                           capture_output=True, text=True, timeout=300, env=ENV)
     assert base.returncode == 0, base.stderr
-    for n, extra in ((2, []), (2, ["--tensor_parallel", "2"]), (2, ["--zero_stage", "3", "--recompute", "full"])):
+    for n, extra in ((2, []), (2, ["--tensor_parallel", "2"]), (2, ["--pipeline_parallel", "2"]),
+                     (2, ["--zero_stage", "3", "--recompute", "full"])):
         out = subprocess.run([MPIEXEC, "-n", str(n), *args, *extra, "--precision_check",
                               f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'par'}"],
                              capture_output=True, text=True, timeout=300, env=ENV)
