@@ -20,6 +20,7 @@ import zlib
 
 from ..autograd import no_grad
 from ..creation import empty
+from ..random import Generator
 from . import init
 from .modules import Linear
 from .parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -73,7 +74,6 @@ def _add_adapter(layer, name: str, rank: int, alpha: float, seed: int) -> None:
             A.sequence_parallel_group = layer.tp.group
     fan_in = layer.in_features
     bound = 1.0 / math.sqrt(fan_in)
-    from ..random import Generator
     init.uniform_(A, -bound, bound, generator=Generator(seed * 1_000_003 + zlib.crc32(name.encode())))
     init.zeros_(B)
     layer.lora_A, layer.lora_B = A, B
