@@ -173,9 +173,7 @@ class MPIProcessGroup(ProcessGroup):
     @traced_collective(0)
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
         """out [size * n, ...] = the ranks' t [n, ...] in rank order."""
-        if out.numel() != t.numel() * self.size or out.dtype is not t.dtype:
-            raise ValueError(f"all_gather: out must hold {self.size} x {tuple(t.shape)} "
-                             f"{t.dtype.name}, got {tuple(out.shape)} {out.dtype.name}")
+        self._check_gathered("all_gather", out, t)
         src, dst = _buffer(t), _buffer(out)
         if not async_op and self._comm_thread is None:
             self.comm.Allgather(src, dst)
@@ -187,9 +185,7 @@ class MPIProcessGroup(ProcessGroup):
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM,
                        async_op: bool = False):
         """out [n, ...] = this rank's block of the reduction of t [size * n, ...]."""
-        if t.numel() != out.numel() * self.size or out.dtype is not t.dtype:
-            raise ValueError(f"reduce_scatter: input must hold {self.size} x {tuple(out.shape)}, "
-                             f"got {tuple(t.shape)}")
+        self._check_gathered("reduce_scatter", t, out)
         if not async_op and self._comm_thread is None and op is ReduceOp.SUM \
                 and t.dtype.name in _NATIVE:  # the common case, with the least Python
             self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=_MPI["ops"][op])

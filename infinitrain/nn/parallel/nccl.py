@@ -87,17 +87,14 @@ class NCCLProcessGroup(ProcessGroup):
     @traced_collective(0)
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
         self._check(out, t)
-        if out.numel() != t.numel() * self.size or out.dtype is not t.dtype:
-            raise ValueError(f"all_gather: out must hold {self.size} x {tuple(t.shape)} {t.dtype.name}, "
-                             f"got {tuple(out.shape)} {out.dtype.name}")
+        self._check_gathered("all_gather", out, t)
         return self._run(lambda s: check(lib.it_comm_all_gather(self._comm, t.dtype.native, t._ptr(), out._ptr(),
                                                                 t.numel(), s)), (out, t), async_op)
 
     @traced_collective(1)
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
         self._check(out, t)
-        if t.numel() != out.numel() * self.size or out.dtype is not t.dtype:
-            raise ValueError(f"reduce_scatter: input must hold {self.size} x {tuple(out.shape)}, got {tuple(t.shape)}")
+        self._check_gathered("reduce_scatter", t, out)
         op = ReduceOp(op)
         return self._run(lambda s: check(lib.it_comm_reduce_scatter(self._comm, t.dtype.native, t._ptr(),
                                                                     out._ptr(), out.numel(), _OPS[op], s)),

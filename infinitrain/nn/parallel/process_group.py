@@ -111,6 +111,12 @@ class ProcessGroup:
     rank: int
     size: int
 
+    def _check_gathered(self, what: str, whole: Tensor, piece: Tensor) -> None:
+        """all_gather's out and reduce_scatter's input hold `size` pieces of the other's shape."""
+        if whole.numel() != piece.numel() * self.size or whole.dtype is not piece.dtype:
+            raise ValueError(f"{what}: the whole tensor must hold {self.size} x {tuple(piece.shape)} "
+                             f"{piece.dtype.name}, got {tuple(whole.shape)} {whole.dtype.name}")
+
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False): ...
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False): ...
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False): ...

@@ -2,6 +2,8 @@
 // selection, scalar ops, SwiGLU, fills, casts and strided copies. Math is in float for
 // float32/bfloat16/float16 (double for float64), with the CPU kernels' definitions (NaN
 // propagation of maximum/minimum included); 16-bit results are rounded once.
+#include <initializer_list>
+
 #include "common.cuh"
 
 namespace {
@@ -118,16 +120,19 @@ __device__ __forceinline__ void offsets(const Strided &s, int64_t i, int operand
     }
 }
 
-it_status fill_strided(Strided *s, const int64_t *shape, int32_t ndim, const int64_t *const *strides,
-                       int operands, int64_t *numel) {
-    s->ndim = ndim;
+// The operands' strides over `shape`, and the element count in *numel.
+Strided strided(const int64_t *shape, int32_t ndim, std::initializer_list<const int64_t *> strides,
+                int64_t *numel) {
+    Strided s;
+    s.ndim = ndim;
     *numel = 1;
     for (int d = 0; d < ndim; d++) {
-        s->shape[d] = shape[d];
+        s.shape[d] = shape[d];
         *numel *= shape[d];
-        for (int k = 0; k < operands; k++) s->stride[k][d] = strides[k][d];
+        int k = 0;
+        for (const int64_t *st : strides) s.stride[k++][d] = st[d];
     }
-    return IT_OK;
+    return s;
 }
 
 template <typename T> __global__ void unary_kernel(int op, T *out, const T *inp, int64_t n) {
@@ -293,10 +298,8 @@ it_status it_cuda_unary_backward(it_device device, it_unary_op op, it_dtype dtyp
 it_status it_cuda_binary(it_device device, it_binary_op op, it_dtype dtype, void *out,
                          const void *a, const int64_t *a_strides, const void *b,
                          const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
-    Strided st;
     int64_t n;
-    const int64_t *strides[2] = {a_strides, b_strides};
-    fill_strided(&st, shape, ndim, strides, 2, &n);
+    Strided st = strided(shape, ndim, {a_strides, b_strides}, &n);
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
@@ -353,10 +356,8 @@ it_status it_cuda_swiglu_backward(it_device device, it_dtype dtype, void *da, vo
 it_status it_cuda_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t *out,
                           const void *a, const int64_t *a_strides, const void *b,
                           const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
-    Strided st;
     int64_t n;
-    const int64_t *strides[2] = {a_strides, b_strides};
-    fill_strided(&st, shape, ndim, strides, 2, &n);
+    Strided st = strided(shape, ndim, {a_strides, b_strides}, &n);
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
@@ -376,10 +377,8 @@ it_status it_cuda_compare(it_device device, it_compare_op op, it_dtype dtype, ui
 it_status it_cuda_where(it_device device, it_dtype dtype, void *out, const uint8_t *cond,
                         const int64_t *cond_strides, const void *a, const int64_t *a_strides,
                         const void *b, const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
-    Strided st;
     int64_t n;
-    const int64_t *strides[3] = {cond_strides, a_strides, b_strides};
-    fill_strided(&st, shape, ndim, strides, 3, &n);
+    Strided st = strided(shape, ndim, {cond_strides, a_strides, b_strides}, &n);
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
@@ -423,10 +422,8 @@ it_status it_cuda_cast(it_device device, void *out, it_dtype out_dtype, const vo
 it_status it_cuda_copy_strided(it_device device, it_dtype dtype, void *out, const int64_t *out_strides,
                                const void *inp, const int64_t *inp_strides, const int64_t *shape,
                                int32_t ndim) {
-    Strided st;
     int64_t n;
-    const int64_t *strides[2] = {out_strides, inp_strides};
-    fill_strided(&st, shape, ndim, strides, 2, &n);
+    Strided st = strided(shape, ndim, {out_strides, inp_strides}, &n);
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
