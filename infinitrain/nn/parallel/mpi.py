@@ -126,12 +126,6 @@ class MPIProcessGroup(ProcessGroup):
     def __repr__(self) -> str:
         return f"MPIProcessGroup(ranks={self.ranks})"
 
-    def _done(self, work: Work, async_op: bool):
-        if async_op:
-            return work
-        work.wait()
-        return None
-
     @traced_collective(0)
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
         MPI = _mpi()["MPI"]

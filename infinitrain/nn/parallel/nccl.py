@@ -68,12 +68,7 @@ class NCCLProcessGroup(ProcessGroup):
         ready.record()  # the caller's current stream
         self.stream.wait_event(ready)
         launch(self.stream._handle)
-        done = self.stream.record_event()
-        work = NCCLWork(done, keep)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return self._done(NCCLWork(self.stream.record_event(), keep), async_op)
 
     @traced_collective(0)
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):

@@ -111,6 +111,13 @@ class ProcessGroup:
     rank: int
     size: int
 
+    def _done(self, work: Work, async_op: bool):
+        """What a collective returns: its Work when asynchronous, else nothing once it is done."""
+        if async_op:
+            return work
+        work.wait()
+        return None
+
     def _check_gathered(self, what: str, whole: Tensor, piece: Tensor) -> None:
         """all_gather's out and reduce_scatter's input hold `size` pieces of the other's shape."""
         if whole.numel() != piece.numel() * self.size or whole.dtype is not piece.dtype:
