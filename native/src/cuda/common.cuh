@@ -71,6 +71,19 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 }
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
+// The type a kernel computes in: float for float32/bfloat16/float16, double for float64;
+// load_acc/store_acc read and write an element through it (16-bit results rounded once).
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+template <typename T> __device__ __forceinline__ typename Acc<T>::type load_acc(const T *p, int64_t i) {
+    return (typename Acc<T>::type)to_f(p[i]);
+}
+template <> __device__ __forceinline__ double load_acc<double>(const double *p, int64_t i) { return p[i]; }
+template <typename T> __device__ __forceinline__ void store_acc(T *p, int64_t i, typename Acc<T>::type v) {
+    p[i] = from_f<T>((float)v);
+}
+template <> __device__ __forceinline__ void store_acc<double>(double *p, int64_t i, double v) { p[i] = v; }
+
 // Calls body.template operator()<T>() with T the C++ type of a floating dtype; other dtypes
 // are IT_ERR_NOT_SUPPORTED.
 #define IT_FLOAT_SWITCH(dtype, fn, ...)                                                      \

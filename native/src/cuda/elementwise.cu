@@ -93,17 +93,6 @@ template <typename C> __device__ C scalar_op(int op, C x, C s) {
     }
 }
 
-template <typename T> struct Compute { using type = float; };
-template <> struct Compute<double> { using type = double; };
-template <typename T> __device__ __forceinline__ typename Compute<T>::type load(const T *p, int64_t i) {
-    return (typename Compute<T>::type)to_f(p[i]);
-}
-template <> __device__ __forceinline__ double load<double>(const double *p, int64_t i) { return p[i]; }
-template <typename T> __device__ __forceinline__ void store(T *p, int64_t i, typename Compute<T>::type v) {
-    p[i] = from_f<T>((float)v);
-}
-template <> __device__ __forceinline__ void store<double>(double *p, int64_t i, double v) { p[i] = v; }
-
 // Shapes and strides of up to IT_MAX_DIMS (16) dimensions, passed by value to a kernel.
 struct Strided {
     int ndim;
@@ -136,12 +125,12 @@ Strided strided(const int64_t *shape, int32_t ndim, std::initializer_list<const 
 }
 
 template <typename T> __global__ void unary_kernel(int op, T *out, const T *inp, int64_t n) {
-    GRID_STRIDE(i, n) store(out, i, unary_op(op, load(inp, i)));
+    GRID_STRIDE(i, n) store_acc(out, i, unary_op(op, load_acc(inp, i)));
 }
 
 template <typename T>
 __global__ void unary_grad_kernel(int op, T *dinp, const T *dout, const T *saved, int64_t n) {
-    GRID_STRIDE(i, n) store(dinp, i, unary_grad(op, load(dout, i), load(saved, i)));
+    GRID_STRIDE(i, n) store_acc(dinp, i, unary_grad(op, load_acc(dout, i), load_acc(saved, i)));
 }
 
 template <typename T>
@@ -149,7 +138,7 @@ __global__ void binary_kernel(int op, T *out, const T *a, const T *b, Strided s,
     GRID_STRIDE(i, n) {
         int64_t off[2];
         offsets(s, i, 2, off);
-        store(out, i, binary_op(op, load(a, off[0]), load(b, off[1])));
+        store_acc(out, i, binary_op(op, load_acc(a, off[0]), load_acc(b, off[1])));
     }
 }
 
@@ -164,8 +153,8 @@ __global__ void binary_int_kernel(int op, I *out, const I *a, const I *b, Stride
 
 template <typename T>
 __global__ void scalar_kernel(int op, T *out, const T *inp, double scalar, int64_t n) {
-    using C = typename Compute<T>::type;
-    GRID_STRIDE(i, n) store(out, i, scalar_op(op, load(inp, i), (C)scalar));
+    using C = typename Acc<T>::type;
+    GRID_STRIDE(i, n) store_acc(out, i, scalar_op(op, load_acc(inp, i), (C)scalar));
 }
 
 template <typename T> __global__ void swiglu_kernel(T *out, const T *a, const T *b, int64_t n) {
@@ -200,7 +189,7 @@ __global__ void compare_kernel(int op, uint8_t *out, const T *a, const T *b, Str
     GRID_STRIDE(i, n) {
         int64_t off[2];
         offsets(s, i, 2, off);
-        out[i] = compare(op, load(a, off[0]), load(b, off[1]));
+        out[i] = compare(op, load_acc(a, off[0]), load_acc(b, off[1]));
     }
 }
 

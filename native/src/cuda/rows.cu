@@ -5,8 +5,6 @@
 #include "common.cuh"
 
 namespace {
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
 
 template <typename C> __device__ __forceinline__ C combine(int op, C a, C b) {
     switch (op) {
@@ -16,15 +14,6 @@ template <typename C> __device__ __forceinline__ C combine(int op, C a, C b) {
     }
 }
 
-template <typename T> __device__ __forceinline__ typename Acc<T>::type ld(const T *p, int64_t i) {
-    return (typename Acc<T>::type)to_f(p[i]);
-}
-template <> __device__ __forceinline__ double ld<double>(const double *p, int64_t i) { return p[i]; }
-template <typename T> __device__ __forceinline__ void st(T *p, int64_t i, typename Acc<T>::type v) {
-    p[i] = from_f<T>((float)v);
-}
-template <> __device__ __forceinline__ void st<double>(double *p, int64_t i, double v) { p[i] = v; }
-
 // [outer, n, inner] -> [outer, inner]: a thread per output, in order along n
 template <typename T>
 __global__ void reduce_kernel(int op, T *out, const T *inp, int64_t outer, int64_t n, int64_t inner) {
@@ -32,10 +21,10 @@ __global__ void reduce_kernel(int op, T *out, const T *inp, int64_t outer, int64
     GRID_STRIDE(w, outer * inner) {
         int64_t o = w / inner, i = w % inner;
         const T *x = inp + o * n * inner + i;
-        C acc = ld(x, 0);
-        for (int64_t j = 1; j < n; j++) acc = combine(op, acc, ld(x, j * inner));
+        C acc = load_acc(x, 0);
+        for (int64_t j = 1; j < n; j++) acc = combine(op, acc, load_acc(x, j * inner));
         if (op == IT_MEAN) acc /= (C)n;
-        st(out, w, acc);
+        store_acc(out, w, acc);
     }
 }
 
@@ -45,9 +34,9 @@ __global__ void arg_kernel(int is_max, int64_t *out, const T *inp, int64_t outer
     GRID_STRIDE(w, outer * inner) {
         int64_t o = w / inner, i = w % inner, best = 0;
         const T *x = inp + o * n * inner + i;
-        C bv = ld(x, 0);
+        C bv = load_acc(x, 0);
         for (int64_t j = 1; j < n && bv == bv; j++) {  // the first NaN wins
-            C v = ld(x, j * inner);
+            C v = load_acc(x, j * inner);
             if (v != v || (is_max ? v > bv : v < bv)) { bv = v; best = j; }
         }
         out[w] = best;
