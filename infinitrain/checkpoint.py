@@ -461,7 +461,7 @@ def save_pretrained(model, folder) -> None:
     from safetensors.numpy import save_file
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: np.ascontiguousarray(v.float().numpy()) for k, v in model.state_dict().items()}
+    tensors = {k: np.ascontiguousarray(v.float().cpu().numpy()) for k, v in model.state_dict().items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "np"})
     cfg = {"model_type": type(model).__name__, **asdict(model.config)}
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))

@@ -161,7 +161,7 @@ class PrecisionChecker:
             self._one(f"{base}_{idx}_{stage}", base, idx, stage, t.detach())
 
     def _one(self, key: str, base: str, idx: int, stage: str, t: Tensor) -> None:
-        raw = np.ascontiguousarray(t.numpy())
+        raw = np.ascontiguousarray(t.cpu().numpy())
         a = raw.astype(np.float32) if raw.dtype != np.float32 and raw.dtype != np.float64 else raw
         finite = np.isfinite(a)
         nan, inf = int(np.isnan(a).sum()), int((~finite).sum() - np.isnan(a).sum())

@@ -211,6 +211,44 @@ def test_cuda_layouts_and_examples_without_a_gpu_say_why():
     out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--device", "cuda"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and out.stderr.startswith("--device cuda: ") and "Traceback" not in out.stderr
+    assert "no usable CUDA device" in out.stderr
+
+
+def test_pipeline_stages_over_nccl_are_refused_with_the_reason():
+    """NCCL pairs messages by order; the pipeline engine matches them by tag."""
+    import sys
+    from infinitrain.nn.parallel.pp.p2p import P2P
+    from infinitrain.nn.parallel.process_group import ProcessGroup
+    from infinitrain.nn.parallel.nccl import NCCLProcessGroup
+    assert ProcessGroup.tagged_p2p and not NCCLProcessGroup.tagged_p2p
+
+    class Stage:  # a stage of a pipeline whose group is an NCCL group (which needs two GPUs to make)
+        group, size, virtual, stage = NCCLProcessGroup.__new__(NCCLProcessGroup), 2, 1, 0
+    with pytest.raises(NotImplementedError, match="tagged point-to-point"):
+        P2P(Stage(), it.device("cuda"))
+    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--device", "cuda",
+                          "--pipeline_parallel", "2"], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--pipeline_parallel runs its stages over MPI" in out.stderr, out.stderr
+
+
+@needs_gpu
+def test_the_example_trains_on_cuda_as_on_the_cpu(tmp_path):
+    """`python -m infinitrain.examples.gpt2 --device cuda`: the same losses as on the CPU (both
+    start from the same host-initialised weights)."""
+    import sys
+    from infinitrain.data import write_shard
+    from test_distributed import _losses
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    base = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
+            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "10",
+            "--learning_rate", "3e-3", "--total_batch_size", "128", "--peak_tflops", "1"]
+    runs = {}
+    for device in ("cpu", "cuda"):
+        out = subprocess.run(base + ["--device", device], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        runs[device] = _losses(out.stdout)
+    assert len(runs["cpu"]) == 10
+    np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=1e-4)
 
 
 @pytest.mark.skipif(it.cuda.device_count() < 2, reason="needs two GPUs")

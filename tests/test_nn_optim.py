@@ -71,6 +71,14 @@ def test_train_eval_zero_grad_to_apply():
     net.to(it.bfloat16)
     assert net.emb.weight is w and w.dtype is it.bfloat16 and net.head.weight is w
     assert net(it.tensor([[1]])).dtype is it.bfloat16
+    net.register_buffer("ids", it.arange(4))
+    net.register_buffer("scale", it.ones(2))
+    net.to("cpu", it.float32)  # PyTorch's rule: a dtype converts floating tensors only
+    assert net.ids.dtype is it.int64 and net.scale.dtype is it.float32 and w.dtype is it.float32
+    net.to(dtype=it.bfloat16, device=it.device("cpu"))
+    assert net.ids.dtype is it.int64 and net.scale.dtype is it.bfloat16
+    with pytest.raises(TypeError, match="a dtype and/or a device"):
+        net.to(3)
     seen = []
     net.apply(lambda m: seen.append(type(m).__name__))
     assert seen[-1] == "Net"

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..creation import from_numpy
+from ..device import as_device
 from .llmc import read_shard
 
 
@@ -118,10 +119,11 @@ class TokenLoader:
     B*T+1 tokens at the current position (x = all but the last, y = all but the first); the
     position advances by B*T*num_processes; when the next window would not fit, the loader
     moves to the next shard (wrapping around to the first). Process r starts r windows in, so
-    processes together read what one process with their combined batch would."""
+    processes together read what one process with their combined batch would. Batches come
+    on `device` (copied from the host)."""
 
     def __init__(self, pattern, batch_size: int, seq_len: int, process_rank: int = 0,
-                 num_processes: int = 1, vocab_size: int | None = None):
+                 num_processes: int = 1, vocab_size: int | None = None, device="cpu"):
         files = sorted(glob.glob(str(pattern))) if any(c in str(pattern) for c in "*?[") \
             else [str(pattern)]
         if not files or not all(Path(f).is_file() for f in files):
@@ -130,6 +132,7 @@ class TokenLoader:
         self.B, self.T = batch_size, seq_len
         self.rank, self.world = process_rank, num_processes
         self.vocab_size = vocab_size
+        self.device = as_device(device)
         need = batch_size * seq_len * num_processes + 1
         self.shards = []
         for f in files:
@@ -163,8 +166,8 @@ class TokenLoader:
         B, T = self.B, self.T
         toks = self.shards[self.shard]
         window = np.asarray(toks[self.position:self.position + B * T + 1], dtype=np.int64)
-        x = from_numpy(window[:-1].reshape(B, T).copy())
-        y = from_numpy(window[1:].reshape(B, T).copy())
+        x = from_numpy(window[:-1].reshape(B, T).copy()).to(self.device)
+        y = from_numpy(window[1:].reshape(B, T).copy()).to(self.device)
         self.position += B * T * self.world
         if self.position + B * T + 1 > len(toks):
             self.shard = (self.shard + 1) % len(self.shards)

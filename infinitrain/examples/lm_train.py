@@ -33,27 +33,30 @@ from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
 def train(args, build_model) -> int:
     """Trains build_model(args) (a GPT-2 or LLaMA-3 style model) as the flags say, on as many
     data-parallel MPI ranks as the job has."""
-    if args.device != "cpu":
-        try:  # without a GPU: the library's error, naming what is missing
-            it.zeros(1, device=args.device)
-        except (it.NativeError, ValueError) as e:
-            sys.exit(f"--device {args.device}: {e}")
-        sys.exit(f"--device {args.device}: the examples train on the CPU in this version. The CUDA "
-                 "kernels, NCCL process groups (parallel.init(device='cuda')) and infinitrain.cuda are "
-                 "there for your own training loop; see the README's CUDA section")
     schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
     if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
         sys.exit("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
     if schedule == "1f1b" and args.virtual_pipeline_parallel > 1:
         sys.exit("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
                  "> 1 use interleaved (the default) or gpipe")
+    pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
     try:
-        env = parallel.init(args.tensor_parallel, args.pipeline_parallel)
+        device = it.device(args.device)
+    except (TypeError, ValueError) as e:
+        sys.exit(f"--device {args.device}: {e}")
+    if device.type == "cuda" and pipelined:
+        sys.exit("--pipeline_parallel runs its stages over MPI on the CPU in this version: NCCL pairs "
+                 "messages by order, not by tag, which the pipeline engine needs; use --device cpu, or "
+                 "data and tensor parallelism on CUDA")
+    try:
+        env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device)
     except ValueError as e:
         sys.exit(f"cannot lay out the job: {e}")
+    except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
+        sys.exit(f"--device {args.device}: {e}")
+    device = env.device  # cuda:k, k this rank's place on its node
     dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
-    pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
     if args.zero_stage == 3 and pipelined:
         sys.exit("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
@@ -97,6 +100,7 @@ def train(args, build_model) -> int:
     model.set_recompute(args.recompute)
     if args.lora_rank or args.lora_load_path:
         setup_lora(model, args, log)
+    model.to(device)  # built and initialised on the host: every device starts from the same weights
     cfg = model.config
     if T > cfg.block_size:
         sys.exit(f"--sequence_length {T} exceeds the model's block size {cfg.block_size}")
@@ -119,8 +123,8 @@ def train(args, build_model) -> int:
         peak = args.peak_tflops * 1e12
         log(f"MFU against a peak of {peak / 1e9:.1f} GFLOP/s per rank (--peak_tflops)", flush=True)
     else:
-        peak = mfu.measure_peak_flops(args.dtype, env.world)
-        t = it.tensor([peak], dtype=it.float64)
+        peak = mfu.measure_peak_flops(args.dtype, env.world, device)
+        t = it.tensor([peak], dtype=it.float64, device=device)
         env.world.all_reduce(t, parallel.ReduceOp.AVG)
         peak = t.item()
         log(f"MFU against a peak of {peak / 1e9:.1f} GFLOP/s per rank (measured: {args.dtype} matrix products "
@@ -129,8 +133,8 @@ def train(args, build_model) -> int:
     curves = {"train": [], "val": []}
 
     rank = env.dp_rank
-    train = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size)
-    val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size) \
+    train = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device)
+    val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device) \
         if args.input_val_bin else None
     zero = args.zero_stage > 0 and dp > 1  # ZeRO does the DP reduction instead of DDP
     zero3 = zero and args.zero_stage == 3  # the model runs only with every DP rank along
@@ -209,7 +213,7 @@ def train(args, build_model) -> int:
 
         if profiling.starts(step):
             prof.__enter__()
-        it.reset_peak_memory_stats()
+        it.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         if checker is not None:
@@ -239,9 +243,11 @@ def train(args, build_model) -> int:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         lr_schedule.step()
-        mean_loss = dp_mean(step_loss, env)
+        if device.type == "cuda":
+            it.cuda.synchronize(device)  # the step's kernels are queued, not done
         ms = (time.perf_counter() - t0) * 1e3
-        peak_mb = it.memory_stats()["peak_allocated_bytes"] // 2**20
+        mean_loss = dp_mean(step_loss, env)
+        peak_mb = it.memory_stats(device)["peak_allocated_bytes"] // 2**20
         utilisation = step_flops / (ms / 1e3) / (peak * env.world.size)
         curves["train"].append((step, mean_loss))
         log(f"step {step:4d}/{args.num_iteration} | train loss {mean_loss:.6f} | lr {lr:.2e} | "
@@ -345,7 +351,7 @@ def memory_plan(args, env, micro_batches: int):
     attention scores, the logits and their gradient on the last stage, and ~350 MB for the
     process itself (Python, numpy, MPI, BLAS buffers, the data). None if unknown."""
     known = _config_of(args)
-    if known is None:
+    if known is None or env.device.type != "cpu":  # this is the host's memory
         return None
     try:
         with open("/proc/meminfo") as f:
@@ -376,7 +382,7 @@ def dp_mean(value: float, env) -> float:
     """The mean of a per-rank number over the data-parallel ranks."""
     if env.layout.dp == 1:
         return value
-    t = it.tensor([value], dtype=it.float32)
+    t = it.tensor([value], dtype=it.float32, device=env.device)
     env.dp_group.all_reduce(t, parallel.ReduceOp.AVG)
     return t.item()
 

@@ -216,7 +216,7 @@ class CausalLM(Module):
                                       "save a checkpoint (save_checkpoint) and convert it in one process")
         store = np.dtype(store_dtype)
         params = self._llmc_params()
-        return b"".join(np.ascontiguousarray(_full(p).float().numpy()).astype(store).tobytes()
+        return b"".join(np.ascontiguousarray(_full(p).float().cpu().numpy()).astype(store).tobytes()
                         for name, _, _ in self._llmc_shapes(self.config) for p in params[name])
 
     @no_grad()

@@ -167,7 +167,7 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
         num_classes = int(tensor.max().item()) + 1 if tensor.numel() else 0
     if tensor.numel() and (int(tensor.min().item()) < 0 or int(tensor.max().item()) >= num_classes):
         raise ValueError(f"one_hot: class values must be in [0, {num_classes})")
-    return (tensor.long().unsqueeze(-1) == arange(num_classes)).long()
+    return (tensor.long().unsqueeze(-1) == arange(num_classes, device=tensor.device)).long()
 
 
 def pad(input: Tensor, pad: tuple, mode: str = "constant", value: float = 0.0) -> Tensor:

@@ -62,13 +62,13 @@ def _add_adapter(layer, name: str, rank: int, alpha: float, seed: int) -> None:
         raise ValueError(f"{name} has a LoRA adapter already")
     w, dtype = layer.weight, layer.weight.dtype
     if isinstance(layer, RowParallelLinear):
-        A = Parameter(empty(rank, w.shape[1], dtype=dtype))
+        A = Parameter(empty(rank, w.shape[1], dtype=dtype, device=w.device))
         A.tp_shard = w.tp_shard                    # split by columns, as W
-        B = Parameter(empty(w.shape[0], rank, dtype=dtype))
+        B = Parameter(empty(w.shape[0], rank, dtype=dtype, device=w.device))
         B.sequence_parallel_group = layer.tp.group  # its gradient: a partial sum per TP rank
     else:
-        A = Parameter(empty(rank, w.shape[1], dtype=dtype))
-        B = Parameter(empty(w.shape[0], rank, dtype=dtype))
+        A = Parameter(empty(rank, w.shape[1], dtype=dtype, device=w.device))
+        B = Parameter(empty(w.shape[0], rank, dtype=dtype, device=w.device))
         if isinstance(layer, ColumnParallelLinear):
             B.tp_shard = w.tp_shard                # split by rows (whole heads of q, k, v), as W
             A.sequence_parallel_group = layer.tp.group

@@ -185,17 +185,20 @@ class Module:
         return self.train(False)
 
     def to(self, *args, **kwargs) -> "Module":
-        """Converts floating-point parameters and buffers (to(dtype), to(device))."""
+        """Moves parameters and buffers to a device and converts the floating-point ones to a
+        dtype (to(dtype), to(device), to(device, dtype)): integer buffers keep their dtype but
+        follow the device, as in PyTorch."""
+        dtype, device = _dtype_and_device(args, kwargs)
         with no_grad():
             for m in self.modules():
                 for name, p in m._parameters.items():
-                    if p is not None and p.dtype.is_floating_point:
-                        p._assign(p.to(*args, **kwargs))
+                    if p is not None:
+                        p._assign(_moved(p, dtype, device))
                         if p.grad is not None:
-                            p.grad = p.grad.to(*args, **kwargs)
+                            p.grad = _moved(p.grad, dtype, device)
                 for name, b in m._buffers.items():
-                    if b is not None and b.dtype.is_floating_point:
-                        m._buffers[name] = b.to(*args, **kwargs)
+                    if b is not None:
+                        m._buffers[name] = _moved(b, dtype, device)
         return self
 
     def float(self) -> "Module":
@@ -244,6 +247,27 @@ class RemovableHandle:
 
     def remove(self) -> None:
         self.hooks.pop(self.id, None)
+
+
+def _dtype_and_device(args, kwargs):
+    from ..device import as_device, device as Device
+    from ..dtype import _BY_NAME, as_dtype, dtype as DType
+    dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
+    if kwargs:
+        raise TypeError(f"Module.to() got unexpected arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, DType) or (isinstance(a, str) and a in _BY_NAME):
+            dtype = a
+        elif isinstance(a, (str, Device)):
+            device = a
+        else:
+            raise TypeError(f"Module.to() takes a dtype and/or a device, got {a!r}")
+    return (None if dtype is None else as_dtype(dtype)), (None if device is None else as_device(device))
+
+
+def _moved(t, dtype, device):
+    """t on device, converted to dtype if it is floating point (integer tensors keep theirs)."""
+    return t.to(dtype=dtype if dtype is not None and t.dtype.is_floating_point else None, device=device)
 
 
 def _as_tensor(x):

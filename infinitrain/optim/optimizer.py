@@ -81,7 +81,7 @@ class Optimizer:
                     if tuple(t.shape) != tuple(p.shape) and t.numel() > 1:
                         raise ValueError(f"optimizer state '{k}' of parameter {i} has shape "
                                          f"{tuple(t.shape)}, the parameter {tuple(p.shape)}")
-                    v = t.clone()
+                    v = t.to(device=p.device, copy=True)  # the state lives where its parameter does
                 new[k] = v
             self.state[p] = new
         for saved, own in zip(groups, self.param_groups):

@@ -36,6 +36,7 @@ class NCCLWork(Work):
 
 
 class NCCLProcessGroup(ProcessGroup):
+    tagged_p2p = False  # messages between two ranks pair in the order they were sent
     def __init__(self, comm, ranks, device):
         self.comm, self.ranks = comm, list(ranks)  # comm: the group's MPI communicator (bootstrap)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()

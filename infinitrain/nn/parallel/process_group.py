@@ -110,6 +110,7 @@ class ProcessGroup:
     ranks: list
     rank: int
     size: int
+    tagged_p2p = True  # a receive matches the send of its tag, whatever order they were sent in
 
     def _done(self, work: Work, async_op: bool):
         """What a collective returns: its Work when asynchronous, else nothing once it is done."""

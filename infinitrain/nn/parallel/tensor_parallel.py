@@ -110,13 +110,13 @@ class TPShard:
             widths[self.dim] = (0, pad)
             a = np.pad(a, widths)
         parts = [np.take(a, np.arange(s, e), axis=self.dim) for s, e in self.pieces(self.group.rank)]
-        return _from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=self.dim)), full.dtype)
+        return _from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=self.dim)), full.dtype, full.device)
 
     @no_grad()
     def gather(self, local: Tensor) -> Tensor:
         """The full tensor from every rank's part (a collective over the group)."""
         src = local.detach().contiguous()
-        buf = creation.empty(self.group.size, *src.shape, dtype=src.dtype)
+        buf = creation.empty(self.group.size, *src.shape, dtype=src.dtype, device=src.device)
         self.group.all_gather(buf, src)
         g = _as_numpy(buf)
         n = [b // self.group.size for b in self.blocks]
@@ -127,15 +127,15 @@ class TPShard:
             at += k
         full = np.concatenate(parts, axis=self.dim)
         full = np.take(full, np.arange(self.full_size), axis=self.dim)
-        return _from_numpy(np.ascontiguousarray(full), local.dtype)
+        return _from_numpy(np.ascontiguousarray(full), local.dtype, local.device)
 
 
 def _as_numpy(t: Tensor) -> np.ndarray:
     return t.detach().contiguous().cpu().numpy()
 
 
-def _from_numpy(a: np.ndarray, dtype) -> Tensor:
-    return creation.from_numpy(a).to(dtype)
+def _from_numpy(a: np.ndarray, dtype, device) -> Tensor:
+    return creation.from_numpy(a).to(dtype=dtype, device=device)
 
 
 def _shard_param(shape, shard: TPShard, dtype) -> Parameter:
@@ -159,7 +159,7 @@ def _all_gather_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
     """Concatenation along dim of every rank's x, in rank order."""
     dim %= x.ndim
     src = x.contiguous()
-    buf = creation.empty(group.size, *src.shape, dtype=src.dtype)
+    buf = creation.empty(group.size, *src.shape, dtype=src.dtype, device=src.device)
     group.all_gather(buf, src)
     if dim == 0:
         return buf.reshape(group.size * src.shape[0], *src.shape[1:])
@@ -181,7 +181,7 @@ def _reduce_scatter_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
         split = list(x.shape[:dim]) + [group.size, n] + list(x.shape[dim + 1:])
         order = [dim] + [i for i in range(len(split)) if i != dim]
         src = x.reshape(*split).permute(*order).contiguous()
-    out = creation.empty(*shape, dtype=x.dtype)
+    out = creation.empty(*shape, dtype=x.dtype, device=x.device)
     group.reduce_scatter(out, src, ReduceOp.SUM)
     return out
 
@@ -487,7 +487,7 @@ class _VocabParallelCrossEntropy(Function):
         if valid:
             row_max = x.float().amax(dim=-1) if x.dtype is not float32 else x.amax(dim=-1)
         else:
-            row_max = creation.full((N,), float("-inf"))
+            row_max = creation.full((N,), float("-inf"), device=logits.device)
         group.all_reduce(row_max, ReduceOp.MAX)
         t = targets.reshape(-1)
         mine = (t >= start) & (t < start + valid)
@@ -497,7 +497,7 @@ class _VocabParallelCrossEntropy(Function):
         if valid:
             picked = e.gather(1, local_t.unsqueeze(1)).reshape(N).masked_fill(~mine, 0.0)
         else:
-            picked = creation.zeros(N)
+            picked = creation.zeros(N, device=logits.device)
         check(lib.it_unary(e.device.native, lib.IT_EXP, e.dtype.native, e._ptr(), e._ptr(), e.numel()))
         sums = cat([picked, e.sum(dim=-1)]).contiguous()
         group.all_reduce(sums, ReduceOp.SUM)
@@ -521,7 +521,7 @@ class _VocabParallelCrossEntropy(Function):
         ew.binary(lib.IT_MUL, d, (keep.float() * (g.float() / count)).unsqueeze(1), out=d)
         if valid == shape[1] and dtype is d.dtype:
             return d, None, None, None, None, None
-        grad = creation.zeros(*shape, dtype=dtype)
+        grad = creation.zeros(*shape, dtype=dtype, device=d.device)
         if valid:
             grad[:, :valid] = d.to(dtype)
         return grad, None, None, None, None, None

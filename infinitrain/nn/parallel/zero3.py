@@ -128,7 +128,7 @@ class Gatherer:
 
     # ---- the order units run in -----------------------------------------------------------
     def _check_same_bucket(self, bi: int) -> None:
-        t = from_numpy(np.array([bi, -bi], dtype=np.int64))
+        t = from_numpy(np.array([bi, -bi], dtype=np.int64)).to(self.buckets[0].device)
         self.group.all_reduce(t, ReduceOp.MAX)
         hi, lo = int(t[0].item()), -int(t[1].item())
         if hi != bi or lo != bi:
@@ -142,7 +142,7 @@ class Gatherer:
         self.verified = True
         self.position = {id(u): k for k, u in enumerate(self.order)}
         sig = zlib.crc32(np.array([self.index[id(u)] for u in self.order], dtype=np.int64).tobytes())
-        t = from_numpy(np.array([sig, -sig], dtype=np.int64))
+        t = from_numpy(np.array([sig, -sig], dtype=np.int64)).to(self.buckets[0].device)
         self.group.all_reduce(t, ReduceOp.MAX)
         if int(t[0].item()) != sig or -int(t[1].item()) != sig:
             raise RuntimeError("ZeRO-3: the data-parallel ranks ran the model's modules in different "

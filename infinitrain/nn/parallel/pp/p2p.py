@@ -19,10 +19,22 @@ class PipelineTimeout(RuntimeError):
 
 
 class P2P:
-    def __init__(self, stage, timeout: float = 300.0):
+    def __init__(self, stage, device, timeout: float = 300.0):
         if not timeout > 0:
             raise ValueError(f"the pipeline timeout must be positive seconds, got {timeout}")
+        if not stage.group.tagged_p2p:
+            # Sends go out eagerly and receives are posted when a pass needs them, matched by
+            # tag. NCCL has no tags and its send waits for the matching receive on the one
+            # communication stream: under 1F1B two neighbours would both sit in a send to the
+            # other (a deadlock), and the interleaved schedule with two stages sends forward and
+            # backward messages on one link in an order the receiver does not post them in.
+            # It needs Megatron's batched send-and-receive steps instead.
+            raise NotImplementedError(
+                f"pipeline parallelism needs tagged point-to-point messages, which {type(stage.group).__name__} "
+                "does not have (NCCL pairs messages by order alone); run the pipeline's stages over MPI "
+                "(device 'cpu') in this version")
         self.stage, self.group, self.timeout = stage, stage.group, float(timeout)
+        self.device = device
         self.chunks = stage.size * stage.virtual
         self.pending = []  # (work, tensor): sends in flight and the memory they read
         self.wait_s = 0.0  # time spent blocked on neighbours: this stage's share of the bubble
@@ -37,7 +49,7 @@ class P2P:
 
     def recv(self, shape, dtype, from_stage: int, backward: bool, micro: int, chunk: int):
         """chunk: the global chunk (on this stage) that needs the tensor."""
-        t = empty(*shape, dtype=dtype)
+        t = empty(*shape, dtype=dtype, device=self.device)
         work = self.group.irecv(t, from_stage, self._tag(backward, micro, chunk))
         what = "gradient" if backward else "activation"
         self._wait(work, lambda: f"the {what} of micro-batch {micro} for chunk {chunk} from "

@@ -46,9 +46,10 @@ class PipelineParallel:
         self.schedule = schedule
         s = self.stage
         self.chunk_layers = model.stage_layers
+        self.device = next(iter(model.parameters())).device
         self.V = len(self.chunk_layers)
         self.last_chunk = s.size * self.V - 1
-        self.p2p = P2P(s, timeout) if s.size > 1 else None
+        self.p2p = P2P(s, self.device, timeout) if s.size > 1 else None
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.reducers = []
         self._inputs, self._outputs = {}, {}  # per (micro-batch, chunk) until its backward
@@ -166,7 +167,7 @@ class PipelineParallel:
         """The last stage's loss, on every stage."""
         if self.stage.size == 1:
             return value
-        t = from_numpy(np.array([value], dtype=np.float64))
+        t = from_numpy(np.array([value], dtype=np.float64)).to(self.device)
         self.stage.group.broadcast(t, self.stage.size - 1)
         return t.item()
 
@@ -205,7 +206,7 @@ class PipelineParallel:
             self.p2p.flush()
         B, V = idx.shape[0], model.config.vocab_size
         out = model.head(x, None, return_logits=True)[0].float().contiguous() if s.is_last \
-            else empty(B, T, V)
+            else empty(B, T, V, device=self.device)
         if s.size > 1:
             s.group.broadcast(out, s.size - 1)
         return out
