@@ -74,6 +74,25 @@ def test_schedules_are_free_of_deadlock_and_1f1b_holds_less():
         schedule("zero-bubble", 4, 1, 4, 0)
 
 
+def test_messages_pair_by_order_on_every_link():
+    """The engine's messages carry only their direction (NCCL has no tags): every schedule must
+    send each neighbour its activations and gradients in the order the neighbour takes them,
+    and the check must catch a schedule that does not."""
+    from infinitrain.nn.parallel.pp.schedules import Action, _check_link_order
+    for P in range(2, 9):
+        for M in range(1, 25):
+            simulate("1f1b", P, 1, M)
+            for V in (2, 3):
+                simulate("gpipe", P, V, M)
+                simulate("interleaved", P, V, M)
+    good = [schedule("1f1b", 2, 1, 2, s) for s in range(2)]
+    _check_link_order("1f1b", good, 2, 1)
+    swapped = [good[0], [Action("F", 1, 0), Action("F", 0, 0), Action("B", 0, 0), Action("B", 1, 0)]]
+    with pytest.raises(RuntimeError, match=r"stage 0 sends stage 1 its activations .* in the order "
+                                           r"\[\(0, 1\), \(1, 1\)\], which it receives as \[\(1, 1\), \(0, 1\)\]"):
+        _check_link_order("1f1b", swapped, 2, 1)
+
+
 @pytest.mark.parametrize("seed", [3, None], ids=["own-generator", "default-generator"])
 @pytest.mark.parametrize("cls", [GPT2, LLaMA3])
 def test_every_stage_holds_the_whole_models_weights(cls, seed):
@@ -149,6 +168,16 @@ def test_the_three_schedules_agree_and_1f1b_holds_fewer_activations():
     for s in ("1f1b", "interleaved"):
         np.testing.assert_allclose(got[s], got["gpipe"], rtol=1e-6, atol=0)
     assert peak["1f1b"] < peak["gpipe"], peak
+
+
+def test_both_directions_on_one_link_pair_by_order():
+    """Interleaved PP 2 x V 2 with M = 5: each link between the two stages carries activations
+    and gradients, in orders that differ between the directions; messages tagged with their
+    direction alone (as over NCCL) must still reach the pass they are for."""
+    common = ["--layers", "4", "--batch", "10", "--steps", "3"]
+    whole = losses(run(1, common))[0][::2]
+    got = losses(run(2, common + ["--pp", "2", "--vpp", "2", "--micro", "5"]))[0][::2]
+    np.testing.assert_allclose(got, whole, rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])

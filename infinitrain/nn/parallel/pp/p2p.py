@@ -3,8 +3,12 @@
 Sends are non-blocking and kept until done; a receive blocks only when the pass needing it
 runs, and never forever: past the timeout it raises, naming this rank, its stage, the
 micro-batch and the rank it was waiting for (a dead or hung neighbour), and the job aborts.
-Every message's tag names (direction, micro-batch, receiving chunk), so a receive can only
-match the message meant for it, whatever order the neighbour sent in.
+
+Messages are matched by order, not by name: the tag is only the direction (activations 0,
+gradients 1), and the k-th message one stage sends another in a direction is the k-th that
+stage receives from it in that direction. The schedules keep that order on every link
+(`schedules.simulate` checks it), which is what lets the same engine run over NCCL, which
+has no tags: there each directed link is its own two-rank communicator and stream.
 """
 from __future__ import annotations
 
@@ -39,18 +43,14 @@ class P2P:
         self.pending = []  # (work, tensor): sends in flight and the memory they read
         self.wait_s = 0.0  # time spent blocked on neighbours: this stage's share of the bubble
 
-    def _tag(self, backward: bool, micro: int, chunk: int) -> int:
-        return ((micro * self.chunks + chunk) << 1) | int(backward)
-
-    def send(self, t, to_stage: int, backward: bool, micro: int, chunk: int) -> None:
-        """chunk: the global chunk that will receive t."""
-        work = self.group.isend(t, to_stage, self._tag(backward, micro, chunk))
+    def send(self, t, to_stage: int, backward: bool) -> None:
+        work = self.group.isend(t, to_stage, int(backward))
         self.pending.append((work, t))
 
     def recv(self, shape, dtype, from_stage: int, backward: bool, micro: int, chunk: int):
         """chunk: the global chunk (on this stage) that needs the tensor."""
         t = empty(*shape, dtype=dtype, device=self.device)
-        work = self.group.irecv(t, from_stage, self._tag(backward, micro, chunk))
+        work = self.group.irecv(t, from_stage, int(backward))
         what = "gradient" if backward else "activation"
         self._wait(work, lambda: f"the {what} of micro-batch {micro} for chunk {chunk} from "
                                  f"stage {from_stage} (rank {self.group.ranks[from_stage]})")

@@ -130,7 +130,7 @@ class PipelineParallel:
             self._outputs[(micro, chunk)] = loss * scale
             return loss.item()
         self._check_spec(x, idx, "the activation it sends on")
-        self.p2p.send(x, self._neighbour(g + 1), backward=False, micro=micro, chunk=g + 1)
+        self.p2p.send(x, self._neighbour(g + 1), backward=False)
         self._outputs[(micro, chunk)] = x
         return None
 
@@ -144,7 +144,7 @@ class PipelineParallel:
             grad = self._recv(batches[micro][0], backward=True, micro=micro, g=g)
             autograd_backward(out, grad)
         if g > 0:
-            self.p2p.send(x.grad, self._neighbour(g - 1), backward=True, micro=micro, chunk=g - 1)
+            self.p2p.send(x.grad, self._neighbour(g - 1), backward=True)
 
     def _recv(self, idx, backward: bool, micro: int, g: int):
         shape, dtype = self.model.hidden_spec(*idx.shape)
@@ -201,7 +201,7 @@ class PipelineParallel:
             for i in self.chunk_layers[chunk]:
                 x = model.run_block(model.transformer.h[i], x, T)
             if g != self.last_chunk:
-                self.p2p.send(x, self._neighbour(g + 1), backward=False, micro=0, chunk=g + 1)
+                self.p2p.send(x, self._neighbour(g + 1), backward=False)
         if self.p2p is not None:
             self.p2p.flush()
         B, V = idx.shape[0], model.config.vocab_size

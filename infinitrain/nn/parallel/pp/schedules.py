@@ -5,6 +5,9 @@ A schedule is plain data; the engine (pipeline.py) runs it, sending activations 
 with non-blocking sends and blocking only on the receive a pass needs. A stage therefore
 waits only on its own next pass's input, and a schedule is free of deadlock exactly when
 `simulate` can run it to the end, which the tests check for every (P, V, M) they use.
+Messages pair by order on each directed link (p2p.py), so `simulate` also checks that every
+stage sends each neighbour its activations (and its gradients) in the order that neighbour
+receives them.
 
 - GPipe: every forward, then every backward. Peak activations: all M micro-batches.
 - 1F1B: min(P - s - 1, M) forwards to fill the pipe, then one forward and one backward in
@@ -85,6 +88,25 @@ def schedule(name: str, stages: int, virtual: int, micro: int, stage: int) -> li
     return make(stages, virtual, micro, stage)
 
 
+def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
+    """Raises RuntimeError unless, on every link (from stage, to stage, direction), the
+    messages leave in the order the receiver takes them: the k-th sent is the k-th received."""
+    sent, taken = {}, {}
+    for s, plan in enumerate(plans):
+        for a in plan:
+            g = a.chunk * P + s
+            step = 1 if a.kind == "F" else -1  # activations go up the chunks, gradients down
+            if 0 <= g - step <= last:  # this pass's input came from chunk g - step
+                taken.setdefault(((g - step) % P, s, a.kind), []).append((a.micro, g))
+            if 0 <= g + step <= last:  # its output goes to chunk g + step
+                sent.setdefault((s, (g + step) % P, a.kind), []).append((a.micro, g + step))
+    for link, messages in sent.items():
+        if taken.get(link) != messages:
+            raise RuntimeError(f"schedule {name}: stage {link[0]} sends stage {link[1]} its "
+                               f"{'activations' if link[2] == 'F' else 'gradients'} (micro-batch, chunk) "
+                               f"in the order {messages}, which it receives as {taken.get(link)}")
+
+
 def simulate(name: str, stages: int, virtual: int, micro: int,
              forward_cost: float = 1.0, backward_cost: float = 2.0) -> dict:
     """Runs the schedule of every stage on paper, with the engine's rule (a pass waits for
@@ -93,6 +115,7 @@ def simulate(name: str, stages: int, virtual: int, micro: int,
     activations held (forward done, backward not yet)."""
     P, V, last = stages, virtual, stages * virtual - 1
     plans = [schedule(name, P, V, micro, s) for s in range(P)]
+    _check_link_order(name, plans, P, last)
     at, clock = [0] * P, [0.0] * P
     held, peak = [0] * P, [0] * P
     done = {}  # ("F"|"B", micro, global chunk) -> finish time
