@@ -214,21 +214,22 @@ def test_cuda_layouts_and_examples_without_a_gpu_say_why():
     assert "no usable CUDA device" in out.stderr
 
 
-def test_pipeline_stages_over_nccl_are_refused_with_the_reason():
-    """NCCL pairs messages by order; the pipeline engine matches them by tag."""
-    import sys
-    from infinitrain.nn.parallel.pp.p2p import P2P
-    from infinitrain.nn.parallel.process_group import ProcessGroup
+def test_pipeline_links():
+    """Over NCCL each directed link a pipeline sends on is a communicator of its own: the list
+    of links for GPipe/1F1B (no wrap-around) and for virtual chunks (the last stage feeds the
+    first)."""
+    from infinitrain.nn.parallel.pp.p2p import links
+    assert links(2, 1) == [(0, 1, 0), (1, 0, 1)]
+    assert links(3, 1) == [(0, 1, 0), (1, 0, 1), (1, 2, 0), (2, 1, 1)]
+    assert links(2, 2) == [(0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)]
+    assert links(4, 2) == sorted([(s, (s + 1) % 4, 0) for s in range(4)] + [((s + 1) % 4, s, 1) for s in range(4)])
+    # an NCCL group (made without a GPU: no communicator) refuses a tag whose link is not open
     from infinitrain.nn.parallel.nccl import NCCLProcessGroup
-    assert ProcessGroup.tagged_p2p and not NCCLProcessGroup.tagged_p2p
-
-    class Stage:  # a stage of a pipeline whose group is an NCCL group (which needs two GPUs to make)
-        group, size, virtual, stage = NCCLProcessGroup.__new__(NCCLProcessGroup), 2, 1, 0
-    with pytest.raises(NotImplementedError, match="tagged point-to-point"):
-        P2P(Stage(), it.device("cuda"))
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--device", "cuda",
-                          "--pipeline_parallel", "2"], capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and "--pipeline_parallel runs its stages over MPI" in out.stderr, out.stderr
+    group = NCCLProcessGroup.__new__(NCCLProcessGroup)
+    group.rank, group.size, group._links = 0, 2, {}
+    assert group._link(0, 1, 0) is None  # tag 0 without links: the group's own communicator
+    with pytest.raises(ValueError, match="NCCL has no tags: open the link 0 -> 1 with tag 1"):
+        group._link(0, 1, 1)
 
 
 @needs_gpu

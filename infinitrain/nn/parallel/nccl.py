@@ -36,7 +36,7 @@ class NCCLWork(Work):
 
 
 class NCCLProcessGroup(ProcessGroup):
-    tagged_p2p = False  # messages between two ranks pair in the order they were sent
+    waits_on_host = False
     def __init__(self, comm, ranks, device):
         self.comm, self.ranks = comm, list(ranks)  # comm: the group's MPI communicator (bootstrap)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -46,6 +46,24 @@ class NCCLProcessGroup(ProcessGroup):
         check(lib.it_comm_init(device.native, uid, len(uid), self.size, self.rank, out))
         self._comm = ffi.gc(out[0], lib.it_comm_destroy)
         self.stream = cuda.Stream(device)
+        self._links = {}  # (from, to, tag) -> the two-rank group of that directed link
+
+    def open_p2p_links(self, links) -> None:
+        """NCCL has no tags, and one communicator runs its operations one after another on one
+        stream, where a send waits for its receive: each directed link (from, to, tag) gets a
+        two-rank communicator and stream of its own, so that a link's messages pair in the
+        order they were sent and one link never waits behind another. Collective over the
+        group; the links are made in one order on every rank."""
+        from mpi4py import MPI
+        for src, dst, tag in sorted(set(links)):
+            if not (0 <= src < self.size and 0 <= dst < self.size and src != dst):
+                raise ValueError(f"a link joins two different ranks of the group (0..{self.size - 1}), "
+                                 f"got {src} -> {dst}")
+            inside = self.rank in (src, dst)
+            sub = self.comm.Split(0 if inside else MPI.UNDEFINED, 0 if self.rank == src else 1)
+            if inside:
+                self._links[(src, dst, tag)] = NCCLProcessGroup(sub, [self.ranks[src], self.ranks[dst]],
+                                                                self.device)
 
     def _make_id(self) -> bytes:
         buf = ffi.new("uint8_t[128]")
@@ -104,16 +122,32 @@ class NCCLProcessGroup(ProcessGroup):
 
     @traced_collective(0)
     def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
-        """NCCL has no tags: messages between two ranks arrive in the order they were sent."""
-        self._check(t)
-        return self._run(lambda s: check(lib.it_comm_send(self._comm, t.dtype.native, t._ptr(), t.numel(),
-                                                          dst, s)), (t,), True)
+        """Messages to a rank pair in the order they were sent; a tag names a link opened with
+        open_p2p_links (its own communicator), or is 0."""
+        link = self._link(self.rank, dst, tag)
+        return link._send(t, 1) if link is not None else self._send(t, dst)
 
     @traced_collective(0)
     def irecv(self, t: Tensor, src: int, tag: int = 0) -> Work:
+        link = self._link(src, self.rank, tag)
+        return link._recv(t, 0) if link is not None else self._recv(t, src)
+
+    def _link(self, src: int, dst: int, tag: int):
+        link = self._links.get((src, dst, tag))
+        if link is None and (tag != 0 or self._links):
+            raise ValueError(f"NCCL has no tags: open the link {src} -> {dst} with tag {tag} first "
+                             "(open_p2p_links, on every rank of the group)")
+        return link
+
+    def _send(self, t: Tensor, peer: int) -> Work:
+        self._check(t)
+        return self._run(lambda s: check(lib.it_comm_send(self._comm, t.dtype.native, t._ptr(), t.numel(),
+                                                          peer, s)), (t,), True)
+
+    def _recv(self, t: Tensor, peer: int) -> Work:
         self._check(t)
         return self._run(lambda s: check(lib.it_comm_recv(self._comm, t.dtype.native, t._ptr(), t.numel(),
-                                                          src, s)), (t,), True)
+                                                          peer, s)), (t,), True)
 
     def send(self, t: Tensor, dst: int, tag: int = 0) -> None:
         self.isend(t, dst, tag).wait()

@@ -110,7 +110,12 @@ class ProcessGroup:
     ranks: list
     rank: int
     size: int
-    tagged_p2p = True  # a receive matches the send of its tag, whatever order they were sent in
+    waits_on_host = True  # Work.wait() returns when the operation is done (NCCL: orders streams)
+
+    def open_p2p_links(self, links) -> None:
+        """Readies the directed links (from index, to index, tag) that isend/irecv will use,
+        called by every rank of the group with the same links. MPI needs nothing: its tags
+        keep each link's messages apart, in order."""
 
     def _done(self, work: Work, async_op: bool):
         """What a collective returns: its Work when asynchronous, else nothing once it is done."""

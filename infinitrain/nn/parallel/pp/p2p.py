@@ -3,6 +3,7 @@
 Sends are non-blocking and kept until done; a receive blocks only when the pass needing it
 runs, and never forever: past the timeout it raises, naming this rank, its stage, the
 micro-batch and the rank it was waiting for (a dead or hung neighbour), and the job aborts.
+Over NCCL the host does not wait at all: the compute stream waits for the receive's event.
 
 Messages are matched by order, not by name: the tag is only the direction (activations 0,
 gradients 1), and the k-th message one stage sends another in a direction is the k-th that
@@ -18,6 +19,15 @@ from .... import _trace
 from ....creation import empty
 
 
+def links(stages: int, virtual: int) -> list:
+    """The directed links (from stage, to stage, tag) a pipeline sends on: activations (tag 0)
+    from each chunk to the next, gradients (tag 1) back; with virtual chunks the last stage
+    feeds the first."""
+    chunks = stages * virtual
+    return sorted({(g % stages, (g + 1) % stages, 0) for g in range(chunks - 1)}
+                  | {((g + 1) % stages, g % stages, 1) for g in range(chunks - 1)})
+
+
 class PipelineTimeout(RuntimeError):
     """A pipeline stage waited longer than the timeout for a neighbour."""
 
@@ -26,20 +36,9 @@ class P2P:
     def __init__(self, stage, device, timeout: float = 300.0):
         if not timeout > 0:
             raise ValueError(f"the pipeline timeout must be positive seconds, got {timeout}")
-        if not stage.group.tagged_p2p:
-            # Sends go out eagerly and receives are posted when a pass needs them, matched by
-            # tag. NCCL has no tags and its send waits for the matching receive on the one
-            # communication stream: under 1F1B two neighbours would both sit in a send to the
-            # other (a deadlock), and the interleaved schedule with two stages sends forward and
-            # backward messages on one link in an order the receiver does not post them in.
-            # It needs Megatron's batched send-and-receive steps instead.
-            raise NotImplementedError(
-                f"pipeline parallelism needs tagged point-to-point messages, which {type(stage.group).__name__} "
-                "does not have (NCCL pairs messages by order alone); run the pipeline's stages over MPI "
-                "(device 'cpu') in this version")
         self.stage, self.group, self.timeout = stage, stage.group, float(timeout)
         self.device = device
-        self.chunks = stage.size * stage.virtual
+        self.group.open_p2p_links(links(stage.size, stage.virtual))
         self.pending = []  # (work, tensor): sends in flight and the memory they read
         self.wait_s = 0.0  # time spent blocked on neighbours: this stage's share of the bubble
 
@@ -66,6 +65,9 @@ class P2P:
         self.pending = []
 
     def _wait(self, work, describe) -> None:
+        if not self.group.waits_on_host:  # NCCL: the compute stream waits, the host goes on
+            work.wait()
+            return
         if work.is_completed():
             return
         with _trace.span("wait for neighbour stage", "comm"):  # the bubble, in a profile
