@@ -42,6 +42,7 @@ from .io import atomic_write, fsync_dir, sha256_file
 from .creation import from_numpy
 from .random import default_generator
 from .tensor import Tensor
+from .nn.parallel.tensor_parallel import full_tensor
 
 FORMAT = "infinitrain-checkpoint"
 VERSION = 2
@@ -65,12 +66,6 @@ def _from_numpy(a: np.ndarray, dtype_name: str) -> Tensor:
         import ml_dtypes
         a = a.view(ml_dtypes.bfloat16)
     return from_numpy(np.ascontiguousarray(a))
-
-
-def _full(p: Tensor) -> Tensor:
-    """The one-process tensor of a parameter (a tensor-parallel shard is gathered)."""
-    shard = getattr(p, "tp_shard", None)
-    return shard.gather(p) if shard is not None else p
 
 
 def _gathered(optimizer, write: bool = False):
@@ -133,7 +128,7 @@ def _save(root, step: int, model, optimizer, extra, keep, write) -> Path:
     names = _param_names(model)
     # a tied parameter is stored once, under its first name (GPT-2's head is its embedding)
     stored_as = _stored_names(model)
-    model_tensors = {k: _full(t) for k, t in model.state_dict(keep_vars=True).items()
+    model_tensors = {k: full_tensor(t) for k, t in model.state_dict(keep_vars=True).items()
                      if stored_as[k] == k}
     opt_tensors, scalars, groups = {}, {}, None
     if optimizer is not None:
@@ -495,7 +490,7 @@ def save_lora(model, folder, write: bool = True, optimizer=None) -> Path:
     if config is None:
         raise CheckpointError("this model has no LoRA adapters to save (nn.lora.apply_lora adds them)")
     with no_grad(), _gathered(optimizer):
-        tensors = {n: np.ascontiguousarray(_full(p).detach().float().cpu().numpy())
+        tensors = {n: np.ascontiguousarray(full_tensor(p).float().cpu().numpy())
                    for n, p in lora_state(model).items()}
     folder = Path(folder)
     if not write:

@@ -25,11 +25,6 @@ def _full_shape(p) -> tuple:
     return shard.full_shape(p.shape) if shard is not None else tuple(p.shape)
 
 
-def _full(p):
-    shard = getattr(p, "tp_shard", None)
-    return shard.gather(p) if shard is not None else p.detach()
-
-
 class Blocks(Module):
     """The transformer blocks this rank holds, keyed by their index in the whole model, so
     that a pipeline stage's parameters keep their one-process names (transformer.h.5.ln_1.weight)
@@ -216,7 +211,7 @@ class CausalLM(Module):
                                       "save a checkpoint (save_checkpoint) and convert it in one process")
         store = np.dtype(store_dtype)
         params = self._llmc_params()
-        return b"".join(np.ascontiguousarray(_full(p).float().cpu().numpy()).astype(store).tobytes()
+        return b"".join(np.ascontiguousarray(tpl.full_tensor(p).float().cpu().numpy()).astype(store).tobytes()
                         for name, _, _ in self._llmc_shapes(self.config) for p in params[name])
 
     @no_grad()

@@ -130,6 +130,13 @@ class TPShard:
         return _from_numpy(np.ascontiguousarray(full), local.dtype, local.device)
 
 
+def full_tensor(p: Tensor) -> Tensor:
+    """The one-process tensor of a parameter, detached: a tensor-parallel shard is gathered (a
+    collective over its TP group, so every rank of the group must call this)."""
+    shard = getattr(p, "tp_shard", None)
+    return shard.gather(p) if shard is not None else p.detach()
+
+
 def _as_numpy(t: Tensor) -> np.ndarray:
     return t.detach().contiguous().cpu().numpy()
 
