@@ -132,7 +132,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Ten
     """A new tensor holding a copy of data (nested lists, numbers, numpy arrays, tensors)."""
     if isinstance(data, Tensor):
         src = data.detach()
-        out = _empty(src.shape, _dt.as_dtype(dtype or src.dtype), src.device)
+        out = _empty(src.shape, _dt.as_dtype(dtype or src.dtype), as_device(device or src.device))
         return _leaf(_filled(out, src), requires_grad)
     arr = np.asarray(data)
     if dtype is None:
@@ -146,6 +146,6 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Ten
             dtype = _dt.from_numpy_dtype(arr.dtype)
     dtype = _dt.as_dtype(dtype)
     arr = np.asarray(arr, dtype=dtype.numpy)  # (ascontiguousarray would make a 0-d array 1-d)
-    out = _new(arr.shape, dtype, device)
+    out = _new(arr.shape, dtype, CPU)  # filled on the host, then moved
     out.numpy()[...] = arr
-    return _leaf(out, requires_grad)
+    return _leaf(out.to(as_device(device)), requires_grad)

@@ -124,5 +124,5 @@ def triu(input: Tensor, diagonal: int = 0) -> Tensor:
 
 def allclose(a: Tensor, b: Tensor, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
     import numpy as np
-    return bool(np.allclose(a.detach().double().numpy(), b.detach().double().numpy(),
+    return bool(np.allclose(a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy(),
                             rtol=rtol, atol=atol))

@@ -28,6 +28,7 @@ def test_without_a_gpu_every_cuda_call_is_a_clear_error():
     assert not it.cuda.is_available() and it.cuda.device_count() == 0
     reason = "no CUDA device" if CUDA_LIB.is_file() else "no CUDA support"
     for call in (lambda: it.zeros(2, device="cuda"), lambda: it.ones(3).to("cuda:1"), it.cuda.Stream,
+                 lambda: it.tensor([1.0], device="cuda"), lambda: it.tensor(it.ones(2), device="cuda"),
                  it.cuda.synchronize, it.cuda.memory_stats):
         with pytest.raises(it.NoCudaError, match=reason):
             call()
@@ -160,6 +161,16 @@ def test_attention_loss_and_optimizer_against_the_cpu(dtype):
     logits, logitsg = _pair((12, 70), dtype)
     targets = it.from_numpy(RNG.integers(0, 70, 12))
     _same(nn.functional.cross_entropy(logitsg, targets.to("cuda")), nn.functional.cross_entropy(logits, targets), dtype)
+
+
+@needs_gpu
+def test_tensors_made_from_data_on_cuda():
+    a = it.tensor([[1.5, -2.0]], device="cuda")
+    b = it.tensor(a, dtype=it.bfloat16)
+    c = it.tensor(it.arange(3), device="cuda:0")
+    assert a.device == "cuda:0" and b.device == "cuda:0" and c.device == "cuda:0"
+    assert a.tolist() == [[1.5, -2.0]] and b.float().tolist() == [[1.5, -2.0]] and c.tolist() == [0, 1, 2]
+    assert it.allclose(a, a.cpu().to("cuda"))
 
 
 @needs_gpu
