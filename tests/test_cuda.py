@@ -171,6 +171,9 @@ def test_tensors_made_from_data_on_cuda():
     assert a.device == "cuda:0" and b.device == "cuda:0" and c.device == "cuda:0"
     assert a.tolist() == [[1.5, -2.0]] and b.float().tolist() == [[1.5, -2.0]] and c.tolist() == [0, 1, 2]
     assert it.allclose(a, a.cpu().to("cuda"))
+    for layer in (nn.Linear(4, 3, device="cuda"), nn.Embedding(5, 4, device="cuda"), nn.LayerNorm(4, device="cuda"),
+                  nn.RMSNorm(4, device="cuda", dtype=it.bfloat16)):  # PyTorch's factory keywords
+        assert all(p.device == "cuda:0" for p in layer.parameters()), layer
 
 
 @needs_gpu

@@ -79,6 +79,8 @@ def test_train_eval_zero_grad_to_apply():
     assert net.ids.dtype is it.int64 and net.scale.dtype is it.bfloat16
     with pytest.raises(TypeError, match="a dtype and/or a device"):
         net.to(3)
+    lin = nn.Linear(3, 2, bias=True, device="cpu", dtype=it.bfloat16)  # PyTorch's factory keywords
+    assert lin.weight.dtype is it.bfloat16 and lin.bias.device == "cpu"
     seen = []
     net.apply(lambda m: seen.append(type(m).__name__))
     assert seen[-1] == "Net"

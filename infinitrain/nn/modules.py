@@ -12,11 +12,11 @@ from .parameter import Parameter
 
 
 class Linear(Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = Parameter(creation.empty(out_features, in_features, dtype=dtype))
-        self.bias = Parameter(creation.empty(out_features, dtype=dtype)) if bias else None
+        self.weight = Parameter(creation.empty(out_features, in_features, dtype=dtype, device=device))
+        self.bias = Parameter(creation.empty(out_features, dtype=dtype, device=device)) if bias else None
         init.kaiming_uniform_linear_(self.weight)
         if self.bias is not None:
             init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
@@ -32,10 +32,10 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(creation.empty(num_embeddings, embedding_dim, dtype=dtype))
+        self.weight = Parameter(creation.empty(num_embeddings, embedding_dim, dtype=dtype, device=device))
         init.normal_(self.weight)
 
     def forward(self, indices):
@@ -47,11 +47,13 @@ class Embedding(Module):
 
 class LayerNorm(Module):
     def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, dtype=None):
+                 bias: bool = True, device=None, dtype=None):
         super().__init__()
         self.normalized_shape, self.eps = normalized_shape, eps
-        self.weight = Parameter(creation.ones(normalized_shape, dtype=dtype)) if elementwise_affine else None
-        self.bias = Parameter(creation.zeros(normalized_shape, dtype=dtype)) if elementwise_affine and bias else None
+        self.weight = Parameter(creation.ones(normalized_shape, dtype=dtype, device=device)) \
+            if elementwise_affine else None
+        self.bias = Parameter(creation.zeros(normalized_shape, dtype=dtype, device=device)) \
+            if elementwise_affine and bias else None
 
     def forward(self, x):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -61,10 +63,12 @@ class LayerNorm(Module):
 
 
 class RMSNorm(Module):
-    def __init__(self, normalized_shape: int, eps: float = 1e-6, elementwise_affine: bool = True, dtype=None):
+    def __init__(self, normalized_shape: int, eps: float = 1e-6, elementwise_affine: bool = True, device=None,
+                 dtype=None):
         super().__init__()
         self.normalized_shape, self.eps = normalized_shape, eps
-        self.weight = Parameter(creation.ones(normalized_shape, dtype=dtype)) if elementwise_affine else None
+        self.weight = Parameter(creation.ones(normalized_shape, dtype=dtype, device=device)) \
+            if elementwise_affine else None
 
     def forward(self, x):
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
