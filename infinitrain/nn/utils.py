@@ -14,6 +14,15 @@ from ..kernels import elementwise as ew
 from ..kernels.memory import cat, convert
 
 
+def squared_norm(tensors, device):
+    """float64 [1] on device: the sum of the squares of every element of tensors, each summed
+    where it is (in float32, as one process does), the host reading nothing."""
+    parts = [convert(ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, t.float())), float64).reshape(1)
+             for t in tensors]
+    zero = from_numpy(np.zeros(1)).to(device)
+    return ew.add(zero, ew.reduce(lib.IT_SUM, cat(parts))).reshape(1) if parts else zero
+
+
 @no_grad()
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
                     error_if_nonfinite: bool = False, pipeline_group=None) -> float:
@@ -30,22 +39,19 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     # A tensor-parallel shard holds part of its parameter: the shards' squares are summed over
     # their group; replicated parameters (equal on every rank) count once, as in one process.
     # Summed where the gradients are, in float64; the host reads one number at the end.
-    replicated, shard_sq = [], {}
+    replicated, shards = [], {}
     for p, g in zip(params, grads):
         if getattr(p, "tied_copy_of", None) is not None:
             continue
-        sq = convert(ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, g.float())), float64).reshape(1)
         shard = getattr(p, "tp_shard", None)
         if shard is None:
-            replicated.append(sq)
+            replicated.append(g)
         else:
-            shard_sq.setdefault(id(shard.group), (shard.group, []))[1].append(sq)
+            shards.setdefault(id(shard.group), (shard.group, []))[1].append(g)
     device = grads[0].device if grads else as_device("cpu")
-    total_t = from_numpy(np.zeros(1)).to(device)
-    if replicated:
-        total_t = ew.add(total_t, ew.reduce(lib.IT_SUM, cat(replicated)))
-    for group, parts in shard_sq.values():
-        t = ew.reduce(lib.IT_SUM, cat(parts)).reshape(1).contiguous()
+    total_t = squared_norm(replicated, device)
+    for group, parts in shards.values():
+        t = squared_norm(parts, device).contiguous()
         group.all_reduce(t)
         total_t = ew.add(total_t, t)
     if pipeline_group is not None and pipeline_group.size > 1:

@@ -32,7 +32,9 @@ import numpy as np
 from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ...creation import empty, from_numpy, zeros
+from ...kernels.memory import cat
 from ..parameter import Parameter
+from ..utils import squared_norm
 from . import zero3
 from .process_group import ReduceOp
 
@@ -247,15 +249,16 @@ class ZeroOptimizer:
         parameter left out); scales the shards when it exceeds max_norm. Returns the norm
         before clipping."""
         self._finish_gradients()
-        sq, tp_groups = [0.0, 0.0], {}  # [replicated, tensor-parallel shards]
+        grads, tp_groups = ([], []), {}  # replicated, tensor-parallel shards
         for shard, _, _, p, _ in self.segments:
             if getattr(p, "tied_copy_of", None) is not None:
                 continue
             tp = getattr(p, "tp_shard", None)
             if tp is not None:
                 tp_groups[id(tp.group)] = tp.group
-            sq[tp is not None] += float((shard.grad.float() ** 2).sum().item())
-        t = from_numpy(np.array(sq, dtype=np.float64)).to(self.buckets[0].device)
+            grads[tp is not None].append(shard.grad)
+        device = self.buckets[0].device  # summed there: the host reads one number at the end
+        t = cat([squared_norm(grads[0], device), squared_norm(grads[1], device)])
         self.group.all_reduce(t)
         if len(tp_groups) > 1:
             raise NotImplementedError("parameters sharded over several tensor-parallel groups")
