@@ -511,7 +511,7 @@ class _VocabParallelCrossEntropy(Function):
         picked, sum_exp = sums[:N], sums[N:]
         ew.binary(lib.IT_DIV, e, sum_exp.unsqueeze(1), out=e)  # the softmax
         keep = (t != ignore_index)
-        count = max(int(keep.sum().item()), 1)
+        count = keep.sum().float().clamp(min=1.0)  # on the device: no host synchronisation
         losses = (sum_exp.log() - picked).masked_fill(~keep, 0.0)
         ctx.meta = (logits.shape, logits.dtype, valid, count)
         ctx.save_for_backward(e, local_t, mine & keep, keep)
