@@ -218,7 +218,7 @@ def train(args, build_model) -> int:
             with record_function("pipeline train_step"):
                 step_loss = pipe.train_step([train.next_batch() for _ in range(accum)], forward_context)
         else:
-            step_loss = 0.0
+            loss_sum = None  # summed where the loss is: on a GPU the host does not wait per micro-batch
             for micro in range(accum):
                 x, y = train.next_batch()
                 last = micro == accum - 1
@@ -227,7 +227,9 @@ def train(args, build_model) -> int:
                         _, loss = net(x, y, return_logits=False)
                     with record_function("backward"):
                         (loss / accum if accum > 1 else loss).backward()
-                step_loss += loss.item() / accum
+                part = loss.detach().double()
+                loss_sum = part if loss_sum is None else loss_sum + part
+            step_loss = loss_sum.item() / accum
         if checker is not None:
             checker.end_step()
         with record_function("optimizer step"):

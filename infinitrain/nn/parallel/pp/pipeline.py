@@ -17,16 +17,14 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-import numpy as np
-
 from ....autograd import no_grad
 from ....autograd.engine import backward as autograd_backward
-from ....creation import empty, from_numpy
+from ....creation import empty, zeros
+from ....dtype import float64
 from ..ddp import Reducer
 from ..process_group import ReduceOp
 from .p2p import P2P
 from .schedules import schedule
-from .stage import PipelineStage
 
 
 class _SingleStage:
@@ -94,13 +92,13 @@ class PipelineParallel:
             r.prepare(sync=False)
         self._inputs, self._outputs = {}, {}
         context = forward_context or nullcontext
-        loss_sum = 0.0
+        loss_sum = None  # the last chunk's losses, summed on the device
         for i, (kind, micro, chunk) in enumerate(plan):
             if kind == "F":
                 with context():
                     loss = self._forward(micro_batches, micro, chunk, scale=1.0 / M)
                 if loss is not None:
-                    loss_sum += loss
+                    loss_sum = loss if loss_sum is None else loss_sum + loss
             else:
                 if self.reducers and last_backward[chunk] == i:
                     self.reducers[chunk].sync = True  # the chunk's gradients are complete after this
@@ -110,7 +108,7 @@ class PipelineParallel:
         if self.p2p is not None:
             self.p2p.flush()
         self._sum_tied_gradients()
-        return self._share_loss(loss_sum / M)
+        return self._share_loss(loss_sum, M)
 
     def _forward(self, batches, micro: int, chunk: int, scale: float):
         model, g = self.model, self._global(chunk)
@@ -128,7 +126,7 @@ class PipelineParallel:
         if g == self.last_chunk:
             _, loss = model.head(x, targets, return_logits=False)
             self._outputs[(micro, chunk)] = loss * scale
-            return loss.item()
+            return loss.detach().double()  # read once per step, not per micro-batch
         self._check_spec(x, idx, "the activation it sends on")
         self.p2p.send(x, self._neighbour(g + 1), backward=False)
         self._outputs[(micro, chunk)] = x
@@ -163,12 +161,13 @@ class PipelineParallel:
             if p.grad is not None and group is not None:
                 group.all_reduce(p.grad, ReduceOp.SUM)
 
-    def _share_loss(self, value: float) -> float:
-        """The last stage's loss, on every stage."""
-        if self.stage.size == 1:
-            return value
-        t = from_numpy(np.array([value], dtype=np.float64)).to(self.device)
-        self.stage.group.broadcast(t, self.stage.size - 1)
+    def _share_loss(self, loss_sum, M: int) -> float:
+        """The last stage's mean loss (loss_sum: the sum of its M micro-batches' losses, None
+        on the other stages), on every stage."""
+        t = (loss_sum / M).reshape(1) if loss_sum is not None else zeros(1, dtype=float64, device=self.device)
+        if self.stage.size > 1:
+            t = t.contiguous()
+            self.stage.group.broadcast(t, self.stage.size - 1)
         return t.item()
 
     # ---- forward only: evaluation and sampling ------------------------------------------------
@@ -176,17 +175,17 @@ class PipelineParallel:
     def eval_step(self, micro_batches, forward_context=None) -> float:
         """The mean loss of the micro-batches, no gradients; on every stage."""
         M, context = len(micro_batches), forward_context or nullcontext
-        loss_sum = 0.0
+        loss_sum = None  # the last chunk's losses, summed on the device
         with context():
             for chunk in range(self.V):
                 for micro in range(M):
                     self._inputs, self._outputs = {}, {}  # nothing is kept for a backward
                     loss = self._forward(micro_batches, micro, chunk, scale=1.0)
                     if loss is not None:
-                        loss_sum += loss
+                        loss_sum = loss if loss_sum is None else loss_sum + loss
         if self.p2p is not None:
             self.p2p.flush()
-        return self._share_loss(loss_sum / M)
+        return self._share_loss(loss_sum, M)
 
     @no_grad()
     def logits(self, idx):
