@@ -240,6 +240,41 @@ def test_matmul_accumulate_native(m, n, k, dtype, rng):
     np.testing.assert_allclose(to_np(c), ref, **tol(dtype, (1e-5, 1e-5 * max(1.0, k / 100))))
 
 
+AMX = "AMX-BF16" in it.build_info()
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX tiles: one bfloat16 path")
+def test_bfloat16_products_on_amx_equal_the_sgemm_path(tmp_path):
+    """Where bfloat16 products run on AMX tiles, the fallback (converted to float32 around
+    sgemm, INFINITRAIN_AMX=0) gives the same numbers: the same exact products summed in float32
+    in another order, so at most one bfloat16 step apart, and almost always equal."""
+    import subprocess
+    import sys
+    code = ("import numpy as np, infinitrain as it\n"
+            "rng = np.random.default_rng(5)\n"
+            "out = {}\n"
+            "for i, (m, n, k, ta, tb) in enumerate([(37, 300, 77, 0, 0), (300, 33, 513, 1, 0),\n"
+            "                                       (64, 96, 2000, 0, 1), (5, 7, 3, 1, 1)]):\n"
+            "    a = it.from_numpy(rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)).bfloat16()\n"
+            "    b = it.from_numpy(rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)).bfloat16()\n"
+            "    out[str(i)] = ((a.t() if ta else a) @ (b.t() if tb else b)).float().numpy()\n"
+            "np.savez(__import__('sys').argv[1], **out)\n"
+            "print(it.build_info())\n")
+    runs = {}
+    for amx in ("1", "0"):
+        path = tmp_path / f"amx{amx}.npz"
+        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                              env={**__import__("os").environ, "INFINITRAIN_AMX": amx}, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert ("AMX-BF16" in done.stdout) == (amx == "1")
+        runs[amx] = np.load(path)
+    for key in runs["1"].files:
+        tiles, sgemm = runs["1"][key], runs["0"][key]
+        # near-zero sums of large terms differ by float32 round-off, relative to the largest
+        np.testing.assert_allclose(tiles, sgemm, rtol=2 ** -7, atol=1e-6 * np.abs(sgemm).max())
+        assert np.mean(tiles == sgemm) > 0.97, key
+
+
 def test_matmul_shape_errors():
     with pytest.raises(ValueError, match=r"\(3, 4\) and \(5, 2\)"):
         it.zeros(3, 4) @ it.zeros(5, 2)

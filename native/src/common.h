@@ -326,6 +326,12 @@ static inline int64_t it_row_offset(int64_t r, const int64_t *shape, const int64
 }
 #define IT_MAX_DIMS 16
 
+/* bfloat16 products on Intel AMX (cpu/matmul_amx.c): whether this CPU and kernel allow
+ * them (asked once), and C = alpha op(A) op(B) + beta C for one row-major problem. */
+int it_amx_ready(void);
+it_status it_matmul_bf16_amx(uint16_t *c, const uint16_t *a, const uint16_t *b, int64_t m, int64_t n,
+                             int64_t k, int trans_a, int trans_b, float alpha, float beta);
+
 /* Aligned scratch memory for kernels (not counted by the storage allocator). */
 void *it_scratch_alloc(size_t nbytes);
 void it_scratch_free(void *p);

@@ -70,7 +70,7 @@ static const char *it_simd_level(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-        return "x86-64-v4 (AVX-512)";
+        return it_amx_ready() ? "x86-64-v4 (AVX-512), AMX-BF16 for bfloat16 products" : "x86-64-v4 (AVX-512)";
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return "x86-64-v3 (AVX2+FMA)";
     return "x86-64 baseline (SSE2)";

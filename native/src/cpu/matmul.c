@@ -1,5 +1,6 @@
-/* Batched matrix products through BLAS sgemm; 16-bit dtypes are converted to float32 around
- * the call (accumulation is always float32). */
+/* Batched matrix products through BLAS sgemm; bfloat16 through AMX's tile products where the
+ * CPU has them (matmul_amx.c), other 16-bit products converted to float32 around sgemm
+ * (accumulation is always float32). */
 #include "common.h"
 
 /* rows [r0, r0+nr) x cols [c0, c0+nc) of a row-major 16-bit matrix (leading dimension ld)
@@ -111,7 +112,13 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
                      (const float *)b + i * stride_b, ldb, beta, (float *)c + i * stride_c, n);
         return IT_OK;
     }
+    int amx = dtype == IT_BFLOAT16 && k > 0 && it_amx_ready();
     for (int64_t i = 0; i < batch; i++) {
+        if (amx) {
+            IT_TRY(it_matmul_bf16_amx((uint16_t *)c + i * stride_c, (const uint16_t *)a + i * stride_a,
+                                      (const uint16_t *)b + i * stride_b, m, n, k, trans_a, trans_b, alpha, beta));
+            continue;
+        }
         IT_TRY(matmul_16bit(dtype, (uint16_t *)c + i * stride_c, (const uint16_t *)a + i * stride_a,
                             (const uint16_t *)b + i * stride_b, m, n, k, trans_a, trans_b, alpha, beta));
     }
