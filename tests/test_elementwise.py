@@ -246,7 +246,8 @@ AMX = "AMX-BF16" in it.build_info()
 @pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX tiles: one bfloat16 path")
 def test_bfloat16_products_on_amx_equal_the_sgemm_path(tmp_path):
     """Where bfloat16 products run on AMX tiles, the fallback (converted to float32 around
-    sgemm, INFINITRAIN_AMX=0) gives the same numbers: the same exact products summed in float32
+    sgemm, INFINITRAIN_AMX=0) gives the same numbers (K = 5000: chunks summed in float32 between
+    them): the same exact products summed in float32
     in another order, so at most one bfloat16 step apart, and almost always equal."""
     import subprocess
     import sys
@@ -254,7 +255,7 @@ def test_bfloat16_products_on_amx_equal_the_sgemm_path(tmp_path):
             "rng = np.random.default_rng(5)\n"
             "out = {}\n"
             "for i, (m, n, k, ta, tb) in enumerate([(37, 300, 77, 0, 0), (300, 33, 513, 1, 0),\n"
-            "                                       (64, 96, 2000, 0, 1), (5, 7, 3, 1, 1)]):\n"
+            "                                       (64, 96, 5000, 0, 1), (5, 7, 3, 1, 1)]):\n"
             "    a = it.from_numpy(rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)).bfloat16()\n"
             "    b = it.from_numpy(rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)).bfloat16()\n"
             "    out[str(i)] = ((a.t() if ta else a) @ (b.t() if tb else b)).float().numpy()\n"

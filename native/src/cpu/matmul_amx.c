@@ -5,8 +5,9 @@
  * The operands are packed into tiles a block at a time (zero-padded to whole tiles): A as
  * rows of 32 consecutive k, B in AMX's pair layout (row r of a tile holds k = 2r and 2r + 1
  * of 16 columns, interleaved). Each thread computes 32 x 32 blocks of C with four
- * accumulator tiles over the whole K, then writes them out once (alpha, beta, rounding to
- * bf16). Blocks of C are taken so that a packed block of each operand stays a few MB.
+ * accumulator tiles, K in chunks of 2048 summed in a float32 buffer, and C is written once
+ * (alpha, beta, rounding to bf16). Blocks are taken so that a packed block of each operand
+ * stays a few MB.
  *
  * Linux hands out AMX's 8 KB of tile state only to a process that asks for it
  * (arch_prctl ARCH_REQ_XCOMP_PERM); it_amx_ready() asks once and says whether this CPU and
@@ -84,14 +85,22 @@ static void pack_b_tile(uint16_t *dst, const uint16_t *b, int trans_b, int64_t k
     }
 }
 
-/* C[32 x 32] block from a 2-tile strip of A and of B over kt tiles of K. */
-__attribute__((target("amx-tile,amx-bf16"))) static void block_32x32(float *out, const uint16_t *a0,
+/* A 32 x 32 block of C (float32, rows of 32) += a 2-tile strip of A times one of B over kt
+ * tiles of K; `fresh` starts it from zero instead. */
+__attribute__((target("amx-tile,amx-bf16"))) static void block_32x32(float *acc, int fresh, const uint16_t *a0,
                                                                      const uint16_t *a1, const uint16_t *b0,
                                                                      const uint16_t *b1, int64_t kt) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (fresh) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, acc, 128);
+        _tile_loadd(1, acc + 16, 128);
+        _tile_loadd(2, acc + 16 * 32, 128);
+        _tile_loadd(3, acc + 16 * 32 + 16, 128);
+    }
     for (int64_t t = 0; t < kt; t++) {
         _tile_loadd(4, a0 + t * 512, 64);
         _tile_loadd(5, a1 + t * 512, 64);
@@ -102,64 +111,90 @@ __attribute__((target("amx-tile,amx-bf16"))) static void block_32x32(float *out,
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, out, 128);
-    _tile_stored(1, out + 16, 128);
-    _tile_stored(2, out + 16 * 32, 128);
-    _tile_stored(3, out + 16 * 32 + 16, 128);
+    _tile_stored(0, acc, 128);
+    _tile_stored(1, acc + 16, 128);
+    _tile_stored(2, acc + 16 * 32, 128);
+    _tile_stored(3, acc + 16 * 32 + 16, 128);
 }
 
 __attribute__((target("amx-tile"))) static void release_tiles(void) { _tile_release(); }
 
+/* Packs `count` tiles of one operand: strips of 32 rows (A) or columns (B) from `first`, K
+ * tiles from k0, kt of them per strip. */
+static void pack_a(uint16_t *dst, const uint16_t *a, int trans_a, int64_t m, int64_t k, int64_t first,
+                   int64_t tiles16, int64_t k0, int64_t kt) {
+#pragma omp parallel for schedule(static) if (tiles16 * kt > 8)
+    for (int64_t t = 0; t < tiles16 * kt; t++)
+        pack_a_tile(dst + t * 512, a, trans_a, m, k, first + (t / kt) * 16, k0 + (t % kt) * 32);
+}
+static void pack_b(uint16_t *dst, const uint16_t *b, int trans_b, int64_t k, int64_t n, int64_t first,
+                   int64_t tiles16, int64_t k0, int64_t kt) {
+#pragma omp parallel for schedule(static) if (tiles16 * kt > 8)
+    for (int64_t t = 0; t < tiles16 * kt; t++)
+        pack_b_tile(dst + t * 512, b, trans_b, k, n, k0 + (t % kt) * 32, first + (t / kt) * 16);
+}
+
+#define K_CHUNK 64 /* K tiles (2048 values of K) per packed chunk */
+
 it_status it_matmul_bf16_amx(uint16_t *c, const uint16_t *a, const uint16_t *b, int64_t m, int64_t n,
                              int64_t k, int trans_a, int trans_b, float alpha, float beta) {
-    int64_t kt = (k + 31) / 32;                      /* K tiles; K is never blocked */
-    int64_t strip = 2 * kt * TILE_BYTES;             /* 32 rows (or columns) of packed operand */
-    int64_t per = PACK_BUDGET / strip;
-    per = per < 1 ? 1 : per;                         /* strips of 32 per packed block */
+    /* C is walked in blocks of mb x nb, each accumulated in float32 over K in chunks of kc
+     * tiles; a block's packed strips of A and B stay within the budget. With one chunk (K up
+     * to 2048, most products) B's block is packed once for all blocks of rows. */
+    int64_t kt = (k + 31) / 32, kc = kt < K_CHUNK ? kt : K_CHUNK, chunks = (kt + kc - 1) / kc;
+    int64_t per = PACK_BUDGET / (2 * kc * TILE_BYTES);
+    per = per < 1 ? 1 : per;
     int64_t mb = per * 32, nb = per * 32;
     int64_t mb_alloc = mb < m ? mb : (m + 31) / 32 * 32, nb_alloc = nb < n ? nb : (n + 31) / 32 * 32;
-    uint16_t *pa = (uint16_t *)it_scratch_alloc((size_t)(mb_alloc / 16 * kt) * TILE_BYTES);
-    uint16_t *pb = (uint16_t *)it_scratch_alloc((size_t)(nb_alloc / 16 * kt) * TILE_BYTES);
-    if (!pa || !pb) {
+    uint16_t *pa = (uint16_t *)it_scratch_alloc((size_t)(mb_alloc / 16 * kc) * TILE_BYTES);
+    uint16_t *pb = (uint16_t *)it_scratch_alloc((size_t)(nb_alloc / 16 * kc) * TILE_BYTES);
+    float *acc = (float *)it_scratch_alloc((size_t)(mb_alloc * nb_alloc) * sizeof(float));
+    if (!pa || !pb || !acc) {
         it_scratch_free(pa);
         it_scratch_free(pb);
+        it_scratch_free(acc);
         IT_REQUIRE(0, IT_ERR_OUT_OF_MEMORY, "it_matmul: out of memory packing bfloat16 operands");
     }
     for (int64_t n0 = 0; n0 < n; n0 += nb) {
-        int64_t nlen = n - n0 < nb ? n - n0 : nb, ntiles = (nlen + 31) / 32 * 2;
-#pragma omp parallel for schedule(static) if (ntiles * kt > 8)
-        for (int64_t t = 0; t < ntiles * kt; t++)
-            pack_b_tile(pb + t * 512, b, trans_b, k, n, (t % kt) * 32, n0 + (t / kt) * 16);
+        int64_t nlen = n - n0 < nb ? n - n0 : nb, bn = (nlen + 31) / 32;
+        if (chunks == 1) pack_b(pb, b, trans_b, k, n, n0, 2 * bn, 0, kt);
         for (int64_t m0 = 0; m0 < m; m0 += mb) {
-            int64_t mlen = m - m0 < mb ? m - m0 : mb, mtiles = (mlen + 31) / 32 * 2;
-#pragma omp parallel for schedule(static) if (mtiles * kt > 8)
-            for (int64_t t = 0; t < mtiles * kt; t++)
-                pack_a_tile(pa + t * 512, a, trans_a, m, k, m0 + (t / kt) * 16, (t % kt) * 32);
-            int64_t bm = mtiles / 2, bn = ntiles / 2;
+            int64_t mlen = m - m0 < mb ? m - m0 : mb, bm = (mlen + 31) / 32;
+            for (int64_t ch = 0; ch < chunks; ch++) {
+                int64_t k0 = ch * kc * 32, kk = kt - ch * kc < kc ? kt - ch * kc : kc;
+                if (chunks > 1) pack_b(pb, b, trans_b, k, n, n0, 2 * bn, k0, kk);
+                pack_a(pa, a, trans_a, m, k, m0, 2 * bm, k0, kk);
 #pragma omp parallel if (bm * bn > 1)
-            {
-                float acc[32 * 32], row[32];
-                configure_tiles();
+                {
+                    configure_tiles();
 #pragma omp for schedule(static) collapse(2)
-                for (int64_t i = 0; i < bm; i++)
-                    for (int64_t j = 0; j < bn; j++) {
-                        const uint16_t *a0 = pa + (2 * i) * kt * 512, *b0 = pb + (2 * j) * kt * 512;
-                        block_32x32(acc, a0, a0 + kt * 512, b0, b0 + kt * 512, kt);
-                        int64_t r0 = m0 + 32 * i, c0 = n0 + 32 * j;
-                        int64_t rows = m - r0 < 32 ? m - r0 : 32, cols = n - c0 < 32 ? n - c0 : 32;
-                        for (int64_t r = 0; r < rows; r++) {
-                            uint16_t *dst = c + (r0 + r) * n + c0;
-                            for (int64_t q = 0; q < cols; q++)
-                                row[q] = alpha * acc[r * 32 + q] + (beta != 0.0f ? beta * it_bf16_to_f32(dst[q]) : 0.0f);
-                            it_convert_from_f32(IT_BFLOAT16, row, dst, cols);
+                    for (int64_t i = 0; i < bm; i++)
+                        for (int64_t j = 0; j < bn; j++) {
+                            const uint16_t *a0 = pa + 2 * i * kk * 512, *b0 = pb + 2 * j * kk * 512;
+                            block_32x32(acc + (i * bn + j) * 1024, ch == 0, a0, a0 + kk * 512, b0,
+                                        b0 + kk * 512, kk);
                         }
-                    }
-                release_tiles();
+                    release_tiles();
+                }
+            }
+#pragma omp parallel for schedule(static) if (bm * bn > 1)
+            for (int64_t ij = 0; ij < bm * bn; ij++) {  /* alpha, beta and bf16 rounding, once */
+                int64_t r0 = m0 + 32 * (ij / bn), c0 = n0 + 32 * (ij % bn);
+                int64_t rows = m - r0 < 32 ? m - r0 : 32, cols = n - c0 < 32 ? n - c0 : 32;
+                float row[32];
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *sum = acc + ij * 1024 + r * 32;
+                    uint16_t *dst = c + (r0 + r) * n + c0;
+                    for (int64_t q = 0; q < cols; q++)
+                        row[q] = alpha * sum[q] + (beta != 0.0f ? beta * it_bf16_to_f32(dst[q]) : 0.0f);
+                    it_convert_from_f32(IT_BFLOAT16, row, dst, cols);
+                }
             }
         }
     }
     it_scratch_free(pa);
     it_scratch_free(pb);
+    it_scratch_free(acc);
     return IT_OK;
 }
 
