@@ -246,9 +246,9 @@ AMX = "AMX-BF16" in it.build_info()
 @pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX tiles: one bfloat16 path")
 def test_bfloat16_products_on_amx_equal_the_sgemm_path(tmp_path):
     """Where bfloat16 products run on AMX tiles, the fallback (converted to float32 around
-    sgemm, INFINITRAIN_AMX=0) gives the same numbers (K = 5000: chunks summed in float32 between
-    them): the same exact products summed in float32
-    in another order, so at most one bfloat16 step apart, and almost always equal."""
+    sgemm, INFINITRAIN_AMX=0) gives the same numbers: the same exact products summed in float32
+    in another order (K = 5000 takes three chunks), so at most one bfloat16 step apart, and
+    almost always equal."""
     import subprocess
     import sys
     code = ("import numpy as np, infinitrain as it\n"
