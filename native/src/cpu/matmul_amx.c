@@ -136,11 +136,25 @@ static void pack_b(uint16_t *dst, const uint16_t *b, int trans_b, int64_t k, int
 
 #define K_CHUNK 64 /* K tiles (2048 values of K) per packed chunk */
 
+/* C's 32 x 32 block at (r0, c0) = alpha * sum + beta * C, rounded to bf16 once. */
+static void write_block(uint16_t *c, const float *sum, int64_t r0, int64_t c0, int64_t m, int64_t n,
+                        float alpha, float beta) {
+    int64_t rows = m - r0 < 32 ? m - r0 : 32, cols = n - c0 < 32 ? n - c0 : 32;
+    float row[32];
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *dst = c + (r0 + r) * n + c0;
+        for (int64_t q = 0; q < cols; q++)
+            row[q] = alpha * sum[r * 32 + q] + (beta != 0.0f ? beta * it_bf16_to_f32(dst[q]) : 0.0f);
+        it_convert_from_f32(IT_BFLOAT16, row, dst, cols);
+    }
+}
+
 it_status it_matmul_bf16_amx(uint16_t *c, const uint16_t *a, const uint16_t *b, int64_t m, int64_t n,
                              int64_t k, int trans_a, int trans_b, float alpha, float beta) {
-    /* C is walked in blocks of mb x nb, each accumulated in float32 over K in chunks of kc
-     * tiles; a block's packed strips of A and B stay within the budget. With one chunk (K up
-     * to 2048, most products) B's block is packed once for all blocks of rows. */
+    /* C is walked in blocks of mb x nb so that a block's packed strips of A and B stay within
+     * the budget. K up to 2048 (most products) is one chunk: B's block is packed once for all
+     * blocks of rows, and each 32 x 32 block is written as soon as it is summed. A longer K
+     * goes in chunks, the block's sums kept in a float32 buffer between them. */
     int64_t kt = (k + 31) / 32, kc = kt < K_CHUNK ? kt : K_CHUNK, chunks = (kt + kc - 1) / kc;
     int64_t per = PACK_BUDGET / (2 * kc * TILE_BYTES);
     per = per < 1 ? 1 : per;
@@ -148,8 +162,8 @@ it_status it_matmul_bf16_amx(uint16_t *c, const uint16_t *a, const uint16_t *b, 
     int64_t mb_alloc = mb < m ? mb : (m + 31) / 32 * 32, nb_alloc = nb < n ? nb : (n + 31) / 32 * 32;
     uint16_t *pa = (uint16_t *)it_scratch_alloc((size_t)(mb_alloc / 16 * kc) * TILE_BYTES);
     uint16_t *pb = (uint16_t *)it_scratch_alloc((size_t)(nb_alloc / 16 * kc) * TILE_BYTES);
-    float *acc = (float *)it_scratch_alloc((size_t)(mb_alloc * nb_alloc) * sizeof(float));
-    if (!pa || !pb || !acc) {
+    float *acc = chunks > 1 ? (float *)it_scratch_alloc((size_t)(mb_alloc * nb_alloc) * sizeof(float)) : NULL;
+    if (!pa || !pb || (chunks > 1 && !acc)) {
         it_scratch_free(pa);
         it_scratch_free(pb);
         it_scratch_free(acc);
@@ -162,32 +176,22 @@ it_status it_matmul_bf16_amx(uint16_t *c, const uint16_t *a, const uint16_t *b, 
             int64_t mlen = m - m0 < mb ? m - m0 : mb, bm = (mlen + 31) / 32;
             for (int64_t ch = 0; ch < chunks; ch++) {
                 int64_t k0 = ch * kc * 32, kk = kt - ch * kc < kc ? kt - ch * kc : kc;
+                int last = ch == chunks - 1;
                 if (chunks > 1) pack_b(pb, b, trans_b, k, n, n0, 2 * bn, k0, kk);
                 pack_a(pa, a, trans_a, m, k, m0, 2 * bm, k0, kk);
 #pragma omp parallel if (bm * bn > 1)
                 {
+                    float local[32 * 32];
                     configure_tiles();
 #pragma omp for schedule(static) collapse(2)
                     for (int64_t i = 0; i < bm; i++)
                         for (int64_t j = 0; j < bn; j++) {
                             const uint16_t *a0 = pa + 2 * i * kk * 512, *b0 = pb + 2 * j * kk * 512;
-                            block_32x32(acc + (i * bn + j) * 1024, ch == 0, a0, a0 + kk * 512, b0,
-                                        b0 + kk * 512, kk);
+                            float *sum = chunks > 1 ? acc + (i * bn + j) * 1024 : local;
+                            block_32x32(sum, ch == 0, a0, a0 + kk * 512, b0, b0 + kk * 512, kk);
+                            if (last) write_block(c, sum, m0 + 32 * i, n0 + 32 * j, m, n, alpha, beta);
                         }
                     release_tiles();
-                }
-            }
-#pragma omp parallel for schedule(static) if (bm * bn > 1)
-            for (int64_t ij = 0; ij < bm * bn; ij++) {  /* alpha, beta and bf16 rounding, once */
-                int64_t r0 = m0 + 32 * (ij / bn), c0 = n0 + 32 * (ij % bn);
-                int64_t rows = m - r0 < 32 ? m - r0 : 32, cols = n - c0 < 32 ? n - c0 : 32;
-                float row[32];
-                for (int64_t r = 0; r < rows; r++) {
-                    const float *sum = acc + ij * 1024 + r * 32;
-                    uint16_t *dst = c + (r0 + r) * n + c0;
-                    for (int64_t q = 0; q < cols; q++)
-                        row[q] = alpha * sum[q] + (beta != 0.0f ? beta * it_bf16_to_f32(dst[q]) : 0.0f);
-                    it_convert_from_f32(IT_BFLOAT16, row, dst, cols);
                 }
             }
         }
