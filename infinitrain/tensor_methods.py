@@ -200,17 +200,9 @@ class TensorMethods:
         backward(self, gradient, retain_graph=retain_graph)
 
     def to(self, *args, dtype=None, device=None, copy: bool = False) -> Tensor:
-        for a in args:
-            if isinstance(a, _dt.dtype) or (isinstance(a, str) and a in _dt._BY_NAME):
-                dtype = a
-            elif isinstance(a, (str, Device)):
-                device = a
-            elif isinstance(a, Tensor):
-                dtype, device = a.dtype, a.device
-            else:
-                raise TypeError(f"to() takes a dtype, a device or a tensor, got {a!r}")
-        dtype = self.dtype if dtype is None else _dt.as_dtype(dtype)
-        device = self.device if device is None else as_device(device)
+        dtype, device = to_arguments(args, dtype, device)
+        dtype = self.dtype if dtype is None else dtype
+        device = self.device if device is None else device
         if dtype is self.dtype and device == self.device and not copy:
             return self
         if device == self.device and self._tracks():
@@ -525,6 +517,21 @@ class TensorMethods:
 
     def any(self):
         return self.bool().float().sum() > 0
+
+
+def to_arguments(args, dtype=None, device=None):
+    """(dtype or None, device or None) from to()'s positional arguments (a dtype, a device,
+    both, or a tensor to match) and keywords: what Tensor.to and Module.to accept."""
+    for a in args:
+        if isinstance(a, _dt.dtype) or (isinstance(a, str) and a in _dt._BY_NAME):
+            dtype = a
+        elif isinstance(a, (str, Device)):
+            device = a
+        elif isinstance(a, Tensor):
+            dtype, device = a.dtype, a.device
+        else:
+            raise TypeError(f"to() takes a dtype, a device or a tensor, got {a!r}")
+    return (None if dtype is None else _dt.as_dtype(dtype)), (None if device is None else as_device(device))
 
 
 def _logical(a: Tensor, b, op: int) -> Tensor:

@@ -77,7 +77,7 @@ def test_train_eval_zero_grad_to_apply():
     assert net.ids.dtype is it.int64 and net.scale.dtype is it.float32 and w.dtype is it.float32
     net.to(dtype=it.bfloat16, device=it.device("cpu"))
     assert net.ids.dtype is it.int64 and net.scale.dtype is it.bfloat16
-    with pytest.raises(TypeError, match="a dtype and/or a device"):
+    with pytest.raises(TypeError, match="takes a dtype, a device or a tensor"):
         net.to(3)
     lin = nn.Linear(3, 2, bias=True, device="cpu", dtype=it.bfloat16)  # PyTorch's factory keywords
     assert lin.weight.dtype is it.bfloat16 and lin.bias.device == "cpu"

@@ -188,7 +188,8 @@ class Module:
         """Moves parameters and buffers to a device and converts the floating-point ones to a
         dtype (to(dtype), to(device), to(device, dtype)): integer buffers keep their dtype but
         follow the device, as in PyTorch."""
-        dtype, device = _dtype_and_device(args, kwargs)
+        from ..tensor_methods import to_arguments
+        dtype, device = to_arguments(args, **kwargs)
         with no_grad():
             for m in self.modules():
                 for name, p in m._parameters.items():
@@ -247,22 +248,6 @@ class RemovableHandle:
 
     def remove(self) -> None:
         self.hooks.pop(self.id, None)
-
-
-def _dtype_and_device(args, kwargs):
-    from ..device import as_device, device as Device
-    from ..dtype import _BY_NAME, as_dtype, dtype as DType
-    dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
-    if kwargs:
-        raise TypeError(f"Module.to() got unexpected arguments {sorted(kwargs)}")
-    for a in args:
-        if isinstance(a, DType) or (isinstance(a, str) and a in _BY_NAME):
-            dtype = a
-        elif isinstance(a, (str, Device)):
-            device = a
-        else:
-            raise TypeError(f"Module.to() takes a dtype and/or a device, got {a!r}")
-    return (None if dtype is None else as_dtype(dtype)), (None if device is None else as_device(device))
 
 
 def _moved(t, dtype, device):

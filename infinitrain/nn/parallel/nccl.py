@@ -37,6 +37,7 @@ class NCCLWork(Work):
 
 class NCCLProcessGroup(ProcessGroup):
     waits_on_host = False
+
     def __init__(self, comm, ranks, device):
         self.comm, self.ranks = comm, list(ranks)  # comm: the group's MPI communicator (bootstrap)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
