@@ -262,3 +262,26 @@ def test_leaf_used_twice_accumulates_once():
     (F.embedding(it.tensor([1]), w).sum() + (x @ w.t()).sum()).backward()
     assert len(seen) == 1
     np.testing.assert_allclose(seen[0], [[1, 1], [2, 2]])
+
+
+def test_grad_returns_gradients_without_touching_dot_grad():
+    """autograd.grad (torch.autograd.grad): the gradients backward would accumulate, returned;
+    no leaf's .grad changes, for leaf and non-leaf inputs alike."""
+    a = it.tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
+    b = it.tensor([2.0, -1.0], requires_grad=True)
+    h = (a * b).tanh()
+    out = (h * h).sum() + (a @ b).sum()
+    ga, gb, gh = it.autograd.grad(out, [a, b, h], retain_graph=True)
+    assert a.grad is None and b.grad is None
+    out.backward()
+    np.testing.assert_allclose(ga.numpy(), a.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(gb.numpy(), b.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(gh.numpy(), 2 * h.detach().numpy(), rtol=1e-6)
+    (g,) = it.autograd.grad((a * 3).sum(), a, grad_outputs=it.tensor(2.0))
+    np.testing.assert_allclose(g.numpy(), np.full((2, 2), 6.0))
+    unused = it.tensor([1.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="input 1 was not used"):
+        it.autograd.grad((a * 2).sum(), [a, unused])
+    assert it.autograd.grad((a * 2).sum(), [a, unused], allow_unused=True)[1] is None
+    with pytest.raises(RuntimeError, match="input 0 does not require grad"):
+        it.autograd.grad((a * 2).sum(), [it.ones(2)])

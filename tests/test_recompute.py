@@ -86,3 +86,20 @@ def test_recompute_with_lora_where_no_block_input_needs_a_gradient(mode):
     assert losses(run(1, common + ["--recompute", mode])) == plain  # bit-identical
     got = losses(run(4, common + ["--recompute", mode, "--tp", "2", "--sp", "--micro", "2"]))
     assert_same(got, plain, "float32", f"LoRA + {mode} recomputation, TP 2 + SP")
+
+
+def test_a_parameter_used_inside_and_outside_a_recomputed_piece_is_accumulated_once():
+    """Its gradient leaves the replay through the recomputation's node and is summed with the
+    outside use: one accumulation, one post-accumulate hook call (DDP counts on it), the
+    gradient of the plain run."""
+    lin = nn.Linear(3, 3)
+    x0 = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    seen = []
+    lin.weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.numpy().copy()))
+    for recompute in (False, True):
+        lin.zero_grad()
+        x = it.from_numpy(x0.copy()).requires_grad_()
+        h = checkpoint(lin, x) if recompute else lin(x)
+        (lin(h).tanh() * 2).sum().backward()
+    assert len(seen) == 2, f"{len(seen) - 1} hook calls with recomputation"
+    np.testing.assert_array_equal(seen[1], seen[0])

@@ -1,8 +1,8 @@
 """Reverse-mode automatic differentiation."""
-from .engine import backward, zero_grads
+from .engine import backward, grad, zero_grads
 from .function import Context, Function, Node
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .recompute import checkpoint
 
-__all__ = ["Function", "Context", "Node", "backward", "no_grad", "enable_grad",
+__all__ = ["Function", "Context", "Node", "backward", "grad", "no_grad", "enable_grad",
            "is_grad_enabled", "set_grad_enabled", "zero_grads", "checkpoint"]

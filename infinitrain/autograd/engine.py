@@ -108,13 +108,40 @@ def zero_grads(parameters, set_to_none: bool = True) -> None:
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
+    _run_pass(tensors, grad_tensors, retain_graph, None, True)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False, allow_unused: bool = False,
+         accumulate_others: bool = False) -> tuple:
+    """The gradients of outputs with respect to inputs (torch.autograd.grad), returned, not
+    accumulated into .grad; the inputs' hooks do not run. Leaves that are not among the inputs
+    are left alone, unless accumulate_others (a recomputed piece's replay: parameters that reach
+    it other than as inputs still get their gradients)."""
+    single = isinstance(inputs, Tensor)
+    inputs = [inputs] if single else list(inputs)
+    for i, t in enumerate(inputs):
+        if not isinstance(t, Tensor) or not t.requires_grad:
+            raise RuntimeError(f"grad(): input {i} does not require grad")
+    capture = {id(t): None for t in inputs}
+    _run_pass(outputs, grad_outputs, retain_graph, (capture, inputs), accumulate_others)
+    out = []
+    for i, t in enumerate(inputs):
+        g = capture[id(t)]
+        if g is None and not allow_unused:
+            raise RuntimeError(f"grad(): input {i} was not used to compute the outputs; pass "
+                               f"allow_unused=True if that is expected")
+        out.append(g)
+    return tuple(out)
+
+
+def _run_pass(tensors, grad_tensors, retain_graph, capture, accumulate) -> None:
     if getattr(_local, "callbacks", None) is not None:
         # a pass inside a pass (recomputation): its callbacks run when the outer pass ends
-        _backward(tensors, grad_tensors, retain_graph)
+        _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
         return
     _local.callbacks = []
     try:
-        _backward(tensors, grad_tensors, retain_graph)
+        _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
         callbacks, _local.callbacks = _local.callbacks, None
         for fn in callbacks:
             fn()
@@ -122,7 +149,29 @@ def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
         _local.callbacks = None
 
 
-def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
+def _backward(tensors, grad_tensors, retain_graph: bool, capture=None, accumulate: bool = True) -> None:
+    """capture: None, or ({id(tensor): None}, tensors) whose gradients are stored in the dict
+    instead of accumulated (a non-leaf's: the sum that reaches its node's output). accumulate:
+    whether the other leaves get theirs."""
+    captured, captured_nodes, fresh = {}, {}, set()
+    if capture is not None:
+        captured = capture[0]
+        for t in capture[1]:
+            if t.grad_fn is not None:
+                captured_nodes.setdefault(t.grad_fn, []).append((t._output_nr, id(t)))
+
+    def to_leaf(leaf, g) -> None:
+        if id(leaf) in captured:
+            if captured[id(leaf)] is not None:
+                captured[id(leaf)] = _add(captured[id(leaf)], g)
+                return
+            if id(g) in fresh:  # one gradient object reached several leaves: each gets its own
+                g = g._clone_raw()
+            fresh.add(id(g))
+            captured[id(leaf)] = g
+        elif accumulate:
+            _accumulate_leaf(leaf, g, fresh)
+
     tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
     if grad_tensors is None:
         grad_tensors = [None] * len(tensors)
@@ -130,7 +179,6 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
         grad_tensors = [grad_tensors]
     with no_grad():
         pending = {}   # node -> list of summed grads per output
-        fresh = set()
         roots = []
         for t, g in zip(tensors, grad_tensors):
             if not t.requires_grad:
@@ -149,7 +197,7 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
             else:
                 g = g._clone_raw()
             if t.grad_fn is None:
-                _accumulate_leaf(t, g, fresh)
+                to_leaf(t, g)
                 continue
             slots = pending.setdefault(t.grad_fn, [None] * t.grad_fn.num_outputs)
             slots[t._output_nr] = g if slots[t._output_nr] is None else _add(slots[t._output_nr], g)
@@ -165,7 +213,7 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
                 leaf_sums[key] = (leaf, g if prev is None else _add(prev[1], g))
             leaf_deps[key] -= 1
             if leaf_deps[key] == 0 and key in leaf_sums:
-                _accumulate_leaf(*leaf_sums.pop(key), fresh)
+                to_leaf(*leaf_sums.pop(key))
 
         ready = deque(n for n in dict.fromkeys(roots) if deps.get(n, 0) == 0)
         while ready:
@@ -177,6 +225,8 @@ def _backward(tensors, grad_tensors, retain_graph: bool) -> None:
                         out = hook(grads[nr])
                         if out is not None:
                             grads[nr] = out
+            for nr, key in captured_nodes.get(node, ()):
+                captured[key] = grads[nr]
             if node.ctx._released:
                 node.ctx.saved_tensors  # raises: this graph was already walked
             grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]

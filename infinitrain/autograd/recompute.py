@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import amp
 from ..random import default_generator
 from ..tensor import Tensor
-from .engine import backward
+from .engine import grad
 from .function import Function
 from .grad_mode import enable_grad
 
@@ -20,10 +20,12 @@ from .grad_mode import enable_grad
 class _Recompute(Function):
     @staticmethod
     def forward(ctx, fn, n_args, *inputs):
-        # inputs: fn's arguments, then the parameters fn trains, which are there only so that the
-        # node is recorded when no argument needs a gradient (LoRA: a frozen embedding feeds a
-        # block whose adapters train); the replay's own backward accumulates their gradients
-        ctx.fn, ctx.args, ctx.n_params = fn, inputs[:n_args], len(inputs) - n_args
+        # inputs: fn's arguments, then the parameters fn trains. Through them the node is
+        # recorded even when no argument needs a gradient (LoRA: a frozen embedding feeds a
+        # block whose adapters train), and the parameters' gradients leave the replay through
+        # this node's edges: a parameter also used outside the piece then gets one sum,
+        # accumulated once, and its post-accumulate hooks (DDP's bucket counts) fire once
+        ctx.fn, ctx.args, ctx.params = fn, inputs[:n_args], inputs[n_args:]
         ctx.autocast, ctx.rng = amp.autocast_dtype(), default_generator.get_state()
         return fn(*ctx.args)  # Function.apply runs this without recording
 
@@ -40,18 +42,21 @@ class _Recompute(Function):
             default_generator.set_state(rng_now)
         outs = out if isinstance(out, tuple) else (out,)
         pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, Tensor) and o.requires_grad]
-        if pairs:  # a nested pass: its end-of-backward callbacks wait for the outer one's end
-            backward([o for o, _ in pairs], [g for _, g in pairs])
-        return (None, None) + tuple(a.grad if isinstance(a, Tensor) and a.requires_grad else None
-                                     for a in inputs) + (None,) * ctx.n_params
+        wanted = [a for a in inputs if isinstance(a, Tensor) and a.requires_grad] + list(ctx.params)
+        found = iter(())
+        if pairs and wanted:  # a nested pass: its end-of-backward callbacks wait for the outer one's end
+            found = iter(grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True,
+                              accumulate_others=True))
+        in_grads = [next(found, None) if isinstance(a, Tensor) and a.requires_grad else None for a in inputs]
+        return (None, None, *in_grads, *(next(found, None) for _ in ctx.params))
 
 
 def checkpoint(fn, *args):
     """fn(*args), recomputed in backward instead of keeping its activations. fn's parameters
     get their gradients as usual (hooks included); inputs that are tensors get theirs. fn is
-    a module, a method of one, or a function (whose parameters, if it uses any, must then
-    reach it through args). A parameter used both inside and outside the piece gets its
-    gradient in two accumulations."""
+    a module, a method of one, or a function (whose parameters, if it uses any, should then
+    reach it through args: others get their gradient in an accumulation of its own, apart
+    from any use outside the piece)."""
     owner = getattr(fn, "__self__", fn)  # a bound method's module
     parameters = getattr(owner, "parameters", None)
     trained = [p for p in parameters() if p.requires_grad] if callable(parameters) else []

@@ -1,9 +1,11 @@
 """Run under mpiexec: DDP averages gradients in buckets, gradients are views into the buckets,
-a parameter without a gradient does not hang the job, no_sync accumulates."""
+a parameter without a gradient does not hang the job, no_sync accumulates, a parameter used
+both inside and outside a recomputed piece is reduced once, with its whole gradient."""
 import numpy as np
 
 import infinitrain as it
 from infinitrain import nn
+from infinitrain.autograd import checkpoint
 from infinitrain.nn import parallel
 
 
@@ -16,6 +18,11 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.b(self.a(x).relu())
+
+
+class Reused(Net):
+    def forward(self, x):  # a's gradient comes from the recomputed piece and from outside it
+        return self.b(self.a(checkpoint(self.a, x)).relu())
 
 
 env = parallel.init()
@@ -50,4 +57,23 @@ local = model.module.a.weight.grad.numpy().copy()
 total = it.tensor(local)
 env.world.all_reduce(total, parallel.ReduceOp.AVG)
 assert np.allclose(model.module.a.weight.grad.numpy(), 2 * total.numpy(), rtol=1e-5, atol=1e-6)
+
+for net in (Net, Reused):
+    model = parallel.DistributedDataParallel(net(), bucket_cap_mb=0.0001, first_bucket_mb=0.00005)
+    (model(x) ** 2).mean().backward()
+    ref = net()
+    ref.load_state_dict(model.module.state_dict())
+    (ref(it.tensor(x_all)) ** 2).mean().backward()
+    for (k, p), q in zip(model.module.named_parameters(), ref.parameters()):
+        want = q.grad.numpy() if q.grad is not None else 0  # `unused`: zeros
+        assert np.allclose(p.grad.numpy(), want, rtol=1e-5, atol=1e-6), (net.__name__, k)
+
+# a second backward through the same forward would reach buckets already reduced: an error
+loss = (model(x) ** 2).mean()
+loss.backward(retain_graph=True)
+try:
+    loss.backward()
+    raise AssertionError("a second gradient for a reduced bucket was taken silently")
+except RuntimeError as e:
+    assert "got its gradient twice in one backward pass" in str(e), e
 print(f"rank {r} OK", flush=True)

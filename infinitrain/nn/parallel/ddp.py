@@ -22,6 +22,19 @@ from .global_env import get_env
 from .process_group import ReduceOp
 
 
+def mark_ready(ready: set, p) -> None:
+    """Counts p's gradient as final for this backward pass; a second one for the same pass
+    (two separate accumulations: a nested backward, such as a hand-made recomputation) would
+    arrive after its bucket may already have been reduced, so it is an error, not silent
+    garbage."""
+    if id(p) in ready:
+        raise RuntimeError(f"a parameter of shape {tuple(p.shape)} got its gradient twice in one backward "
+                           f"pass (two separate accumulations, e.g. a nested backward inside a custom "
+                           f"Function): its bucket may already be reduced. Let the outer pass accumulate it "
+                           f"once (return it from the Function, as infinitrain.autograd.checkpoint does)")
+    ready.add(id(p))
+
+
 class _Bucket:
     def __init__(self, dtype):
         self.dtype = dtype
@@ -90,6 +103,7 @@ class Reducer:
         self.works = [None] * len(self.buckets)
         self.next_bucket = 0
         self.callback_queued = False
+        self.ready = set()
 
     def _on_grad(self, p) -> None:
         if not self.sync:
@@ -101,6 +115,7 @@ class Reducer:
         if p.grad._storage is not self.buckets[bi].flat._storage:  # grad replaced behind our back
             self._view(p).copy_(p.grad)
             p.grad = self._view(p)
+        mark_ready(self.ready, p)
         self.pending[bi] -= 1
         while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] <= 0:
             self._launch(self.next_bucket)

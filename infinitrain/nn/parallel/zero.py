@@ -36,6 +36,7 @@ from ...kernels.memory import cat
 from ..parameter import Parameter
 from ..utils import squared_norm
 from . import zero3
+from .ddp import mark_ready
 from .process_group import ReduceOp
 
 
@@ -161,6 +162,7 @@ class ZeroOptimizer:
                     if key != "params":
                         self.param_groups[gi].setdefault(key, v)
         self._callback_queued = False
+        self._ready = set()  # parameters whose gradient is final in this backward pass
         self._works = []
         self._sharded = False  # this step's gradients are final: reduce-scattered (stage 1), tied summed
 
@@ -182,6 +184,7 @@ class ZeroOptimizer:
         if not self._callback_queued:
             queue_callback(self._finish_backward)
             self._callback_queued = True
+        mark_ready(self._ready, p)
         sp_group = getattr(p, "sequence_parallel_group", None)
         if sp_group is not None:  # SP: summed over TP now, before this rank's .grad is dropped
             sp_group.all_reduce(p.grad, ReduceOp.SUM)
@@ -225,6 +228,7 @@ class ZeroOptimizer:
         for b in self.buckets:
             b.pending = len(b.params)
         self._callback_queued = False
+        self._ready = set()
 
     @no_grad()
     def _finish_gradients(self) -> None:
