@@ -65,6 +65,31 @@ def test_every_kernel_has_a_cuda_implementation():
         assert st == lib.IT_ERR_NO_CUDA and ffi.string(lib.it_last_error()).decode().startswith("it_unary: no CUDA device")
 
 
+def test_arguments_are_checked_before_the_cuda_library_is_asked():
+    """The library checks every argument once, before it hands a CUDA call over: a NULL pointer,
+    a negative or overflowing shape, too many dimensions or an op the dtype cannot take is
+    refused here, GPU or none (the CUDA kernels trust what they get: on a GPU these would be
+    illegal memory accesses, which end the whole CUDA context)."""
+    cuda0 = ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
+    p, null = ffi.cast("void *", 64), ffi.NULL
+    ones, neg, huge = ffi.new("int64_t[17]", [1] * 17), ffi.new("int64_t[2]", [2, -3]), ffi.new("int64_t[2]", [2**40] * 2)
+    calls = {
+        "it_binary": lambda shape, nd, a: lib.it_binary(cuda0, lib.IT_ADD, lib.IT_FLOAT32, p, a, ones, p, ones, shape, nd),
+        "it_compare": lambda shape, nd, a: lib.it_compare(cuda0, lib.IT_LT, lib.IT_FLOAT32, ffi.cast("uint8_t *", p), a,
+                                                         ones, p, ones, shape, nd),
+        "it_where": lambda shape, nd, a: lib.it_where(cuda0, lib.IT_FLOAT32, p, ffi.cast("uint8_t *", p), ones, a, ones,
+                                                     p, ones, shape, nd),
+        "it_copy_strided": lambda shape, nd, a: lib.it_copy_strided(cuda0, lib.IT_FLOAT32, p, ones, a, ones, shape, nd),
+    }
+    for name, call in calls.items():
+        for shape, nd, a in ((ones, 17, p), (neg, 2, p), (huge, 2, p), (ones, 2, null)):
+            assert call(shape, nd, a) == lib.IT_ERR_INVALID_ARGUMENT, (name, nd)
+            assert ffi.string(lib.it_last_error()).decode().startswith(name + ":")
+    assert lib.it_scalar(cuda0, lib.IT_SCALAR_ADD, lib.IT_BOOL, p, p, 1.0, 4) == lib.IT_ERR_NOT_SUPPORTED
+    assert lib.it_scalar(cuda0, lib.IT_SCALAR_ADD, lib.IT_INT32, p, p, 2.5, 4) == lib.IT_ERR_NOT_SUPPORTED
+    assert lib.it_scalar(cuda0, lib.IT_SCALAR_DIV, lib.IT_INT64, p, p, 2.0, 4) == lib.IT_ERR_NOT_SUPPORTED
+
+
 def test_streams_and_events_on_the_cpu_complete_at_once():
     cpu = ffi.new("it_device *", [lib.IT_CPU, 0])[0]
     s, e = ffi.new("it_stream **"), ffi.new("it_event **")
@@ -141,6 +166,58 @@ def test_kernels_against_the_cpu(dtype):
     ids = it.from_numpy(RNG.integers(0, 40, (3, 5)))
     table, tableg = _pair((40, 32), dtype)
     _same(nn.functional.embedding(ids.to("cuda"), tableg), nn.functional.embedding(ids, table), dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "float64"])
+def test_every_dtype_the_cpu_takes_works_on_cuda(dtype):
+    """Integer, bool and float64 tensors: arithmetic with tensors and scalars, comparisons,
+    where, & and | of masks (tensor parallelism's vocabulary masks), running and scattered sums,
+    reductions; the same values as on the CPU."""
+    from infinitrain.kernels import index as kidx
+    x, y = (it.from_numpy(RNG.integers(0, 60, (6, 7)).astype(dtype)) for _ in range(2))
+    xg, yg = x.to("cuda"), y.to("cuda")
+    ops = [lambda a, b: a + b, lambda a, b: a * b, it.maximum, it.minimum, lambda a, b: a + 3,
+           lambda a, b: a * 2, lambda a, b: it.maximum(a, b) - b, lambda a, b: a > b, lambda a, b: a == b,
+           lambda a, b: it.where(a > b, a, b), lambda a, b: (a > 20) & (b < 40), lambda a, b: (a > 50) | (b < 5),
+           lambda a, b: it.cumsum(a, 1), lambda a, b: a.sum(0), lambda a, b: a.amax(1), lambda a, b: a.argmax(0),
+           lambda a, b: a.float()]
+    if dtype != "uint8":
+        ops.append(lambda a, b: 100 - a)
+    for i, op in enumerate(ops):
+        assert op(xg, yg).cpu().tolist() == op(x, y).tolist(), f"op {i} on {dtype}"
+    index = it.from_numpy(RNG.integers(0, 4, (6, 7)))
+    for fn in (kidx.scatter_add, kidx.index_add):
+        idx = index if fn is kidx.scatter_add else it.from_numpy(np.array([3, 0, 3, 1, 2, 0]))
+        out = fn(it.zeros(4, 7, dtype=x.dtype), 0, idx, x)
+        outg = fn(it.zeros(4, 7, dtype=x.dtype, device="cuda"), 0, idx.to("cuda"), xg)
+        assert outg.cpu().tolist() == out.tolist(), fn.__name__
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reductions_of_few_long_rows_and_columns_against_the_cpu(dtype):
+    """Few outputs over many elements take the chunked two-pass kernels: whole-tensor sums (a
+    gradient's norm), long rows, tall columns (a bias or LayerNorm weight gradient)."""
+    rows, rowsg = _pair((3, 70001), dtype)
+    for red in (lambda t: t.sum(), lambda t: t.sum(-1), lambda t: t.mean(-1), lambda t: t.amax(-1),
+                lambda t: t.amin(), lambda t: (t * t).float().sum(), lambda t: t.sum(0), lambda t: t.mean(0)):
+        _same(red(rowsg), red(rows), dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    tall, tallg = _pair((9000, 3, 5), dtype)
+    for red in (lambda t: t.sum(0), lambda t: t.mean(0), lambda t: t.amax(0), lambda t: t.sum((0, 2))):
+        _same(red(tallg), red(tall), dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    x, xg = _pair((5000, 48), dtype)
+    w, wg = _pair((48,), dtype)
+    b, bg = _pair((48,), dtype)
+    for t in (x, xg, w, wg, b, bg):
+        t.requires_grad_()
+    for norm in (lambda t, w, b: nn.functional.layer_norm(t, (48,), w, b), lambda t, w, b: nn.functional.rms_norm(t, (48,), w) + b):
+        for t in (x, xg, w, wg, b, bg):
+            t.grad = None
+        (norm(x, w, b).float() ** 2).sum().backward()
+        (norm(xg, wg, bg).float() ** 2).sum().backward()
+        for gg, gc in ((xg, x), (wg, w), (bg, b)):
+            _same(gg.grad, gc.grad, dtype, rtol=1e-4 if dtype == "float32" else 3e-2)
 
 
 @needs_gpu

@@ -131,7 +131,6 @@ it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int
                  (int)ndim, IT_MAX_DIMS);
     IT_CHECK_ARG(ndim == 0 || (shape && out_strides && inp_strides),
                  "it_copy_strided: shape or strides are NULL");
-    IT_DISPATCH(copy_strided, device, dtype, out, out_strides, inp, inp_strides, shape, ndim);
     int64_t sh[IT_MAX_DIMS + 1], so[IT_MAX_DIMS + 1], si[IT_MAX_DIMS + 1], numel = 1;
     if (ndim > 0) IT_TRY(it_check_product("it_copy_strided", shape, ndim));
     for (int d = 0; d < ndim; d++) {
@@ -140,6 +139,7 @@ it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int
     if (numel == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_copy_strided");
     IT_CHECK_PTR(inp, "it_copy_strided");
+    IT_DISPATCH(copy_strided, device, dtype, out, out_strides, inp, inp_strides, shape, ndim);
     int64_t *strides[2] = {so, si};
     int nd = it_collapse_dims(ndim, sh, strides, 2);
     int64_t cols = sh[nd - 1], rows = numel / cols, os = so[nd - 1], is = si[nd - 1];

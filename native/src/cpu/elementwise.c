@@ -277,11 +277,10 @@ it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out
                  "it_binary: shape or strides are NULL");
     IT_CHECK_ARG(ndim >= 0 && ndim <= IT_MAX_DIMS, "it_binary: ndim %d not in [0, %d]",
                  (int)ndim, IT_MAX_DIMS);
-    IT_DISPATCH(binary, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     int64_t sh[IT_MAX_DIMS + 1], so[IT_MAX_DIMS + 1], sa[IT_MAX_DIMS + 1], sb[IT_MAX_DIMS + 1];
     int64_t numel = 1;
+    if (ndim > 0) IT_TRY(it_check_product("it_binary", shape, ndim));
     for (int d = ndim - 1; d >= 0; d--) {
-        IT_CHECK_SIZE(shape[d], "it_binary");
         sh[d] = shape[d], so[d] = numel, sa[d] = a_strides[d], sb[d] = b_strides[d];
         numel *= shape[d];
     }
@@ -289,6 +288,7 @@ it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out
     IT_CHECK_PTR(out, "it_binary");
     IT_CHECK_PTR(a, "it_binary");
     IT_CHECK_PTR(b, "it_binary");
+    IT_DISPATCH(binary, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     int64_t *strides[3] = {so, sa, sb};
     int nd = it_collapse_dims(ndim, sh, strides, 3);
     int64_t cols = sh[nd - 1], rows = numel / cols;
@@ -368,6 +368,14 @@ it_status it_scalar(it_device device, it_scalar_op op, it_dtype dtype, void *out
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_scalar");
     IT_CHECK_PTR(inp, "it_scalar");
+    IT_REQUIRE(dtype != IT_BOOL, IT_ERR_NOT_SUPPORTED,
+               "it_scalar: arithmetic on bool tensors is not supported; cast first");
+    IT_REQUIRE(it_is_float(dtype) || dtype == IT_FLOAT64 ||
+               (op != IT_SCALAR_RDIV && op != IT_SCALAR_POW && op != IT_SCALAR_DIV &&
+                scalar == (double)(int64_t)scalar),
+               IT_ERR_NOT_SUPPORTED,
+               "it_scalar: %s tensors take integer add/mul/rsub/max/min only; cast to a "
+               "float dtype first", it_dtype_name(dtype));
     IT_DISPATCH(scalar, device, op, dtype, out, inp, scalar, n);
     if (dtype == IT_FLOAT64) {
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -387,13 +395,7 @@ it_status it_scalar(it_device device, it_scalar_op op, it_dtype dtype, void *out
         }
         return IT_OK;
     }
-    IT_REQUIRE(dtype != IT_BOOL, IT_ERR_NOT_SUPPORTED,
-               "it_scalar: arithmetic on bool tensors is not supported; cast first");
     if (!it_is_float(dtype)) {
-        IT_REQUIRE(op != IT_SCALAR_RDIV && op != IT_SCALAR_POW && op != IT_SCALAR_DIV && scalar == (double)(int64_t)scalar,
-                   IT_ERR_NOT_SUPPORTED,
-                   "it_scalar: %s tensors take integer add/mul/rsub/max/min only; cast to a "
-                   "float dtype first", it_dtype_name(dtype));
         int64_t s = (int64_t)scalar;
 #pragma omp parallel for schedule(static) if (n > 32768)
         for (int64_t i = 0; i < n; i++) {

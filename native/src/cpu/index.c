@@ -53,7 +53,6 @@ it_status it_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t
     IT_CHECK_DEVICE(device, "it_compare");
     IT_CHECK_ARG(op >= IT_EQ && op <= IT_GE, "it_compare: unknown op %d", (int)op);
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_compare: unknown dtype %d", (int)dtype);
-    IT_DISPATCH(compare, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     const int64_t *strides[2] = {a_strides, b_strides};
     int64_t numel;
     IT_TRY(check_strided("it_compare", ndim, shape, strides, 2, &numel));
@@ -61,6 +60,7 @@ it_status it_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t
     IT_CHECK_PTR(out, "it_compare");
     IT_CHECK_PTR(a, "it_compare");
     IT_CHECK_PTR(b, "it_compare");
+    IT_DISPATCH(compare, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     int exact_int = dtype == IT_INT64; /* doubles cannot hold every int64 */
 #pragma omp parallel for schedule(static) if (numel > 32768)
     for (int64_t e = 0; e < numel; e++) {
@@ -82,8 +82,6 @@ it_status it_where(it_device device, it_dtype dtype, void *out, const uint8_t *c
                    const void *b, const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
     IT_CHECK_DEVICE(device, "it_where");
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "it_where: unknown dtype %d", (int)dtype);
-    IT_DISPATCH(where, device, dtype, out, cond, cond_strides, a, a_strides, b, b_strides, shape,
-                ndim);
     const int64_t *strides[3] = {cond_strides, a_strides, b_strides};
     int64_t numel;
     IT_TRY(check_strided("it_where", ndim, shape, strides, 3, &numel));
@@ -92,6 +90,8 @@ it_status it_where(it_device device, it_dtype dtype, void *out, const uint8_t *c
     IT_CHECK_PTR(cond, "it_where");
     IT_CHECK_PTR(a, "it_where");
     IT_CHECK_PTR(b, "it_where");
+    IT_DISPATCH(where, device, dtype, out, cond, cond_strides, a, a_strides, b, b_strides, shape,
+                ndim);
     size_t es = it_dtype_size(dtype);
 #pragma omp parallel for schedule(static) if (numel > 32768)
     for (int64_t e = 0; e < numel; e++) {

@@ -157,6 +157,23 @@ __global__ void scalar_kernel(int op, T *out, const T *inp, double scalar, int64
     GRID_STRIDE(i, n) store_acc(out, i, scalar_op(op, load_acc(inp, i), (C)scalar));
 }
 
+// integer tensors: add/mul/rsub/max/min by an integer (the library refuses the rest), in int64
+// and stored with the dtype's wraparound, as on the CPU
+template <typename I>
+__global__ void scalar_int_kernel(int op, I *out, const I *inp, int64_t s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t x = (int64_t)inp[i], y;
+        switch (op) {
+        case IT_SCALAR_ADD: y = x + s; break;
+        case IT_SCALAR_MUL: y = x * s; break;
+        case IT_SCALAR_RSUB: y = s - x; break;
+        case IT_SCALAR_MAX: y = x > s ? x : s; break;
+        default: y = x < s ? x : s; break;  // IT_SCALAR_MIN
+        }
+        out[i] = (I)y;
+    }
+}
+
 template <typename T> __global__ void swiglu_kernel(T *out, const T *a, const T *b, int64_t n) {
     GRID_STRIDE(i, n) {
         float x = to_f(a[i]);
@@ -298,6 +315,9 @@ it_status it_cuda_binary(it_device device, it_binary_op op, it_dtype dtype, void
     } else if (dtype == IT_INT64) {
         binary_int_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (int64_t *)out,
                                                                       (const int64_t *)a, (const int64_t *)b, st, n);
+    } else if (dtype == IT_UINT8 || dtype == IT_BOOL) {  // bool: maximum / minimum only (checked)
+        binary_int_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (uint8_t *)out,
+                                                                      (const uint8_t *)a, (const uint8_t *)b, st, n);
     } else {
         FLOAT_OR_DOUBLE(dtype, "it_binary",
                         binary_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>(
@@ -312,9 +332,16 @@ it_status it_cuda_scalar(it_device device, it_scalar_op op, it_dtype dtype, void
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    FLOAT_OR_DOUBLE(dtype, "it_scalar",
-                    scalar_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp,
-                                                                        scalar, n));
+    int64_t si = (int64_t)scalar;  // integer dtypes: the library has checked that it is whole
+    switch (dtype) {
+    case IT_INT32: scalar_int_kernel<int32_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (int32_t *)out, (const int32_t *)inp, si, n); break;
+    case IT_INT64: scalar_int_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (int64_t *)out, (const int64_t *)inp, si, n); break;
+    case IT_UINT8: scalar_int_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (uint8_t *)out, (const uint8_t *)inp, si, n); break;
+    default:
+        FLOAT_OR_DOUBLE(dtype, "it_scalar",
+                        scalar_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp,
+                                                                            scalar, n));
+    }
     CU_LAUNCHED();
     return IT_OK;
 }

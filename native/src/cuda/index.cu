@@ -3,9 +3,23 @@
 // (one thread per (outer, inner) column walking the indexed axis), so they are deterministic.
 // Indices may be negative (counted from the end); one outside [-n, n) raises the device's
 // index flag, reported at the host's next synchronisation, and is skipped.
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace {
+// Arithmetic in the type the CPU kernels use: 16-bit floats widen to float, the rest stay as
+// they are; narrow rounds back once.
+template <typename T> __device__ __forceinline__ T widen(T x) { return x; }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+template <typename T, typename A> __device__ __forceinline__ T narrow(A v) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value)
+        return from_f<T>((float)v);
+    else
+        return (T)v;
+}
+
 __device__ __forceinline__ int64_t idx_at(const void *idx, int is64, int64_t j) {
     return is64 ? ((const int64_t *)idx)[j] : ((const int32_t *)idx)[j];
 }
@@ -62,23 +76,34 @@ __global__ void scatter_add_kernel(T *out, const T *src, const void *idx, int is
                 continue;
             }
             int64_t d = (o * n + t) * inner + i;
-            out[d] = from_f<T>(to_f(out[d]) + to_f(src[e]));
+            out[d] = narrow<T>(widen(out[d]) + widen(src[e]));
         }
     }
 }
 
-template <typename T>
+// A: the running sum's type, as on the CPU: float for float32/bfloat16/float16, int64 for
+// int64 (exact), double for the rest
+template <typename T, typename A>
 __global__ void cumsum_kernel(T *out, const T *inp, int64_t outer, int64_t n, int64_t inner) {
     GRID_STRIDE(w, outer * inner) {
         int64_t o = w / inner, i = w % inner;
-        float acc = 0.0f;
+        A acc = 0;
         for (int64_t j = 0; j < n; j++) {
             int64_t e = (o * n + j) * inner + i;
-            acc += to_f(inp[e]);
-            out[e] = from_f<T>(acc);
+            acc += (A)widen(inp[e]);
+            out[e] = narrow<T>(acc);
         }
     }
 }
+
+// Calls __VA_ARGS__ with T the C++ type of any dtype but bool (the library has refused bool).
+#define ANY_BUT_BOOL(dtype, fn, ...)                                                          \
+    switch (dtype) {                                                                          \
+    case IT_INT32: { using T = int32_t; __VA_ARGS__; break; }                                 \
+    case IT_INT64: { using T = int64_t; __VA_ARGS__; break; }                                 \
+    case IT_UINT8: { using T = uint8_t; __VA_ARGS__; break; }                                 \
+    default: FLOAT_OR_DOUBLE(dtype, fn, __VA_ARGS__)                                          \
+    }
 
 
 it_status concat_or_split(it_device device, it_dtype dtype, void *joined, void *const *parts,
@@ -133,7 +158,7 @@ it_status scatter_add(it_device device, it_dtype dtype, void *out, const void *s
     cudaStream_t s = it_cuda_stream(device);
     int *bad;
     IT_CU_TRY(it_cuda_index_flag(device, &bad));
-    IT_FLOAT_SWITCH(dtype, fn,
+    ANY_BUT_BOOL(dtype, fn,
                     scatter_add_kernel<T><<<it_blocks(outer * inner), IT_THREADS, 0, s>>>(
                         (T *)out, (const T *)src, index, index_dtype == IT_INT64, shared, outer, n, k, inner,
                         bad));
@@ -202,9 +227,13 @@ it_status it_cuda_cumsum(it_device device, it_dtype dtype, void *out, const void
     if (outer * n * inner == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    IT_FLOAT_SWITCH(dtype, "it_cumsum",
-                    cumsum_kernel<T><<<it_blocks(outer * inner), IT_THREADS, 0, s>>>(
-                        (T *)out, (const T *)inp, outer, n, inner));
+    ANY_BUT_BOOL(dtype, "it_cumsum", {
+        using A = typename std::conditional<std::is_same<T, int64_t>::value, int64_t,
+                  typename std::conditional<std::is_integral<T>::value || std::is_same<T, double>::value,
+                                            double, float>::type>::type;
+        cumsum_kernel<T, A><<<it_blocks(outer * inner), IT_THREADS, 0, s>>>((T *)out, (const T *)inp, outer,
+                                                                            n, inner);
+    });
     CU_LAUNCHED();
     return IT_OK;
 }
