@@ -14,6 +14,94 @@ template <typename C> __device__ __forceinline__ C combine(int op, C a, C b) {
     }
 }
 
+template <typename C> __device__ __forceinline__ C identity(int op) {
+    return op == IT_MAX ? C(-INFINITY) : (op == IT_MIN ? C(INFINITY) : C(0));
+}
+
+// `v` combined over the block (blockDim.x a multiple of 32); every thread gets it
+template <typename C> __device__ C block_combine(int op, C v) {
+    __shared__ C part[32];
+    for (int o = 16; o > 0; o >>= 1) v = combine(op, v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // part may still be read by a previous call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? part[lane] : identity<C>(op);
+    for (int o = 16; o > 0; o >>= 1) v = combine(op, v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Few outputs over long rows would leave most of the GPU idle with a thread per output (the
+// sum of a whole gradient for its norm: one thread, 38M elements). Then n is cut into chunks,
+// each reduced by a block (inner == 1) or a thread (inner > 1) into a partial, and a second
+// pass combines each output's partials in chunk order: deterministic, as the first pass.
+constexpr int64_t kEnoughOutputs = 65536;  // outputs at or above which a thread per output is enough
+constexpr int64_t kRowChunk = 8192;        // inner == 1: elements per block
+
+// inner == 1: block b reduces chunk b % chunks of row b / chunks; with one chunk per row it
+// writes the output, else a partial
+template <typename T>
+__global__ void row_chunks(int op, T *out, typename Acc<T>::type *partial, const T *inp, int64_t n,
+                           int64_t chunks) {
+    using C = typename Acc<T>::type;
+    int64_t o = blockIdx.x / chunks, start = (blockIdx.x % chunks) * kRowChunk;
+    int64_t end = start + kRowChunk < n ? start + kRowChunk : n;
+    const T *x = inp + o * n;
+    C acc = identity<C>(op);
+    for (int64_t j = start + threadIdx.x; j < end; j += blockDim.x) acc = combine(op, acc, load_acc(x, j));
+    acc = block_combine(op, acc);
+    if (threadIdx.x == 0) {
+        if (chunks > 1) {
+            partial[blockIdx.x] = acc;
+        } else {
+            if (op == IT_MEAN) acc /= (C)n;
+            store_acc(out, o, acc);
+        }
+    }
+}
+
+template <typename T>
+__global__ void row_partials(int op, T *out, const typename Acc<T>::type *partial, int64_t n, int64_t chunks) {
+    using C = typename Acc<T>::type;
+    C acc = identity<C>(op);
+    for (int64_t j = threadIdx.x; j < chunks; j += blockDim.x)
+        acc = combine(op, acc, partial[blockIdx.x * chunks + j]);
+    acc = block_combine(op, acc);
+    if (threadIdx.x == 0) {
+        if (op == IT_MEAN) acc /= (C)n;
+        store_acc(out, blockIdx.x, acc);
+    }
+}
+
+// inner > 1: a thread per (o, chunk, i) sums rows [chunk * len, ...) of column i into
+// partial[(o * chunks + chunk) * inner + i]; then a thread per output combines its chunks
+template <typename T>
+__global__ void column_chunks(int op, typename Acc<T>::type *partial, const T *inp, int64_t outer, int64_t n,
+                              int64_t inner, int64_t chunks, int64_t len) {
+    using C = typename Acc<T>::type;
+    GRID_STRIDE(w, outer * chunks * inner) {
+        int64_t i = w % inner, c = (w / inner) % chunks, o = w / (inner * chunks);
+        int64_t end = (c + 1) * len < n ? (c + 1) * len : n;
+        C acc = identity<C>(op);
+        for (int64_t j = c * len; j < end; j++) acc = combine(op, acc, load_acc(inp, (o * n + j) * inner + i));
+        partial[w] = acc;
+    }
+}
+
+template <typename T>
+__global__ void column_partials(int op, T *out, const typename Acc<T>::type *partial, int64_t outer, int64_t n,
+                                int64_t inner, int64_t chunks) {
+    using C = typename Acc<T>::type;
+    GRID_STRIDE(w, outer * inner) {
+        int64_t o = w / inner, i = w % inner;
+        const C *p = partial + o * chunks * inner + i;
+        C acc = p[0];
+        for (int64_t c = 1; c < chunks; c++) acc = combine(op, acc, p[c * inner]);
+        if (op == IT_MEAN) acc /= (C)n;
+        store_acc(out, w, acc);
+    }
+}
+
 // [outer, n, inner] -> [outer, inner]: a thread per output, in order along n
 template <typename T>
 __global__ void reduce_kernel(int op, T *out, const T *inp, int64_t outer, int64_t n, int64_t inner) {
@@ -91,16 +179,34 @@ __global__ void norm_bwd_rows(T *dinp, const T *dout, const T *inp, const T *w, 
     }
 }
 
-// dweight[c] = sum over rows of dout * xhat, dbias[c] = sum of dout (overwritten)
+// dweight[c] = sum over rows of dout * xhat, dbias[c] = sum of dout (overwritten), in two
+// passes so that more threads than columns work: chunk k of `len` rows of column c sums into
+// partial[k * C + c] (dweight) and partial[(chunks + k) * C + c] (dbias), then each column adds
+// its chunks in order
 template <typename T>
-__global__ void norm_bwd_cols(T *dw, T *db, const T *dout, const T *inp, const float *mean,
-                              const float *rstd, int64_t rows, int64_t C, int rms) {
-    GRID_STRIDE(c, C) {
+__global__ void norm_bwd_col_chunks(float *partial, const T *dout, const T *inp, const float *mean,
+                                    const float *rstd, int64_t rows, int64_t C, int64_t chunks, int64_t len,
+                                    int rms) {
+    GRID_STRIDE(w, chunks * C) {
+        int64_t c = w % C, k = w / C, end = (k + 1) * len < rows ? (k + 1) * len : rows;
         float sw = 0, sb = 0;
-        for (int64_t n = 0; n < rows; n++) {
+        for (int64_t n = k * len; n < end; n++) {
             float dy = to_f(dout[n * C + c]);
             sw += dy * (to_f(inp[n * C + c]) - (rms ? 0.0f : mean[n])) * rstd[n];
             sb += dy;
+        }
+        partial[w] = sw;
+        partial[chunks * C + w] = sb;
+    }
+}
+
+template <typename T>
+__global__ void norm_bwd_col_sums(T *dw, T *db, const float *partial, int64_t C, int64_t chunks) {
+    GRID_STRIDE(c, C) {
+        float sw = 0, sb = 0;
+        for (int64_t k = 0; k < chunks; k++) {
+            sw += partial[k * C + c];
+            sb += partial[(chunks + k) * C + c];
         }
         dw[c] = from_f<T>(sw);
         if (db) db[c] = from_f<T>(sb);
@@ -200,10 +306,51 @@ it_status it_cuda_reduce(it_device device, it_reduce_op op, it_dtype dtype, void
     if (n == 0) return it_cuda_error(IT_ERR_INVALID_ARGUMENT, "the reduced dimension is empty");
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    FLOAT_OR_DOUBLE(dtype, "it_reduce",
-                    reduce_kernel<T><<<it_blocks(outer * inner), IT_THREADS, 0, s>>>(
-                        (int)op, (T *)out, (const T *)inp, outer, n, inner));
-    CU_LAUNCHED();
+    int64_t outputs = outer * inner;
+    if (outputs >= kEnoughOutputs || n <= 256) {
+        FLOAT_OR_DOUBLE(dtype, "it_reduce",
+                        reduce_kernel<T><<<it_blocks(outputs), IT_THREADS, 0, s>>>(
+                            (int)op, (T *)out, (const T *)inp, outer, n, inner));
+        CU_LAUNCHED();
+        return IT_OK;
+    }
+    // chunks along n: for rows, blocks of kRowChunk; for columns, enough threads to fill the GPU,
+    // each walking at least 64 rows
+    int64_t chunks, len;
+    if (inner == 1) {
+        len = kRowChunk;
+        chunks = (n + len - 1) / len;
+        if (outer * chunks > 2147483647LL)
+            return it_cuda_error(IT_ERR_NOT_SUPPORTED, "it_reduce: %lld rows of %lld are too many blocks",
+                                 (long long)outer, (long long)n);
+    } else {
+        int64_t want = (kEnoughOutputs + outputs - 1) / outputs, most = (n + 63) / 64;
+        chunks = want < most ? want : most;
+        len = (n + chunks - 1) / chunks;
+        chunks = (n + len - 1) / len;
+    }
+    size_t acc_bytes = dtype == IT_FLOAT64 ? sizeof(double) : sizeof(float);
+    void *partial = nullptr;
+    bool partials = inner > 1 || chunks > 1;
+    if (partials) CU_TRY(cudaMallocAsync(&partial, (size_t)(outputs * chunks) * acc_bytes, s));
+    FLOAT_OR_DOUBLE(dtype, "it_reduce", {
+        using C = typename Acc<T>::type;
+        if (inner == 1) {
+            row_chunks<T><<<(unsigned int)(outer * chunks), IT_THREADS, 0, s>>>((int)op, (T *)out, (C *)partial,
+                                                                              (const T *)inp, n, chunks);
+            if (chunks > 1)
+                row_partials<T><<<(unsigned int)outer, IT_THREADS, 0, s>>>((int)op, (T *)out, (const C *)partial,
+                                                                          n, chunks);
+        } else {
+            column_chunks<T><<<it_blocks(outputs * chunks), IT_THREADS, 0, s>>>(
+                (int)op, (C *)partial, (const T *)inp, outer, n, inner, chunks, len);
+            column_partials<T><<<it_blocks(outputs), IT_THREADS, 0, s>>>((int)op, (T *)out, (const C *)partial,
+                                                                        outer, n, inner, chunks);
+        }
+    });
+    cudaError_t launched = cudaPeekAtLastError();
+    if (partials) CU_TRY(cudaFreeAsync(partial, s));
+    CU_TRY(launched);
     return IT_OK;
 }
 
@@ -254,15 +401,25 @@ static it_status norm_backward(it_device device, it_dtype dtype, void *dinp, voi
         return IT_OK;
     }
     IT_CU_TRY(check_rows(rows, fn));
+    float *partial = nullptr;
+    int64_t want = (kEnoughOutputs + cols - 1) / cols, most = (rows + 63) / 64;
+    int64_t chunks = want < most ? want : most, len = (rows + chunks - 1) / chunks;
+    chunks = (rows + len - 1) / len;
+    if (dweight) CU_TRY(cudaMallocAsync((void **)&partial, (size_t)(2 * chunks * cols) * sizeof(float), s));
     IT_FLOAT_SWITCH(dtype, fn, {
         if (dinp)
             norm_bwd_rows<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
                 (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, cols, rms);
-        if (dweight)
-            norm_bwd_cols<T><<<it_blocks(cols), IT_THREADS, 0, s>>>(
-                (T *)dweight, (T *)dbias, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, rms);
+        if (dweight) {
+            norm_bwd_col_chunks<T><<<it_blocks(chunks * cols), IT_THREADS, 0, s>>>(
+                partial, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, chunks, len, rms);
+            norm_bwd_col_sums<T><<<it_blocks(cols), IT_THREADS, 0, s>>>((T *)dweight, (T *)dbias, partial, cols,
+                                                                       chunks);
+        }
     });
-    CU_LAUNCHED();
+    cudaError_t launched = cudaPeekAtLastError();
+    if (partial) CU_TRY(cudaFreeAsync(partial, s));
+    CU_TRY(launched);
     return IT_OK;
 }
 
