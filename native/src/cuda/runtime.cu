@@ -283,11 +283,23 @@ extern "C" it_status it_cuda_memory_empty_cache(it_device device) {
 
 // ---- copies -----------------------------------------------------------------------------------
 // Ordered on the current stream of the CUDA side; a copy to or from host memory has finished
-// when it returns (the host may read or reuse its buffer at once, as .cpu() promises).
+// when it returns (the host may read or reuse its buffer at once, as .cpu() promises). Between
+// two devices each has its own stream: the source's queued work (what writes src) is waited
+// for first, and the copy has finished when this returns (the source's stream may free or
+// overwrite src next).
 extern "C" it_status it_cuda_memcpy(it_device dst_device, void *dst, it_device src_device,
                                     const void *src, size_t nbytes) {
     it_device on = dst_device.type == IT_CUDA ? dst_device : src_device;
-    if (dst_device.type == IT_CUDA && src_device.type == IT_CUDA) IT_CU_TRY(it_cuda_use(src_device));
+    bool across = dst_device.type == IT_CUDA && src_device.type == IT_CUDA && dst_device.index != src_device.index;
+    if (across) {
+        IT_CU_TRY(it_cuda_use(src_device));
+        CU_TRY(cudaStreamSynchronize(it_cuda_stream(src_device)));
+        IT_CU_TRY(it_cuda_use(on));
+        cudaStream_t s = it_cuda_stream(on);
+        CU_TRY(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s));
+        CU_TRY(cudaStreamSynchronize(s));
+        return IT_OK;
+    }
     IT_CU_TRY(it_cuda_use(on));
     cudaStream_t s = it_cuda_stream(on);
     CU_TRY(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s));
