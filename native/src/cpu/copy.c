@@ -139,9 +139,9 @@ it_status it_copy_strided(it_device device, it_dtype dtype, void *out, const int
     if (numel == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_copy_strided");
     IT_CHECK_PTR(inp, "it_copy_strided");
-    IT_DISPATCH(copy_strided, device, dtype, out, out_strides, inp, inp_strides, shape, ndim);
     int64_t *strides[2] = {so, si};
     int nd = it_collapse_dims(ndim, sh, strides, 2);
+    IT_DISPATCH(copy_strided, device, dtype, out, so, inp, si, sh, nd);
     int64_t cols = sh[nd - 1], rows = numel / cols, os = so[nd - 1], is = si[nd - 1];
     size_t es = it_dtype_size(dtype);
 #pragma omp parallel for schedule(static) if (numel > 32768)

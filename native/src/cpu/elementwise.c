@@ -288,9 +288,9 @@ it_status it_binary(it_device device, it_binary_op op, it_dtype dtype, void *out
     IT_CHECK_PTR(out, "it_binary");
     IT_CHECK_PTR(a, "it_binary");
     IT_CHECK_PTR(b, "it_binary");
-    IT_DISPATCH(binary, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     int64_t *strides[3] = {so, sa, sb};
-    int nd = it_collapse_dims(ndim, sh, strides, 3);
+    int nd = it_collapse_dims(ndim, sh, strides, 3);  /* a contiguous add is one dimension */
+    IT_DISPATCH(binary, device, op, dtype, out, a, sa, b, sb, sh, nd);
     int64_t cols = sh[nd - 1], rows = numel / cols;
     int64_t ia = sa[nd - 1], ib = sb[nd - 1];
     int64_t nchunks_per_row = (cols + IT_CHUNK - 1) / IT_CHUNK;

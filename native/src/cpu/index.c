@@ -22,6 +22,22 @@ static it_status check_strided(const char *fn, int32_t ndim, const int64_t *shap
     return IT_OK;
 }
 
+/* The shape and the inputs' strides with the contiguous output's (st[0]), their dimensions
+ * merged where every operand allows (it_collapse_dims): an elementwise op over contiguous
+ * tensors becomes one dimension, for this loop and for the CUDA kernels. Returns the new ndim;
+ * the inputs' strides are st[1..nin]. */
+static int collapse(int32_t ndim, const int64_t *shape, const int64_t *const *in, int nin,
+                    int64_t *sh, int64_t st[][IT_MAX_DIMS + 1]) {
+    int64_t *rows[4] = {st[0], st[1], st[2], st[3]}, run = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        sh[d] = shape[d];
+        st[0][d] = run;
+        for (int o = 0; o < nin; o++) st[o + 1][d] = in[o][d];
+        run *= shape[d];
+    }
+    return it_collapse_dims(ndim, sh, rows, nin + 1);
+}
+
 /* Offset of flat element e of a `shape` tensor read through `strides` (row-major order). */
 static inline int64_t strided_offset(int64_t e, const int64_t *shape, const int64_t *strides,
                                      int ndim) {
@@ -60,6 +76,9 @@ it_status it_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t
     IT_CHECK_PTR(out, "it_compare");
     IT_CHECK_PTR(a, "it_compare");
     IT_CHECK_PTR(b, "it_compare");
+    int64_t sh[IT_MAX_DIMS + 1], st[4][IT_MAX_DIMS + 1];
+    ndim = collapse(ndim, shape, strides, 2, sh, st);
+    shape = sh, a_strides = st[1], b_strides = st[2];
     IT_DISPATCH(compare, device, op, dtype, out, a, a_strides, b, b_strides, shape, ndim);
     int exact_int = dtype == IT_INT64; /* doubles cannot hold every int64 */
 #pragma omp parallel for schedule(static) if (numel > 32768)
@@ -90,6 +109,9 @@ it_status it_where(it_device device, it_dtype dtype, void *out, const uint8_t *c
     IT_CHECK_PTR(cond, "it_where");
     IT_CHECK_PTR(a, "it_where");
     IT_CHECK_PTR(b, "it_where");
+    int64_t sh[IT_MAX_DIMS + 1], st[4][IT_MAX_DIMS + 1];
+    ndim = collapse(ndim, shape, strides, 3, sh, st);
+    shape = sh, cond_strides = st[1], a_strides = st[2], b_strides = st[3];
     IT_DISPATCH(where, device, dtype, out, cond, cond_strides, a, a_strides, b, b_strides, shape,
                 ndim);
     size_t es = it_dtype_size(dtype);

@@ -93,7 +93,9 @@ template <typename C> __device__ C scalar_op(int op, C x, C s) {
     }
 }
 
-// Shapes and strides of up to IT_MAX_DIMS (16) dimensions, passed by value to a kernel.
+// Shapes and strides of up to IT_MAX_DIMS (16) dimensions, passed by value to a kernel. The
+// library has merged the dimensions that can be (it_collapse_dims): a contiguous operand over
+// a contiguous output is one dimension, read without a division.
 struct Strided {
     int ndim;
     int64_t shape[16];
@@ -101,6 +103,10 @@ struct Strided {
 };
 
 __device__ __forceinline__ void offsets(const Strided &s, int64_t i, int operands, int64_t *off) {
+    if (s.ndim == 1) {
+        for (int k = 0; k < operands; k++) off[k] = i * s.stride[k][0];
+        return;
+    }
     for (int k = 0; k < operands; k++) off[k] = 0;
     for (int d = s.ndim - 1; d >= 0; d--) {
         int64_t idx = i % s.shape[d];
