@@ -343,11 +343,15 @@ def test_the_example_trains_on_cuda_as_on_the_cpu(tmp_path):
     np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=1e-4)
 
 
-@pytest.mark.skipif(it.cuda.device_count() < 2, reason="needs two GPUs")
-def test_nccl_collectives_on_two_gpus():
+@pytest.mark.parametrize("n", [1, 2])
+def test_nccl_collectives(n):
+    """One rank per GPU: the id made on rank 0 and broadcast over MPI, every collective against
+    its known answer (one GPU: a communicator of one rank, which still runs each NCCL call)."""
     import sys
     from test_distributed import ENV, MPIEXEC
+    if it.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPU(s)")
     script = str(Path(__file__).parent / "mpi" / "nccl_collectives.py")
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script], capture_output=True, text=True,
+    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, script], capture_output=True, text=True,
                          timeout=300, env=ENV)
-    assert out.returncode == 0 and out.stdout.count(" OK") == 2, out.stdout + out.stderr
+    assert out.returncode == 0 and out.stdout.count(" OK") == n, out.stdout + out.stderr
