@@ -90,6 +90,24 @@ def test_arguments_are_checked_before_the_cuda_library_is_asked():
     assert lib.it_scalar(cuda0, lib.IT_SCALAR_DIV, lib.IT_INT64, p, p, 2.0, 4) == lib.IT_ERR_NOT_SUPPORTED
 
 
+@pytest.mark.skipif(not CUDA_LIB.is_file() or GPU, reason="needs the CUDA library and no GPU")
+def test_no_kernel_reads_device_memory_on_the_host():
+    """Every kernel called on cuda:0 with device addresses the host cannot read gets through the
+    library's checks to the CUDA library, which finds no device. Checks that read the data
+    (embedding ids, gather indices) must leave CUDA memory to the kernels: on a GPU the host
+    reading it is a segmentation fault (it was, for embeddings and gather/scatter, before any
+    kernel ran)."""
+    import sys
+    probe = str(Path(__file__).parent / "cuda_dispatch_probe.py")
+    out = subprocess.run([sys.executable, probe], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0, f"died (exit {out.returncode}) in {lines[-1] if lines else '?'}\n{out.stderr}"
+    assert len(lines) > 40
+    for line in lines:
+        name, status, where = line.split()
+        assert int(status) == lib.IT_ERR_NO_CUDA and where == name, line
+
+
 def test_streams_and_events_on_the_cpu_complete_at_once():
     cpu = ffi.new("it_device *", [lib.IT_CPU, 0])[0]
     s, e = ffi.new("it_stream **"), ffi.new("it_event **")

@@ -126,7 +126,7 @@ it_status it_where(it_device device, it_dtype dtype, void *out, const uint8_t *c
 }
 
 /* ---- indexing along one axis ------------------------------------------------------------ */
-static it_status check_axis(const char *fn, it_dtype dtype, const void *x, const void *y,
+static it_status check_axis(const char *fn, it_device device, it_dtype dtype, const void *x, const void *y,
                             const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                             int64_t k, int64_t inner, int64_t index_count) {
     IT_CHECK_ARG(it_dtype_size(dtype) != 0, "%s: unknown dtype %d", fn, (int)dtype);
@@ -143,7 +143,10 @@ static it_status check_axis(const char *fn, it_dtype dtype, const void *x, const
     IT_CHECK_PTR(x, fn);
     IT_CHECK_PTR(y, fn);
     IT_CHECK_PTR(index, fn);
-    /* every index is checked before anything is written, so an error leaves out untouched */
+    /* On the CPU every index is checked before anything is written, so an error leaves out
+     * untouched. CUDA indices live in device memory, which the host must not read: the kernel
+     * checks them and reports at the next synchronisation (it_cuda_check_index_flag). */
+    if (device.type != IT_CPU) return IT_OK;
     for (int64_t i = 0; i < index_count; i++) {
         int64_t v = it_load_index(index_dtype, index, i);
         IT_REQUIRE(v >= -n && v < n, IT_ERR_INDEX_OUT_OF_RANGE,
@@ -159,7 +162,7 @@ it_status it_gather(it_device device, it_dtype dtype, void *out, const void *inp
                     const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                     int64_t k, int64_t inner) {
     IT_CHECK_DEVICE(device, "it_gather");
-    IT_TRY(check_axis("it_gather", dtype, out, inp, index, index_dtype, outer, n, k, inner,
+    IT_TRY(check_axis("it_gather", device, dtype, out, inp, index, index_dtype, outer, n, k, inner,
                       outer * k * inner));
     IT_DISPATCH(gather, device, dtype, out, inp, index, index_dtype, outer, n, k, inner);
     size_t es = it_dtype_size(dtype);
@@ -176,7 +179,7 @@ it_status it_index_select(it_device device, it_dtype dtype, void *out, const voi
                           const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                           int64_t k, int64_t inner) {
     IT_CHECK_DEVICE(device, "it_index_select");
-    IT_TRY(check_axis("it_index_select", dtype, out, inp, index, index_dtype, outer, n, k,
+    IT_TRY(check_axis("it_index_select", device, dtype, out, inp, index, index_dtype, outer, n, k,
                       inner, k));
     IT_DISPATCH(index_select, device, dtype, out, inp, index, index_dtype, outer, n, k, inner);
     size_t es = it_dtype_size(dtype);
@@ -201,7 +204,7 @@ it_status it_scatter_add(it_device device, it_dtype dtype, void *out, const void
                          const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                          int64_t k, int64_t inner) {
     IT_CHECK_DEVICE(device, "it_scatter_add");
-    IT_TRY(check_axis("it_scatter_add", dtype, out, src, index, index_dtype, outer, n, k, inner,
+    IT_TRY(check_axis("it_scatter_add", device, dtype, out, src, index, index_dtype, outer, n, k, inner,
                       outer * k * inner));
     IT_REQUIRE(dtype != IT_BOOL, IT_ERR_NOT_SUPPORTED, "it_scatter_add: bool is not supported");
     IT_DISPATCH(scatter_add, device, dtype, out, src, index, index_dtype, outer, n, k, inner);
@@ -221,7 +224,7 @@ it_status it_index_add(it_device device, it_dtype dtype, void *out, const void *
                        const void *index, it_dtype index_dtype, int64_t outer, int64_t n,
                        int64_t k, int64_t inner) {
     IT_CHECK_DEVICE(device, "it_index_add");
-    IT_TRY(check_axis("it_index_add", dtype, out, src, index, index_dtype, outer, n, k, inner, k));
+    IT_TRY(check_axis("it_index_add", device, dtype, out, src, index, index_dtype, outer, n, k, inner, k));
     IT_REQUIRE(dtype != IT_BOOL, IT_ERR_NOT_SUPPORTED, "it_index_add: bool is not supported");
     IT_DISPATCH(index_add, device, dtype, out, src, index, index_dtype, outer, n, k, inner);
 #pragma omp parallel for schedule(static) if (outer * k * inner > 32768)

@@ -84,10 +84,11 @@ static inline int64_t load_index(it_dtype dt, const void *p, int64_t i) {
     return dt == IT_INT64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
 }
 
-static it_status check_indices(const char *fn, it_dtype index_dtype, const void *indices,
-                               int64_t n, int64_t num_embeddings) {
+static it_status check_indices(const char *fn, it_device device, it_dtype index_dtype,
+                               const void *indices, int64_t n, int64_t num_embeddings) {
     IT_CHECK_ARG(index_dtype == IT_INT32 || index_dtype == IT_INT64,
                  "%s: indices must be int32 or int64, got %s", fn, it_dtype_name(index_dtype));
+    if (device.type != IT_CPU) return IT_OK;  /* device memory: the CUDA kernel checks them */
     for (int64_t i = 0; i < n; i++) {
         int64_t ix = load_index(index_dtype, indices, i);
         IT_REQUIRE(ix >= 0 && ix < num_embeddings, IT_ERR_INDEX_OUT_OF_RANGE,
@@ -109,7 +110,7 @@ it_status it_embedding_forward(it_device device, it_dtype dtype, void *out, cons
     IT_CHECK_PRODUCT("it_embedding_forward", 8, num_embeddings, cols);
     if (n * cols == 0) return IT_OK;
     IT_CHECK_ARG(out && indices && weight, "it_embedding_forward: NULL pointer");
-    IT_TRY(check_indices("it_embedding_forward", index_dtype, indices, n, num_embeddings));
+    IT_TRY(check_indices("it_embedding_forward", device, index_dtype, indices, n, num_embeddings));
     IT_DISPATCH(embedding_forward, device, dtype, out, indices, index_dtype, weight, n,
                 num_embeddings, cols);
     size_t row_bytes = (size_t)cols * it_dtype_size(dtype);
@@ -136,7 +137,7 @@ it_status it_embedding_backward(it_device device, it_dtype dtype, void *dweight,
     IT_CHECK_PRODUCT("it_embedding_backward", 8, num_embeddings, cols);
     if (n * cols == 0) return IT_OK;
     IT_CHECK_ARG(dweight && indices && dout, "it_embedding_backward: NULL pointer");
-    IT_TRY(check_indices("it_embedding_backward", index_dtype, indices, n, num_embeddings));
+    IT_TRY(check_indices("it_embedding_backward", device, index_dtype, indices, n, num_embeddings));
     IT_DISPATCH(embedding_backward, device, dtype, dweight, dout, indices, index_dtype, n,
                 num_embeddings, cols);
     /* Threads own column ranges, so repeated tokens never race and every row's sum is
