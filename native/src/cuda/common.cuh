@@ -71,6 +71,35 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 }
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
+// Any dtype's element i as a double (casts, fills, sampling); bool reads as 0 or 1.
+__device__ __forceinline__ double load_f64(int dtype, const void *p, int64_t i) {
+    switch (dtype) {
+    case IT_FLOAT32: return ((const float *)p)[i];
+    case IT_BFLOAT16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case IT_FLOAT16: return __half2float(((const __half *)p)[i]);
+    case IT_INT32: return ((const int32_t *)p)[i];
+    case IT_INT64: return (double)((const int64_t *)p)[i];
+    case IT_FLOAT64: return ((const double *)p)[i];
+    case IT_UINT8: return ((const uint8_t *)p)[i];
+    default: return ((const uint8_t *)p)[i] != 0;  // IT_BOOL
+    }
+}
+
+// ---- random numbers: the CPU's counter-based streams (src/cpu/random.c) -----------------------
+// Element `counter` of the stream `key` is a hash of the pair, so a seed draws the same numbers
+// on the CPU and on any GPU, whatever the launch configuration.
+__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__device__ __forceinline__ uint64_t random_bits(uint64_t key, uint64_t counter) {
+    return mix64(mix64(counter * 0x9e3779b97f4a7c15ull + key) ^ key);
+}
+__device__ __forceinline__ double uniform_open0(uint64_t bits) {  // (0, 1], 53 bits
+    return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
 // The type a kernel computes in: float for float32/bfloat16/float16, double for float64;
 // load_acc/store_acc read and write an element through it (16-bit results rounded once).
 template <typename T> struct Acc { using type = float; };

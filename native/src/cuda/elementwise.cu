@@ -234,20 +234,7 @@ __global__ void copy_strided_kernel(E *out, const E *inp, Strided s, int64_t n) 
     }
 }
 
-// ---- dtypes as values: load/store any dtype through double (fill, arange, cast) ----------
-__device__ double load_any(int dtype, const void *p, int64_t i) {
-    switch (dtype) {
-    case IT_FLOAT32: return ((const float *)p)[i];
-    case IT_BFLOAT16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    case IT_FLOAT16: return __half2float(((const __half *)p)[i]);
-    case IT_INT32: return ((const int32_t *)p)[i];
-    case IT_INT64: return (double)((const int64_t *)p)[i];
-    case IT_UINT8: return ((const uint8_t *)p)[i];
-    case IT_FLOAT64: return ((const double *)p)[i];
-    default: return ((const uint8_t *)p)[i] != 0;  // IT_BOOL
-    }
-}
-
+// ---- dtypes as values: store any dtype from a double (fill, arange, cast) ------------------
 __device__ void store_any(int dtype, void *p, int64_t i, double v) {
     switch (dtype) {
     case IT_FLOAT32: ((float *)p)[i] = (float)v; break;
@@ -275,7 +262,7 @@ __global__ void cast_kernel(void *out, int out_dtype, const void *inp, int inp_d
         if (out_dtype == IT_INT64 && inp_dtype == IT_INT64) ((int64_t *)out)[i] = ((const int64_t *)inp)[i];
         else if (out_dtype == IT_INT64 && inp_dtype == IT_INT32) ((int64_t *)out)[i] = ((const int32_t *)inp)[i];
         else if (out_dtype == IT_INT32 && inp_dtype == IT_INT64) ((int32_t *)out)[i] = (int32_t)((const int64_t *)inp)[i];
-        else store_any(out_dtype, out, i, load_any(inp_dtype, inp, i));
+        else store_any(out_dtype, out, i, load_f64(inp_dtype, inp, i));
     }
 }
 

@@ -80,18 +80,6 @@ __global__ void sgd_kernel(T *p, const T *g, float *buf, int64_t n, float lr, fl
     }
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-__device__ __forceinline__ uint64_t random_bits(uint64_t key, uint64_t counter) {
-    return mix64(mix64(counter * 0x9e3779b97f4a7c15ull + key) ^ key);
-}
-__device__ __forceinline__ double uniform_open0(uint64_t bits) {  // (0, 1], 53 bits
-    return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
 template <typename T>
 __global__ void uniform_kernel(T *out, int64_t n, double a, double b, uint64_t key, uint64_t offset) {
     GRID_STRIDE(i, n) {
@@ -112,12 +100,6 @@ __global__ void normal_kernel(T *out, int64_t n, double mean, double std, uint64
         sincos(6.283185307179586 * u2, &s, &c);
         out[i] = from_f<T>((float)(mean + std * r * ((ctr & 1) ? s : c)));
     }
-}
-
-uint64_t host_mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 }  // namespace
 
@@ -214,7 +196,7 @@ it_status it_cuda_random_uniform(it_device device, it_dtype dtype, void *out, in
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    uint64_t key = host_mix64(seed ^ 0x5851f42d4c957f2dull);  // the CPU's key for uniform draws
+    uint64_t key = mix64(seed ^ 0x5851f42d4c957f2dull);  // the CPU's key for uniform draws
     IT_FLOAT_SWITCH(dtype, "it_random_uniform",
                     uniform_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((T *)out, n, low, high, key, offset));
     CU_LAUNCHED();
@@ -226,7 +208,7 @@ it_status it_cuda_random_normal(it_device device, it_dtype dtype, void *out, int
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    uint64_t key = host_mix64(seed ^ 0xd1b54a32d192ed03ull);  // the CPU's key for normal draws
+    uint64_t key = mix64(seed ^ 0xd1b54a32d192ed03ull);  // the CPU's key for normal draws
     IT_FLOAT_SWITCH(dtype, "it_random_normal",
                     normal_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((T *)out, n, mean, std, key, offset));
     CU_LAUNCHED();

@@ -5,18 +5,6 @@
 #include "common.cuh"
 
 namespace {
-__device__ double load_f64(int dtype, const void *p, int64_t i) {
-    switch (dtype) {
-    case IT_FLOAT32: return ((const float *)p)[i];
-    case IT_BFLOAT16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    case IT_FLOAT16: return __half2float(((const __half *)p)[i]);
-    case IT_FLOAT64: return ((const double *)p)[i];
-    case IT_INT32: return ((const int32_t *)p)[i];
-    case IT_INT64: return (double)((const int64_t *)p)[i];
-    default: return ((const uint8_t *)p)[i];
-    }
-}
-
 __device__ bool ranks_before(double va, int64_t ia, double vb, int64_t ib, int largest) {
     bool na = va != va, nb = vb != vb;  // NaN counts as the largest value
     if (na || nb) return na && nb ? ia < ib : (largest ? na : nb);
@@ -49,12 +37,6 @@ __global__ void topk_kernel(int dtype, size_t es, void *values, int64_t *indices
     }
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 // A row whose weights are negative, not finite, or spent raises the device's input flag and
 // draws -1 (reported at the host's next synchronisation).
 __global__ void multinomial_kernel(int dtype, int64_t *out, const void *weights, double *scratch,
@@ -75,8 +57,7 @@ __global__ void multinomial_kernel(int dtype, int64_t *out, const void *weights,
                 continue;
             }
             uint64_t c = offset + (uint64_t)(r * draws + d);
-            uint64_t bits = mix64(mix64(c * 0x9e3779b97f4a7c15ull + key) ^ key);
-            double u = ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+            double u = uniform_open0(random_bits(key, c));
             double target = u * total, acc = 0.0;
             int64_t pick = n - 1;
             for (int64_t j = 0; j < n; j++) {
@@ -94,12 +75,6 @@ __global__ void multinomial_kernel(int dtype, int64_t *out, const void *weights,
             }
         }
     }
-}
-
-uint64_t host_mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 }  // namespace
 
@@ -130,7 +105,7 @@ it_status it_cuda_multinomial(it_device device, it_dtype dtype, int64_t *out, co
     IT_CU_TRY(it_cuda_index_flag(device, &bad));
     double *scratch;
     CU_TRY(cudaMallocAsync((void **)&scratch, (size_t)(rows * n) * sizeof(double), s));
-    uint64_t key = host_mix64(seed ^ 0x2545f4914f6cdd1dull);  // the CPU's key for multinomial draws
+    uint64_t key = mix64(seed ^ 0x2545f4914f6cdd1dull);  // the CPU's key for multinomial draws
     multinomial_kernel<<<it_blocks(rows, 64), 64, 0, s>>>((int)dtype, out, weights, scratch, rows, n, num_samples,
                                                           replacement, key, offset, bad);
     cudaError_t launched = cudaPeekAtLastError();
