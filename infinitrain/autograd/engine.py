@@ -108,7 +108,7 @@ def zero_grads(parameters, set_to_none: bool = True) -> None:
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool = False) -> None:
-    _run_pass(tensors, grad_tensors, retain_graph, None, True)
+    _run_pass(tensors, grad_tensors, retain_graph, (), True)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False, allow_unused: bool = False,
@@ -117,13 +117,11 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False, allow_u
     accumulated into .grad; the inputs' hooks do not run. Leaves that are not among the inputs
     are left alone, unless accumulate_others (a recomputed piece's replay: parameters that reach
     it other than as inputs still get their gradients)."""
-    single = isinstance(inputs, Tensor)
-    inputs = [inputs] if single else list(inputs)
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     for i, t in enumerate(inputs):
         if not isinstance(t, Tensor) or not t.requires_grad:
             raise RuntimeError(f"grad(): input {i} does not require grad")
-    capture = {id(t): None for t in inputs}
-    _run_pass(outputs, grad_outputs, retain_graph, (capture, inputs), accumulate_others)
+    capture = _run_pass(outputs, grad_outputs, retain_graph, inputs, accumulate_others)
     out = []
     for i, t in enumerate(inputs):
         g = capture[id(t)]
@@ -134,31 +132,29 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False, allow_u
     return tuple(out)
 
 
-def _run_pass(tensors, grad_tensors, retain_graph, capture, accumulate) -> None:
+def _run_pass(tensors, grad_tensors, retain_graph, capture, accumulate) -> dict:
     if getattr(_local, "callbacks", None) is not None:
         # a pass inside a pass (recomputation): its callbacks run when the outer pass ends
-        _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
-        return
+        return _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
     _local.callbacks = []
     try:
-        _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
+        captured = _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
         callbacks, _local.callbacks = _local.callbacks, None
         for fn in callbacks:
             fn()
+        return captured
     finally:
         _local.callbacks = None
 
 
-def _backward(tensors, grad_tensors, retain_graph: bool, capture=None, accumulate: bool = True) -> None:
-    """capture: None, or ({id(tensor): None}, tensors) whose gradients are stored in the dict
+def _backward(tensors, grad_tensors, retain_graph: bool, capture=(), accumulate: bool = True) -> dict:
+    """Returns {id(t): gradient or None} for the tensors in `capture`, whose gradients are kept
     instead of accumulated (a non-leaf's: the sum that reaches its node's output). accumulate:
     whether the other leaves get theirs."""
-    captured, captured_nodes, fresh = {}, {}, set()
-    if capture is not None:
-        captured = capture[0]
-        for t in capture[1]:
-            if t.grad_fn is not None:
-                captured_nodes.setdefault(t.grad_fn, []).append((t._output_nr, id(t)))
+    captured, captured_nodes, fresh = {id(t): None for t in capture}, {}, set()
+    for t in capture:
+        if t.grad_fn is not None:
+            captured_nodes.setdefault(t.grad_fn, []).append((t._output_nr, id(t)))
 
     def to_leaf(leaf, g) -> None:
         if id(leaf) in captured:
@@ -259,6 +255,7 @@ def _backward(tensors, grad_tensors, retain_graph: bool, capture=None, accumulat
                 slots = pending.setdefault(child, [None] * child.num_outputs)
                 slots[where] = g if slots[where] is None else _add(slots[where], g)
                 _release_dependency(child, deps, ready, pending, leaf_grad)
+    return captured
 
 
 def _release_dependency(child, deps, ready, pending, leaf_grad) -> None:
