@@ -273,6 +273,9 @@ class TensorMethods:
     def __neg__(self):
         return _ops.unary(lib.IT_NEG, self) if self.dtype.is_floating_point else _ops.mul(self, -1)
 
+    def neg(self):
+        return -self
+
     def __matmul__(self, other):
         return _ops.matmul(self, other)
 

@@ -30,17 +30,25 @@ static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static const char *(*cuda_message)(void);
 
 static void cuda_open(void) {
-#ifndef IT_WITH_CUDA
-    snprintf(cuda_why, sizeof cuda_why, "this build of libinfinitrain has no CUDA support; "
-             "reinstall with INFINITRAIN_CUDA=ON on a machine with nvcc");
-#else
-    /* libinfinitrain_cuda.so is installed beside this library */
-    Dl_info self;
     char path[4096] = "libinfinitrain_cuda.so";
-    if (dladdr((void *)&cuda_open, &self) && self.dli_fname) {
-        const char *slash = strrchr(self.dli_fname, '/');
-        if (slash) snprintf(path, sizeof path, "%.*s/libinfinitrain_cuda.so",
-                            (int)(slash - self.dli_fname), self.dli_fname);
+    /* a CUDA library built apart from this one (the test suite's emulated GPU, a debug build) */
+    const char *chosen = getenv("INFINITRAIN_CUDA_LIBRARY");
+    if (chosen && *chosen) {
+        snprintf(path, sizeof path, "%s", chosen);
+    } else {
+#ifndef IT_WITH_CUDA
+        snprintf(cuda_why, sizeof cuda_why, "this build of libinfinitrain has no CUDA support; "
+                 "reinstall with INFINITRAIN_CUDA=ON on a machine with nvcc");
+        return;
+#else
+        /* libinfinitrain_cuda.so is installed beside this library */
+        Dl_info self;
+        if (dladdr((void *)&cuda_open, &self) && self.dli_fname) {
+            const char *slash = strrchr(self.dli_fname, '/');
+            if (slash) snprintf(path, sizeof path, "%.*s/libinfinitrain_cuda.so",
+                                (int)(slash - self.dli_fname), self.dli_fname);
+        }
+#endif
     }
     cuda_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!cuda_lib) {
@@ -48,7 +56,6 @@ static void cuda_open(void) {
         return;
     }
     cuda_message = (const char *(*)(void))dlsym(cuda_lib, "it_cuda_last_error");
-#endif
 }
 
 it_status it_cuda_symbol(const char *symbol, const char *fn, void **out) {

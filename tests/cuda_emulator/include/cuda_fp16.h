@@ -1,0 +1,2 @@
+#pragma once
+#include "emulated_cuda.h"
