@@ -52,6 +52,16 @@ def compile_object(source_text, name, out):
     return obj
 
 
+def build_program(source, out):
+    """A CUDA program (a .cu file) built for the emulated GPU beside a build()'s libraries."""
+    out = pathlib.Path(out).resolve()
+    source = pathlib.Path(source)
+    obj = compile_object(f'#line 1 "{source}"\n' + rewrite_launches(source.read_text()), source.stem, out)
+    exe = out / source.stem
+    run(["g++", str(obj), "-o", str(exe), "-L", str(out), "-lemulated_cudart", "-Wl,-rpath," + str(out)])
+    return exe
+
+
 def build(out):
     out = pathlib.Path(out).resolve()
     (out / "src").mkdir(parents=True, exist_ok=True)
