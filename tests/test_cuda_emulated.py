@@ -4,10 +4,12 @@ tests/cuda_emulator compiles the unchanged sources of native/src/cuda with g++ a
 model of CUDA: every thread a fiber, __syncthreads() and warp shuffles real barriers, launch
 limits as on the hardware, streams that run only when waited on, device memory filled with NaN
 when handed out and when freed, and cuBLAS / one-rank NCCL computed by their documented
-meaning. Every GPU test of test_cuda.py then runs through it, in a subprocess pointed at it by
-INFINITRAIN_CUDA_LIBRARY. What it proves: the kernels' indexing, reductions and barriers, the
-host code's launch sizes, stream and event ordering, and cuBLAS argument mapping compute what
-the CPU computes. What it cannot: speed, the hardware's memory model, the real cuBLAS/NCCL."""
+meaning (NCCL across processes: the MPI ranks of a test). Every GPU test of test_cuda.py then
+runs through it, in a subprocess pointed at it by INFINITRAIN_CUDA_LIBRARY, and DP/TP+SP/PP/ZeRO
+training over NCCL on two emulated GPUs is checked against one CPU process. What it proves: the
+kernels' indexing, reductions and barriers, the host code's launch sizes, stream and event
+ordering, cuBLAS argument mapping and the NCCL process groups compute what the CPU computes.
+What it cannot: speed, the hardware's memory model, the real cuBLAS and NCCL."""
 import importlib.util
 import os
 import re
@@ -16,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).parent
@@ -45,6 +48,38 @@ def test_the_gpu_tests_pass_on_the_emulated_gpu(emulated):
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     passed = int(re.search(r"(\d+) passed", out.stdout).group(1))
     assert "no CUDA device" not in out.stdout and passed >= 40, out.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    from infinitrain.data import write_shard
+    path = tmp_path_factory.mktemp("data") / "t.bin"
+    write_shard(path, np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    return path
+
+
+def _example_losses(env, shard, ranks, *flags):
+    from test_distributed import MPIEXEC, _losses
+    cmd = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(shard), "--model", "tiny",
+           "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "3", "--learning_rate", "3e-3",
+           "--total_batch_size", "256", "--peak_tflops", "1", *flags]
+    out = subprocess.run([MPIEXEC, "-n", str(ranks), *cmd], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return _losses(out.stdout)
+
+
+@pytest.mark.parametrize("flags", [(), ("--tensor_parallel", "2", "--sequence_parallel"),
+                                   ("--pipeline_parallel", "2"), ("--zero_stage", "2")],
+                         ids=["DDP2", "TP2+SP", "PP2", "ZeRO2"])
+def test_parallel_training_over_nccl_on_two_emulated_gpus_matches_one_cpu_process(emulated, shard, flags):
+    """The NCCL process groups (a communicator per group and per pipeline link, collectives on
+    the group's stream after an event of the caller's, point-to-point traffic), two ranks, each
+    on its own emulated GPU, against the one-process CPU run on the same global batch."""
+    _, env = emulated
+    reference = _example_losses(dict(env, INFINITRAIN_CUDA_LIBRARY=""), shard, 1, "--device", "cpu")
+    losses = _example_losses(dict(env, INFINITRAIN_EMULATED_GPUS="2"), shard, 2, "--device", "cuda", *flags)
+    assert len(reference) == 3
+    np.testing.assert_allclose(losses, reference, rtol=1e-5)
 
 
 def test_a_stream_that_does_not_wait_reads_unfinished_work(emulated):

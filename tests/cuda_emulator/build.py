@@ -6,7 +6,9 @@ OUT_DIR receives libinfinitrain_cuda.so (the project's unchanged CUDA sources, l
 rewritten to emu_launch, compiled by g++), libemulated_cudart.so (the runtime it links) and the
 emulated libcublas.so.13 and libnccl.so.2 that it opens. Point libinfinitrain at it with
 INFINITRAIN_CUDA_LIBRARY=OUT_DIR/libinfinitrain_cuda.so; INFINITRAIN_EMULATED_GPUS sets how many
-devices it reports (1 unless set). Sources are only recompiled when they changed.
+devices it reports (1 unless set; MPI ranks on one machine each take the one of their local
+rank), INFINITRAIN_EMULATED_CUDA_TRACE=1 prints every queued and run kernel, copy and free.
+Sources are only recompiled when they changed.
 """
 import concurrent.futures
 import hashlib

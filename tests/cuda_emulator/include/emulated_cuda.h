@@ -14,8 +14,9 @@
 //   wrong answer instead of a lucky right one;
 // - memory from cudaMallocAsync is filled with NaN bytes when handed out and again when
 //   freed, so reading unwritten or freed device memory shows in the results.
-// What it cannot tell: speed, the memory model of real hardware, bank conflicts, and
-// anything about cuBLAS or NCCL themselves (emulated beside it by their documented meaning).
+// cuBLAS and NCCL are emulated beside it by their documented meaning (cublas.cpp, nccl.cpp:
+// communicators across processes, meeting through files). What it cannot tell: speed, the
+// memory model of real hardware, bank conflicts, and anything about cuBLAS or NCCL themselves.
 #pragma once
 
 #include <math.h>
