@@ -344,23 +344,26 @@ def test_pipeline_links():
 
 
 @needs_gpu
-def test_the_example_trains_on_cuda_as_on_the_cpu(tmp_path):
-    """`python -m infinitrain.examples.gpt2 --device cuda`: the same losses as on the CPU (both
-    start from the same host-initialised weights)."""
+@pytest.mark.parametrize("example,dtype,steps,rtol", [("gpt2", "float32", 10, 1e-4),
+                                                     ("llama3", "bfloat16", 3, 1e-2)])
+def test_the_example_trains_on_cuda_as_on_the_cpu(tmp_path, example, dtype, steps, rtol):
+    """`python -m infinitrain.examples.<example> --device cuda`: the same losses as on the CPU
+    (both start from the same host-initialised weights). LLaMA-3 in bf16 adds RoPE, RMSNorm,
+    SwiGLU and grouped-query attention on 16-bit tensors."""
     import sys
     from infinitrain.data import write_shard
     from test_distributed import _losses
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
-    base = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
-            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "10",
-            "--learning_rate", "3e-3", "--total_batch_size", "128", "--peak_tflops", "1"]
+    base = [sys.executable, "-m", f"infinitrain.examples.{example}", "--input_bin", str(tmp_path / "t.bin"),
+            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", str(steps),
+            "--learning_rate", "3e-3", "--total_batch_size", "128", "--peak_tflops", "1", "--dtype", dtype]
     runs = {}
     for device in ("cpu", "cuda"):
         out = subprocess.run(base + ["--device", device], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         runs[device] = _losses(out.stdout)
-    assert len(runs["cpu"]) == 10
-    np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=1e-4)
+    assert len(runs["cpu"]) == steps
+    np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=rtol)
 
 
 @pytest.mark.parametrize("n", [1, 2])
