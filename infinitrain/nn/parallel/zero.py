@@ -36,26 +36,8 @@ from ...kernels.memory import cat
 from ..parameter import Parameter
 from ..utils import squared_norm
 from . import zero3
-from .ddp import mark_ready
+from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack
 from .process_group import ReduceOp
-
-
-class _Bucket:
-    def __init__(self, params, world: int):
-        self.params = params
-        self.offsets, n = [], 0
-        for p in params:
-            self.offsets.append(n)
-            n += p.numel()
-        self.numel = n
-        self.padded = -(-max(n, 1) // world) * world
-        self.piece = self.padded // world
-        self.device = params[0].device
-        self.flat_param = zeros(self.padded, dtype=params[0].dtype, device=self.device)
-        self.flat_grad = None     # full-size gradient (stage 1: always; stage 2/3: while filling)
-        self.shard_grad = zeros(self.piece, dtype=params[0].dtype, device=self.device)
-        self.shard_param = None   # this rank's piece: a view of flat_param (stage 3: its own copy)
-        self.pending = len(params)
 
 
 class ZeroOptimizer:
@@ -97,43 +79,32 @@ class ZeroOptimizer:
             if tied:
                 raise ValueError("ZeRO-3 does not compose with pipeline parallelism yet")
             units, owned, uses = zero3.partition(module, ordered)
-            packs = [ps for ps in owned if ps]
-        else:  # buckets of about bucket_cap_mb, in roughly the order backward fills them
-            packs, current, size = [], [], 0
-            for p in reversed(ordered):
-                if any(p is q for q in tied):
-                    continue
-                if current and size + p.nbytes > bucket_cap_mb * 2**20:
-                    packs.append(current)
-                    current, size = [], 0
-                current.append(p)
-                size += p.nbytes
-            packs.append(current)
-            packs = [ps for ps in packs if ps] + [[p] for p in tied]
-        self.buckets = [_Bucket(ps, self.world) for ps in packs]
+            packs = owned
+        else:  # the buckets DDP would reduce whole; a tied parameter alone, last
+            packs = pack([p for p in ordered if not any(p is q for q in tied)], bucket_cap_mb) + [[p] for p in tied]
+        self.buffer = ParamAndGradBuffer(packs, pad_to=self.world)
+        self.buckets = self.buffer.buckets
         self._tied_buckets = self.buckets[len(self.buckets) - len(tied):] if tied and stage == 2 else []
-        self.where = {}
         with no_grad():
-            for bi, b in enumerate(self.buckets):
-                for j, p in enumerate(b.params):
-                    self.where[id(p)] = (bi, j)
-                    view = b.flat_param[b.offsets[j]:b.offsets[j] + p.numel()].view(*p.shape)
-                    view.copy_(p)
-                    p._assign(view)  # the parameter now lives in its bucket
+            for b in self.buckets:
+                b.hold_params()  # the parameters now live in their bucket
+                for p in b.params:
                     p.grad = None
                     p.register_post_accumulate_grad_hook(self._on_grad)
-                self.group.broadcast(b.flat_param, 0)  # replicas start equal
-                b.shard_param = b.flat_param[self.rank * b.piece:(self.rank + 1) * b.piece]
+                broadcast_replicas([b.flat_param], self.group)
+                b.shard_grad = zeros(b.piece, dtype=b.dtype, device=b.device)
+                b.shard_param = b.shard(b.flat_param, self.rank)  # this rank's piece (stage 3: its own copy)
+                b.pending = len(b.params)
                 if stage == 3:  # the piece becomes the only copy, before the next bucket is packed
                     b.shard_param = b.shard_param.clone()
                     b.flat_param._storage.release(zero3.RELEASED)
                 if stage == 1:
-                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype, device=b.device)
+                    b.flat_grad = b.new_flat()
                     for j, p in enumerate(b.params):
-                        p.grad = self._grad_view(b, j)
+                        p.grad = b.grad_view(j)
         # stage 3: the gathering around each unit's forward and backward
         self.gatherer = zero3.Gatherer(dp_group, self.buckets, units, uses,
-                                       {k: v[0] for k, v in self.where.items()}) if stage == 3 else None
+                                       {k: v[0] for k, v in self.buffer.where.items()}) if stage == 3 else None
         # this rank's segments: a shard parameter per (bucket piece ∩ parameter)
         inner_groups = [dict({k: v for k, v in g.items() if k != "params"}, params=[])
                         for g in self.param_groups]
@@ -166,18 +137,14 @@ class ZeroOptimizer:
         self._works = []
         self._sharded = False  # this step's gradients are final: reduce-scattered (stage 1), tied summed
 
-    def _grad_view(self, b: _Bucket, j: int):
-        p = b.params[j]
-        return b.flat_grad[b.offsets[j]:b.offsets[j] + p.numel()].view(*p.shape)
-
     # ---- gradients --------------------------------------------------------------------------
     @no_grad()
     def _on_grad(self, p) -> None:
-        bi, j = self.where[id(p)]
+        bi, j = self.buffer.locate(p)
         b = self.buckets[bi]
         if self.stage == 1:
             if p.grad._storage is not b.flat_grad._storage:  # .grad was reset behind our back
-                view = self._grad_view(b, j)
+                view = b.grad_view(j)
                 view.add_(p.grad)
                 p.grad = view
             return
@@ -192,8 +159,8 @@ class ZeroOptimizer:
             b.flat_grad = p.grad.view(-1)  # a bucket of one parameter: its gradient, no copy
         else:
             if b.flat_grad is None:
-                b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype, device=b.device)
-            self._grad_view(b, j).add_(p.grad)
+                b.flat_grad = b.new_flat()
+            b.grad_view(j).add_(p.grad)
         p.grad = None  # the flat bucket holds it now
         b.pending -= 1
         if b.pending == 0:
@@ -202,10 +169,10 @@ class ZeroOptimizer:
             if self.gatherer is not None:
                 self.gatherer.grads_done(bi)
 
-    def _reduce(self, b: _Bucket) -> None:
+    def _reduce(self, b) -> None:
         """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
         it is done (at the end of backward)."""
-        out = empty(b.piece, dtype=b.flat_param.dtype, device=b.device)
+        out = empty(b.piece, dtype=b.dtype, device=b.device)
         self._works.append((b, out, self.group.reduce_scatter(out, b.flat_grad, ReduceOp.AVG, async_op=True)))
         b.pending = -1  # launched
 
@@ -222,7 +189,7 @@ class ZeroOptimizer:
         for b in self.buckets:  # a parameter that got no gradient contributes zeros
             if b.pending >= 0:
                 if b.flat_grad is None:
-                    b.flat_grad = zeros(b.padded, dtype=b.flat_param.dtype, device=b.device)
+                    b.flat_grad = b.new_flat()
                 self._reduce(b)
         self._collect()
         for b in self.buckets:
@@ -306,7 +273,7 @@ class ZeroOptimizer:
             if self.stage == 1:
                 b.flat_grad.zero_()
                 for j, p in enumerate(b.params):
-                    p.grad = self._grad_view(b, j)
+                    p.grad = b.grad_view(j)
             else:
                 b.flat_grad = None
                 for p in b.params:
@@ -334,11 +301,11 @@ class ZeroOptimizer:
         state = {}
         for bi, b in enumerate(self.buckets):
             for key in keys:
-                mine = zeros(b.piece, dtype=b.flat_param.dtype, device=b.device)
+                mine = zeros(b.piece, dtype=b.dtype, device=b.device)
                 for shard, sbi, at, p, _ in self.segments:
                     if sbi == bi and shard in self.state and key in self.state[shard]:
                         mine[at:at + shard.numel()].copy_(self.state[shard][key])
-                full = empty(b.padded, dtype=b.flat_param.dtype, device=b.device)
+                full = empty(b.padded, dtype=b.dtype, device=b.device)
                 self.group.all_gather(full, mine)
                 for j, p in enumerate(b.params):
                     entry = state.setdefault(index[id(p)], {"step": step})

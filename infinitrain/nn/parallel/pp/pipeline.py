@@ -22,6 +22,7 @@ from ....autograd.engine import backward as autograd_backward
 from ....creation import empty, zeros
 from ....dtype import float64
 from ..ddp import Reducer
+from ..param_buffer import broadcast_replicas
 from ..process_group import ReduceOp
 from .p2p import P2P
 from .schedules import schedule
@@ -52,10 +53,8 @@ class PipelineParallel:
         self.reducers = []
         self._inputs, self._outputs = {}, {}  # per (micro-batch, chunk) until its backward
         if self.dp_group is not None:
-            with no_grad():  # replicas start equal (they do by seed; a loaded model is made so)
-                for t in list(model.parameters()) + list(model.buffers()):
-                    if t.is_contiguous():
-                        self.dp_group.broadcast(t, 0)
+            # replicas start equal (they do by seed; a loaded model is made so)
+            broadcast_replicas(list(model.parameters()) + list(model.buffers()), self.dp_group)
             self.reducers = [Reducer(params, self.dp_group) for params in self._chunk_parameters()]
 
     def _chunk_parameters(self) -> list:
