@@ -46,7 +46,7 @@ def child(args) -> None:
         env.world.barrier()
         pipe.p2p.wait_s = 0.0
         t0 = time.perf_counter()
-        pipe.train_step(micro)
+        pipe.forward_backward(micro)
         elapsed = time.perf_counter() - t0
         peak = it.memory_stats()["peak_allocated_bytes"]
         opt.step()

@@ -223,7 +223,7 @@ def test_a_whole_model_is_a_pipeline_of_one_stage():
         want += loss.item() / 3
     for name in ("gpipe", "1f1b"):
         model = GPT2(cfg, seed=1)
-        got = PipelineParallel(model, name).train_step(batches)
+        got = PipelineParallel(model, name).forward_backward(batches)
         assert got == pytest.approx(want, rel=1e-6)
         for (n, p), q in zip(model.named_parameters(), plain.parameters()):
             np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=n)

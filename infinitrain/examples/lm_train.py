@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
 
 import infinitrain as it
 from infinitrain import profiler
 from infinitrain.plot import plot_losses
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
-from infinitrain.profiler import record_function
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
                                     read_lora_config, save_checkpoint, save_lora)
@@ -22,17 +20,34 @@ from infinitrain.data.prepare import shakespeare_files
 from infinitrain.examples import mfu
 from infinitrain.nn import parallel
 from infinitrain.nn.lora import apply_lora
-from infinitrain.nn.parallel.pp import PipelineParallel
-from infinitrain.nn.parallel.zero import ZeroOptimizer
-from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
-from infinitrain.nn.utils import clip_grad_norm_
+from infinitrain.nn.parallel.tensor_parallel import TensorParallel
+from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
 from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
 
 
 def train(args, build_model) -> int:
-    """Trains build_model(args) (a GPT-2 or LLaMA-3 style model) as the flags say, on as many
-    data-parallel MPI ranks as the job has."""
+    """Trains build_model(args, tp, stage) (a GPT-2 or LLaMA-3 style model) as the flags say, on
+    as many MPI ranks as the job has: set up the layout, build and wrap the model, train, finish."""
+    env, tp, stage, schedule, layout = setup_layout(args)
+    log = print if env.is_main else (lambda *a, **k: None)
+    accum = accumulation_steps(args, env)
+    prepare_data(args, env)
+    check_memory(args, env, accum, log)
+    model = build(args, env, tp, stage, build_model, layout, log)
+    trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_group, env.pp_group,
+                        zero_stage=args.zero_stage, pipeline_schedule=schedule if stage else None,
+                        pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    log_setup(args, env, model, accum, schedule, layout, log)
+    loop = TrainingLoop(args, env, model, trainer, accum, layout, log)
+    loop.run()
+    loop.finish()
+    return 0
+
+
+def setup_layout(args):
+    """Checks the layout flags, starts MPI and the process groups: (env, TensorParallel or None,
+    PipelineStage or None, the pipeline schedule, the layout as the log line shows it)."""
     schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
     if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
         sys.exit("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
@@ -50,35 +65,44 @@ def train(args, build_model) -> int:
         sys.exit(f"cannot lay out the job: {e}")
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
         sys.exit(f"--device {args.device}: {e}")
-    device = env.device  # cuda:k, k this rank's place on its node
-    dp, main = env.layout.dp, env.is_main
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     if args.zero_stage == 3 and pipelined:
         sys.exit("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
-    if args.sequence_parallel and tp is None and main:
+    if args.sequence_parallel and tp is None and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
     layout = env.layout.describe(sequence_parallel=tp is not None and tp.sequence_parallel)
     if args.virtual_pipeline_parallel > 1:
         layout += f", VPP={args.virtual_pipeline_parallel}"
-    log = print if main else (lambda *a, **k: None)
-    B, T = args.batch_size, args.sequence_length
+    return env, tp, stage, schedule, layout
+
+
+def accumulation_steps(args, env) -> int:
+    """Micro-batches per step: --total_batch_size over what one micro-batch of every DP rank holds."""
+    B, T, dp = args.batch_size, args.sequence_length, env.layout.dp
     tokens_per_micro = B * T * dp
     total = args.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
         sys.exit(f"--total_batch_size {total} is not a multiple of batch_size * sequence_length "
                  f"* data-parallel ranks = {B} * {T} * {dp} = {tokens_per_micro}")
-    accum = total // tokens_per_micro
+    args.total_batch_size = total
+    return total // tokens_per_micro
 
-    if args.input_bin is None:
-        if main:  # one rank prepares the data, the others wait for it
-            shakespeare_files()
-        env.world.barrier()
-        files = shakespeare_files(prepare=False)
-        args.input_bin = str(files["train"])
-        args.input_val_bin = args.input_val_bin or str(files["val"])
-        args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])
 
+def prepare_data(args, env) -> None:
+    """Without --input_bin: tiny Shakespeare, prepared by one rank while the others wait."""
+    if args.input_bin is not None:
+        return
+    if env.is_main:
+        shakespeare_files()
+    env.world.barrier()
+    files = shakespeare_files(prepare=False)
+    args.input_bin = str(files["train"])
+    args.input_val_bin = args.input_val_bin or str(files["val"])
+    args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])
+
+
+def check_memory(args, env, accum: int, log) -> None:
     plan = memory_plan(args, env, accum)
     if plan is not None:
         need, have, text = plan
@@ -88,6 +112,9 @@ def train(args, build_model) -> int:
                      "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
                      "or a smaller --batch_size / --sequence_length")
 
+
+def build(args, env, tp, stage, build_model, layout: str, log):
+    """The model of this rank's layout, with recomputation and LoRA as asked, on its device."""
     it.manual_seed(args.seed)
     try:
         model = build_model(args, tp, stage)
@@ -96,187 +123,201 @@ def train(args, build_model) -> int:
     model.set_recompute(args.recompute)
     if args.lora_rank or args.lora_load_path:
         setup_lora(model, args, log)
-    model.to(device)  # built and initialised on the host: every device starts from the same weights
-    cfg = model.config
-    if T > cfg.block_size:
-        sys.exit(f"--sequence_length {T} exceeds the model's block size {cfg.block_size}")
+    model.to(env.device)  # built and initialised on the host: every device starts from the same weights
+    T = args.sequence_length
+    if T > model.config.block_size:
+        sys.exit(f"--sequence_length {T} exceeds the model's block size {model.config.block_size}")
     if tp is not None and tp.sequence_parallel and T % tp.size:
         sys.exit(f"--sequence_parallel splits the sequence over {tp.size} tensor-parallel ranks: "
                  f"--sequence_length {T} must be a multiple of {tp.size}")
+    return model
+
+
+def log_setup(args, env, model, accum: int, schedule: str, layout: str, log) -> None:
+    cfg = model.config
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
+    pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
+    split = model.tp is not None or pipelined
     log(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
-          f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
-          f"{model.num_parameters():,} parameters{' on this rank' if tp or stage else ''} | {layout}", flush=True)
-    log(f"batch: {B} x {T} tokens x {accum} {'micro-batches' if stage else 'accumulation steps'} x "
-        f"{dp} data-parallel ranks = {total} tokens per step | {it.get_num_threads()} threads per rank",
-        flush=True)
-    if stage is not None:
+        f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
+        f"{model.num_parameters():,} parameters{' on this rank' if split else ''} | {layout}", flush=True)
+    log(f"batch: {args.batch_size} x {args.sequence_length} tokens x {accum} "
+        f"{'micro-batches' if pipelined else 'accumulation steps'} x {env.layout.dp} data-parallel ranks = "
+        f"{args.total_batch_size} tokens per step | {it.get_num_threads()} threads per rank", flush=True)
+    if pipelined:
         log(f"pipeline: {schedule} schedule over {args.pipeline_parallel} stages x "
             f"{args.virtual_pipeline_parallel} chunks, layers per chunk {[len(c) for c in model.stage_layers]} "
             f"on stage 0", flush=True)
 
+
+def peak_flops(args, env, log) -> float:
+    """The peak the MFU is measured against: --peak_tflops, or measured on every rank at once."""
     if args.peak_tflops:
         peak = args.peak_tflops * 1e12
         log(f"MFU against a peak of {peak / 1e9:.1f} GFLOP/s per rank (--peak_tflops)", flush=True)
-    else:
-        peak = mfu.measure_peak_flops(args.dtype, env.world, device)
-        t = it.tensor([peak], dtype=it.float64, device=device)
-        env.world.all_reduce(t, parallel.ReduceOp.AVG)
-        peak = t.item()
-        log(f"MFU against a peak of {peak / 1e9:.1f} GFLOP/s per rank (measured: {args.dtype} matrix products "
-            f"on all {env.world.size} ranks at once; --peak_tflops gives one)", flush=True)
-    step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) * total
-    curves = {"train": [], "val": []}
+        return peak
+    peak = mfu.measure_peak_flops(args.dtype, env.world, env.device)
+    t = it.tensor([peak], dtype=it.float64, device=env.device)
+    env.world.all_reduce(t, parallel.ReduceOp.AVG)
+    peak = t.item()
+    log(f"MFU against a peak of {peak / 1e9:.1f} GFLOP/s per rank (measured: {args.dtype} matrix products "
+        f"on all {env.world.size} ranks at once; --peak_tflops gives one)", flush=True)
+    return peak
 
-    rank = env.dp_rank
-    train = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device)
-    val = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device) \
-        if args.input_val_bin else None
-    zero = args.zero_stage > 0 and dp > 1  # ZeRO does the DP reduction instead of DDP
-    zero3 = zero and args.zero_stage == 3  # the model runs only with every DP rank along
-    pipe = PipelineParallel(model, schedule, None if zero else env.dp_group, args.pipeline_timeout) \
-        if stage else None
-    net = parallel.DistributedDataParallel(model) if dp > 1 and pipe is None and not zero else model
-    forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
-    tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
 
-    decay = [p for p in model.parameters() if p.ndim >= 2 and p.requires_grad]
-    no_decay = [p for p in model.parameters() if p.ndim < 2 and p.requires_grad]
-    groups = [{"params": decay, "weight_decay": args.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    if zero:
-        optimizer = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero_stage, module=model,
-                                  lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
-    else:
-        optimizer = AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
-    lr_schedule = WarmupConstantLR(optimizer, args.warmup_iters, args.num_iteration) \
-        if args.warmup_iters else ConstantLR(optimizer)
+class TrainingLoop:
+    """The steps of a run and what surrounds them: data, schedule, resume, evaluation, samples,
+    the per-step log line, profiling, precision checks, checkpoints, the epilogue."""
 
-    first = 1
-    prof = profiler.profile()
-    if args.load:
+    def __init__(self, args, env, model, trainer, accum: int, layout: str, log):
+        self.args, self.env, self.model, self.trainer = args, env, model, trainer
+        self.accum, self.layout, self.log = accum, layout, log
+        self.optimizer, self.pipe = trainer.optimizer, trainer.pipe
+        self.every_dp_rank = trainer.zero and args.zero_stage == 3  # the model runs only with every DP rank along
+        cfg, device, B, T = model.config, env.device, args.batch_size, args.sequence_length
+        self.peak = peak_flops(args, env, log)
+        self.step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) \
+            * args.total_batch_size
+        self.curves = {"train": [], "val": []}
+        dp, rank = env.layout.dp, env.dp_rank
+        self.train_data = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device)
+        self.val_data = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device) \
+            if args.input_val_bin else None
+        self.forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
+        self.tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
+        self.lr_schedule = WarmupConstantLR(self.optimizer, args.warmup_iters, args.num_iteration) \
+            if args.warmup_iters else ConstantLR(self.optimizer)
+        self.first = self.resume() + 1
+        self.check_outputs()
+        self.prof = profiler.profile()
+        self.profiling = ProfileWindow(args.profile, self.first, args.num_iteration, args.profile_steps)
+        self.checker = self.precision_checker()
+
+    def resume(self) -> int:
+        """The step --load's checkpoint is at (0 without one), its state restored."""
+        args = self.args
+        if not args.load:
+            return 0
         try:
-            meta = load_checkpoint(args.load, model, optimizer)
-            train.load_state(meta["extra"]["train_loader"])
-            lr_schedule.load_state_dict(meta["extra"]["schedule"])
+            meta = load_checkpoint(args.load, self.model, self.optimizer)
+            self.train_data.load_state(meta["extra"]["train_loader"])
+            self.lr_schedule.load_state_dict(meta["extra"]["schedule"])
         except CheckpointError as e:
             sys.exit(f"cannot resume: {e}")
         except (KeyError, TypeError, ValueError) as e:
             sys.exit(f"cannot resume from {args.load}: its data-loader or schedule state is missing "
                      f"or damaged ({type(e).__name__}: {e})")
-        first = meta["step"] + 1
-        if first > args.num_iteration:
+        if meta["step"] + 1 > args.num_iteration:
             sys.exit(f"{args.load} is at step {meta['step']}: --num_iteration {args.num_iteration} "
                      "leaves nothing to train; raise --num_iteration to train further")
-        log(f"resumed from {args.load} at step {meta['step']}", flush=True)
-    for flag, folder in (("--save", args.save), ("--lora_save_path", args.lora_save_path)):
-        try:  # every output is checked before training, not after it
-            if folder:
-                ensure_writable(folder)
-        except CheckpointError as e:
-            sys.exit(f"{flag}: {e}")
-    for flag, path in (("--profile", args.profile), ("--plot", args.plot)):
-        if path:
-            check_writable_file(flag, path)
-    profiling = ProfileWindow(args.profile, first, args.num_iteration, args.profile_steps)
-    checker = None
-    if args.precision_check:
+        self.log(f"resumed from {args.load} at step {meta['step']}", flush=True)
+        return meta["step"]
+
+    def check_outputs(self) -> None:
+        """Every output is checked before training, not after it."""
+        args = self.args
+        for flag, folder in (("--save", args.save), ("--lora_save_path", args.lora_save_path)):
+            try:
+                if folder:
+                    ensure_writable(folder)
+            except CheckpointError as e:
+                sys.exit(f"{flag}: {e}")
+        for flag, path in (("--profile", args.profile), ("--plot", args.plot)):
+            if path:
+                check_writable_file(flag, path)
+
+    def precision_checker(self):
+        if not self.args.precision_check:
+            return None
+        env = self.env
         try:
-            checker = PrecisionChecker(model, PrecisionCheckConfig.parse(args.precision_check), rank=env.rank,
-                                       world=env.world.size, dp=(env.dp_rank, dp))
+            return PrecisionChecker(self.model, PrecisionCheckConfig.parse(self.args.precision_check),
+                                    rank=env.rank, world=env.world.size, dp=(env.dp_rank, env.layout.dp))
         except ValueError as e:
             sys.exit(str(e))
         except OSError as e:
             sys.exit(f"--precision_check: cannot write to its output_path: {e.strerror or e} ({e.filename})")
 
-    def save(step: int) -> None:
+    def save(self, step: int) -> None:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
         # DP rank 0 writes its layers (its TP rank 0 does)
-        if env.coords.dp == 0 or zero:  # ZeRO: every DP rank holds a shard of the state
-            path = save_checkpoint(args.save, step, model, optimizer,
-                                   extra={"train_loader": train.state(), "schedule": lr_schedule.state_dict()},
+        env, args = self.env, self.args
+        if env.coords.dp == 0 or self.trainer.zero:  # ZeRO: every DP rank holds a shard of the state
+            path = save_checkpoint(args.save, step, self.model, self.optimizer,
+                                   extra={"train_loader": self.train_data.state(),
+                                          "schedule": self.lr_schedule.state_dict()},
                                    keep=args.max_checkpoint_keep or None,
                                    write=env.coords.tp == 0 and env.coords.dp == 0)
-            log(f"saved {path}", flush=True)
+            self.log(f"saved {path}", flush=True)
         env.world.barrier()
 
-    for step in range(first, args.num_iteration + 1):
-        if val is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
-            curves["val"].append((step - 1, evaluate(model, val, args.val_max_steps, env, pipe)))  # after step - 1
-            log(f"val loss {curves['val'][-1][1]:.6f}", flush=True)
-        if tokenizer is not None and args.sample_every and step % args.sample_every == 0:
-            sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
+    def evaluate(self, after_step: int) -> None:
+        self.curves["val"].append((after_step, evaluate(self.model, self.val_data, self.args.val_max_steps,
+                                                        self.trainer)))
+        self.log(f"val loss {self.curves['val'][-1][1]:.6f}", flush=True)
 
-        if profiling.starts(step):
-            prof.__enter__()
+    def run(self) -> None:
+        args = self.args
+        for step in range(self.first, args.num_iteration + 1):
+            if self.val_data is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
+                self.evaluate(step - 1)
+            if self.tokenizer is not None and args.sample_every and step % args.sample_every == 0:
+                sample(self.model, self.tokenizer, args, self.env, self.pipe, every_dp_rank=self.every_dp_rank)
+            if self.profiling.starts(step):
+                self.prof.__enter__()
+            self.step(step)
+            if self.profiling.ends(step):
+                self.prof.__exit__(None, None, None)
+                self.profiling.report(self.prof, self.env, self.log)
+            if args.save and args.save_interval and step % args.save_interval == 0:
+                self.save(step)
+
+    def step(self, step: int) -> None:
+        """One optimizer step through the trainer's step, and its log line."""
+        args, env, device = self.args, self.env, self.env.device
         it.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
-        lr = optimizer.param_groups[0]["lr"]
-        if checker is not None:
-            checker.begin_step(step)
-        if pipe is not None:  # the accumulation steps are the pipeline's micro-batches
-            with record_function("pipeline train_step"):
-                step_loss = pipe.train_step([train.next_batch() for _ in range(accum)], forward_context)
-        else:
-            loss_sum = None  # summed where the loss is: on a GPU the host does not wait per micro-batch
-            for micro in range(accum):
-                x, y = train.next_batch()
-                last = micro == accum - 1
-                with (net.no_sync() if dp > 1 and not last and not zero else nullcontext()):
-                    with forward_context(), record_function("forward"):
-                        _, loss = net(x, y, return_logits=False)
-                    with record_function("backward"):
-                        (loss / accum if accum > 1 else loss).backward()
-                part = loss.detach().double()
-                loss_sum = part if loss_sum is None else loss_sum + part
-            step_loss = loss_sum.item() / accum
-        if checker is not None:
-            checker.end_step()
-        with record_function("optimizer step"):
-            allreduce_sequence_parallel_grads(model)  # SP: norms/biases saw a part of the sequence
-            if args.grad_clip > 0 and zero:  # over every rank's gradient shard
-                optimizer.clip_grad_norm_(args.grad_clip, pipeline_group=env.pp_group)
-            elif args.grad_clip > 0:  # one norm over every stage's parameters, as one process's
-                clip_grad_norm_(model.parameters(), args.grad_clip, pipeline_group=env.pp_group)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        lr_schedule.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        batches = [self.train_data.next_batch() for _ in range(self.accum)]
+        if self.checker is not None:
+            self.checker.begin_step(step)
+        loss = self.trainer.forward_backward(batches, self.forward_context)
+        if self.checker is not None:
+            self.checker.end_step()
+        self.trainer.optimizer_step(args.grad_clip)
+        self.lr_schedule.step()
         if device.type == "cuda":
             it.cuda.synchronize(device)  # the step's kernels are queued, not done
         ms = (time.perf_counter() - t0) * 1e3
-        mean_loss = dp_mean(step_loss, env)
         peak_mb = it.memory_stats(device)["peak_allocated_bytes"] // 2**20
-        utilisation = step_flops / (ms / 1e3) / (peak * env.world.size)
-        curves["train"].append((step, mean_loss))
-        log(f"step {step:4d}/{args.num_iteration} | train loss {mean_loss:.6f} | lr {lr:.2e} | "
-            f"({ms:.2f} ms | {total / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
-            f"peak used: {peak_mb:5d} MB | {layout})", flush=True)
-        if profiling.ends(step):
-            prof.__exit__(None, None, None)
-            profiling.report(prof, env, log)
-        if args.save and args.save_interval and step % args.save_interval == 0:
-            save(step)
+        utilisation = self.step_flops / (ms / 1e3) / (self.peak * env.world.size)
+        self.curves["train"].append((step, loss))
+        self.log(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
+                 f"({ms:.2f} ms | {args.total_batch_size / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
+                 f"peak used: {peak_mb:5d} MB | {self.layout})", flush=True)
 
-    if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
-        save(args.num_iteration)
-    if checker is not None:
-        print(checker.close(), flush=True)
-    if args.lora_save_path:
-        save_lora(model, args.lora_save_path, write=env.coords.dp == 0 and env.coords.tp == 0, optimizer=optimizer)
-        env.world.barrier()
-        log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
-    if val is not None and args.val_loss_every:
-        curves["val"].append((args.num_iteration, evaluate(model, val, args.val_max_steps, env, pipe)))
-        log(f"val loss {curves['val'][-1][1]:.6f}", flush=True)
-    if args.plot and env.is_main:
-        try:
-            plot_losses({type(model).__name__: curves}, args.plot, f"{type(model).__name__} {layout}")
-            log(f"wrote the loss curves to {args.plot}", flush=True)
-        except (RuntimeError, ValueError, OSError) as e:
-            print(f"could not draw {args.plot}: {e}", file=sys.stderr, flush=True)
-    if tokenizer is not None and args.sample_every:
-        sample(model, tokenizer, args, env, pipe, every_dp_rank=zero3)
-    return 0
+    def finish(self) -> None:
+        """The last checkpoint, adapters, evaluation, plot and sample."""
+        args, env, model = self.args, self.env, self.model
+        if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
+            self.save(args.num_iteration)
+        if self.checker is not None:
+            print(self.checker.close(), flush=True)
+        if args.lora_save_path:
+            save_lora(model, args.lora_save_path, write=env.coords.dp == 0 and env.coords.tp == 0,
+                      optimizer=self.optimizer)
+            env.world.barrier()
+            self.log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
+        if self.val_data is not None and args.val_loss_every:
+            self.evaluate(args.num_iteration)
+        if args.plot and env.is_main:
+            try:
+                plot_losses({type(model).__name__: self.curves}, args.plot, f"{type(model).__name__} {self.layout}")
+                self.log(f"wrote the loss curves to {args.plot}", flush=True)
+            except (RuntimeError, ValueError, OSError) as e:
+                print(f"could not draw {args.plot}: {e}", file=sys.stderr, flush=True)
+        if self.tokenizer is not None and args.sample_every:
+            sample(model, self.tokenizer, args, env, self.pipe, every_dp_rank=self.every_dp_rank)
 
 
 def check_writable_file(flag: str, path) -> None:
@@ -376,17 +417,10 @@ def memory_plan(args, env, micro_batches: int):
     return need, available, text
 
 
-def dp_mean(value: float, env) -> float:
-    """The mean of a per-rank number over the data-parallel ranks."""
-    if env.layout.dp == 1:
-        return value
-    t = it.tensor([value], dtype=it.float32, device=env.device)
-    env.dp_group.all_reduce(t, parallel.ReduceOp.AVG)
-    return t.item()
-
-
 @it.no_grad()
-def evaluate(model, loader, max_steps: int, env, pipe=None) -> float:
+def evaluate(model, loader, max_steps: int, trainer) -> float:
+    """The mean validation loss over max_steps batches (fewer if the split is short), over DP."""
+    pipe = trainer.pipe
     model.eval()
     loader.reset()
     steps = max(1, min(max_steps, len(loader.shards[0]) // (loader.B * loader.T * loader.world)))
@@ -395,7 +429,7 @@ def evaluate(model, loader, max_steps: int, env, pipe=None) -> float:
         x, y = loader.next_batch()
         total += pipe.eval_step([(x, y)]) if pipe is not None else model(x, y, return_logits=False)[1].item()
     model.train()
-    return dp_mean(total / steps, env)
+    return trainer.dp_mean(total / steps)
 
 
 def sample(model, tokenizer, args, env, pipe=None, every_dp_rank: bool = False) -> None:

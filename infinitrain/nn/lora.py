@@ -65,13 +65,13 @@ def _add_adapter(layer, name: str, rank: int, alpha: float, seed: int) -> None:
         A = Parameter(empty(rank, w.shape[1], dtype=dtype, device=w.device))
         A.tp_shard = w.tp_shard                    # split by columns, as W
         B = Parameter(empty(w.shape[0], rank, dtype=dtype, device=w.device))
-        B.sequence_parallel_group = layer.tp.group  # its gradient: a partial sum per TP rank
+        B.partial_grad_group = layer.tp.group  # its gradient: a partial sum per TP rank
     else:
         A = Parameter(empty(rank, w.shape[1], dtype=dtype, device=w.device))
         B = Parameter(empty(w.shape[0], rank, dtype=dtype, device=w.device))
         if isinstance(layer, ColumnParallelLinear):
             B.tp_shard = w.tp_shard                # split by rows (whole heads of q, k, v), as W
-            A.sequence_parallel_group = layer.tp.group
+            A.partial_grad_group = layer.tp.group
     fan_in = layer.in_features
     bound = 1.0 / math.sqrt(fan_in)
     init.uniform_(A, -bound, bound, generator=Generator(seed * 1_000_003 + zlib.crc32(name.encode())))

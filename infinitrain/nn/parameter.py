@@ -6,11 +6,11 @@ from ..tensor import Tensor
 
 class Parameter(Tensor):
     # how the parameter is laid out over ranks (nn.parallel.tensor_parallel): `tp_shard` when it
-    # is one block of a larger tensor, `sequence_parallel_group` when its gradient must be
+    # is one block of a larger tensor, `partial_grad_group` when its gradient must be
     # summed over that group after backward (SP's replicated parameters, LoRA's whole halves); `tied_copy_of` (a name) when it is a pipeline
     # stage's copy of a parameter that one process ties (GPT-2's output head on the last stage
     # copies the token embedding); unset for an ordinary parameter
-    __slots__ = ("tp_shard", "sequence_parallel_group", "tied_copy_of")
+    __slots__ = ("tp_shard", "partial_grad_group", "tied_copy_of")
 
     def __new__(cls, data: Tensor, requires_grad: bool = True):
         if not isinstance(data, Tensor):
@@ -29,7 +29,7 @@ class Parameter(Tensor):
         self._offset, self.dtype = t._offset, t.dtype
 
     def __getattr__(self, name):
-        if name in ("tp_shard", "sequence_parallel_group", "tied_copy_of"):
+        if name in ("tp_shard", "partial_grad_group", "tied_copy_of"):
             return None
         raise AttributeError(f"'Parameter' object has no attribute {name!r}")
 

@@ -24,23 +24,16 @@ def squared_norm(tensors, device):
 
 
 @no_grad()
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False, pipeline_group=None) -> float:
-    """Scales gradients so that their global 2-norm is at most max_norm; returns the norm
-    before clipping (as torch.nn.utils.clip_grad_norm_). Under pipeline parallelism pass the
-    pipeline's group: each stage holds other parameters, so their squares are summed over it
-    (a stage's copy of a tied parameter is left out: the original counts)."""
-    if norm_type != 2.0:
-        raise NotImplementedError("clip_grad_norm_: only the 2-norm is implemented")
-    params = [p for p in parameters if p.grad is not None]
-    grads = [p.grad for p in params]
-    if not grads and pipeline_group is None:
-        return 0.0
-    # A tensor-parallel shard holds part of its parameter: the shards' squares are summed over
-    # their group; replicated parameters (equal on every rank) count once, as in one process.
-    # Summed where the gradients are, in float64; the host reads one number at the end.
+def total_norm(pairs, device, dp_group=None, pipeline_group=None) -> float:
+    """The one-process 2-norm of the gradients in pairs [(parameter, gradient)], whatever the
+    layout: a tensor-parallel shard holds part of its parameter, so the shards' squares are
+    summed over their TP group, while replicated parameters (equal on every rank) count once; a
+    pipeline stage's copy of a tied parameter is left out (the original counts); dp_group: the
+    gradients are ZeRO's shards, each rank holding other elements, so the squares are summed
+    over it; pipeline_group: each stage holds other parameters, so they are summed over it.
+    Summed where the gradients are, in float64; the host reads one number at the end."""
     replicated, shards = [], {}
-    for p, g in zip(params, grads):
+    for p, g in pairs:
         if getattr(p, "tied_copy_of", None) is not None:
             continue
         shard = getattr(p, "tp_shard", None)
@@ -48,22 +41,44 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
             replicated.append(g)
         else:
             shards.setdefault(id(shard.group), (shard.group, []))[1].append(g)
-    device = grads[0].device if grads else as_device("cpu")
-    total_t = squared_norm(replicated, device)
-    for group, parts in shards.values():
-        t = squared_norm(parts, device).contiguous()
-        group.all_reduce(t)
-        total_t = ew.add(total_t, t)
+    parts = cat([squared_norm(replicated, device)] + [squared_norm(gs, device) for _, gs in shards.values()])
+    if dp_group is not None and dp_group.size > 1:
+        dp_group.all_reduce(parts)
+    for k, (group, _) in enumerate(shards.values(), start=1):
+        mine = parts[k:k + 1].clone()
+        group.all_reduce(mine)
+        parts[k:k + 1].copy_(mine)
+    total = ew.reduce(lib.IT_SUM, parts).reshape(1).contiguous()
     if pipeline_group is not None and pipeline_group.size > 1:
-        total_t = total_t.contiguous()
-        pipeline_group.all_reduce(total_t)
-    total_sq = float(total_t.sum().item())
-    total = math.sqrt(total_sq)
+        pipeline_group.all_reduce(total)
+    return math.sqrt(float(total.item()))
+
+
+@no_grad()
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
+                    error_if_nonfinite: bool = False, pipeline_group=None) -> float:
+    """Scales gradients so that their global 2-norm is at most max_norm; returns the norm
+    before clipping (as torch.nn.utils.clip_grad_norm_). Under tensor parallelism the norm is
+    the one-process norm (total_norm); under pipeline parallelism pass the pipeline's group."""
+    if norm_type != 2.0:
+        raise NotImplementedError("clip_grad_norm_: only the 2-norm is implemented")
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
+    if not grads and pipeline_group is None:
+        return 0.0
+    device = grads[0].device if grads else as_device("cpu")
+    total = total_norm(zip(params, grads), device, pipeline_group=pipeline_group)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(f"the total norm of the gradients is {total}; set "
                            "error_if_nonfinite=False to clip anyway")
+    scale_(grads, max_norm, total)
+    return total
+
+
+@no_grad()
+def scale_(grads, max_norm: float, total: float) -> None:
+    """Scales grads by max_norm / total when the norm exceeds max_norm (clipping's last step)."""
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
         for g in grads:
             g.mul_(coef)
-    return total

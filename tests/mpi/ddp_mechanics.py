@@ -46,8 +46,8 @@ for k, p in ref.named_parameters():
     else:
         assert np.allclose(grads[k], p.grad.numpy(), rtol=1e-5, atol=1e-6), k
 for p in model.module.parameters():
-    b = model.reducer.buckets[model.reducer.where[id(p)][0]]
-    assert p.grad._storage is b.flat._storage  # a view into the bucket, no copy
+    b = model.reducer.buckets[model.reducer.buffer.locate(p)[0]]
+    assert p.grad._storage is b.flat_grad._storage  # a view into the bucket, no copy
 
 model.zero_grad()
 with model.no_sync():

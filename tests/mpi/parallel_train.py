@@ -1,4 +1,5 @@
-"""Trains a tiny GPT-2 or LLaMA-3 for a few AdamW steps under DP x TP (± SP) x PP on a fixed
+"""Trains a tiny GPT-2 or LLaMA-3 for a few AdamW steps under DP x TP (± SP) x PP, with ZeRO,
+LoRA or recomputation, through the trainer's own step (nn.parallel.train_step) on a fixed
 global batch and prints one line per step ("loss <step> <value>") from rank 0; on one process
 with the defaults it is the reference. The global batch (--batch sequences) is split over DP
 and then into --micro micro-batches, so every layout trains on the same tokens. At the end
@@ -9,7 +10,6 @@ pipeline's two copies of a tied embedding equal.
 """
 import argparse
 import hashlib
-from contextlib import nullcontext
 
 import numpy as np
 
@@ -21,10 +21,8 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn import parallel
 from infinitrain.nn.lora import apply_lora
-from infinitrain.nn.parallel.pp import PipelineParallel
-from infinitrain.nn.parallel.zero import ZeroOptimizer
-from infinitrain.nn.parallel.tensor_parallel import TensorParallel, allreduce_sequence_parallel_grads
-from infinitrain.nn.utils import clip_grad_norm_
+from infinitrain.nn.parallel.tensor_parallel import TensorParallel
+from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
 
 p = argparse.ArgumentParser()
@@ -73,22 +71,14 @@ if args.lora:
     apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)
     if args.lora_load:
         load_lora(model, args.lora_load)
-pipe = None
-if stage is not None:
-    pipe = PipelineParallel(model, args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
-                            dp_group=None if args.zero else env.dp_group, timeout=args.pipeline_timeout)
-    net = model
-else:
-    net = parallel.DistributedDataParallel(model) if dp > 1 and not args.zero else model
-decay = [q for q in model.parameters() if q.ndim >= 2 and q.requires_grad]
-no_decay = [q for q in model.parameters() if q.ndim < 2 and q.requires_grad]
-groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-if args.zero:
-    assert args.pp == 1 or args.zero < 3, "ZeRO-3 does not compose with PP yet"
-    opt = ZeroOptimizer(groups, AdamW, env.dp_group, stage=args.zero, bucket_cap_mb=0.25, lr=args.lr,
-                        betas=(0.9, 0.95), module=model)
-else:
-    opt = AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+if args.zero == 3 and args.pp > 1:
+    raise SystemExit("ZeRO-3 does not compose with PP yet")
+trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, env.pp_group, zero_stage=args.zero,
+                    pipeline_schedule=(args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")) if stage else None,
+                    pipeline_timeout=args.pipeline_timeout, bucket_cap_mb=0.25,
+                    set_to_none=False,  # gradients stay allocated: a step's peak above its start is activations
+                    lr=args.lr, betas=(0.9, 0.95))
+opt, pipe = trainer.optimizer, trainer.pipe
 if args.load:
     load_checkpoint(args.load, model, opt)
 
@@ -113,27 +103,12 @@ for step in range(args.first, args.steps + 1):
     if args.hang_stage is not None and env.coords.pp == args.hang_stage:
         import time
         time.sleep(3600)
-    if pipe is not None:
-        value = pipe.train_step(micro, forward_context=context)
-    else:
-        value = 0.0
-        for m, (x, y) in enumerate(micro):
-            with (net.no_sync() if dp > 1 and m < M - 1 and not args.zero else nullcontext()):
-                with context():
-                    _, loss = net(x, y, return_logits=False)
-                (loss / M).backward()
-            value += loss.item() / M
+    value = trainer.forward_backward(micro, forward_context=context)
     if step > args.first:  # the first step also allocates the gradients
         activation_peak = max(activation_peak, it.memory_stats()["peak_allocated_bytes"] - start)
-    allreduce_sequence_parallel_grads(model)
-    norm = opt.clip_grad_norm_(args.clip, pipeline_group=env.pp_group) if args.zero else \
-        clip_grad_norm_(model.parameters(), args.clip, pipeline_group=env.pp_group)
-    opt.step()
-    opt.zero_grad(set_to_none=False)  # gradients stay allocated: a step's peak above its start is activations
-    t = it.tensor([value])
-    env.dp_group.all_reduce(t, parallel.ReduceOp.AVG)
+    norm = trainer.optimizer_step(args.clip)
     if env.rank == 0:
-        print(f"loss {step} {t.item():.9g} norm {norm:.9g}", flush=True)
+        print(f"loss {step} {np.float32(value):.9g} norm {norm:.9g}", flush=True)
 train_peak = it.memory_stats()["peak_allocated_bytes"]  # before the checks below gather anything
 
 
@@ -148,7 +123,7 @@ def same_everywhere(value: int, group) -> bool:
     return hi.item() == lo.item()
 
 
-with opt.gathered_parameters() if args.zero else nullcontext():  # ZeRO-3 holds them sharded
+with trainer.gathered_parameters():  # ZeRO-3 holds them sharded
     # replicated parameters (not TP shards) must be bit-identical across the TP group
     for name, q in model.named_parameters():
         if q.tp_shard is None:
@@ -160,7 +135,12 @@ with opt.gathered_parameters() if args.zero else nullcontext():  # ZeRO-3 holds 
 with it.no_grad():
     tokens = model.generate(it.tensor([[1, 2, 3]]), 5, top_k=20, seed=1,
                             forward=pipe.logits if pipe else None).numpy()[0].tolist()
+_h = hashlib.sha256()
+with trainer.gathered_parameters():
+    for _n, _q in model.named_parameters():
+        _h.update(_q.detach().float().numpy().tobytes())
 if env.rank == 0:
+    print(f"BITCHECK digest {_h.hexdigest()} norm {norm!r}", flush=True)
     print(f"sample {tokens}", flush=True)
     print(f"activation_peak {activation_peak}", flush=True)
     print(f"peak_bytes {train_peak}", flush=True)

@@ -7,6 +7,7 @@ import infinitrain as it
 from infinitrain.nn import Embedding, Linear
 from infinitrain.nn import parallel
 from infinitrain.nn.parallel import tensor_parallel as tpm
+from infinitrain.nn.parallel.finalize import reduce_partial_grads
 from infinitrain.ops import layers as ops_layers
 
 env = parallel.init(tensor_parallel=int(__import__("mpi4py.MPI").MPI.COMM_WORLD.Get_size()))
@@ -89,8 +90,8 @@ for sp in (False, True):
         close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), "row dW")
         db = layer.bias.grad.detach().numpy()
         if sp:  # each rank saw its part of the sequence: the sum over ranks is the full gradient
-            assert layer.bias.sequence_parallel_group is env.tp_group
-            tpm.allreduce_sequence_parallel_grads(layer)
+            assert layer.bias.partial_grad_group is env.tp_group
+            reduce_partial_grads(layer.parameters())
             db = layer.bias.grad.detach().numpy()
         close(db, ref.bias.grad.detach().numpy(), f"row db sp={sp}")
 

@@ -19,9 +19,9 @@ The differentiable collectives (forward / backward):
 Parameters carry how they are laid out, so that initialisation, checkpoints and gradient
 clipping can treat every layout as the one-process model:
 - `param.tp_shard` (a TPShard): the parameter is this rank's block of a larger tensor;
-- `param.sequence_parallel_group`: the parameter is replicated but, under SP, each rank's
+- `param.partial_grad_group`: the parameter is replicated but, under SP, each rank's
   gradient covers only its part of the sequence: the gradients are summed over this group
-  after backward (`allreduce_sequence_parallel_grads`).
+  after backward (finalize.py).
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def mark_sequence_parallel(module: Module, tp: TensorParallel | None) -> None:
     if tp is not None and tp.sequence_parallel:
         for p in module.parameters():
             if getattr(p, "tp_shard", None) is None:
-                p.sequence_parallel_group = tp.group
+                p.partial_grad_group = tp.group
 
 
 # ---- collectives along a dimension (no autograd) ------------------------------------------
@@ -429,7 +429,7 @@ class RowParallelLinear(Module):
 
 def mark_sequence_parallel_param(p: Parameter, tp: TensorParallel) -> None:
     if tp.sequence_parallel:
-        p.sequence_parallel_group = tp.group
+        p.partial_grad_group = tp.group
 
 
 class VocabParallelEmbedding(Module):
@@ -543,27 +543,3 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, vocab: int, tp
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
     start = tp.rank * logits.shape[1]
     return _VocabParallelCrossEntropy.apply(logits, targets, vocab, start, tp.group, ignore_index)
-
-
-# ---- after backward ----------------------------------------------------------------------
-
-@no_grad()
-def allreduce_sequence_parallel_grads(module: Module) -> None:
-    """Sums over TP the gradients of replicated parameters that saw only this rank's part of
-    the sequence (norms, row-parallel biases, position embeddings under SP) or of the layer
-    (LoRA adapters' whole halves), so that every TP rank takes the same step as one process.
-    Call once per optimizer step, after the last backward (as Megatron's
-    finalize_model_grads); a no-op without SP or adapters."""
-    by_group = {}
-    for p in module.parameters():
-        group = getattr(p, "sequence_parallel_group", None)
-        if group is not None and p.grad is not None:
-            by_group.setdefault(id(group), (group, []))[1].append(p)
-    for group, params in by_group.values():
-        flat = cat([p.grad.reshape(-1).float() for p in params])
-        group.all_reduce(flat, ReduceOp.SUM)
-        at = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[at:at + n].reshape(*p.shape))
-            at += n

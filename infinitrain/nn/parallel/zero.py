@@ -24,7 +24,6 @@ forward and backward, so the step updates the pieces and gathers nothing.
 """
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import numpy as np
@@ -32,10 +31,10 @@ import numpy as np
 from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ...creation import empty, from_numpy, zeros
-from ...kernels.memory import cat
 from ..parameter import Parameter
-from ..utils import squared_norm
+from ..utils import scale_, total_norm
 from . import zero3
+from .finalize import reduce_partial_grads
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack
 from .process_group import ReduceOp
 
@@ -152,9 +151,7 @@ class ZeroOptimizer:
             queue_callback(self._finish_backward)
             self._callback_queued = True
         mark_ready(self._ready, p)
-        sp_group = getattr(p, "sequence_parallel_group", None)
-        if sp_group is not None:  # SP: summed over TP now, before this rank's .grad is dropped
-            sp_group.all_reduce(p.grad, ReduceOp.SUM)
+        reduce_partial_grads([p])  # SP, LoRA: summed over TP now, before this rank's .grad is dropped
         if b.flat_grad is None and len(b.params) == 1 and b.padded == p.numel() and p.grad.is_contiguous():
             b.flat_grad = p.grad.view(-1)  # a bucket of one parameter: its gradient, no copy
         else:
@@ -198,7 +195,7 @@ class ZeroOptimizer:
         self._ready = set()
 
     @no_grad()
-    def _finish_gradients(self) -> None:
+    def finish_gradients(self) -> None:
         """Once per step, before the norm or the step: stage 1 reduce-scatters every bucket's
         full gradient into its shard; stage 2 sums a pipeline's tied embedding over its first
         and last stage, piece by piece (stage 1's pipeline summed the full gradients)."""
@@ -219,36 +216,15 @@ class ZeroOptimizer:
         counted once; under PP, summed over the pipeline's stages, a stage's copy of a tied
         parameter left out); scales the shards when it exceeds max_norm. Returns the norm
         before clipping."""
-        self._finish_gradients()
-        grads, tp_groups = ([], []), {}  # replicated, tensor-parallel shards
-        for shard, _, _, p, _ in self.segments:
-            if getattr(p, "tied_copy_of", None) is not None:
-                continue
-            tp = getattr(p, "tp_shard", None)
-            if tp is not None:
-                tp_groups[id(tp.group)] = tp.group
-            grads[tp is not None].append(shard.grad)
-        device = self.buckets[0].device  # summed there: the host reads one number at the end
-        t = cat([squared_norm(grads[0], device), squared_norm(grads[1], device)])
-        self.group.all_reduce(t)
-        if len(tp_groups) > 1:
-            raise NotImplementedError("parameters sharded over several tensor-parallel groups")
-        for g in tp_groups.values():
-            part = t[1:2].clone()
-            g.all_reduce(part)
-            t[1:2].copy_(part)
-        if pipeline_group is not None and pipeline_group.size > 1:
-            pipeline_group.all_reduce(t)
-        total = math.sqrt(float(t.sum().item()))
-        coef = max_norm / (total + 1e-6)
-        if coef < 1.0:
-            for b in self.buckets:
-                b.shard_grad.mul_(coef)
+        self.finish_gradients()
+        pairs = [(p, shard.grad) for shard, _, _, p, _ in self.segments]
+        total = total_norm(pairs, self.buckets[0].device, dp_group=self.group, pipeline_group=pipeline_group)
+        scale_([b.shard_grad for b in self.buckets], max_norm, total)
         return total
 
     @no_grad()
     def step(self) -> None:
-        self._finish_gradients()
+        self.finish_gradients()
         if self.optimizer is not None:
             for k, gi in enumerate(self._inner_of):  # a scheduler sets lr on param_groups
                 inner = self.optimizer.param_groups[k]

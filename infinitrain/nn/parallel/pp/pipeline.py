@@ -10,8 +10,8 @@ every stage. On the way it
 - with data parallelism, keeps one Reducer per chunk and lets it all-reduce only in that
   chunk's last backward of the step, which the schedule tells (decided at backward time:
   under 1F1B the last forward is not followed by the last backward);
-- sums the gradients of parameters the model ties but the pipeline holds twice (GPT-2's
-  token embedding and output head) over the first and last stage, so the copies stay equal.
+and leaves the rest of the step's gradient fix-ups to finalize_grads (finalize.py: the tied
+embedding's copies summed over the first and last stage, partial gradients summed).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from ....creation import empty, zeros
 from ....dtype import float64
 from ..ddp import Reducer
 from ..param_buffer import broadcast_replicas
-from ..process_group import ReduceOp
 from .p2p import P2P
 from .schedules import schedule
 
@@ -79,7 +78,7 @@ class PipelineParallel:
         return g % self.stage.size
 
     # ---- one training step ------------------------------------------------------------------
-    def train_step(self, micro_batches, forward_context=None) -> float:
+    def forward_backward(self, micro_batches, forward_context=None) -> float:
         """micro_batches: [(idx, targets)] int [B, T] each. Runs forward and backward of all
         of them as the schedule orders; gradients end up in .grad (mean over micro-batches,
         averaged over DP). Returns the mean loss, on every stage."""
@@ -106,7 +105,6 @@ class PipelineParallel:
                 self.p2p.poll()
         if self.p2p is not None:
             self.p2p.flush()
-        self._sum_tied_gradients()
         return self._share_loss(loss_sum, M)
 
     def _forward(self, batches, micro: int, chunk: int, scale: float):
@@ -153,12 +151,6 @@ class PipelineParallel:
         if tuple(x.shape) != tuple(shape) or x.dtype is not dtype:
             raise RuntimeError(f"{self.stage}: {what} is {tuple(x.shape)} {x.dtype.name}, but "
                                f"stages exchange {tuple(shape)} {dtype.name} (the model's hidden_spec)")
-
-    def _sum_tied_gradients(self) -> None:
-        group = self.stage.embedding_group
-        for p in self.model.tied_parameters():
-            if p.grad is not None and group is not None:
-                group.all_reduce(p.grad, ReduceOp.SUM)
 
     def _share_loss(self, loss_sum, M: int) -> float:
         """The last stage's mean loss (loss_sum: the sum of its M micro-batches' losses, None

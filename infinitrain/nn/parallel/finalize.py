@@ -1,0 +1,64 @@
+"""After the last backward of a step, before the norm and the optimizer: every gradient fix-up
+a parallel layout needs, in one place (Megatron's finalize_model_grads). Each makes a layout's
+gradients the ones one process would have:
+
+- data parallelism: the replicas' gradients averaged. DDP's buckets are reduced during
+  backward and waited for at its end; ZeRO reduce-scatters its buckets (stage 2 and 3 during
+  backward, stage 1 here) into the shards the optimizer steps;
+- tied parameters a pipeline holds twice (GPT-2's token embedding on the first stage and its
+  output head on the last): their gradients summed over the first and last stage;
+- partial gradients: a replicated parameter that saw only part of the work on each rank of a
+  group (under sequence parallelism the norms, row-parallel biases and position embeddings saw
+  their rank's part of the sequence; a LoRA adapter's whole half saw its rank's part of the
+  layer) is marked `param.partial_grad_group`, and its gradient is summed over that group.
+"""
+from __future__ import annotations
+
+from ...autograd import no_grad
+from ...kernels.memory import cat
+from .process_group import ReduceOp
+
+
+@no_grad()
+def reduce_partial_grads(params) -> None:
+    """Sums over its partial_grad_group the gradient of every parameter marked with one (one
+    all-reduce per group, in float32). ZeRO calls it on each gradient as it lands, before the
+    full gradient is dropped; everything else once per step, through finalize_grads."""
+    by_group = {}
+    for p in params:
+        group = getattr(p, "partial_grad_group", None)
+        if group is not None and p.grad is not None:
+            by_group.setdefault(id(group), (group, []))[1].append(p)
+    for group, ps in by_group.values():
+        flat = cat([p.grad.reshape(-1).float() for p in ps])
+        group.all_reduce(flat, ReduceOp.SUM)
+        at = 0
+        for p in ps:
+            n = p.numel()
+            p.grad.copy_(flat[at:at + n].reshape(*p.shape))
+            at += n
+
+
+@no_grad()
+def sum_tied_grads(model) -> None:
+    """Sums the full gradients of the parameters the model ties and a pipeline holds twice over
+    the first and last stage (ZeRO-2 sums its shards of them instead: its .grad is gone)."""
+    stage = getattr(model, "pp", None)
+    group = stage.embedding_group if stage is not None else None
+    if group is None:
+        return
+    for p in model.tied_parameters():
+        if p.grad is not None:
+            group.all_reduce(p.grad, ReduceOp.SUM)
+
+
+@no_grad()
+def finalize_grads(model, optimizer=None) -> None:
+    """Every gradient fix-up after the step's last backward (see the module's docstring), in
+    this order: the tied sum over the pipeline's ends, the partial sums over their groups,
+    then ZeRO's pending reductions. DDP's reductions finished with backward."""
+    sum_tied_grads(model)
+    reduce_partial_grads(model.parameters())
+    finish = getattr(optimizer, "finish_gradients", None)
+    if finish is not None:  # ZeRO
+        finish()

@@ -1,0 +1,116 @@
+"""One training step of a parallel job, whatever its layout: the one place that decides which
+wrappers compose, used by the examples' trainer and by the multi-process tests alike.
+
+Which wrappers compose:
+- ZeRO (zero_stage >= 1 on more than one DP rank) replaces DDP: its reduce-scatter averages the
+  gradients over DP and it shards the optimizer (stage 1), the gradients (2), the parameters
+  (3). Under pipeline parallelism (stages 1 and 2) the pipeline runs without reducers of its own.
+- Pipeline parallelism: PipelineParallel runs the schedule over the step's micro-batches, with
+  one DDP Reducer per model chunk over DP unless ZeRO reduces.
+- Otherwise, DP > 1: DistributedDataParallel, micro-batches accumulated under no_sync but the last.
+Then, once per step: finalize_grads (every gradient fix-up), the one-process gradient norm and
+clipping, the optimizer step, zero_grad.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+from ...creation import tensor
+from ...dtype import float32
+from ...profiler import record_function
+from ..utils import clip_grad_norm_
+from .ddp import DistributedDataParallel
+from .finalize import finalize_grads
+from .pp import PipelineParallel
+from .process_group import ReduceOp
+from .zero import ZeroOptimizer
+
+
+def decay_groups(model, weight_decay: float) -> list:
+    """Parameter groups as GPT-2/LLaMA trainers make them: weight decay on matrices and
+    embeddings, none on biases and norm weights; trainable parameters only."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+class TrainStep:
+    """model: built for this rank's layout (tp=, pp=). dp_group, pp_group: the job's groups.
+    pipeline_schedule: "gpipe", "1f1b" or "interleaved" to run the model through the pipeline
+    engine (needed when it was built with pp=), None otherwise. The optimizer is
+    optimizer_class(param_groups, **optimizer_kwargs), sharded when zero_stage > 0."""
+
+    def __init__(self, model, param_groups, optimizer_class, dp_group, pp_group=None, zero_stage: int = 0,
+                 pipeline_schedule: str | None = None, pipeline_timeout: float = 300.0,
+                 bucket_cap_mb: float = 25.0, set_to_none: bool = True, **optimizer_kwargs):
+        self.model, self.dp_group, self.pp_group = model, dp_group, pp_group
+        self.dp = dp_group.size
+        self.zero = zero_stage > 0 and self.dp > 1
+        if self.zero and zero_stage == 3 and pipeline_schedule is not None:
+            raise ValueError("ZeRO stage 3 does not compose with pipeline parallelism yet (stages 1 and 2 do)")
+        self.pipe = PipelineParallel(model, pipeline_schedule, None if self.zero else dp_group, pipeline_timeout) \
+            if pipeline_schedule is not None else None
+        self.net = DistributedDataParallel(model, dp_group) if self.dp > 1 and self.pipe is None and not self.zero \
+            else model
+        if self.zero:
+            self.optimizer = ZeroOptimizer(param_groups, optimizer_class, dp_group, stage=zero_stage,
+                                           bucket_cap_mb=bucket_cap_mb, module=model, **optimizer_kwargs)
+        else:
+            self.optimizer = optimizer_class(param_groups, **optimizer_kwargs)
+        self.set_to_none = set_to_none
+
+    def __call__(self, micro_batches, forward_context=None, grad_clip: float = 0.0) -> tuple:
+        """forward_backward, then optimizer_step: (the step's loss, the gradient norm)."""
+        loss = self.forward_backward(micro_batches, forward_context)
+        return loss, self.optimizer_step(grad_clip)
+
+    def forward_backward(self, micro_batches, forward_context=None) -> float:
+        """Forward and backward of the step's micro-batches [(idx, targets)] (this DP rank's);
+        the gradients are their mean. Returns the mean loss over them and over DP."""
+        context = forward_context or nullcontext
+        if self.pipe is not None:
+            with record_function("pipeline forward_backward"):
+                loss = self.pipe.forward_backward(micro_batches, context)
+        else:
+            M = len(micro_batches)
+            loss_sum = None  # summed where the loss is: on a GPU the host does not wait per micro-batch
+            for m, (x, y) in enumerate(micro_batches):
+                sync = m == M - 1 or self.net is self.model
+                with (nullcontext() if sync else self.net.no_sync()):
+                    with context(), record_function("forward"):
+                        _, part = self.net(x, y, return_logits=False)
+                    with record_function("backward"):
+                        (part / M if M > 1 else part).backward()
+                part = part.detach().double()
+                loss_sum = part if loss_sum is None else loss_sum + part
+            loss = loss_sum.item() / M
+        return self.dp_mean(loss)
+
+    def optimizer_step(self, grad_clip: float = 0.0):
+        """finalize_grads, the norm (clipped to grad_clip when it is > 0), the optimizer's step
+        and zero_grad. Returns the norm before clipping, or None without clipping."""
+        with record_function("optimizer step"):
+            finalize_grads(self.model, self.optimizer if self.zero else None)
+            norm = self.clip_grad_norm_(grad_clip) if grad_clip > 0 else None
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=self.set_to_none)
+        return norm
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """The one-process norm of every rank's gradients (ZeRO: of its shards), clipped."""
+        if self.zero:
+            return self.optimizer.clip_grad_norm_(max_norm, pipeline_group=self.pp_group)
+        return clip_grad_norm_(self.model.parameters(), max_norm, pipeline_group=self.pp_group)
+
+    def dp_mean(self, value: float) -> float:
+        """The mean of a per-rank number over the data-parallel ranks."""
+        if self.dp == 1:
+            return value
+        device = next(iter(self.model.parameters())).device
+        t = tensor([value], dtype=float32, device=device)
+        self.dp_group.all_reduce(t, ReduceOp.AVG)
+        return t.item()
+
+    def gathered_parameters(self):
+        """A context in which every parameter is whole (ZeRO-3 gathers them)."""
+        return self.optimizer.gathered_parameters() if self.zero else nullcontext()
