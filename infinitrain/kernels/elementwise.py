@@ -37,10 +37,14 @@ def _float_if_int(t: Tensor) -> Tensor:
 
 # ---- elementwise -----------------------------------------------------------------------
 @_trace.traced("kernel")
-def unary(op: int, x: Tensor) -> Tensor:
+def unary(op: int, x: Tensor, out: Tensor | None = None) -> Tensor:
+    """op(x); out= (contiguous, x's shape and dtype; x itself is allowed) receives it."""
     _checks.floating("elementwise op", "input", x)
     x = x._contiguous_raw()
-    out = _empty(x.shape, x.dtype, x.device)
+    if out is None:
+        out = _empty(x.shape, x.dtype, x.device)
+    else:
+        _check_out(out, x.shape, x)
     check(lib.it_unary(x.device.native, op, x.dtype.native, out._ptr(), x._ptr(), x.numel()))
     return out
 

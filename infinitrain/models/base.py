@@ -146,15 +146,19 @@ class CausalLM(Module):
         T = seq_len // tp.size if tp is not None and tp.sequence_parallel else seq_len
         return (batch, T, self.config.n_embd), next(iter(self.parameters())).dtype
 
-    def sharding_units(self) -> list:
-        """The modules whose parameters ZeRO-3 gathers together, in forward order: each
-        embedding, each block, the final norm, the head (which gathers a tied embedding too)."""
+    def model_chunks(self) -> list:
+        """This rank's model chunks (one per local pipeline chunk; one for a whole model), each
+        the modules it runs, in forward order: the embeddings on the chunk that embeds, the
+        chunk's blocks, the final norm and the head on the chunk that ends in the loss. What
+        parallel code asks instead of matching parameter names: the pipeline reduces each
+        chunk's gradients apart, ZeRO-3 gathers each module's parameters together."""
         t = self.transformer
-        units = [m for name, m in t.named_children() if name not in ("h", "ln_f")]
-        units += list(t.h)
+        chunks = [[t.h[i] for i in layers] for layers in self.stage_layers]
+        if self.has_embedding:
+            chunks[0] = [m for name, m in t.named_children() if name not in ("h", "ln_f")] + chunks[0]
         if self.has_head:
-            units += [t.ln_f, self.lm_head]
-        return units
+            chunks[-1] += [t.ln_f, self.lm_head]
+        return chunks
 
     def tied_parameters(self) -> list:
         """Parameters that one process ties and a pipeline holds twice (first and last stage):

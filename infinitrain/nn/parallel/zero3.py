@@ -3,8 +3,8 @@ parameters are all-gathered just before its forward and again before its backwar
 after use, as DeepSpeed's stage 3 (and PyTorch's FSDP) do.
 
 Units. The model is cut into units, modules whose parameters are gathered together: the
-model's `sharding_units()` if it has one (GPT-2 and LLaMA-3: the embeddings, each block, the
-final norm, the head), else every module that holds parameters itself. A unit owns the
+modules of the model's `model_chunks()` if it has them (GPT-2 and LLaMA-3: the embeddings,
+each block, the final norm, the head), else every module that holds parameters itself. A unit owns the
 parameters it reaches (its subtree, less other units' subtrees) that no earlier unit owns, one
 flat bucket per unit; a unit that reaches a parameter owned elsewhere (GPT-2's head, tied to
 the token embedding) gathers that bucket too. Parameters no unit reaches belong to the root.
@@ -39,7 +39,7 @@ RELEASED = ("this parameter is sharded by ZeRO-3: it exists in full only while i
 def partition(module, params) -> tuple:
     """(unit modules, the parameters each owns, the parameters each uses) for the trainable
     `params` of `module`, units in the model's order."""
-    units = module.sharding_units() if hasattr(module, "sharding_units") else \
+    units = [m for chunk in module.model_chunks() for m in chunk] if hasattr(module, "model_chunks") else \
         [m for m in module.modules() if any(p is not None for p in m._parameters.values())]
     unit_ids = {id(u) for u in units}
     managed = {id(p) for p in params}

@@ -57,18 +57,17 @@ class PipelineParallel:
             self.reducers = [Reducer(params, self.dp_group) for params in self._chunk_parameters()]
 
     def _chunk_parameters(self) -> list:
-        """Each local chunk's parameters: its blocks', plus the embedding's on the chunk that
-        embeds and the final norm's and head's on the chunk that ends in the loss."""
-        chunk_of = {i: v for v, layers in enumerate(self.chunk_layers) for i in layers}
-        out = [[] for _ in range(self.V)]
-        for name, p in self.model.named_parameters():
-            parts = name.split(".")
-            if parts[:2] == ["transformer", "h"]:
-                out[chunk_of[int(parts[2])]].append(p)
-            elif parts[:2] in (["transformer", "wte"], ["transformer", "wpe"]):
-                out[0].append(p)
-            else:  # final norm and output head
-                out[self.V - 1].append(p)
+        """Each local chunk's parameters (the model's model_chunks), each parameter in the first
+        chunk that reaches it (a tied head's weight is the embedding's)."""
+        seen, out = set(), []
+        for modules in self.model.model_chunks():
+            params = []
+            for m in modules:
+                for p in m.parameters():
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
+            out.append(params)
         return out
 
     def _global(self, chunk: int) -> int:
