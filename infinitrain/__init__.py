@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ._native import InvalidArgumentError, NativeError, NoCudaError, NotSupportedError
 from .device import device
-from .dtype import (bfloat16, bool, double, dtype, float, float16, float32, float64, half, int,
+from .dtypes import (bfloat16, bool, double, dtype, float, float16, float32, float64, half, int,
                     int32, int64, long, promote_types, uint8)
 from .runtime import (build_info, empty_cache, get_num_threads, max_memory_allocated,
                       memory_allocated, memory_stats, reset_peak_memory_stats, set_num_threads)

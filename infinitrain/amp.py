@@ -9,10 +9,8 @@ state is float32 too.
 """
 from __future__ import annotations
 
-import importlib
 import threading
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from . import dtypes as _dt
 
 _state = threading.local()
 

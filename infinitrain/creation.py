@@ -1,13 +1,11 @@
 """Tensor factories: empty, zeros, ones, full, arange, rand, randn, tensor, from_numpy."""
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 
 import numpy as np
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from . import dtypes as _dt
 from ._native import check, lib
 from .device import CPU, as_device
 from .random import default_generator

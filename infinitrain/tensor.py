@@ -11,14 +11,12 @@ ops, copies, matmul's transposes).
 """
 from __future__ import annotations
 
-import importlib
 import builtins
 import math
 from typing import Iterable
 
 import numpy as np
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from . import dtypes as _dt
 from ._native import check, ffi, int64_array, lib
 from .device import CPU, as_device
 from .device import device as Device

@@ -5,10 +5,8 @@ stays at the bottom of the package with no import of the layers built on it."""
 from __future__ import annotations
 
 import builtins
-import importlib
 import math
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from . import dtypes as _dt
 from ._native import lib
 from .autograd.grad_mode import is_grad_enabled
 from .device import as_device
@@ -479,11 +477,11 @@ class TensorMethods:
         return _ops.amax(self, dim, keepdim, False)
 
     def argmax(self, dim=None, keepdim: builtins.bool = False):
-        from .kernels.elementwise import arg_extreme
+        from .kernels.reduce import arg_extreme
         return arg_extreme(self, dim, keepdim, True)
 
     def argmin(self, dim=None, keepdim: builtins.bool = False):
-        from .kernels.elementwise import arg_extreme
+        from .kernels.reduce import arg_extreme
         return arg_extreme(self, dim, keepdim, False)
 
     def var(self, dim=None, keepdim: builtins.bool = False, *, correction: int = 1,

@@ -9,7 +9,7 @@ ROOT = Path(infinitrain.__file__).parent
 
 # bottom to top; a module may import its own layer (same package) and those listed before it
 LAYERS = [
-    ["infinitrain._native", "infinitrain.dtype", "infinitrain.device", "infinitrain.io", "infinitrain._trace"],
+    ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace"],
     ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda"],
     ["infinitrain.tensor"],
     ["infinitrain.kernels"],

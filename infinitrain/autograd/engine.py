@@ -91,7 +91,7 @@ def accumulate(dst: Tensor, g: Tensor) -> None:
 def _add(a: Tensor, b: Tensor) -> Tensor:
     """Two gradient contributions summed (in the wider dtype if they differ)."""
     if a.dtype is not b.dtype:
-        from ..dtype import promote_types
+        from ..dtypes import promote_types
         dt = promote_types(a.dtype, b.dtype)
         a, b = convert(a, dt), convert(b, dt)
     return ew.binary(lib.IT_ADD, a, b)

@@ -1,9 +1,7 @@
 """Argument checks shared by the kernel bindings."""
 from __future__ import annotations
 
-import importlib
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 
 
 def same_device(op: str, **tensors) -> None:

@@ -1,10 +1,8 @@
 """Comparisons, selection, indexing along one axis, running sums, top-k and sampling."""
 from __future__ import annotations
 
-import importlib
 import math
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 from .._native import check, ffi, int64_array, lib
 from ..tensor import Tensor, _empty, _wrap_dim
 from .. import _trace

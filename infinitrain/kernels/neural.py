@@ -5,10 +5,8 @@ functions return input gradients plus parameter gradients where there are parame
 """
 from __future__ import annotations
 
-import importlib
 import math
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 from .._native import check, ffi, lib
 from ..tensor import Tensor, _empty, _wrap_dim
 from .. import _trace

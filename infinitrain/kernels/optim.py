@@ -1,9 +1,7 @@
 """Fused optimizer updates, in place on parameter and state tensors."""
 from __future__ import annotations
 
-import importlib
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 from .._native import check, ffi, lib
 from ..tensor import Tensor
 from .. import _trace

@@ -1,9 +1,7 @@
 """infinitrain.nn.functional: the functional forms users know from torch.nn.functional."""
 from __future__ import annotations
 
-import importlib
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 from .._native import lib
 from ..ops import index as _idx
 from ..ops import layers as _nn

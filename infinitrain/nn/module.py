@@ -203,11 +203,11 @@ class Module:
         return self
 
     def float(self) -> "Module":
-        from ..dtype import float32
+        from ..dtypes import float32
         return self.to(float32)
 
     def bfloat16(self) -> "Module":
-        from ..dtype import bfloat16
+        from ..dtypes import bfloat16
         return self.to(bfloat16)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

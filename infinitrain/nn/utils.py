@@ -9,18 +9,19 @@ from .._native import lib
 from ..creation import from_numpy
 from ..autograd import no_grad, zero_grads  # noqa: F401  (zero_grads re-exported)
 from ..device import as_device
-from ..dtype import float64
+from ..dtypes import float64
 from ..kernels import elementwise as ew
+from ..kernels import reduce as kred
 from ..kernels.memory import cat, convert
 
 
 def squared_norm(tensors, device):
     """float64 [1] on device: the sum of the squares of every element of tensors, each summed
     where it is (in float32, as one process does), the host reading nothing."""
-    parts = [convert(ew.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, t.float())), float64).reshape(1)
+    parts = [convert(kred.reduce(lib.IT_SUM, ew.unary(lib.IT_SQUARE, t.float())), float64).reshape(1)
              for t in tensors]
     zero = from_numpy(np.zeros(1)).to(device)
-    return ew.add(zero, ew.reduce(lib.IT_SUM, cat(parts))).reshape(1) if parts else zero
+    return ew.add(zero, kred.reduce(lib.IT_SUM, cat(parts))).reshape(1) if parts else zero
 
 
 @no_grad()
@@ -48,7 +49,7 @@ def total_norm(pairs, device, dp_group=None, pipeline_group=None) -> float:
         mine = parts[k:k + 1].clone()
         group.all_reduce(mine)
         parts[k:k + 1].copy_(mine)
-    total = ew.reduce(lib.IT_SUM, parts).reshape(1).contiguous()
+    total = kred.reduce(lib.IT_SUM, parts).reshape(1).contiguous()
     if pipeline_group is not None and pipeline_group.size > 1:
         pipeline_group.all_reduce(total)
     return math.sqrt(float(total.item()))

@@ -2,12 +2,11 @@
 topk, and the log-space reductions (logsumexp, log_softmax) built on them."""
 from __future__ import annotations
 
-import importlib
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
+from ..kernels import reduce as kred
 from ..kernels import index as kidx
 from ..kernels.memory import copy_into
 from ..tensor import Tensor, _empty, _wrap_dim
@@ -123,7 +122,7 @@ class Cumsum(Function):
         # d/dx_j of sum_{i >= j}: the reversed running sum of the gradient
         d = _wrap_dim(ctx.dim, g.ndim)
         n = g.shape[d] if g.ndim else 1
-        total = ew.reduce(lib.IT_SUM, g, d, keepdim=True) if g.ndim else g
+        total = kred.reduce(lib.IT_SUM, g, d, keepdim=True) if g.ndim else g
         before = ew.sub(kidx.cumsum(g, d), g)
         return ew.sub(total._expand_raw(g.shape) if n else g, before), None
 
@@ -153,7 +152,7 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
     out = m.add(out, shift)
     if not keepdim:
         from .shape import Reshape
-        dims = ew.reduce_dims(x, dim)
+        dims = kred.reduce_dims(x, dim)
         out = Reshape.apply(out, tuple(n for i, n in enumerate(x.shape) if i not in dims))
     return out
 

@@ -8,6 +8,8 @@ from .. import amp
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
+from ..kernels import reduce as kred
+from ..kernels import matmul as kmm
 from ..kernels import index as kidx
 from ..kernels import neural as knn
 from ..kernels.memory import convert
@@ -21,15 +23,15 @@ class Linear(Function):
         ctx.save_for_backward(x2, weight)
         ctx.in_shape = x.shape
         ctx.has_bias = bias is not None
-        return ew.linear(x2, weight, bias).reshape(x.shape[:-1] + (weight.shape[0],))
+        return kmm.linear(x2, weight, bias).reshape(x.shape[:-1] + (weight.shape[0],))
 
     @staticmethod
     def backward(ctx, g):
         x2, weight = ctx.saved_tensors
         g2 = g.reshape(-1, g.shape[-1])
-        gx = ew.matmul(g2, weight).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
-        gw = ew.matmul(g2.t(), x2) if ctx.needs_input_grad[1] else None
-        gb = ew.reduce(lib.IT_SUM, g2, 0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        gx = kmm.matmul(g2, weight).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
+        gw = kmm.matmul(g2.t(), x2) if ctx.needs_input_grad[1] else None
+        gb = kred.reduce(lib.IT_SUM, g2, 0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb
 
 
@@ -79,7 +81,7 @@ class CrossEntropy(Function):
         # ignored the mean is 0 / 0 = NaN, as in PyTorch
         ignore = _empty((), targets.dtype, targets.device).fill_(ignore_index)
         counted = convert(kidx.compare(lib.IT_NE, targets, ignore), total.dtype)
-        ctx.count = ew.reduce(lib.IT_SUM, counted)
+        ctx.count = kred.reduce(lib.IT_SUM, counted)
         return ew.div(total, ctx.count)
 
     @staticmethod

@@ -1,16 +1,16 @@
 """Differentiable arithmetic, unary functions, reductions, matmul and softmax."""
 from __future__ import annotations
 
-import importlib
 import numbers
 
 import numpy as np
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 from .. import amp
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
+from ..kernels import reduce as kred
+from ..kernels import matmul as kmm
 from ..kernels import index as kidx
 from ..kernels import neural as knn
 from ..kernels.memory import convert
@@ -24,7 +24,7 @@ def sum_to(g: Tensor, shape: tuple) -> Tensor:
         return g
     lead = g.ndim - len(shape)
     dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
-    out = ew.reduce(lib.IT_SUM, g, dims, keepdim=True) if dims else g
+    out = kred.reduce(lib.IT_SUM, g, dims, keepdim=True) if dims else g
     return out._contiguous_raw()._reshape_raw(shape)
 
 
@@ -186,12 +186,12 @@ class Sum(Function):
     @staticmethod
     def forward(ctx, x, dim, keepdim, mean):
         ctx.shape = x.shape
-        ctx.dims = ew.reduce_dims(x, dim)
+        ctx.dims = kred.reduce_dims(x, dim)
         ctx.count = 1
         for d in ctx.dims:
             ctx.count *= x.shape[d]
         ctx.mean = mean
-        return ew.reduce(lib.IT_MEAN if mean else lib.IT_SUM, x, dim, keepdim)
+        return kred.reduce(lib.IT_MEAN if mean else lib.IT_SUM, x, dim, keepdim)
 
     @staticmethod
     def backward(ctx, g):
@@ -207,8 +207,8 @@ class Extreme(Function):
 
     @staticmethod
     def forward(ctx, x, dim, keepdim, largest):
-        out = ew.reduce(lib.IT_MAX if largest else lib.IT_MIN, x, dim, keepdim)
-        ctx.dims = ew.reduce_dims(x, dim)
+        out = kred.reduce(lib.IT_MAX if largest else lib.IT_MIN, x, dim, keepdim)
+        ctx.dims = kred.reduce_dims(x, dim)
         ctx.save_for_backward(x, out)
         return out
 
@@ -217,7 +217,7 @@ class Extreme(Function):
         x, out = ctx.saved_tensors
         kshape = _keepdim_shape(x.shape, ctx.dims)
         hit = convert(kidx.compare(lib.IT_EQ, x, out._contiguous_raw()._reshape_raw(kshape)), g.dtype)
-        count = ew.reduce(lib.IT_SUM, hit, ctx.dims, keepdim=True)
+        count = kred.reduce(lib.IT_SUM, hit, ctx.dims, keepdim=True)
         share = ew.div(g._contiguous_raw()._reshape_raw(kshape), count)
         return ew.mul(hit, share), None, None, None
 
@@ -227,9 +227,9 @@ class ExtremeDim(Function):
 
     @staticmethod
     def forward(ctx, x, dim, keepdim, largest):
-        d = ew.reduce_dims(x, dim)[0] if x.ndim else 0
-        values = ew.reduce(lib.IT_MAX if largest else lib.IT_MIN, x, dim, keepdim=True)
-        indices = ew.arg_extreme(x, dim, keepdim=True, largest=largest)
+        d = kred.reduce_dims(x, dim)[0] if x.ndim else 0
+        values = kred.reduce(lib.IT_MAX if largest else lib.IT_MIN, x, dim, keepdim=True)
+        indices = kred.arg_extreme(x, dim, keepdim=True, largest=largest)
         ctx.save_for_backward(indices)
         ctx.meta = (x.shape, d)
         if not keepdim and x.ndim:
@@ -317,7 +317,7 @@ class Matmul(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return ew.matmul(a, b)
+        return kmm.matmul(a, b)
 
     @staticmethod
     def backward(ctx, g):
@@ -328,16 +328,16 @@ class Matmul(Function):
         g = g._contiguous_raw()._reshape_raw(batch + (a2.shape[-2], b2.shape[-1]))
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = sum_to(ew.matmul(g, b2._permute_raw(_swap_last2(b2.ndim))), a2.shape)
+            ga = sum_to(kmm.matmul(g, b2._permute_raw(_swap_last2(b2.ndim))), a2.shape)
             ga = ga._contiguous_raw()._reshape_raw(a.shape)
         if ctx.needs_input_grad[1]:
             if b2.ndim == 2 and a2.ndim > 2:  # fold the batch into one product
                 k = a2.shape[-1]
                 a_rows = a2._contiguous_raw()._reshape_raw((a2.numel() // k if k else 0, k))
                 g_rows = g._reshape_raw((g.numel() // g.shape[-1] if g.shape[-1] else 0, g.shape[-1]))
-                gb = ew.matmul(a_rows._permute_raw((1, 0)), g_rows)
+                gb = kmm.matmul(a_rows._permute_raw((1, 0)), g_rows)
             else:
-                gb = sum_to(ew.matmul(a2._permute_raw(_swap_last2(a2.ndim)), g), b2.shape)
+                gb = sum_to(kmm.matmul(a2._permute_raw(_swap_last2(a2.ndim)), g), b2.shape)
             gb = gb._contiguous_raw()._reshape_raw(b.shape)
         return ga, gb
 

@@ -1,9 +1,7 @@
 """Differentiable views and copies: reshape, permute, expand, indexing, concatenation."""
 from __future__ import annotations
 
-import importlib
-
-_dt = importlib.import_module("infinitrain.dtype")  # the module; infinitrain.dtype is the class
+from .. import dtypes as _dt
 from ..autograd import Function
 from ..kernels import memory
 from ..tensor import Tensor, _empty, _wrap_dim

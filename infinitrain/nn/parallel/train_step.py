@@ -16,7 +16,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from ...creation import tensor
-from ...dtype import float32
+from ...dtypes import float32
 from ...profiler import record_function
 from ..utils import clip_grad_norm_
 from .ddp import DistributedDataParallel

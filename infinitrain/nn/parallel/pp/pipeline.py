@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from ....autograd import no_grad
 from ....autograd.engine import backward as autograd_backward
 from ....creation import empty, zeros
-from ....dtype import float64
+from ....dtypes import float64
 from ..ddp import Reducer
 from ..param_buffer import broadcast_replicas
 from .p2p import P2P

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .... import creation
 from ....autograd import Function
-from ....dtype import float32
+from ....dtypes import float32
 from ....functions import cat
 from ...._native import lib
 from ....kernels import elementwise as ew
