@@ -30,7 +30,6 @@ def best(fn, repeat=10):
 
 
 def bandwidth(env):
-    import numpy as np
     from mpi4py import MPI
 
     import infinitrain as it
@@ -60,7 +59,6 @@ def latency(env):
     """Per-call time of the small collectives tensor parallelism issues several times per layer
     (all-reduce, all-gather, reduce-scatter of 4 KB to 1 MB), median of many calls, against
     raw mpi4py on the same memory: the difference is the Python cost of the ProcessGroup."""
-    import numpy as np
     from mpi4py import MPI
 
     import infinitrain as it

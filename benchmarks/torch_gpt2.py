@@ -2,7 +2,6 @@
 llm.c's train_gpt2.py), for comparisons: numerics in the tests, speed in the benchmark."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch

@@ -24,7 +24,7 @@ from .functions import (allclose, amax, amin, argmax, argmin, bmm, cat, clamp, c
                         gather, index_select, log, log_softmax, logsumexp, masked_fill, matmul,
                         maximum, mean, minimum, mm, multinomial, softmax, sqrt, stack, sum, topk,
                         tril, triu, where)
-from . import amp, cuda, nn, optim
+from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
 
 __version__ = "0.1.0"

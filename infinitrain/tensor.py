@@ -18,7 +18,7 @@ from typing import Iterable
 import numpy as np
 from . import dtypes as _dt
 from ._native import check, ffi, int64_array, lib
-from .device import CPU, as_device
+from .device import CPU
 from .device import device as Device
 from .storage import Storage
 

@@ -1,0 +1,381 @@
+"""The CUDA half. Without a GPU (CI): the CUDA library is built wherever nvcc is, links
+nothing a CPU machine lacks, exports a CUDA implementation of the kernels, and every CUDA call
+ends in a clear error naming what is missing; streams and events work on the CPU. With a GPU:
+every kernel against the CPU kernel (fp32 rtol 1e-5, bf16 1e-2), autograd through CUDA
+tensors, and a tiny GPT-2 trained on CUDA against the same on the CPU."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+from infinitrain import nn
+from infinitrain._native import HEADER_PATH as HEADER
+from infinitrain._native import LIBRARY_PATH, ffi, lib
+from helpers import ENV, MPI_SCRIPTS, MPIEXEC, step_losses
+
+pytestmark = pytest.mark.cuda
+
+GPU = it.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA device on this machine")
+LIBDIR = LIBRARY_PATH.parent
+CUDA_LIB = LIBDIR / "libinfinitrain_cuda.so"
+NOT_YET = set()  # every kernel of the header has a CUDA implementation
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is present")
+def test_without_a_gpu_every_cuda_call_is_a_clear_error():
+    assert not it.cuda.is_available() and it.cuda.device_count() == 0
+    reason = "no CUDA device" if CUDA_LIB.is_file() else "no CUDA support"
+    for call in (lambda: it.zeros(2, device="cuda"), lambda: it.ones(3).to("cuda:1"), it.cuda.Stream,
+                 lambda: it.tensor([1.0], device="cuda"), lambda: it.tensor(it.ones(2), device="cuda"),
+                 it.cuda.synchronize, it.cuda.memory_stats):
+        with pytest.raises(it.NoCudaError, match=reason):
+            call()
+    assert "CUDA: " in it.build_info()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: the CUDA library is not built here")
+def test_the_cuda_library_is_built_wherever_nvcc_is_and_needs_no_cuda_library():
+    assert CUDA_LIB.is_file(), "INFINITRAIN_CUDA=AUTO with nvcc on PATH must build libinfinitrain_cuda.so"
+    dyn = subprocess.run(["readelf", "-d", str(CUDA_LIB)], capture_output=True, text=True).stdout
+    needed = set(re.findall(r"\(NEEDED\).*\[(.+?)\]", dyn))
+    allowed = {"libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2",
+               "libdl.so.2", "libpthread.so.0", "librt.so.1"}
+    assert needed <= allowed, f"links {needed - allowed}: cudart must be static, cuBLAS/NCCL opened at run time"
+    runpath = re.search(r"\((?:RUNPATH|RPATH)\).*\[(.+?)\]", dyn).group(1)
+    if runpath.strip(":"):  # an installed library (a CMake build tree only reserves the space)
+        assert "$ORIGIN/../../nvidia/cu13/lib" in runpath and "$ORIGIN/../../nvidia/nccl/lib" in runpath
+    # the CPU library never links CUDA either
+    cpu = subprocess.run(["readelf", "-d", str(LIBDIR / "libinfinitrain.so")], capture_output=True, text=True).stdout
+    assert not re.search(r"NEEDED.*(cuda|cublas|nccl)", cpu)
+
+
+@pytest.mark.skipif(not CUDA_LIB.is_file(), reason="this build has no CUDA library")
+def test_every_kernel_has_a_cuda_implementation():
+    kernels = set(re.findall(r"it_status it_(\w+)\(it_device device", HEADER.read_text()))
+    kernels -= {"storage_new", "storage_wrap"}  # memory: the allocator's it_cuda_malloc
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(CUDA_LIB)], capture_output=True, text=True).stdout
+    have = set(re.findall(r" T it_cuda_(\w+)", syms))
+    assert kernels - have == NOT_YET, f"without a CUDA kernel: {sorted(kernels - have)}"
+    cuda0 = ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
+    p = ffi.cast("void *", 64)  # never dereferenced: the call stops before any kernel runs
+    if not GPU:  # implemented: checked, handed to the CUDA library, which finds no device
+        st = lib.it_unary(cuda0, lib.IT_EXP, lib.IT_FLOAT32, p, p, 4)
+        assert st == lib.IT_ERR_NO_CUDA and ffi.string(lib.it_last_error()).decode().startswith("it_unary: no CUDA device")
+
+
+def test_arguments_are_checked_before_the_cuda_library_is_asked():
+    """The library checks every argument once, before it hands a CUDA call over: a NULL pointer,
+    a negative or overflowing shape, too many dimensions or an op the dtype cannot take is
+    refused here, GPU or none (the CUDA kernels trust what they get: on a GPU these would be
+    illegal memory accesses, which end the whole CUDA context)."""
+    cuda0 = ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
+    p, null = ffi.cast("void *", 64), ffi.NULL
+    ones, neg, huge = ffi.new("int64_t[17]", [1] * 17), ffi.new("int64_t[2]", [2, -3]), ffi.new("int64_t[2]", [2**40] * 2)
+    calls = {
+        "it_binary": lambda shape, nd, a: lib.it_binary(cuda0, lib.IT_ADD, lib.IT_FLOAT32, p, a, ones, p, ones, shape, nd),
+        "it_compare": lambda shape, nd, a: lib.it_compare(cuda0, lib.IT_LT, lib.IT_FLOAT32, ffi.cast("uint8_t *", p), a,
+                                                         ones, p, ones, shape, nd),
+        "it_where": lambda shape, nd, a: lib.it_where(cuda0, lib.IT_FLOAT32, p, ffi.cast("uint8_t *", p), ones, a, ones,
+                                                     p, ones, shape, nd),
+        "it_copy_strided": lambda shape, nd, a: lib.it_copy_strided(cuda0, lib.IT_FLOAT32, p, ones, a, ones, shape, nd),
+    }
+    for name, call in calls.items():
+        for shape, nd, a in ((ones, 17, p), (neg, 2, p), (huge, 2, p), (ones, 2, null)):
+            assert call(shape, nd, a) == lib.IT_ERR_INVALID_ARGUMENT, (name, nd)
+            assert ffi.string(lib.it_last_error()).decode().startswith(name + ":")
+    assert lib.it_scalar(cuda0, lib.IT_SCALAR_ADD, lib.IT_BOOL, p, p, 1.0, 4) == lib.IT_ERR_NOT_SUPPORTED
+    assert lib.it_scalar(cuda0, lib.IT_SCALAR_ADD, lib.IT_INT32, p, p, 2.5, 4) == lib.IT_ERR_NOT_SUPPORTED
+    assert lib.it_scalar(cuda0, lib.IT_SCALAR_DIV, lib.IT_INT64, p, p, 2.0, 4) == lib.IT_ERR_NOT_SUPPORTED
+
+
+@pytest.mark.skipif(not CUDA_LIB.is_file() or GPU, reason="needs the CUDA library and no GPU")
+def test_no_kernel_reads_device_memory_on_the_host():
+    """Every kernel called on cuda:0 with device addresses the host cannot read gets through the
+    library's checks to the CUDA library, which finds no device. Checks that read the data
+    (embedding ids, gather indices) must leave CUDA memory to the kernels: on a GPU the host
+    reading it is a segmentation fault (it was, for embeddings and gather/scatter, before any
+    kernel ran)."""
+    import sys
+    probe = str(Path(__file__).parent / "cuda_dispatch_probe.py")
+    out = subprocess.run([sys.executable, probe], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0, f"died (exit {out.returncode}) in {lines[-1] if lines else '?'}\n{out.stderr}"
+    assert len(lines) > 40
+    for line in lines:
+        name, status, where = line.split()
+        assert int(status) == lib.IT_ERR_NO_CUDA and where == name, line
+
+
+def test_streams_and_events_on_the_cpu_complete_at_once():
+    cpu = ffi.new("it_device *", [lib.IT_CPU, 0])[0]
+    s, e = ffi.new("it_stream **"), ffi.new("it_event **")
+    assert lib.it_stream_create(cpu, s) == lib.IT_OK and lib.it_event_create(cpu, e) == lib.IT_OK
+    done = ffi.new("int32_t *")
+    assert lib.it_event_record(e[0], s[0]) == lib.IT_OK
+    assert lib.it_stream_wait_event(s[0], e[0]) == lib.IT_OK
+    assert lib.it_event_query(e[0], done) == lib.IT_OK and done[0] == 1
+    assert lib.it_stream_synchronize(s[0]) == lib.IT_OK and lib.it_set_stream(cpu, s[0]) == lib.IT_OK
+    assert lib.it_set_stream(cpu, ffi.NULL) == lib.IT_OK and lib.it_device_synchronize(cpu) == lib.IT_OK
+    assert lib.it_event_destroy(e[0]) == lib.IT_OK and lib.it_stream_destroy(s[0]) == lib.IT_OK
+    assert lib.it_event_record(ffi.NULL, ffi.NULL) == lib.IT_ERR_INVALID_ARGUMENT
+
+
+# ---- on a GPU ------------------------------------------------------------------------------
+RNG = np.random.default_rng(0)
+
+
+def _pair(shape, dtype="float32", low=-2.0, high=2.0):
+    a = RNG.uniform(low, high, shape).astype(np.float32)
+    return it.from_numpy(a).to(dtype), it.from_numpy(a).to(dtype).to("cuda")
+
+
+def _same(gpu, cpu, dtype="float32", rtol=None):
+    """Equal within rtol, and within a few roundings of the largest value where a result is near
+    zero (a normalised row computed in another order differs there by an ulp of its scale)."""
+    rtol = rtol or (1e-5 if dtype == "float32" else 1e-2)
+    g, c = gpu.detach().cpu().float().numpy(), cpu.detach().float().numpy()
+    np.testing.assert_allclose(g, c, rtol=rtol, atol=rtol * max(1.0, float(np.abs(c).max())) * 0.1)
+
+
+UNARY = ["exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "sin", "cos", "neg", "square"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_ops_and_gradients_against_the_cpu(name, dtype):
+    c, g = _pair((37, 65), dtype, 0.1, 3.0)
+    fn = getattr(it, name, None) or (lambda x: getattr(x, name)())
+    c.requires_grad_(), g.requires_grad_()
+    yc, yg = fn(c), fn(g)
+    _same(yg, yc, dtype)
+    yc.float().sum().backward()
+    yg.float().sum().backward()
+    _same(g.grad, c.grad, dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernels_against_the_cpu(dtype):
+    (a, ag), (b, bg) = _pair((4, 1, 33), dtype), _pair((5, 33), dtype)
+    for op in (lambda x, y: x + y, lambda x, y: x * y, lambda x, y: x - y, lambda x, y: x / (y.abs() + 1),
+               it.maximum, lambda x, y: x > y, lambda x, y: it.where(x > y, x, y)):
+        _same(op(ag, bg), op(a, b), dtype)
+    x, xg = _pair((6, 40, 32), dtype)
+    for red in (lambda t: t.sum(1), lambda t: t.mean(-1), lambda t: t.amax(0), lambda t: t.argmax(-1).float(),
+                lambda t: it.cumsum(t.float(), 1)):
+        _same(red(xg), red(x), dtype)
+    w, wg = _pair((32,), dtype)
+    bias, biasg = _pair((32,), dtype)
+    _same(nn.functional.layer_norm(xg, (32,), wg, biasg), nn.functional.layer_norm(x, (32,), w, bias), dtype)
+    _same(nn.functional.softmax(xg, -1), nn.functional.softmax(x, -1), dtype)
+    m1, m1g = _pair((3, 17, 24), dtype)
+    m2, m2g = _pair((3, 24, 9), dtype)
+    _same(m1g @ m2g, m1 @ m2, dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    _same(xg.transpose(1, 2).contiguous(), x.transpose(1, 2).contiguous(), dtype)
+    _same(it.cat([xg, xg * 2], 1), it.cat([x, x * 2], 1), dtype)
+    vals, idx = it.topk(x, 5, dim=-1)
+    vals_g, idx_g = it.topk(xg, 5, dim=-1)
+    _same(vals_g, vals, dtype)
+    assert idx_g.cpu().tolist() == idx.tolist()
+    weights = x.float().abs().reshape(-1, 32)
+    draws = it.multinomial(weights, 4, generator=it.Generator(7))
+    assert it.multinomial(weights.to("cuda"), 4, generator=it.Generator(7)).cpu().tolist() == draws.tolist()
+    ids = it.from_numpy(RNG.integers(0, 40, (3, 5)))
+    table, tableg = _pair((40, 32), dtype)
+    _same(nn.functional.embedding(ids.to("cuda"), tableg), nn.functional.embedding(ids, table), dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "float64"])
+def test_every_dtype_the_cpu_takes_works_on_cuda(dtype):
+    """Integer, bool and float64 tensors: arithmetic with tensors and scalars, comparisons,
+    where, & and | of masks (tensor parallelism's vocabulary masks), running and scattered sums,
+    reductions; the same values as on the CPU."""
+    from infinitrain.kernels import index as kidx
+    x, y = (it.from_numpy(RNG.integers(0, 60, (6, 7)).astype(dtype)) for _ in range(2))
+    xg, yg = x.to("cuda"), y.to("cuda")
+    ops = [lambda a, b: a + b, lambda a, b: a * b, it.maximum, it.minimum, lambda a, b: a + 3,
+           lambda a, b: a * 2, lambda a, b: it.maximum(a, b) - b, lambda a, b: a > b, lambda a, b: a == b,
+           lambda a, b: it.where(a > b, a, b), lambda a, b: (a > 20) & (b < 40), lambda a, b: (a > 50) | (b < 5),
+           lambda a, b: it.cumsum(a, 1), lambda a, b: a.sum(0), lambda a, b: a.amax(1), lambda a, b: a.argmax(0),
+           lambda a, b: a.float()]
+    if dtype != "uint8":
+        ops.append(lambda a, b: 100 - a)
+    for i, op in enumerate(ops):
+        assert op(xg, yg).cpu().tolist() == op(x, y).tolist(), f"op {i} on {dtype}"
+    index = it.from_numpy(RNG.integers(0, 4, (6, 7)))
+    for fn in (kidx.scatter_add, kidx.index_add):
+        idx = index if fn is kidx.scatter_add else it.from_numpy(np.array([3, 0, 3, 1, 2, 0]))
+        out = fn(it.zeros(4, 7, dtype=x.dtype), 0, idx, x)
+        outg = fn(it.zeros(4, 7, dtype=x.dtype, device="cuda"), 0, idx.to("cuda"), xg)
+        assert outg.cpu().tolist() == out.tolist(), fn.__name__
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reductions_of_few_long_rows_and_columns_against_the_cpu(dtype):
+    """Few outputs over many elements take the chunked two-pass kernels: whole-tensor sums (a
+    gradient's norm), long rows, tall columns (a bias or LayerNorm weight gradient)."""
+    rows, rowsg = _pair((3, 70001), dtype)
+    for red in (lambda t: t.sum(), lambda t: t.sum(-1), lambda t: t.mean(-1), lambda t: t.amax(-1),
+                lambda t: t.amin(), lambda t: (t * t).float().sum(), lambda t: t.sum(0), lambda t: t.mean(0)):
+        _same(red(rowsg), red(rows), dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    tall, tallg = _pair((9000, 3, 5), dtype)
+    for red in (lambda t: t.sum(0), lambda t: t.mean(0), lambda t: t.amax(0), lambda t: t.sum((0, 2))):
+        _same(red(tallg), red(tall), dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    x, xg = _pair((5000, 48), dtype)
+    w, wg = _pair((48,), dtype)
+    b, bg = _pair((48,), dtype)
+    for t in (x, xg, w, wg, b, bg):
+        t.requires_grad_()
+    for norm in (lambda t, w, b: nn.functional.layer_norm(t, (48,), w, b), lambda t, w, b: nn.functional.rms_norm(t, (48,), w) + b):
+        for t in (x, xg, w, wg, b, bg):
+            t.grad = None
+        (norm(x, w, b).float() ** 2).sum().backward()
+        (norm(xg, wg, bg).float() ** 2).sum().backward()
+        for gg, gc in ((xg, x), (wg, w), (bg, b)):
+            _same(gg.grad, gc.grad, dtype, rtol=1e-4 if dtype == "float32" else 3e-2)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_loss_and_optimizer_against_the_cpu(dtype):
+    q, qg = _pair((2, 4, 19, 16), dtype)
+    k, kg = _pair((2, 2, 19, 16), dtype)
+    v, vg = _pair((2, 2, 19, 16), dtype)
+    for t in (q, k, v, qg, kg, vg):
+        t.requires_grad_()
+    yc = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    yg = nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
+    _same(yg, yc, dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    (yc.float() ** 2).sum().backward()
+    (yg.float() ** 2).sum().backward()
+    for gg, gc in ((qg, q), (kg, k), (vg, v)):
+        _same(gg.grad, gc.grad, dtype, rtol=1e-4 if dtype == "float32" else 3e-2)
+    logits, logitsg = _pair((12, 70), dtype)
+    targets = it.from_numpy(RNG.integers(0, 70, 12))
+    _same(nn.functional.cross_entropy(logitsg, targets.to("cuda")), nn.functional.cross_entropy(logits, targets), dtype)
+
+
+@needs_gpu
+def test_tensors_made_from_data_on_cuda():
+    a = it.tensor([[1.5, -2.0]], device="cuda")
+    b = it.tensor(a, dtype=it.bfloat16)
+    c = it.tensor(it.arange(3), device="cuda:0")
+    assert a.device == "cuda:0" and b.device == "cuda:0" and c.device == "cuda:0"
+    assert a.tolist() == [[1.5, -2.0]] and b.float().tolist() == [[1.5, -2.0]] and c.tolist() == [0, 1, 2]
+    assert it.allclose(a, a.cpu().to("cuda"))
+    for layer in (nn.Linear(4, 3, device="cuda"), nn.Embedding(5, 4, device="cuda"), nn.LayerNorm(4, device="cuda"),
+                  nn.RMSNorm(4, device="cuda", dtype=it.bfloat16)):  # PyTorch's factory keywords
+        assert all(p.device == "cuda:0" for p in layer.parameters()), layer
+
+
+@needs_gpu
+def test_tiny_gpt2_trains_on_cuda_as_on_the_cpu():
+    from infinitrain.models import GPT2Config
+    from infinitrain.models.gpt2 import GPT2
+    from infinitrain.optim import AdamW
+    losses = {}
+    for device in ("cpu", "cuda"):
+        model = GPT2(GPT2Config(block_size=32, vocab_size=300, n_layer=2, n_head=4, n_embd=32), seed=3).to(device)
+        opt = AdamW(model.parameters(), lr=1e-2)
+        out = []
+        for step in range(10):
+            data = np.random.default_rng(step % 2).integers(0, 300, (4, 17))
+            x, y = (it.from_numpy(data[:, :-1].copy()).to(device), it.from_numpy(data[:, 1:].copy()).to(device))
+            _, loss = model(x, y, return_logits=False)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        losses[device] = out
+    np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)
+
+
+# ---- NCCL -----------------------------------------------------------------------------------
+def test_communicator_arguments_are_checked_before_nccl():
+    cpu = ffi.new("it_device *", [lib.IT_CPU, 0])[0]
+    cuda0 = ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
+    buf = ffi.new("uint8_t[128]")
+    assert lib.it_comm_unique_id(cpu, buf, 128) == lib.IT_ERR_NOT_SUPPORTED
+    assert "CPU tensors use MPI" in ffi.string(lib.it_last_error()).decode()
+    assert lib.it_comm_unique_id(cuda0, buf, 16) == lib.IT_ERR_INVALID_ARGUMENT
+    out = ffi.new("it_comm **")
+    assert lib.it_comm_init(cuda0, buf, 128, 2, 5, out) == lib.IT_ERR_INVALID_ARGUMENT and out[0] == ffi.NULL
+    assert lib.it_comm_all_reduce(ffi.NULL, lib.IT_FLOAT32, buf, buf, 1, lib.IT_COMM_SUM, ffi.NULL) == \
+        lib.IT_ERR_INVALID_ARGUMENT
+    if not GPU:  # checked, then NCCL (or the device) is found missing, saying so
+        st = lib.it_comm_init(cuda0, buf, 128, 2, 0, out)
+        assert st in (lib.IT_ERR_NO_CUDA, lib.IT_ERR_NCCL), st
+        assert "it_comm_init: " in ffi.string(lib.it_last_error()).decode()
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is present")
+def test_cuda_layouts_and_examples_without_a_gpu_say_why():
+    import sys
+    code = "from infinitrain.nn import parallel; parallel.init(device='cuda')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "no usable CUDA device" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--device", "cuda"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and out.stderr.startswith("--device cuda: ") and "Traceback" not in out.stderr
+    assert "no usable CUDA device" in out.stderr
+
+
+def test_pipeline_links():
+    """Over NCCL each directed link a pipeline sends on is a communicator of its own: the list
+    of links for GPipe/1F1B (no wrap-around) and for virtual chunks (the last stage feeds the
+    first)."""
+    from infinitrain.nn.parallel.pp.p2p import links
+    assert links(2, 1) == [(0, 1, 0), (1, 0, 1)]
+    assert links(3, 1) == [(0, 1, 0), (1, 0, 1), (1, 2, 0), (2, 1, 1)]
+    assert links(2, 2) == [(0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)]
+    assert links(4, 2) == sorted([(s, (s + 1) % 4, 0) for s in range(4)] + [((s + 1) % 4, s, 1) for s in range(4)])
+    # an NCCL group (made without a GPU: no communicator) refuses a tag whose link is not open
+    from infinitrain.nn.parallel.nccl import NCCLProcessGroup
+    group = NCCLProcessGroup.__new__(NCCLProcessGroup)
+    group.rank, group.size, group._links = 0, 2, {}
+    assert group._link(0, 1, 0) is None  # tag 0 without links: the group's own communicator
+    with pytest.raises(ValueError, match="NCCL has no tags: open the link 0 -> 1 with tag 1"):
+        group._link(0, 1, 1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("example,dtype,steps,rtol", [("gpt2", "float32", 10, 1e-4),
+                                                     ("llama3", "bfloat16", 3, 1e-2)])
+def test_the_example_trains_on_cuda_as_on_the_cpu(tmp_path, example, dtype, steps, rtol):
+    """`python -m infinitrain.examples.<example> --device cuda`: the same losses as on the CPU
+    (both start from the same host-initialised weights). LLaMA-3 in bf16 adds RoPE, RMSNorm,
+    SwiGLU and grouped-query attention on 16-bit tensors."""
+    import sys
+    from infinitrain.data import write_shard
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    base = [sys.executable, "-m", f"infinitrain.examples.{example}", "--input_bin", str(tmp_path / "t.bin"),
+            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", str(steps),
+            "--learning_rate", "3e-3", "--total_batch_size", "128", "--peak_tflops", "1", "--dtype", dtype]
+    runs = {}
+    for device in ("cpu", "cuda"):
+        out = subprocess.run(base + ["--device", device], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        runs[device] = step_losses(out.stdout)
+    assert len(runs["cpu"]) == steps
+    np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=rtol)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_nccl_collectives(n):
+    """One rank per GPU: the id made on rank 0 and broadcast over MPI, every collective against
+    its known answer (one GPU: a communicator of one rank, which still runs each NCCL call)."""
+    import sys
+    if it.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPU(s)")
+    script = str(MPI_SCRIPTS / "nccl_collectives.py")
+    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, script], capture_output=True, text=True,
+                         timeout=300, env=ENV)
+    assert out.returncode == 0 and out.stdout.count(" OK") == n, out.stdout + out.stderr

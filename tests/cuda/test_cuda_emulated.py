@@ -1,0 +1,128 @@
+"""The CUDA library on an emulated GPU, where CI has no real one.
+
+tests/cuda_emulator compiles the unchanged sources of native/src/cuda with g++ against a CPU
+model of CUDA: every thread a fiber, __syncthreads() and warp shuffles real barriers, launch
+limits as on the hardware, streams that run only when waited on, device memory filled with NaN
+when handed out and when freed, and cuBLAS / one-rank NCCL computed by their documented
+meaning (NCCL across processes: the MPI ranks of a test). Every GPU test of test_cuda.py then
+runs through it, in a subprocess pointed at it by INFINITRAIN_CUDA_LIBRARY, and DP/TP+SP/PP/ZeRO
+training over NCCL on two emulated GPUs is checked against one CPU process. What it proves: the
+kernels' indexing, reductions and barriers, the host code's launch sizes, stream and event
+ordering, cuBLAS argument mapping and the NCCL process groups compute what the CPU computes.
+What it cannot: speed, the hardware's memory model, the real cuBLAS and NCCL."""
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import ENV, MPIEXEC, step_losses
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location("cuda_emulator_build", HERE / "cuda_emulator" / "build.py")
+emulator = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(emulator)
+
+pytestmark = [pytest.mark.cuda, pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the emulated GPU")]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("emulated-cuda")
+    library = emulator.build(out)
+    env = dict(ENV, INFINITRAIN_CUDA_LIBRARY=str(library))
+    return out, env
+
+
+def _python(code, env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_the_gpu_tests_pass_on_the_emulated_gpu(emulated):
+    _, env = emulated
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                          str(HERE / "test_cuda.py")], capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    passed = int(re.search(r"(\d+) passed", out.stdout).group(1))
+    assert "no CUDA device" not in out.stdout and passed >= 40, out.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    from infinitrain.data import write_shard
+    path = tmp_path_factory.mktemp("data") / "t.bin"
+    write_shard(path, np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    return path
+
+
+def _example_losses(env, shard, ranks, *flags):
+    cmd = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(shard), "--model", "tiny",
+           "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "3", "--learning_rate", "3e-3",
+           "--total_batch_size", "256", "--peak_tflops", "1", *flags]
+    out = subprocess.run([MPIEXEC, "-n", str(ranks), *cmd], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return step_losses(out.stdout)
+
+
+@pytest.mark.parametrize("flags", [(), ("--tensor_parallel", "2", "--sequence_parallel"),
+                                   ("--pipeline_parallel", "2"), ("--zero_stage", "2")],
+                         ids=["DDP2", "TP2+SP", "PP2", "ZeRO2"])
+def test_parallel_training_over_nccl_on_two_emulated_gpus_matches_one_cpu_process(emulated, shard, flags):
+    """The NCCL process groups (a communicator per group and per pipeline link, collectives on
+    the group's stream after an event of the caller's, point-to-point traffic), two ranks, each
+    on its own emulated GPU, against the one-process CPU run on the same global batch."""
+    _, env = emulated
+    reference = _example_losses(dict(env, INFINITRAIN_CUDA_LIBRARY=""), shard, 1, "--device", "cpu")
+    losses = _example_losses(dict(env, INFINITRAIN_EMULATED_GPUS="2"), shard, 2, "--device", "cuda", *flags)
+    assert len(reference) == 3
+    np.testing.assert_allclose(losses, reference, rtol=1e-5)
+
+
+def test_a_stream_that_does_not_wait_reads_unfinished_work(emulated):
+    """Streams run lazily, so a consumer that skips the event wait sees its input unwritten
+    (NaN), where a real GPU would usually hide the bug by timing; with the wait it is right."""
+    _, env = emulated
+    code = """
+import infinitrain as it
+for wait in (False, True):
+    a = it.ones(1000, device="cuda")  # queued on the device's own stream
+    e = it.cuda.Event()
+    e.record()
+    s = it.cuda.Stream()
+    if wait:
+        s.wait_event(e)
+    with it.cuda.stream(s):
+        b = (a * 2).sum().item()
+    print(wait, b)
+"""
+    out = _python(code, env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "nan", "True", "2000.0"], out.stdout
+
+
+def test_memory_never_written_reads_as_nan(emulated):
+    _, env = emulated
+    out = _python("import infinitrain as it; print(it.empty(4, device='cuda').tolist())", env)
+    assert out.returncode == 0 and out.stdout.strip() == "[nan, nan, nan, nan]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("case,launch,run,wrong", [
+    ("divergent-barrier", "no error", "deadlocks: some threads wait at __syncthreads()", None),
+    ("partial-warp-shuffle", "no error", "a full-warp shuffle in warp 1 of a block of 48 threads", None),
+    ("too-many-threads", "invalid configuration argument", "no error", None),
+    ("race", "no error", "no error", 32),   # read shared memory that another warp has not written yet
+    ("no-race", "no error", "no error", 0),
+])
+def test_the_emulator_catches_kernels_that_break_the_programming_model(emulated, case, launch, run, wrong):
+    out_dir, _ = emulated
+    program = emulator.build_program(HERE / "cuda_emulator" / "selftest.cu", out_dir)
+    out = subprocess.run([str(program), case], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+    assert lines["launch"] == launch and run in lines["run"], out.stdout
+    if wrong is not None:
+        assert int(lines["wrong"]) == wrong, out.stdout

@@ -1,0 +1,144 @@
+"""What the tests share: paths, the one environment and `mpirun` runner for subprocesses, the
+multi-process training script and its one-process reference (cached), log parsing through the
+package's own parser, the equivalence assertion, and numeric references. Test modules import
+from here, never from each other."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+import infinitrain as it
+from infinitrain.plot import parse_log
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+MPI_SCRIPTS = TESTS / "parallel" / "mpi"          # programs run under mpiexec by the tests
+PARALLEL_TRAIN = MPI_SCRIPTS / "parallel_train.py"  # the trainer's own step, any layout
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+# one thread per rank: 8 oversubscribed ranks on a 2-core machine stay responsive
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+# ---- running programs ----------------------------------------------------------------------
+
+def mpirun(n: int, args, timeout: float = 300, env=None, check: bool = True):
+    """`python args...` on n MPI ranks (n == 1: a plain process, as a user would start it).
+    check=True: fails with every rank's output unless all exit 0, and returns stdout;
+    check=False: returns the CompletedProcess."""
+    cmd = ([MPIEXEC, "-n", str(n)] if n > 1 else []) + [sys.executable, *map(str, args)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or ENV)
+    if not check:
+        return out
+    assert out.returncode == 0, f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+def example(n: int, name: str, args, **kw):
+    """`python -m infinitrain.examples.<name> args...` on n ranks (mpirun's keywords)."""
+    return mpirun(n, ["-m", f"infinitrain.examples.{name}", *args], **kw)
+
+
+def write_tokens(path, n: int = 12000, seed: int = 0) -> Path:
+    """An llm.c token shard of GPT-2 ids: 300 random ids repeated (the loss can fall)."""
+    from infinitrain.data import write_shard
+    write_shard(path, np.tile(np.random.default_rng(seed).integers(0, 50257, 300), n // 300))
+    return Path(path)
+
+
+# ---- the multi-process training script (the trainer's own step) ---------------------------
+
+def parallel_train(n: int, args, timeout: float = 300) -> str:
+    """tests/parallel/mpi/parallel_train.py on n ranks; every rank must finish."""
+    out = mpirun(n, [PARALLEL_TRAIN, *args], timeout=timeout)
+    assert out.count(" OK") == n, out
+    return out
+
+
+def losses(stdout: str):
+    """parallel_train's per-step losses and gradient norms (before clipping) interleaved, and
+    its sampled tokens (as floats, compared exactly)."""
+    sample = re.search(r"^sample \[(.*)\]$", stdout, re.M)
+    steps = re.findall(r"^loss \d+ (\S+) norm (\S+)$", stdout, re.M)
+    assert steps and sample, f"no 'loss N v norm g' or 'sample' lines in:\n{stdout}"
+    return [float(v) for step in steps for v in step], [float(v) for v in sample.group(1).split(",")]
+
+
+@lru_cache(maxsize=None)
+def one_process(*args: str):
+    """losses() of parallel_train on one process with these flags: the reference every layout
+    is held against, computed once per flag set."""
+    return losses(parallel_train(1, list(args)))
+
+
+def step_losses(stdout: str) -> list:
+    """The per-step train losses of an example's log (the package's own log parser)."""
+    return [loss for _, loss in parse_log(stdout)["train"]]
+
+
+def assert_same(got, want, dtype: str, what: str) -> None:
+    """losses() of a parallel layout against one process: losses within 1e-5 relative (fp32) or
+    1e-2 (bf16), the sampled tokens exactly (fp32). The gradient norm of step 1 (same weights
+    everywhere) as tightly; later norms, into which AdamW amplifies round-off (a near-zero
+    moment flips sign), within 1e-2 / 5e-2 relative."""
+    (got, got_sample), (want, want_sample) = got, want
+    if dtype == "float32":
+        assert got_sample == want_sample, f"{what}: sampled {got_sample}, one process {want_sample}"
+    assert len(got) == len(want), f"{what}: {got} vs {want}"
+    print(f"{what}\n  one process: {want}\n  parallel:    {got}")
+    for i, (a, b) in enumerate(zip(got, want)):
+        step, kind = i // 2 + 1, ("loss", "gradient norm")[i % 2]
+        if kind == "loss" or step == 1:
+            ok = abs(a - b) <= (1e-5 * abs(b) if dtype == "float32" else 1e-2 * max(1.0, abs(b)))
+        else:
+            ok = abs(a - b) <= (1e-2 if dtype == "float32" else 5e-2) * abs(b)
+        assert ok, f"{what}: step {step} {kind} {a} vs one process {b}\n{got}\n{want}"
+
+
+def write_llmc(model: str, layers: int, path) -> None:
+    """The llm.c file of the model parallel_train.py builds (seed 5), written by one process."""
+    from infinitrain.models import GPT2Config, LLaMA3Config
+    from infinitrain.models.gpt2 import GPT2
+    from infinitrain.models.llama3 import LLaMA3
+    if model == "gpt2":
+        GPT2(GPT2Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=4, n_embd=32), seed=5) \
+            .save_llmc(path)
+    else:
+        LLaMA3(LLaMA3Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=8, n_kv_head=4, n_embd=32,
+                            ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=5) \
+            .save_llmc(path)
+
+
+# ---- numeric references --------------------------------------------------------------------
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 and back to float32 (the reference for bf16 inputs)."""
+    import ml_dtypes
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def to_np(t) -> np.ndarray:
+    """A float32 (or integer) numpy copy of a tensor."""
+    a = t.numpy()
+    return a.astype(np.float32) if t.dtype is it.bfloat16 else np.array(a)
+
+
+def numerical_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Central differences of the scalar f(x) in float64."""
+    x = x.astype(np.float64)
+    g = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + eps
+        fp = f(x)
+        flat[i] = old - eps
+        fm = f(x)
+        flat[i] = old
+        gflat[i] = (fp - fm) / (2 * eps)
+    return g

@@ -1,0 +1,112 @@
+"""GPT-2: overfitting one batch, llm.c checkpoints, and the example end to end."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+from infinitrain.data import DataFormatError, write_shard, write_tokenizer
+from infinitrain.models import GPT2, gpt2
+from helpers import ENV
+
+
+def test_logits_and_padded_vocab():
+    it.manual_seed(0)
+    model = gpt2("tiny")
+    assert model.transformer.wte.weight.shape == (50304, 64)
+    assert np.all(model.transformer.wte.weight.detach().numpy()[50257:] == 0)
+    logits, loss = model(it.tensor([[1, 2, 3]]))
+    assert logits.shape == (1, 3, 50257) and loss is None
+    with pytest.raises(ValueError, match="block size"):
+        model(it.zeros(1, 300, dtype=it.int64))
+
+
+@pytest.mark.parametrize("version", [3, 5])
+def test_llmc_checkpoint_round_trip(tmp_path, version):
+    it.manual_seed(1)
+    model = gpt2("tiny", n_layer=3)
+    model.save_llmc(tmp_path / "m.bin", version=version)
+    header = np.fromfile(tmp_path / "m.bin", dtype="<i4", count=8)
+    assert header.tolist() == [20240326, version, 256, 50257, 3, 2, 64, 50304]
+    loaded = GPT2.from_llmc(tmp_path / "m.bin")
+    for (n, a), (_, b) in zip(model.named_parameters(), loaded.named_parameters()):
+        ref = a.detach().numpy() if version == 3 else a.bfloat16().float().detach().numpy()
+        np.testing.assert_array_equal(b.detach().numpy(), ref, err_msg=n)
+    x = it.tensor([[5, 6, 7, 8]])
+    if version == 3:
+        np.testing.assert_array_equal(model(x, x)[1].detach().numpy(), loaded(x, x)[1].detach().numpy())
+
+
+def test_llmc_checkpoint_file_order(tmp_path):
+    """The file holds llm.c's tensor order: wte, wpe, then each per-layer tensor stacked."""
+    it.manual_seed(2)
+    model = gpt2("tiny")
+    model.save_llmc(tmp_path / "m.bin")
+    data = np.fromfile(tmp_path / "m.bin", dtype="<f4", offset=1024)
+    C, Vp, maxT = 64, 50304, 256
+    wte = data[:Vp * C].reshape(Vp, C)
+    np.testing.assert_array_equal(wte, model.transformer.wte.weight.detach().numpy())
+    at = Vp * C + maxT * C
+    ln1w = data[at:at + 2 * C].reshape(2, C)
+    np.testing.assert_array_equal(ln1w[1], model.transformer.h[1].ln_1.weight.detach().numpy())
+    at += 4 * C  # ln_1 weight and bias of both layers
+    qkvw = data[at:at + 2 * 3 * C * C].reshape(2, 3 * C, C)
+    np.testing.assert_array_equal(qkvw[0], model.transformer.h[0].attn.c_attn.weight.detach().numpy())
+    np.testing.assert_array_equal(data[-C:], model.transformer.ln_f.bias.detach().numpy())
+
+
+def test_broken_checkpoints(tmp_path):
+    it.manual_seed(0)
+    gpt2("tiny").save_llmc(tmp_path / "m.bin")
+    good = (tmp_path / "m.bin").read_bytes()
+    (tmp_path / "trunc.bin").write_bytes(good[:-100])
+    with pytest.raises(DataFormatError, match="truncated"):
+        GPT2.from_llmc(tmp_path / "trunc.bin")
+    (tmp_path / "magic.bin").write_bytes(b"\x01\x02\x03\x04" + good[4:])
+    with pytest.raises(DataFormatError, match="not an llm.c GPT-2 checkpoint"):
+        GPT2.from_llmc(tmp_path / "magic.bin")
+    header = np.frombuffer(good[:1024], dtype="<i4").copy()
+    header[1] = 4
+    (tmp_path / "ver.bin").write_bytes(header.tobytes() + good[1024:])
+    with pytest.raises(DataFormatError, match="version 4 is not supported"):
+        GPT2.from_llmc(tmp_path / "ver.bin")
+
+
+LOG_LINE = re.compile(r"^step +(\d+)/(\d+) \| train loss (\d+\.\d{6}) \| lr \d\.\d\de[-+]\d\d \| "
+                      r"\(\d+\.\d\d ms \| \d+ tok/s \| MFU \d+\.\d% \| peak used: +\d+ MB \| DP=1, TP=1, SP=0, PP=1\)$")
+
+
+@pytest.mark.slow
+def test_example_trains_and_logs(tmp_path):
+    rng = np.random.default_rng(0)
+    pattern = rng.integers(0, 300, 64)
+    write_shard(tmp_path / "train.bin", np.tile(pattern, 40))
+    write_shard(tmp_path / "val.bin", np.tile(pattern, 10))
+    write_tokenizer(tmp_path / "tok.bin", [bytes([i % 256]) for i in range(50257)], 50256)
+    cmd = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "train.bin"),
+           "--input_val_bin", str(tmp_path / "val.bin"), "--tokenizer_bin", str(tmp_path / "tok.bin"),
+           "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--total_batch_size", "128",
+           "--num_iteration", "8", "--learning_rate", "3e-3", "--val_loss_every", "4",
+           "--val_max_steps", "2", "--sample_every", "8", "--sample_length", "8", "--grad_clip", "1.0",
+           "--warmup_iters", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env=ENV)
+    assert out.returncode == 0, out.stderr
+    steps = [LOG_LINE.match(line) for line in out.stdout.splitlines() if line.startswith("step")]
+    assert len(steps) == 8 and all(steps), out.stdout
+    losses = [float(m.group(3)) for m in steps]
+    assert losses[-1] < losses[0] - 1.0
+    assert "x 2 accumulation steps" in out.stdout and "---- sample ----" in out.stdout
+    assert out.stdout.count("val loss") == 4
+
+
+@pytest.mark.slow
+def test_example_rejects_bad_batch(tmp_path):
+    write_shard(tmp_path / "t.bin", np.arange(1000))
+    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin",
+                          str(tmp_path / "t.bin"), "--model", "tiny", "--batch_size", "2",
+                          "--sequence_length", "16", "--total_batch_size", "50"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "not a multiple" in out.stderr

@@ -1,0 +1,247 @@
+"""Bad input gets a clear error, never a crash, runaway memory or silent nonsense: the
+examples' flags, checkpoint folders (every meta.json field mutated), llm.c headers that
+describe huge models, unwritable --save locations and saves that fail half-way."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+from infinitrain import checkpoint
+from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from infinitrain.data import write_shard
+from infinitrain.io import DataFormatError
+from infinitrain.models import GPT2, LLaMA3, gpt2
+from infinitrain.optim import AdamW
+from helpers import ENV
+
+
+# ---- the examples' flags ----------------------------------------------------------------------
+
+BAD_FLAGS = [
+    (["--total_batch_size", "-256"], "--total_batch_size: must be a positive integer"),
+    (["--learning_rate", "nan"], "--learning_rate: must be a finite number"),
+    (["--learning_rate", "inf"], "--learning_rate: must be a finite number"),
+    (["--num_iteration", "0"], "--num_iteration: must be a positive integer"),
+    (["--num_iteration", "-1"], "--num_iteration: must be a positive integer"),
+    (["--weight_decay", "-5"], "--weight_decay: must be 0 or a positive number"),
+    (["--grad_clip", "nan"], "--grad_clip: must be a finite number"),
+    (["--val_loss_every", "-1"], "--val_loss_every: must be 0 or a positive integer"),
+    (["--save_interval", "-1"], "--save_interval: must be 0 or a positive integer"),
+    (["--batch_size", "0"], "--batch_size: must be a positive integer"),
+    (["--sequence_length", "0"], "--sequence_length: must be a positive integer"),
+    (["--max_checkpoint_keep", "-1"], "--max_checkpoint_keep: must be 0 or a positive integer"),
+    (["--tensor_parallel", "0"], "--tensor_parallel: must be a positive integer"),
+    (["--pipeline_timeout", "0"], "--pipeline_timeout: must be a positive number"),
+    (["--batch_size", "four"], "--batch_size: 'four' is not an integer"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_nonsense_flags_are_refused(flags, message, capsys):
+    from infinitrain.examples.gpt2 import GPT2_PRESETS, __doc__ as doc
+    from infinitrain.examples.lm_flags import parse_args
+    with pytest.raises(SystemExit) as e:
+        parse_args(flags, doc, GPT2_PRESETS, "gpt2")
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [(["--train_subset", "-10"], "--train_subset: must be 0 or"),
+                                           (["--dropout", "1.5"], "--dropout: must be in [0, 1)"),
+                                           (["--epochs", "0"], "--epochs: must be a positive integer")])
+def test_nonsense_mnist_flags_are_refused(flags, message, capsys):
+    from infinitrain.examples.mnist import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(flags)
+    assert message in capsys.readouterr().err
+
+
+def _example(tmp_path, *flags, timeout=120):
+    if not (tmp_path / "t.bin").exists():
+        write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 200), 10))
+    return subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
+                           *(["--model", "tiny"] if "--model" not in flags else []), "--batch_size", "2",
+                           "--sequence_length", "16", *flags],
+                          capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def test_an_unwritable_save_location_is_refused_before_training(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    out = _example(tmp_path, "--num_iteration", "3", "--save", str(tmp_path / "file" / "ck"))
+    assert out.returncode != 0 and "cannot write checkpoints to" in out.stderr, out.stderr
+    assert "train loss" not in out.stdout  # nothing trained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,message", [
+    (["--profile", "{missing}/trace.json"], "--profile {missing}/trace.json: the folder"),
+    (["--plot", "{missing}/loss.png"], "--plot {missing}/loss.png: the folder"),
+    (["--precision_check", "level=1,output_path={file}/pc"], "--precision_check: cannot write to its output_path"),
+    (["--lora_rank", "2", "--lora_save_path", "{file}/ad"], "--lora_save_path: cannot write"),
+])
+def test_unwritable_outputs_of_the_new_flags_are_refused_before_training(tmp_path, flags, message):
+    (tmp_path / "file").write_text("not a folder")
+    fill = lambda t: t.format(missing=tmp_path / "missing", file=tmp_path / "file")  # noqa: E731
+    out = _example(tmp_path, "--num_iteration", "2", *map(fill, flags))
+    assert out.returncode != 0 and fill(message) in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "train loss" not in out.stdout
+
+
+@pytest.mark.slow
+def test_resuming_past_the_last_step_is_refused(tmp_path):
+    assert _example(tmp_path, "--num_iteration", "2", "--save", str(tmp_path / "ck")).returncode == 0
+    out = _example(tmp_path, "--num_iteration", "2", "--load", str(tmp_path / "ck"))
+    assert out.returncode != 0 and "leaves nothing to train" in out.stderr, out.stderr
+
+
+# ---- a save that fails half-way ---------------------------------------------------------------
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    model = gpt2("tiny")
+    save_checkpoint(tmp_path, 1, model)
+
+    def full_disk(save_file, arrays, path):
+        Path(path).write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint, "_write_safetensors", full_disk)
+    with pytest.raises(CheckpointError, match="No space left on device.*still names the previous"):
+        save_checkpoint(tmp_path, 2, model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]
+    assert (tmp_path / "latest").read_text().strip() == "step_000001"
+
+
+def test_a_tied_embedding_is_stored_once(tmp_path):
+    model = gpt2("tiny")
+    path = save_checkpoint(tmp_path, 1, model)
+    from safetensors.numpy import load_file
+    stored = load_file(str(path / "model.safetensors"))
+    assert "transformer.wte.weight" in stored and "lm_head.weight" not in stored
+    again = gpt2("tiny", n_layer=2)
+    load_checkpoint(path, again)
+    assert again.lm_head.weight is again.transformer.wte.weight
+    np.testing.assert_array_equal(again.lm_head.weight.detach().numpy(), model.lm_head.weight.detach().numpy())
+
+
+# ---- meta.json, every field mutated -----------------------------------------------------------
+
+VALUES = [None, 0, -1, 1e30, 10**30, "x", "", [], {}, [1, 2], {"a": 1}, True]
+
+
+def _meta_mutations(meta):
+    for key in list(meta):
+        yield f"delete {key}", lambda m, k=key: m.pop(k)
+        for v in VALUES:
+            yield f"{key} = {v!r}", lambda m, k=key, v=v: m.__setitem__(k, v)
+    yield "sha256 empty", lambda m: m.__setitem__("sha256", {})
+    yield "sha256 outside", lambda m: m["sha256"].__setitem__("../../etc/passwd", "0" * 64)
+    yield "sha256 absolute", lambda m: m["sha256"].__setitem__("/etc/passwd", "0" * 64)
+    yield "step float", lambda m: m.__setitem__("step", 5.0)
+    yield "rng negative", lambda m: m.__setitem__("rng", [1, -5])
+    yield "dtype unknown", lambda m: m["dtypes"].__setitem__(next(iter(m["dtypes"])), "complex256")
+    yield "optimizer groups", lambda m: m["optimizer"].__setitem__("param_groups", [{"lr": "x"}])
+    yield "optimizer scalars", lambda m: m["optimizer"].__setitem__("scalars", {"transformer.wte.weight": 3})
+
+
+def test_every_mutated_meta_json_is_a_checkpoint_error(tmp_path):
+    it.manual_seed(0)
+    model = gpt2("tiny")
+    opt = AdamW(model.parameters())
+    _, loss = model(it.tensor([[1, 2, 3]]), it.tensor([[2, 3, 4]]))
+    loss.backward()
+    opt.step()
+    path = save_checkpoint(tmp_path / "ck", 1, model, opt)
+    original = json.loads((path / "meta.json").read_text())
+    cases = list(_meta_mutations(json.loads(json.dumps(original))))
+    assert len(cases) > 100
+    for what, mutate in cases:
+        meta = json.loads(json.dumps(original))
+        mutate(meta)
+        if meta == original:
+            continue  # not a change (extra = {} when it was {})
+        (path / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(CheckpointError):
+            load_checkpoint(path, model, opt)
+        print("refused:", what)
+    for text in ("", "[" * 100000, "{\"format\": 1", "\x00\xff", "[]"):
+        (path / "meta.json").write_bytes(text.encode("latin-1"))
+        with pytest.raises(CheckpointError, match="meta.json"):
+            load_checkpoint(path, model, opt)
+
+
+# ---- llm.c headers ----------------------------------------------------------------------------
+
+def _header(magic, version, ints, floats=()):
+    h = np.zeros(256, dtype="<i4")
+    h[0], h[1] = magic, version
+    h[2:2 + len(ints)] = ints
+    for i, f in floats:
+        h.view("<f4")[i] = f
+    return h.tobytes()
+
+
+@pytest.mark.parametrize("fields", [
+    [1024, 50257, 10**6, 12, 768, 50304],    # a million layers
+    [1024, 50257, 48, 32, 4096, 50304],      # 6 GB of weights
+    [1024, 50257, -4, 12, 768, 50304],       # negative
+    [0, 0, 0, 0, 0, 0],
+], ids=["million-layers", "6GB", "negative", "zeros"])
+def test_a_gpt2_header_cannot_eat_the_machine(tmp_path, fields):
+    (tmp_path / "m.bin").write_bytes(_header(20240326, 3, fields))
+    with pytest.raises(DataFormatError):
+        GPT2.from_llmc(tmp_path / "m.bin")
+    assert it.memory_stats()["allocated_bytes"] < 2**26  # nothing was built
+
+
+def test_a_llama_header_with_a_huge_block_size_allocates_little(tmp_path):
+    """block_size 2^26 in a file whose weights are tiny: the rotary tables are made for the
+    positions in use, not for 2^26 of them."""
+    from infinitrain.models import LLaMA3Config
+    cfg = LLaMA3Config(block_size=2**26, vocab_size=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=16,
+                       ffn_dim_multiplier=None, multiple_of=16, rope_theta=10000.0)
+    model = LLaMA3(cfg, seed=0)
+    model.save_llmc(tmp_path / "m.bin")
+    it.reset_peak_memory_stats()
+    again = LLaMA3.from_llmc(tmp_path / "m.bin")
+    assert it.memory_stats()["peak_allocated_bytes"] < 2**24
+    x = it.tensor([[1, 2, 3, 4]])
+    np.testing.assert_array_equal(again(x, x)[1].detach().numpy(), model(x, x)[1].detach().numpy())
+    (tmp_path / "bad.bin").write_bytes(_header(20240803, 3, [64, 64, 1, 3, 2, 16], [(8, 0.0)]) + b"\0" * 4096)
+    with pytest.raises(DataFormatError):
+        LLaMA3.from_llmc(tmp_path / "bad.bin")
+
+
+def test_a_corrupt_mnist_cache_says_what_to_do(tmp_path):
+    from infinitrain.data.prepare import load_mnist
+    (tmp_path / "mnist.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(DataFormatError, match="delete it and run `python -m infinitrain.data.prepare mnist`"):
+        load_mnist(tmp_path / "mnist.npz")
+    np.savez(tmp_path / "partial.npz", train_images=np.zeros((3, 28, 28), np.uint8))
+    with pytest.raises(DataFormatError, match="the train split is missing or malformed"):
+        load_mnist(tmp_path / "partial.npz")
+    np.save(tmp_path / "pickled.npy", np.array([{"a": 1}], dtype=object))
+    with pytest.raises(DataFormatError, match="not a readable MNIST cache"):
+        load_mnist(tmp_path / "pickled.npy")
+
+
+@pytest.mark.slow
+def test_a_job_that_cannot_fit_in_memory_is_refused_before_it_starts(tmp_path):
+    """GPT-2 XL with 64 x 1024-token sequences needs hundreds of GB: said and refused before
+    anything is built (seconds, not the OOM killer)."""
+    out = _example(tmp_path, "--model", "gpt2-xl", "--batch_size", "64", "--sequence_length", "1024",
+                   timeout=60)
+    assert out.returncode != 0 and "this job will not fit in memory" in out.stderr, out.stderr
+    assert "GB per rank" in out.stderr and "--tensor_parallel" in out.stderr
+    fits = _example(tmp_path, "--num_iteration", "1")
+    assert fits.returncode == 0 and "memory: about" in fits.stdout, fits.stderr
+
+
+def test_numpy_of_a_tensor_that_requires_grad_is_refused():
+    """As PyTorch: a writable view would let writes bypass autograd; reading stays possible."""
+    w = it.nn.Parameter(it.ones(3))
+    with pytest.raises(RuntimeError, match=r"use tensor.detach\(\).numpy\(\)"):
+        w.numpy()
+    assert w.detach().numpy().tolist() == [1.0, 1.0, 1.0] and w.tolist() == [1.0, 1.0, 1.0]
+    assert (w * 2).sum().item() == 6.0 and "Parameter containing" in repr(w)

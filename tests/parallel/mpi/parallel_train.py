@@ -1,0 +1,155 @@
+"""Trains a tiny GPT-2 or LLaMA-3 for a few AdamW steps under DP x TP (± SP) x PP, with ZeRO,
+LoRA or recomputation, through the trainer's own step (nn.parallel.train_step) on a fixed
+global batch and prints one line per step ("loss <step> <value>") from rank 0; on one process
+with the defaults it is the reference. The global batch (--batch sequences) is split over DP
+and then into --micro micro-batches, so every layout trains on the same tokens. At the end
+every parameter replicated across the TP group must be bit-identical on its ranks, and the
+pipeline's two copies of a tied embedding equal.
+
+    mpiexec -n 8 python parallel_train.py --model gpt2 --tp 2 --sp --pp 2 --vpp 2 --micro 4
+"""
+import argparse
+import hashlib
+
+import numpy as np
+
+import infinitrain as it
+from infinitrain.amp import autocast
+from infinitrain.checkpoint import load_checkpoint, load_lora, save_checkpoint, save_lora
+from infinitrain.models import GPT2Config, LLaMA3Config
+from infinitrain.models.gpt2 import GPT2
+from infinitrain.models.llama3 import LLaMA3
+from infinitrain.nn import parallel
+from infinitrain.nn.lora import apply_lora
+from infinitrain.nn.parallel.tensor_parallel import TensorParallel
+from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
+from infinitrain.optim import AdamW
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", choices=["gpt2", "llama3"], default="gpt2")
+p.add_argument("--tp", type=int, default=1)
+p.add_argument("--sp", action="store_true")
+p.add_argument("--pp", type=int, default=1)
+p.add_argument("--vpp", type=int, default=1)
+p.add_argument("--schedule", default=None, help="gpipe | 1f1b | interleaved (default by --vpp)")
+p.add_argument("--micro", type=int, default=1, help="micro-batches per step (per DP rank)")
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--vocab", type=int, default=50257)
+p.add_argument("--embd", type=int, default=32)
+p.add_argument("--dtype", default="float32")
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--first", type=int, default=1, help="step to start at (after --load)")
+p.add_argument("--batch", type=int, default=4, help="global batch (sequences)")
+p.add_argument("--seq", type=int, default=16)
+p.add_argument("--lr", type=float, default=1e-2)
+p.add_argument("--clip", type=float, default=1.0)
+p.add_argument("--save", default=None)
+p.add_argument("--load", default=None)
+p.add_argument("--zero", type=int, default=0, help="ZeRO stage over DP (replaces DDP)")
+p.add_argument("--recompute", default="none", help="activation recomputation: none | full | selective")
+p.add_argument("--lora", type=int, default=0, help="LoRA rank on the default targets (0 = off)")
+p.add_argument("--lora_save", default=None, help="save the adapters alone to this folder at the end")
+p.add_argument("--lora_load", default=None, help="load adapters saved so before training")
+p.add_argument("--pipeline_timeout", type=float, default=120.0)
+p.add_argument("--hang_stage", type=int, default=None, help="this stage stops answering (a test of timeouts)")
+p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
+args = p.parse_args()
+
+env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp)
+tp = TensorParallel(env.tp_group, sequence_parallel=args.sp) if args.tp > 1 else None
+stage = env.pipeline_stage(args.vpp) if args.pp > 1 or args.vpp > 1 else None
+dp, dp_rank = env.layout.dp, env.dp_rank
+if args.model == "gpt2":
+    cfg = GPT2Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=4, n_embd=args.embd)
+    model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else GPT2(cfg, seed=5, tp=tp, pp=stage)
+else:  # grouped-query attention: 8 query heads, 4 KV heads
+    cfg = LLaMA3Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=8, n_kv_head=4,
+                       n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
+    model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage)
+model.set_recompute(args.recompute)
+if args.lora:
+    apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)
+    if args.lora_load:
+        load_lora(model, args.lora_load)
+if args.zero == 3 and args.pp > 1:
+    raise SystemExit("ZeRO-3 does not compose with PP yet")
+trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, env.pp_group, zero_stage=args.zero,
+                    pipeline_schedule=(args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")) if stage else None,
+                    pipeline_timeout=args.pipeline_timeout, bucket_cap_mb=0.25,
+                    set_to_none=False,  # gradients stay allocated: a step's peak above its start is activations
+                    lr=args.lr, betas=(0.9, 0.95))
+opt, pipe = trainer.optimizer, trainer.pipe
+if args.load:
+    load_checkpoint(args.load, model, opt)
+
+
+def context():
+    return autocast(args.dtype, enabled=args.dtype != "float32")
+
+
+B, T, M = args.batch // dp, args.seq, args.micro
+b = B // M
+assert b >= 1, f"--batch {args.batch} cannot give {dp} DP ranks {M} micro-batches each"
+activation_peak = 0  # the most memory a step held above what it started with (rank 0: stage 0)
+for step in range(args.first, args.steps + 1):
+    start = it.memory_stats()["allocated_bytes"]
+    if step > args.first:  # the peak over the steps after the first (all state allocated)
+        it.reset_peak_memory_stats()
+    # two batches in turn from a few hundred ids: the loss falls fast, so steps differ a lot
+    data = np.random.default_rng(step % 2).integers(0, min(300, args.vocab), (args.batch, T + 1))
+    mine = data[dp_rank * B:(dp_rank + 1) * B]
+    micro = [(it.from_numpy(mine[m * b:(m + 1) * b, :-1].copy()), it.from_numpy(mine[m * b:(m + 1) * b, 1:].copy()))
+             for m in range(M)]
+    if args.hang_stage is not None and env.coords.pp == args.hang_stage:
+        import time
+        time.sleep(3600)
+    value = trainer.forward_backward(micro, forward_context=context)
+    if step > args.first:  # the first step also allocates the gradients
+        activation_peak = max(activation_peak, it.memory_stats()["peak_allocated_bytes"] - start)
+    norm = trainer.optimizer_step(args.clip)
+    if env.rank == 0:
+        print(f"loss {step} {np.float32(value):.9g} norm {norm:.9g}", flush=True)
+train_peak = it.memory_stats()["peak_allocated_bytes"]  # before the checks below gather anything
+
+
+def digest(q) -> int:
+    return int(np.frombuffer(hashlib.sha256(q.detach().float().numpy().tobytes()).digest()[:8], np.int64)[0])
+
+
+def same_everywhere(value: int, group) -> bool:
+    hi, lo = it.tensor([value], dtype=it.int64), it.tensor([value], dtype=it.int64)
+    group.all_reduce(hi, parallel.ReduceOp.MAX)
+    group.all_reduce(lo, parallel.ReduceOp.MIN)
+    return hi.item() == lo.item()
+
+
+with trainer.gathered_parameters():  # ZeRO-3 holds them sharded
+    # replicated parameters (not TP shards) must be bit-identical across the TP group
+    for name, q in model.named_parameters():
+        if q.tp_shard is None:
+            assert same_everywhere(digest(q), env.tp_group), f"{name} differs across the TP group after {args.steps} steps"
+    # the tied embedding's two copies (first and last stage) must be equal
+    for q in model.tied_parameters():
+        assert same_everywhere(digest(q), env.embedding_group), "the tied embedding's copies differ"
+# sampling runs the model on sequences of every length (padded to a multiple of TP under SP)
+with it.no_grad():
+    tokens = model.generate(it.tensor([[1, 2, 3]]), 5, top_k=20, seed=1,
+                            forward=pipe.logits if pipe else None).numpy()[0].tolist()
+whole = hashlib.sha256()  # this rank's parameters bit for bit: what a refactoring must not move
+with trainer.gathered_parameters():
+    for q in model.parameters():
+        whole.update(q.detach().float().numpy().tobytes())
+if env.rank == 0:
+    print(f"digest {whole.hexdigest()} norm {norm!r}", flush=True)
+    print(f"sample {tokens}", flush=True)
+    print(f"activation_peak {activation_peak}", flush=True)
+    print(f"peak_bytes {train_peak}", flush=True)
+    print(f"parameters {sum(q.numel() for q in model.parameters())}", flush=True)
+if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
+    save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
+    env.world.barrier()
+if args.lora_save:
+    save_lora(model, args.lora_save, write=env.coords.dp == 0 and env.coords.tp == 0, optimizer=opt)
+    env.world.barrier()
+env.world.barrier()  # rank 0's lines are out before any rank's OK (lines of ranks interleave)
+print(f"rank {env.rank} OK", flush=True)

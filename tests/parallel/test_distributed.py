@@ -1,0 +1,167 @@
+"""Multi-process tests: each starts `mpiexec -n N` (oversubscribed on small machines) and fails
+with the ranks' output when a rank fails."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from infinitrain.data import write_shard
+from infinitrain.nn.parallel import Layout
+
+from helpers import ENV, MPI_SCRIPTS, MPIEXEC, PARALLEL_TRAIN, mpirun, step_losses
+
+
+def test_layout_unit():
+    L = Layout(8, tp=2, pp=2)
+    assert L.dp == 2 and L.rank_of(dp=1, tp=1, pp=1) == 7
+    assert [L.coords(r) for r in (0, 5)] == [L.coords(0), L.coords(5)]
+    assert L.coords(5).tp == 1 and L.coords(5).dp == 0 and L.coords(5).pp == 1
+    assert L.tp_group(5) == [4, 5] and L.dp_group(5) == [5, 7] and L.pp_group(5) == [1, 5]
+    assert L.all_groups("pp") == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    with pytest.raises(ValueError, match="cannot be split"):
+        Layout(6, tp=4)
+    with pytest.raises(ValueError, match="= 12 ranks, but the world has 8"):
+        Layout(8, tp=2, dp=6)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_collectives(n):
+    out = mpirun(n, [str(MPI_SCRIPTS / "collectives.py")])
+    assert out.count("OK") == n
+
+
+@pytest.mark.mpi
+def test_layout_subgroups_2x2x2():
+    assert mpirun(8, [str(MPI_SCRIPTS / "layout_groups.py")]).count("OK") == 8
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_ddp_mechanics(n):
+    assert mpirun(n, [str(MPI_SCRIPTS / "ddp_mechanics.py")]).count("OK") == n
+
+
+@pytest.mark.mpi
+def test_data_parallel_gpt2_matches_one_process(tmp_path):
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    args = ["-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny",
+            "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "10", "--learning_rate", "3e-3"]
+    one = subprocess.run([sys.executable, *args, "--total_batch_size", "512"], capture_output=True,
+                         text=True, timeout=300, env=ENV)
+    assert one.returncode == 0, one.stderr
+    single = step_losses(one.stdout)
+    eight = mpirun(8, args)
+    two_accum = mpirun(2, args + ["--total_batch_size", "512"])
+    ENV["INFINITRAIN_COMM_THREAD"] = "1"  # reductions on the communication thread, during backward
+    try:
+        threaded = mpirun(2, args + ["--total_batch_size", "512"])
+    finally:
+        del ENV["INFINITRAIN_COMM_THREAD"]
+    assert "DP=8, TP=1, SP=0, PP=1" in eight and "x 4 accumulation steps x 2 data-parallel" in two_accum
+    assert len(single) == 10
+    np.testing.assert_allclose(step_losses(eight), single, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(step_losses(two_accum), single, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(step_losses(threaded), single, rtol=0, atol=1e-5)
+    assert single[-1] < single[0] - 1.0
+
+
+@pytest.mark.mpi
+def test_launcher_env_and_failing_rank(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys\n"
+        "from infinitrain.nn import parallel\n"
+        "env = parallel.init()\n"
+        "print('env', os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'],"
+        " os.environ['LOCAL_WORLD_SIZE'], os.environ['MASTER_PORT'], env.rank)\n"
+        "if env.rank == int(sys.argv[1]):\n"
+        "    raise RuntimeError('boom on purpose')\n"
+        "env.world.barrier()\n")
+    launcher = [sys.executable, "-m", "mpi_launch", "--nproc_per_node", "3", "--rdzv_endpoint",
+                "127.0.0.1:29999", str(script)]
+    ok = subprocess.run(launcher + ["-1"], capture_output=True, text=True, timeout=120, env=ENV)
+    shown = f"stdout:\n{ok.stdout}\nstderr:\n{ok.stderr}"
+    assert ok.returncode == 0, shown
+    for r in range(3):
+        assert f"[{r}] env {r} {r} 3 3 29999 {r}" in ok.stdout, shown
+    bad = subprocess.run(launcher + ["1"], capture_output=True, text=True, timeout=120, env=ENV)
+    shown = f"exit {bad.returncode}\nstdout:\n{bad.stdout}\nstderr:\n{bad.stderr}"
+    assert bad.returncode != 0, shown
+    assert "boom on purpose" in bad.stdout + bad.stderr, shown
+    assert "[rank 1] uncaught exception, aborting the job" in bad.stdout + bad.stderr, shown
+
+
+@pytest.mark.mpi
+def test_mpi_launch_module_form_passes_the_programs_flags(tmp_path):
+    """`mpi_launch --nproc_per_node 2 -m infinitrain.examples.gpt2 --model tiny ...` (the
+    README's form): every flag after the module is the program's."""
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 10))
+    out = subprocess.run([sys.executable, "-m", "mpi_launch", "--nproc_per_node", "2", "-m",
+                          "infinitrain.examples.gpt2", "--model", "tiny", "--input_bin",
+                          str(tmp_path / "t.bin"), "--batch_size", "2", "--sequence_length", "16",
+                          "--num_iteration", "2"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "DP=2, TP=1, SP=0, PP=1" in out.stdout and "step    2/2" in out.stdout, out.stdout
+    from mpi_launch import parse
+    a = parse(["--nproc_per_node=2", "train.py", "--nproc_per_node", "9", "-m", "x"])
+    assert a.nproc_per_node == 2 and a.script == "train.py" and a.args == ["--nproc_per_node", "9", "-m", "x"]
+    with pytest.raises(SystemExit):
+        parse(["--nproc_per_node", "2"])
+
+
+@pytest.mark.mpi
+def test_mismatched_mpi_is_reported():
+    code = "from infinitrain.nn import parallel; parallel.init()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(ENV, PMI_SIZE="4"))
+    assert out.returncode != 0
+    assert "started 4 processes (PMI_SIZE=4) but MPI sees a world of 1" in out.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("example", ["gpt2", "llama3"])
+def test_tensor_parallel_example_matches_one_process(tmp_path, example):
+    """The front door: `mpiexec -n 4 python -m infinitrain.examples.gpt2 --tensor_parallel 2
+    --sequence_parallel` (DP 2 x TP 2, gradient clipping on, a checkpoint written) prints the
+    one-process losses."""
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    args = ["-m", f"infinitrain.examples.{example}", "--input_bin", str(tmp_path / "t.bin"),
+            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "6",
+            "--learning_rate", "3e-3", "--grad_clip", "0.5", "--total_batch_size", "128"]
+    one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV)
+    assert one.returncode == 0, one.stderr
+    tp = mpirun(4, args + ["--tensor_parallel", "2", "--sequence_parallel", "--save", str(tmp_path / "ck")])
+    assert "DP=2, TP=2, SP=2, PP=1" in tp, tp
+    np.testing.assert_allclose(step_losses(tp), step_losses(one.stdout), rtol=1e-5, atol=0)
+    assert (tmp_path / "ck" / "latest").is_file()
+    bad = subprocess.run([MPIEXEC, "-n", "4", sys.executable, *args, "--tensor_parallel", "3"],
+                         capture_output=True, text=True, timeout=120, env=ENV)
+    assert bad.returncode != 0 and "cannot be split into tensor parallel 3" in bad.stderr, bad.stderr
+    # 3D: DP 2 x TP 2 (+SP) x PP 2 with 2 micro-batches, through the example's own flags; the
+    # checkpoint it writes resumes in one process with the uninterrupted losses
+    three_d = mpirun(8, args + ["--tensor_parallel", "2", "--sequence_parallel", "--pipeline_parallel", "2",
+                                "--total_batch_size", "256", "--save", str(tmp_path / "ck3"),
+                                "--save_interval", "3"])
+    assert "DP=2, TP=2, SP=2, PP=2" in three_d and "pipeline: 1f1b schedule over 2 stages" in three_d, three_d
+    one_accum = subprocess.run([sys.executable, *args, "--total_batch_size", "256"], capture_output=True,
+                               text=True, timeout=300, env=ENV)
+    np.testing.assert_allclose(step_losses(three_d), step_losses(one_accum.stdout), rtol=1e-5, atol=0)
+    resumed = subprocess.run([sys.executable, *args, "--total_batch_size", "256",
+                              "--load", str(tmp_path / "ck3" / "step_000003")],
+                             capture_output=True, text=True, timeout=300, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr
+    np.testing.assert_allclose(step_losses(resumed.stdout), step_losses(one_accum.stdout)[3:], rtol=1e-5, atol=0)
+
+
+@pytest.mark.mpi
+def test_a_hung_pipeline_stage_aborts_the_job_with_a_message():
+    """Stage 1 stops answering: stage 0's wait times out and names who it waited for."""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(PARALLEL_TRAIN),
+                          "--layers", "2", "--pp", "2", "--steps", "2", "--hang_stage", "1",
+                          "--pipeline_timeout", "3"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode != 0
+    assert re.search(r"rank 0 \(pipeline stage 0 of 2\) waited 3 s for the gradient of micro-batch 0 "
+                     r"for chunk 0 from stage 1 \(rank 1\)", out.stderr), out.stderr

@@ -1,0 +1,153 @@
+"""ZeRO stages 1, 2 and 3 against one process: tiny GPT-2 and LLaMA-3 trained under DP 2, 4 and
+8 with optimizer state (stage 2: and gradients; stage 3: and parameters) sharded, gradient
+accumulation and clipping on: the per-step losses and gradient norms equal the one-process run
+(fp32 within 1e-5, bf16 within 1e-2); on DP 4 the per-rank peak tensor memory falls stage by
+stage; checkpoints move between stages and DP sizes; ZeRO-3's gathering is checked directly."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import ENV, MPI_SCRIPTS, MPIEXEC, assert_same, losses, mpirun, one_process, parallel_train, step_losses
+
+CHECKS = str(MPI_SCRIPTS / "zero3_checks.py")
+
+COMMON = ["--batch", "8", "--steps", "6", "--clip", "0.5"]
+
+
+def reference(model, dtype, *flags):
+    return one_process("--model", model, "--dtype", dtype, "--lr", "3e-3", *COMMON, *flags)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("model,n,micro", [("gpt2", 2, 2), ("gpt2", 4, 2), ("gpt2", 8, 1), ("llama3", 4, 2)])
+def test_zero_fp32_matches_one_process(model, n, micro, stage):
+    got = losses(parallel_train(n, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage), "--micro", str(micro)]))
+    assert_same(got, reference(model, "float32"), "float32", f"{model} ZeRO-{stage} DP {n} M {micro}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_zero_with_tensor_and_sequence_parallelism_matches_one_process(model, stage):
+    """DP 2 x TP 2 + SP: ZeRO shards each TP rank's slices over DP (stage 3 gathers a unit's
+    slices over DP only); SP gradients are summed over TP before they are sharded; the norm
+    counts TP shards over TP and replicas once."""
+    got = losses(parallel_train(4, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage), "--micro", "2",
+                         "--tp", "2", "--sp"]))
+    assert_same(got, reference(model, "float32"), "float32", f"{model} ZeRO-{stage} DP 2 x TP 2 + SP")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_zero_in_a_3d_layout_matches_one_process(model, stage):
+    """DP 2 x TP 2 x PP 2 with ZeRO-1 (the pipeline's tied-embedding sum acts on the flat
+    gradients before they are sharded) and ZeRO-2 (the tied embedding has a bucket of its own
+    on the first and last stage, whose gradient pieces are summed over the two); the norm sums
+    over stages and leaves the copy out."""
+    flags = ["--layers", "4", "--tp", "2", "--pp", "2", "--zero", str(stage), "--micro", "2"]
+    got = losses(parallel_train(8, ["--model", model, "--lr", "3e-3", *COMMON, *flags]))
+    assert_same(got, four_layers(model), "float32", f"{model} ZeRO-{stage} DP2 x TP2 x PP2")
+
+
+@pytest.mark.mpi
+def test_zero2_with_interleaved_pipeline_matches_one_process():
+    """DP 2 x PP 2 x VPP 2: each micro-batch's backward runs chunk by chunk, each one reducing."""
+    flags = ["--layers", "4", "--pp", "2", "--vpp", "2", "--zero", "2", "--micro", "4"]
+    got = losses(parallel_train(4, ["--model", "gpt2", "--lr", "3e-3", *COMMON, *flags]))
+    assert_same(got, four_layers("gpt2"), "float32", "gpt2 ZeRO-2 DP2 x PP2 x VPP2")
+
+
+def four_layers(model):
+    return reference(model, "float32", "--layers", "4")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage,n", [(1, 8), (2, 2), (1, 4), (2, 4), (3, 4), (3, 2), (3, 8)])
+def test_zero_bf16_matches_one_process(stage, n):
+    got = losses(parallel_train(n, ["--model", "llama3", "--dtype", "bfloat16", "--lr", "3e-3", *COMMON,
+                         "--zero", str(stage), "--micro", "2" if n < 8 else "1"]))
+    assert_same(got, reference("llama3", "bfloat16"), "bfloat16", f"llama3 bf16 ZeRO-{stage} DP {n}")
+
+
+@pytest.mark.mpi
+def test_peak_memory_falls_with_the_stage():
+    """A model whose parameters outweigh its activations and whose units are small against it
+    (vocabulary 512, 12 layers of 64): per rank DDP holds ~16P bytes of weights, gradients and
+    AdamW state, stage 1 ~10P, stage 2 ~7P, stage 3 ~4P, plus activations, the buckets in
+    flight and, stage 3, the two or three units gathered at a time."""
+    peaks = {}
+    for stage in (0, 1, 2, 3):
+        out = parallel_train(4, ["--vocab", "512", "--embd", "64", "--layers", "12", "--seq", "8", "--batch", "8",
+                      "--steps", "3", "--micro", "2", "--zero", str(stage)])
+        P = int(re.search(r"^parameters (\d+)$", out, re.M).group(1))
+        peaks[stage] = int(re.search(r"^peak_bytes (\d+)$", out, re.M).group(1))
+    print({s: f"{v / 2**20:.2f} MB = {v / P:.1f} P" for s, v in peaks.items()})
+    assert peaks[3] < peaks[2] < peaks[1] < peaks[0], peaks
+    assert peaks[1] < 0.75 * peaks[0] and peaks[2] < 0.85 * peaks[1] and peaks[3] < 0.85 * peaks[2], peaks
+
+
+@pytest.mark.mpi
+def test_zero3_gathers_around_each_unit_and_refuses_released_reads():
+    """Parameters are whole during their unit's forward and released after forward and
+    backward; reading one outside raises a clear error; gathered_parameters(write=True)
+    makes what was written the shards."""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, CHECKS], capture_output=True, text=True,
+                         timeout=120, env=ENV)
+    assert out.returncode == 0 and out.stdout.count(" OK") == 2, out.stdout + out.stderr
+
+
+@pytest.mark.mpi
+def test_zero3_ranks_running_different_modules_get_an_error_not_a_hang():
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, CHECKS, "--diverge"], capture_output=True,
+                         text=True, timeout=120, env=ENV)
+    assert out.returncode != 0
+    assert "every rank must run the model's modules in the same order" in out.stdout + out.stderr, \
+        out.stdout + out.stderr
+
+
+@pytest.mark.mpi
+def test_zero_stage_flag_of_the_example_matches_one_process(tmp_path):
+    """`mpiexec -n 4 python -m infinitrain.examples.gpt2 --zero_stage 2` with warmup (the
+    schedule reaches the sharded optimizer), accumulation and clipping: one process's losses."""
+    from infinitrain.data import write_shard
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    args = ["-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny",
+            "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "5", "--learning_rate", "3e-3",
+            "--warmup_iters", "3", "--grad_clip", "0.5", "--total_batch_size", "256"]
+    one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV)
+    assert one.returncode == 0, one.stderr
+    for stage in ("1", "2", "3"):
+        got = mpirun(4, args + ["--zero_stage", stage, "--save", str(tmp_path / f"ck{stage}"), "--save_interval", "2",
+                                *(["--val_loss_every", "4", "--sample_every", "5", "--sample_length", "4"]
+                                  if stage == "3" else [])])  # ZeRO-3 evaluates and samples on every rank
+        np.testing.assert_allclose(step_losses(got), step_losses(one.stdout), rtol=1e-5, atol=0, err_msg=f"stage {stage}")
+    # the stage-2 checkpoint of step 2 resumes on DP 2 at stage 1; stage 3's on DP 2 at stage 3
+    for saved, stage in (("ck2", "1"), ("ck3", "3")):
+        resumed = mpirun(2, args + ["--zero_stage", stage, "--load", str(tmp_path / saved / "step_000002")])
+        np.testing.assert_allclose(step_losses(resumed), step_losses(one.stdout)[2:], rtol=1e-5, atol=0, err_msg=saved)
+    refused = subprocess.run([MPIEXEC, "-n", "4", sys.executable, *args, "--zero_stage", "3", "--pipeline_parallel", "2"],
+                             capture_output=True, text=True, timeout=120, env=ENV)
+    assert refused.returncode != 0 and "does not compose with --pipeline_parallel" in refused.stderr, refused.stderr
+
+
+@pytest.mark.mpi
+def test_a_zero2_checkpoint_resumes_under_another_dp_size(tmp_path):
+    """Saved by ZeRO-2 on DP 4 at step 3 (the optimizer state gathered into one process's form),
+    resumed by ZeRO-2 on DP 2, ZeRO-1 on DP 8 and one process: the uninterrupted losses."""
+    common = ["--batch", "8", "--micro", "1", "--clip", "0.5", "--lr", "3e-3"]
+    whole = losses(parallel_train(1, common + ["--steps", "6"]))[0][::2]
+    parallel_train(4, common + ["--zero", "2", "--steps", "3", "--save", str(tmp_path / "ck")])
+    resume = common + ["--steps", "6", "--first", "4", "--load", str(tmp_path / "ck")]
+    for n, flags in ((2, ["--zero", "2"]), (8, ["--zero", "1"]), (1, []), (4, ["--zero", "2", "--tp", "2"]),
+                     (4, ["--zero", "3"])):
+        got = losses(parallel_train(n, resume + flags))[0][::2]
+        np.testing.assert_allclose(got, whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")
+    # and a ZeRO-3 checkpoint (parameters gathered from their shards) resumes in one process
+    parallel_train(2, common + ["--zero", "3", "--steps", "3", "--save", str(tmp_path / "ck3")])
+    got = losses(parallel_train(1, common + ["--steps", "6", "--first", "4", "--load", str(tmp_path / "ck3")]))[0][::2]
+    np.testing.assert_allclose(got, whole[3:], rtol=1e-5, atol=0, err_msg="ZeRO-3 DP 2 -> one process")

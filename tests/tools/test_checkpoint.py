@@ -1,0 +1,145 @@
+"""Checkpoints: save/load round trips, integrity and version checks, a killed save, exact
+resume of the training example, and safetensors export."""
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from infinitrain.data import write_shard
+from infinitrain.models import GPT2, LLaMA3, gpt2, llama3
+from infinitrain.plot import parse_log
+from helpers import ENV
+
+
+def _trained(steps=3):
+    it.manual_seed(0)
+    model = gpt2("tiny")
+    opt = it.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    x = it.tensor(np.arange(32).reshape(2, 16) % 50)
+    for _ in range(steps):
+        _, loss = model(x, x, return_logits=False)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, opt, x
+
+
+def test_round_trip_restores_model_optimizer_and_rng(tmp_path):
+    model, opt, x = _trained()
+    it.manual_seed(123)
+    it.randn(5)
+    path = save_checkpoint(tmp_path, 3, model, opt, extra={"note": "hi"})
+    assert path.name == "step_000003" and (tmp_path / "latest").read_text().strip() == "step_000003"
+    expected_rng = it.default_generator.get_state()
+    after = it.randn(4).numpy()
+
+    it.manual_seed(999)
+    model2 = gpt2("tiny")
+    opt2 = it.optim.AdamW(model2.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    meta = load_checkpoint(tmp_path, model2, opt2)
+    assert meta["step"] == 3 and meta["extra"] == {"note": "hi"}
+    assert it.default_generator.get_state() == expected_rng
+    np.testing.assert_array_equal(it.randn(4).numpy(), after)
+    for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy(), err_msg=n)
+    for m, o in ((model, opt), (model2, opt2)):  # one more step: identical
+        _, loss = m(x, x, return_logits=False)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy(), err_msg=n)
+
+
+def test_damaged_foreign_and_mismatched_checkpoints(tmp_path):
+    model, opt, _ = _trained(1)
+    path = save_checkpoint(tmp_path / "a", 1, model, opt)
+    blob = bytearray((path / "model.safetensors").read_bytes())
+    blob[-5] ^= 0xFF
+    (path / "model.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="damaged"):
+        load_checkpoint(path, model, opt)
+    path = save_checkpoint(tmp_path / "b", 1, model, opt)
+    meta = json.loads((path / "meta.json").read_text())
+    meta["version"] = 99
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="version 99"):
+        load_checkpoint(path, model)
+    path = save_checkpoint(tmp_path / "c", 1, model, opt)
+    other = gpt2("tiny", n_layer=3)
+    with pytest.raises(CheckpointError, match="missing keys: transformer.h.2"):
+        load_checkpoint(path, other)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nothing", model)
+
+
+def test_killed_save_leaves_previous_checkpoint(tmp_path):
+    """A save killed while writing (here: SIGKILL from inside it) keeps `latest` valid."""
+    model, opt, _ = _trained(1)
+    save_checkpoint(tmp_path, 1, model, opt)
+    script = f"""
+import os, signal, numpy as np
+import infinitrain as it
+from infinitrain.models import gpt2
+from infinitrain import checkpoint
+model = gpt2("tiny")
+real = checkpoint.sha256_file
+def die(path):
+    os.kill(os.getpid(), signal.SIGKILL)  # killed half-way through writing step 2
+checkpoint.sha256_file = die
+checkpoint.save_checkpoint({str(tmp_path)!r}, 2, model)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    assert (tmp_path / "latest").read_text().strip() == "step_000001"
+    fresh = gpt2("tiny")
+    meta = load_checkpoint(tmp_path, fresh, it.optim.AdamW(fresh.parameters()))
+    assert meta["step"] == 1
+
+
+def test_keep_limits_checkpoints(tmp_path):
+    model, opt, _ = _trained(1)
+    for s in range(1, 5):
+        save_checkpoint(tmp_path, s, model, opt, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_000003", "step_000004"]
+
+
+@pytest.mark.slow
+def test_resume_prints_the_uninterrupted_losses(tmp_path):
+    pattern = np.random.default_rng(0).integers(0, 300, 64)
+    write_shard(tmp_path / "train.bin", np.tile(pattern, 60))
+    base = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "train.bin"),
+            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "10",
+            "--learning_rate", "3e-3", "--warmup_iters", "3"]
+    env = ENV
+
+    def losses(out):
+        assert out.returncode == 0, out.stderr
+        return dict(parse_log(out.stdout)["train"])  # {step: loss} (the package's own log parser)
+    full = losses(subprocess.run(base, capture_output=True, text=True, timeout=300, env=env))
+    first = subprocess.run(base[:-6] + ["--num_iteration", "5", "--learning_rate", "3e-3", "--warmup_iters", "3",
+                                        "--save", str(tmp_path / "ck")],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert losses(first) == {k: v for k, v in full.items() if k <= 5}
+    resumed = subprocess.run(base + ["--load", str(tmp_path / "ck")], capture_output=True, text=True,
+                             timeout=300, env=env)
+    assert "resumed from" in resumed.stdout
+    assert losses(resumed) == {k: v for k, v in full.items() if k > 5}
+
+
+@pytest.mark.parametrize("factory,cls", [(lambda: gpt2("tiny"), GPT2), (lambda: llama3("tiny"), LLaMA3)])
+def test_save_pretrained_safetensors(tmp_path, factory, cls):
+    it.manual_seed(4)
+    model = factory()
+    model.save_pretrained(tmp_path)
+    from safetensors.numpy import load_file
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    assert set(weights) == set(model.state_dict())
+    again = cls.from_pretrained(tmp_path)
+    x = it.tensor([[3, 1, 4, 1, 5]])
+    np.testing.assert_array_equal(model(x, x)[1].detach().numpy(), again(x, x)[1].detach().numpy())
