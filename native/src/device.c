@@ -6,7 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common.h"
+#include "device.h"
+#include "status.h"
 #include "cuda_bridge.h"
 
 it_status it_check_device(it_device device, const char *fn) {

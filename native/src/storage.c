@@ -12,7 +12,8 @@
  */
 #include <pthread.h>
 
-#include "common.h"
+#include "device.h"
+#include "status.h"
 #include "cuda_bridge.h"
 
 #define IT_ALIGNMENT 64
