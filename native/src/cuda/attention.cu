@@ -222,3 +222,7 @@ it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq,
 }
 
 }  // extern "C"
+
+// each entry point has its public twin's type (common.cuh)
+IT_CUDA_MIRRORS(attention_forward);
+IT_CUDA_MIRRORS(attention_backward);

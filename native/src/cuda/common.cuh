@@ -9,8 +9,18 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <initializer_list>
+#include <type_traits>
+
 #include "../cuda_bridge.h"
 #include "infinitrain.h"
+
+// libinfinitrain finds it_cuda_<op> by name (dlsym) and calls it through a pointer of
+// it_<op>'s type: a signature that drifted would be undefined behaviour no test sees, so each
+// file states, for every entry point it defines, that the two types are the same.
+#define IT_CUDA_MIRRORS(op)                                                                  \
+    static_assert(std::is_same<decltype(it_cuda_##op), decltype(it_##op)>::value,           \
+                  "it_cuda_" #op " must have the type of it_" #op " in infinitrain.h")
 
 // ---- errors ---------------------------------------------------------------------------
 // The message of the last failure on this thread; libinfinitrain copies it into
@@ -144,6 +154,11 @@ template <> __device__ __forceinline__ void store_acc<double>(double *p, int64_t
     default: return it_cuda_error(IT_ERR_NOT_SUPPORTED, "element size %d", (int)(size));      \
     }
 
+// An index tensor's element n (int32 or int64): embedding ids, targets.
+__device__ __forceinline__ int64_t index_at(const void *idx, int is64, int64_t n) {
+    return is64 ? ((const int64_t *)idx)[n] : ((const int32_t *)idx)[n];
+}
+
 // ---- launch sizes --------------------------------------------------------------------------
 static constexpr int IT_THREADS = 256;
 static inline unsigned int it_blocks(int64_t n, int threads = IT_THREADS) {
@@ -180,3 +195,97 @@ __device__ __forceinline__ float block_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// ---- strided operands: binary ops, comparisons, where, strided copies --------------------------
+namespace {
+
+// Shapes and strides of up to IT_MAX_DIMS (16) dimensions, passed by value to a kernel. The
+// library has merged the dimensions that can be (it_collapse_dims): a contiguous operand over
+// a contiguous output is one dimension, read without a division.
+struct Strided {
+    int ndim;
+    int64_t shape[16];
+    int64_t stride[3][16];  // up to three operands (where: cond, a, b)
+};
+
+__device__ __forceinline__ void offsets(const Strided &s, int64_t i, int operands, int64_t *off) {
+    if (s.ndim == 1) {
+        for (int k = 0; k < operands; k++) off[k] = i * s.stride[k][0];
+        return;
+    }
+    for (int k = 0; k < operands; k++) off[k] = 0;
+    for (int d = s.ndim - 1; d >= 0; d--) {
+        int64_t idx = i % s.shape[d];
+        i /= s.shape[d];
+        for (int k = 0; k < operands; k++) off[k] += idx * s.stride[k][d];
+    }
+}
+
+// The operands' strides over `shape`, and the element count in *numel.
+inline Strided strided(const int64_t *shape, int32_t ndim, std::initializer_list<const int64_t *> strides,
+                int64_t *numel) {
+    Strided s;
+    s.ndim = ndim;
+    *numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        s.shape[d] = shape[d];
+        *numel *= shape[d];
+        int k = 0;
+        for (const int64_t *st : strides) s.stride[k++][d] = st[d];
+    }
+    return s;
+}
+
+}  // namespace
+
+// ---- rows: what the reductions, the norms and the loss share ---------------------------------
+namespace {
+
+// Few outputs over long rows would leave most of the GPU idle with a thread per output (the
+// sum of a whole gradient for its norm: one thread, 38M elements). Then n is cut into chunks,
+// each reduced by a block (inner == 1) or a thread (inner > 1) into a partial, and a second
+// pass combines each output's partials in chunk order: deterministic, as the first pass.
+constexpr int64_t kEnoughOutputs = 65536;  // outputs at or above which a thread per output is enough
+constexpr int64_t kRowChunk = 8192;        // inner == 1: elements per block
+
+template <typename C> __device__ __forceinline__ C combine(int op, C a, C b) {
+    switch (op) {
+    case IT_MAX: return a != a ? a : (b != b ? b : (a > b ? a : b));  // NaN wins
+    case IT_MIN: return a != a ? a : (b != b ? b : (a < b ? a : b));
+    default: return a + b;  // IT_SUM, IT_MEAN
+    }
+}
+
+template <typename C> __device__ __forceinline__ C identity(int op) {
+    return op == IT_MAX ? C(-INFINITY) : (op == IT_MIN ? C(INFINITY) : C(0));
+}
+
+// `v` combined over the block (blockDim.x a multiple of 32); every thread gets it
+template <typename C> __device__ C block_combine(int op, C v) {
+    __shared__ C part[32];
+    for (int o = 16; o > 0; o >>= 1) v = combine(op, v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // part may still be read by a previous call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? part[lane] : identity<C>(op);
+    for (int o = 16; o > 0; o >>= 1) v = combine(op, v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <typename T> __device__ float row_max(const T *x, int64_t C) {
+    float m = -INFINITY;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, to_f(x[c]));
+    return block_max(m);
+}
+
+
+// Rows as blocks: the grid's x dimension holds up to 2^31 - 1 blocks.
+inline unsigned int row_blocks(int64_t rows) { return (unsigned int)rows; }
+inline it_status check_rows(int64_t rows, const char *fn) {
+    if (rows > 2147483647LL)
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "%lld rows exceed one launch's 2^31 - 1 blocks", (long long)rows);
+    return IT_OK;
+}
+
+}  // namespace

@@ -1,9 +1,7 @@
-// Elementwise kernels: unary ops and their gradients, strided binary ops, comparisons and
-// selection, scalar ops, SwiGLU, fills, casts and strided copies. Math is in float for
+// Elementwise kernels, the twins of cpu/elementwise.c: unary ops and their gradients, strided
+// binary ops, scalar ops, SwiGLU. Math is in float for
 // float32/bfloat16/float16 (double for float64), with the CPU kernels' definitions (NaN
 // propagation of maximum/minimum included); 16-bit results are rounded once.
-#include <initializer_list>
-
 #include "common.cuh"
 
 namespace {
@@ -93,42 +91,6 @@ template <typename C> __device__ C scalar_op(int op, C x, C s) {
     }
 }
 
-// Shapes and strides of up to IT_MAX_DIMS (16) dimensions, passed by value to a kernel. The
-// library has merged the dimensions that can be (it_collapse_dims): a contiguous operand over
-// a contiguous output is one dimension, read without a division.
-struct Strided {
-    int ndim;
-    int64_t shape[16];
-    int64_t stride[3][16];  // up to three operands (where: cond, a, b)
-};
-
-__device__ __forceinline__ void offsets(const Strided &s, int64_t i, int operands, int64_t *off) {
-    if (s.ndim == 1) {
-        for (int k = 0; k < operands; k++) off[k] = i * s.stride[k][0];
-        return;
-    }
-    for (int k = 0; k < operands; k++) off[k] = 0;
-    for (int d = s.ndim - 1; d >= 0; d--) {
-        int64_t idx = i % s.shape[d];
-        i /= s.shape[d];
-        for (int k = 0; k < operands; k++) off[k] += idx * s.stride[k][d];
-    }
-}
-
-// The operands' strides over `shape`, and the element count in *numel.
-Strided strided(const int64_t *shape, int32_t ndim, std::initializer_list<const int64_t *> strides,
-                int64_t *numel) {
-    Strided s;
-    s.ndim = ndim;
-    *numel = 1;
-    for (int d = 0; d < ndim; d++) {
-        s.shape[d] = shape[d];
-        *numel *= shape[d];
-        int k = 0;
-        for (const int64_t *st : strides) s.stride[k++][d] = st[d];
-    }
-    return s;
-}
 
 template <typename T> __global__ void unary_kernel(int op, T *out, const T *inp, int64_t n) {
     GRID_STRIDE(i, n) store_acc(out, i, unary_op(op, load_acc(inp, i)));
@@ -196,75 +158,7 @@ __global__ void swiglu_grad_kernel(T *da, T *db, const T *dout, const T *a, cons
     }
 }
 
-template <typename T> __device__ bool compare(int op, T a, T b) {
-    switch (op) {
-    case IT_EQ: return a == b;
-    case IT_NE: return a != b;
-    case IT_LT: return a < b;
-    case IT_LE: return a <= b;
-    case IT_GT: return a > b;
-    default: return a >= b;  // IT_GE
-    }
-}
 
-template <typename T>
-__global__ void compare_kernel(int op, uint8_t *out, const T *a, const T *b, Strided s, int64_t n) {
-    GRID_STRIDE(i, n) {
-        int64_t off[2];
-        offsets(s, i, 2, off);
-        out[i] = compare(op, load_acc(a, off[0]), load_acc(b, off[1]));
-    }
-}
-
-template <typename E>  // E: a type of the element's size; `where` only moves bytes
-__global__ void where_kernel(E *out, const uint8_t *cond, const E *a, const E *b, Strided s, int64_t n) {
-    GRID_STRIDE(i, n) {
-        int64_t off[3];
-        offsets(s, i, 3, off);
-        out[i] = cond[off[0]] ? a[off[1]] : b[off[2]];
-    }
-}
-
-template <typename E>
-__global__ void copy_strided_kernel(E *out, const E *inp, Strided s, int64_t n) {
-    GRID_STRIDE(i, n) {
-        int64_t off[2];
-        offsets(s, i, 2, off);
-        out[off[0]] = inp[off[1]];
-    }
-}
-
-// ---- dtypes as values: store any dtype from a double (fill, arange, cast) ------------------
-__device__ void store_any(int dtype, void *p, int64_t i, double v) {
-    switch (dtype) {
-    case IT_FLOAT32: ((float *)p)[i] = (float)v; break;
-    case IT_BFLOAT16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16((float)v); break;
-    case IT_FLOAT16: ((__half *)p)[i] = __float2half((float)v); break;
-    case IT_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case IT_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
-    case IT_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case IT_FLOAT64: ((double *)p)[i] = v; break;
-    default: ((uint8_t *)p)[i] = v != 0.0; break;  // IT_BOOL
-    }
-}
-
-__global__ void fill_kernel(int dtype, void *out, double value, int64_t n) {
-    GRID_STRIDE(i, n) store_any(dtype, out, i, value);
-}
-
-__global__ void arange_kernel(int dtype, void *out, double start, double step, int64_t n) {
-    GRID_STRIDE(i, n) store_any(dtype, out, i, start + (double)i * step);
-}
-
-// int64 through double would lose bits past 2^53: copied exactly when both sides are integers
-__global__ void cast_kernel(void *out, int out_dtype, const void *inp, int inp_dtype, int64_t n) {
-    GRID_STRIDE(i, n) {
-        if (out_dtype == IT_INT64 && inp_dtype == IT_INT64) ((int64_t *)out)[i] = ((const int64_t *)inp)[i];
-        else if (out_dtype == IT_INT64 && inp_dtype == IT_INT32) ((int64_t *)out)[i] = ((const int32_t *)inp)[i];
-        else if (out_dtype == IT_INT32 && inp_dtype == IT_INT64) ((int32_t *)out)[i] = (int32_t)((const int64_t *)inp)[i];
-        else store_any(out_dtype, out, i, load_f64(inp_dtype, inp, i));
-    }
-}
 
 
 }  // namespace
@@ -362,84 +256,13 @@ it_status it_cuda_swiglu_backward(it_device device, it_dtype dtype, void *da, vo
     return IT_OK;
 }
 
-it_status it_cuda_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t *out,
-                          const void *a, const int64_t *a_strides, const void *b,
-                          const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
-    int64_t n;
-    Strided st = strided(shape, ndim, {a_strides, b_strides}, &n);
-    if (n == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    cudaStream_t s = it_cuda_stream(device);
-    switch (dtype) {
-    case IT_INT32: compare_kernel<int32_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const int32_t *)a, (const int32_t *)b, st, n); break;
-    case IT_INT64: compare_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const int64_t *)a, (const int64_t *)b, st, n); break;
-    case IT_UINT8:
-    case IT_BOOL: compare_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const uint8_t *)a, (const uint8_t *)b, st, n); break;
-    default:
-        FLOAT_OR_DOUBLE(dtype, "it_compare",
-                        compare_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const T *)a, (const T *)b, st, n));
-    }
-    CU_LAUNCHED();
-    return IT_OK;
-}
-
-it_status it_cuda_where(it_device device, it_dtype dtype, void *out, const uint8_t *cond,
-                        const int64_t *cond_strides, const void *a, const int64_t *a_strides,
-                        const void *b, const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
-    int64_t n;
-    Strided st = strided(shape, ndim, {cond_strides, a_strides, b_strides}, &n);
-    if (n == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    cudaStream_t s = it_cuda_stream(device);
-    BY_SIZE(dtype_bytes(dtype), "it_where",
-            where_kernel<E><<<it_blocks(n), IT_THREADS, 0, s>>>((E *)out, cond, (const E *)a, (const E *)b, st, n));
-    CU_LAUNCHED();
-    return IT_OK;
-}
-
-it_status it_cuda_fill(it_device device, it_dtype dtype, void *out, double value, int64_t n) {
-    if (n == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    fill_kernel<<<it_blocks(n), IT_THREADS, 0, it_cuda_stream(device)>>>((int)dtype, out, value, n);
-    CU_LAUNCHED();
-    return IT_OK;
-}
-
-it_status it_cuda_arange(it_device device, it_dtype dtype, void *out, double start, double step,
-                         int64_t n) {
-    if (n == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    arange_kernel<<<it_blocks(n), IT_THREADS, 0, it_cuda_stream(device)>>>((int)dtype, out, start, step, n);
-    CU_LAUNCHED();
-    return IT_OK;
-}
-
-it_status it_cuda_cast(it_device device, void *out, it_dtype out_dtype, const void *inp,
-                       it_dtype inp_dtype, int64_t n) {
-    if (n == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    cudaStream_t s = it_cuda_stream(device);
-    if (out_dtype == inp_dtype) {
-        CU_TRY(cudaMemcpyAsync(out, inp, (size_t)n * dtype_bytes(out_dtype), cudaMemcpyDeviceToDevice, s));
-        return IT_OK;
-    }
-    cast_kernel<<<it_blocks(n), IT_THREADS, 0, s>>>(out, (int)out_dtype, inp, (int)inp_dtype, n);
-    CU_LAUNCHED();
-    return IT_OK;
-}
-
-it_status it_cuda_copy_strided(it_device device, it_dtype dtype, void *out, const int64_t *out_strides,
-                               const void *inp, const int64_t *inp_strides, const int64_t *shape,
-                               int32_t ndim) {
-    int64_t n;
-    Strided st = strided(shape, ndim, {out_strides, inp_strides}, &n);
-    if (n == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    cudaStream_t s = it_cuda_stream(device);
-    BY_SIZE(dtype_bytes(dtype), "it_copy_strided",
-            copy_strided_kernel<E><<<it_blocks(n), IT_THREADS, 0, s>>>((E *)out, (const E *)inp, st, n));
-    CU_LAUNCHED();
-    return IT_OK;
-}
 
 }  // extern "C"
+
+// each entry point has its public twin's type (common.cuh)
+IT_CUDA_MIRRORS(unary);
+IT_CUDA_MIRRORS(unary_backward);
+IT_CUDA_MIRRORS(binary);
+IT_CUDA_MIRRORS(scalar);
+IT_CUDA_MIRRORS(swiglu_forward);
+IT_CUDA_MIRRORS(swiglu_backward);

@@ -1,5 +1,5 @@
-// Moving data by index: concatenation and its inverse, triangles, gather / index_select,
-// scatter_add / index_add and running sums. Accumulations run in a fixed order per output
+// Moving data by index, the twins of cpu/index.c: comparisons and selection (where), gather /
+// index_select, scatter_add / index_add, running sums and top-k. Accumulations run in a fixed order per output
 // (one thread per (outer, inner) column walking the indexed axis), so they are deterministic.
 // Indices may be negative (counted from the end); one outside [-n, n) raises the device's
 // index flag, reported at the host's next synchronisation, and is skipped.
@@ -20,32 +20,11 @@ template <typename T, typename A> __device__ __forceinline__ T narrow(A v) {
         return (T)v;
 }
 
-__device__ __forceinline__ int64_t idx_at(const void *idx, int is64, int64_t j) {
-    return is64 ? ((const int64_t *)idx)[j] : ((const int32_t *)idx)[j];
-}
 __device__ __forceinline__ bool wrap(int64_t *t, int64_t n) {
     if (*t < 0) *t += n;
     return *t >= 0 && *t < n;
 }
 
-template <typename E>
-__global__ void copy_block(E *dst, int64_t dst_stride, const E *src, int64_t src_stride, int64_t outer,
-                           int64_t width) {
-    GRID_STRIDE(e, outer * width) {
-        int64_t o = e / width, c = e % width;
-        dst[o * dst_stride + c] = src[o * src_stride + c];
-    }
-}
-
-template <typename T>
-__global__ void triangle_kernel(T *out, const T *inp, int64_t batch, int64_t rows, int64_t cols,
-                                int64_t diagonal, int upper, T fill) {
-    GRID_STRIDE(e, batch * rows * cols) {
-        int64_t c = e % cols, r = (e / cols) % rows;
-        bool keep = upper ? c - r >= diagonal : c - r <= diagonal;
-        out[e] = keep ? inp[e] : fill;
-    }
-}
 
 // gather: out[o, j, i] = inp[o, index[o, j, i], i]; select: index[j] shared by every (o, i)
 template <typename E>
@@ -53,7 +32,7 @@ __global__ void gather_kernel(E *out, const E *inp, const void *idx, int is64, i
                               int64_t n, int64_t k, int64_t inner, int *bad) {
     GRID_STRIDE(e, outer * k * inner) {
         int64_t i = e % inner, j = (e / inner) % k, o = e / (inner * k);
-        int64_t t = idx_at(idx, is64, shared ? j : e);
+        int64_t t = index_at(idx, is64, shared ? j : e);
         if (!wrap(&t, n)) {
             *bad = 1;
             continue;
@@ -70,7 +49,7 @@ __global__ void scatter_add_kernel(T *out, const T *src, const void *idx, int is
         int64_t o = w / inner, i = w % inner;
         for (int64_t j = 0; j < k; j++) {
             int64_t e = (o * k + j) * inner + i;
-            int64_t t = idx_at(idx, is64, shared ? j : e);
+            int64_t t = index_at(idx, is64, shared ? j : e);
             if (!wrap(&t, n)) {
                 *bad = 1;
                 continue;
@@ -106,34 +85,6 @@ __global__ void cumsum_kernel(T *out, const T *inp, int64_t outer, int64_t n, in
     }
 
 
-it_status concat_or_split(it_device device, it_dtype dtype, void *joined, void *const *parts,
-                          const int64_t *sizes, int32_t num, int64_t outer, int64_t inner, int split,
-                          const char *fn) {
-    int64_t total = 0;
-    for (int i = 0; i < num; i++) total += sizes[i];
-    if (total * outer * inner == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    cudaStream_t s = it_cuda_stream(device);
-    int64_t at = 0;
-    for (int p = 0; p < num; p++) {
-        int64_t width = sizes[p] * inner;
-        if (width) {
-            BY_SIZE(dtype_bytes(dtype), fn, {
-                E *j = (E *)joined + at * inner;
-                if (split)
-                    copy_block<E><<<it_blocks(outer * width), IT_THREADS, 0, s>>>((E *)parts[p], width, j,
-                                                                                  total * inner, outer, width);
-                else
-                    copy_block<E><<<it_blocks(outer * width), IT_THREADS, 0, s>>>(j, total * inner,
-                                                                                  (const E *)parts[p], width,
-                                                                                  outer, width);
-            });
-            CU_LAUNCHED();
-        }
-        at += sizes[p];
-    }
-    return IT_OK;
-}
 
 it_status gather(it_device device, it_dtype dtype, void *out, const void *inp, const void *index,
                  it_dtype index_dtype, int64_t outer, int64_t n, int64_t k, int64_t inner, int shared,
@@ -165,40 +116,73 @@ it_status scatter_add(it_device device, it_dtype dtype, void *out, const void *s
     CU_LAUNCHED();
     return IT_OK;
 }
+// top-k of each row: one thread per row with the CPU kernel's insertion-sorted best-k buffer,
+// so ties and NaN order as on the CPU (rows are few when sampling; n is a vocabulary)
+__device__ bool ranks_before(double va, int64_t ia, double vb, int64_t ib, int largest) {
+    bool na = va != va, nb = vb != vb;  // NaN counts as the largest value
+    if (na || nb) return na && nb ? ia < ib : (largest ? na : nb);
+    if (va != vb) return largest ? va > vb : va < vb;
+    return ia < ib;  // ties: the lower index first
+}
+
+__global__ void topk_kernel(int dtype, size_t es, void *values, int64_t *indices, const void *inp,
+                            double *best, int64_t rows, int64_t n, int64_t k, int largest) {
+    GRID_STRIDE(r, rows) {
+        double *bv = best + r * k;
+        int64_t *bi = indices + r * k, filled = 0;
+        for (int64_t j = 0; j < n; j++) {
+            double v = load_f64(dtype, inp, r * n + j);
+            if (filled == k && !ranks_before(v, j, bv[k - 1], bi[k - 1], largest)) continue;
+            int64_t at = filled < k ? filled++ : k - 1;
+            while (at > 0 && ranks_before(v, j, bv[at - 1], bi[at - 1], largest)) {
+                bv[at] = bv[at - 1];
+                bi[at] = bi[at - 1];
+                at--;
+            }
+            bv[at] = v;
+            bi[at] = j;
+        }
+        for (int64_t j = 0; j < k; j++) {  // the values as stored, whatever the dtype
+            const char *src = (const char *)inp + (size_t)(r * n + bi[j]) * es;
+            char *dst = (char *)values + (size_t)(r * k + j) * es;
+            for (size_t b = 0; b < es; b++) dst[b] = src[b];
+        }
+    }
+}
+
+template <typename T> __device__ bool compare(int op, T a, T b) {
+    switch (op) {
+    case IT_EQ: return a == b;
+    case IT_NE: return a != b;
+    case IT_LT: return a < b;
+    case IT_LE: return a <= b;
+    case IT_GT: return a > b;
+    default: return a >= b;  // IT_GE
+    }
+}
+
+template <typename T>
+__global__ void compare_kernel(int op, uint8_t *out, const T *a, const T *b, Strided s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t off[2];
+        offsets(s, i, 2, off);
+        out[i] = compare(op, load_acc(a, off[0]), load_acc(b, off[1]));
+    }
+}
+
+template <typename E>  // E: a type of the element's size; `where` only moves bytes
+__global__ void where_kernel(E *out, const uint8_t *cond, const E *a, const E *b, Strided s, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t off[3];
+        offsets(s, i, 3, off);
+        out[i] = cond[off[0]] ? a[off[1]] : b[off[2]];
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
-it_status it_cuda_concat(it_device device, it_dtype dtype, void *out, const void *const *inputs,
-                         const int64_t *sizes, int32_t num_inputs, int64_t outer, int64_t inner) {
-    return concat_or_split(device, dtype, out, (void *const *)inputs, sizes, num_inputs, outer, inner, 0,
-                           "it_concat");
-}
-
-it_status it_cuda_split(it_device device, it_dtype dtype, void *const *outputs, const void *inp,
-                        const int64_t *sizes, int32_t num_outputs, int64_t outer, int64_t inner) {
-    return concat_or_split(device, dtype, (void *)inp, outputs, sizes, num_outputs, outer, inner, 1,
-                           "it_split");
-}
-
-it_status it_cuda_triangle(it_device device, it_dtype dtype, void *out, const void *inp, int64_t batch,
-                           int64_t rows, int64_t cols, int64_t diagonal, int32_t upper, double fill_value) {
-    if (batch * rows * cols == 0) return IT_OK;
-    IT_CU_TRY(it_cuda_use(device));
-    cudaStream_t s = it_cuda_stream(device);
-    int64_t n = batch * rows * cols;
-    switch (dtype) {
-    case IT_FLOAT32: triangle_kernel<float><<<it_blocks(n), IT_THREADS, 0, s>>>((float *)out, (const float *)inp, batch, rows, cols, diagonal, upper, (float)fill_value); break;
-    case IT_FLOAT64: triangle_kernel<double><<<it_blocks(n), IT_THREADS, 0, s>>>((double *)out, (const double *)inp, batch, rows, cols, diagonal, upper, fill_value); break;
-    case IT_BFLOAT16: triangle_kernel<__nv_bfloat16><<<it_blocks(n), IT_THREADS, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)inp, batch, rows, cols, diagonal, upper, __float2bfloat16((float)fill_value)); break;
-    case IT_FLOAT16: triangle_kernel<__half><<<it_blocks(n), IT_THREADS, 0, s>>>((__half *)out, (const __half *)inp, batch, rows, cols, diagonal, upper, __float2half((float)fill_value)); break;
-    case IT_INT32: triangle_kernel<int32_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int32_t *)out, (const int32_t *)inp, batch, rows, cols, diagonal, upper, (int32_t)fill_value); break;
-    case IT_INT64: triangle_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int64_t *)out, (const int64_t *)inp, batch, rows, cols, diagonal, upper, (int64_t)fill_value); break;
-    default: triangle_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((uint8_t *)out, (const uint8_t *)inp, batch, rows, cols, diagonal, upper, (uint8_t)(fill_value != 0.0)); break;
-    }
-    CU_LAUNCHED();
-    return IT_OK;
-}
 
 it_status it_cuda_gather(it_device device, it_dtype dtype, void *out, const void *inp, const void *index,
                          it_dtype index_dtype, int64_t outer, int64_t n, int64_t k, int64_t inner) {
@@ -238,4 +222,64 @@ it_status it_cuda_cumsum(it_device device, it_dtype dtype, void *out, const void
     return IT_OK;
 }
 
+it_status it_cuda_topk(it_device device, it_dtype dtype, void *values, int64_t *indices, const void *inp,
+                       int64_t rows, int64_t n, int64_t k, int32_t largest) {
+    if (rows * k == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    double *best;
+    CU_TRY(cudaMallocAsync((void **)&best, (size_t)(rows * k) * sizeof(double), s));
+    topk_kernel<<<it_blocks(rows, 64), 64, 0, s>>>((int)dtype, dtype_bytes(dtype), values, indices, inp, best,
+                                                   rows, n, k, largest);
+    cudaError_t launched = cudaPeekAtLastError();
+    CU_TRY(cudaFreeAsync(best, s));
+    CU_TRY(launched);
+    return IT_OK;
+}
+
+it_status it_cuda_compare(it_device device, it_compare_op op, it_dtype dtype, uint8_t *out,
+                          const void *a, const int64_t *a_strides, const void *b,
+                          const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
+    int64_t n;
+    Strided st = strided(shape, ndim, {a_strides, b_strides}, &n);
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    switch (dtype) {
+    case IT_INT32: compare_kernel<int32_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const int32_t *)a, (const int32_t *)b, st, n); break;
+    case IT_INT64: compare_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const int64_t *)a, (const int64_t *)b, st, n); break;
+    case IT_UINT8:
+    case IT_BOOL: compare_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const uint8_t *)a, (const uint8_t *)b, st, n); break;
+    default:
+        FLOAT_OR_DOUBLE(dtype, "it_compare",
+                        compare_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, out, (const T *)a, (const T *)b, st, n));
+    }
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_where(it_device device, it_dtype dtype, void *out, const uint8_t *cond,
+                        const int64_t *cond_strides, const void *a, const int64_t *a_strides,
+                        const void *b, const int64_t *b_strides, const int64_t *shape, int32_t ndim) {
+    int64_t n;
+    Strided st = strided(shape, ndim, {cond_strides, a_strides, b_strides}, &n);
+    if (n == 0) return IT_OK;
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    BY_SIZE(dtype_bytes(dtype), "it_where",
+            where_kernel<E><<<it_blocks(n), IT_THREADS, 0, s>>>((E *)out, cond, (const E *)a, (const E *)b, st, n));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
 }  // extern "C"
+
+// each entry point has its public twin's type (common.cuh)
+IT_CUDA_MIRRORS(gather);
+IT_CUDA_MIRRORS(index_select);
+IT_CUDA_MIRRORS(scatter_add);
+IT_CUDA_MIRRORS(index_add);
+IT_CUDA_MIRRORS(cumsum);
+IT_CUDA_MIRRORS(topk);
+IT_CUDA_MIRRORS(compare);
+IT_CUDA_MIRRORS(where);

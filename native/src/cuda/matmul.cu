@@ -107,3 +107,6 @@ extern "C" it_status it_cuda_matmul(it_device device, it_dtype dtype, void *c, c
                                       "with status %d", st);
     return IT_OK;
 }
+
+// each entry point has its public twin's type (common.cuh)
+IT_CUDA_MIRRORS(matmul);

@@ -1,0 +1,82 @@
+// The fused softmax + cross-entropy over rows of logits, the twin of cpu/loss.c.
+#include "common.cuh"
+
+namespace {
+
+// A target outside [0, vocab) that is not ignore_index gets a NaN loss and raises the device's
+// index flag, reported at the host's next synchronisation (reading the loss, say).
+template <typename T>
+__global__ void ce_fwd(float *losses, float *lse, const T *logits, const void *targets, int is64,
+                       int64_t V, int64_t Vp, int64_t ignore, int *bad) {
+    int64_t n = blockIdx.x;
+    const T *x = logits + n * Vp;
+    float m = row_max(x, V), s = 0;
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) s += expf(to_f(x[c]) - m);
+    float l = m + logf(block_sum(s));
+    if (threadIdx.x == 0) {
+        lse[n] = l;
+        int64_t t = index_at(targets, is64, n);
+        bool out_of_range = t != ignore && (t < 0 || t >= V);
+        if (out_of_range) *bad = 1;
+        losses[n] = t == ignore ? 0.0f : (out_of_range ? NAN : l - to_f(x[t]));
+    }
+}
+
+// dlogits = (softmax - onehot(target)) * dloss, zero on padded columns; may alias logits
+template <typename T>
+__global__ void ce_bwd(T *dlogits, const T *logits, const float *lse, const void *targets, int is64,
+                       const float *dlosses, int64_t V, int64_t Vp, int64_t ignore) {
+    int64_t n = blockIdx.x;
+    int64_t t = index_at(targets, is64, n);
+    bool skip = t == ignore || t < 0 || t >= V;
+    float l = lse[n], g = dlosses[n];
+    for (int64_t c = threadIdx.x; c < Vp; c += blockDim.x) {
+        float d = 0.0f;
+        if (!skip && c < V) d = (expf(to_f(logits[n * Vp + c]) - l) - (c == t ? 1.0f : 0.0f)) * g;
+        dlogits[n * Vp + c] = from_f<T>(d);
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+it_status it_cuda_cross_entropy_forward(it_device device, it_dtype dtype, float *losses, float *lse,
+                                        const void *logits, const void *targets, it_dtype target_dtype,
+                                        int64_t rows, int64_t vocab, int64_t padded_vocab,
+                                        int64_t ignore_index) {
+    if (rows == 0) return IT_OK;
+    IT_CU_TRY(check_rows(rows, "it_cross_entropy_forward"));
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    int is64 = target_dtype == IT_INT64, *bad;
+    IT_CU_TRY(it_cuda_index_flag(device, &bad));
+    IT_FLOAT_SWITCH(dtype, "it_cross_entropy_forward",
+                    ce_fwd<T><<<row_blocks(rows), IT_THREADS * 2, 0, s>>>(
+                        losses, lse, (const T *)logits, targets, is64, vocab, padded_vocab, ignore_index, bad));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_cross_entropy_backward(it_device device, it_dtype dtype, void *dlogits,
+                                         const void *logits, const float *lse, const void *targets,
+                                         it_dtype target_dtype, const float *dlosses, int64_t rows,
+                                         int64_t vocab, int64_t padded_vocab, int64_t ignore_index) {
+    if (rows == 0) return IT_OK;
+    IT_CU_TRY(check_rows(rows, "it_cross_entropy_backward"));
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    int is64 = target_dtype == IT_INT64;
+    IT_FLOAT_SWITCH(dtype, "it_cross_entropy_backward",
+                    ce_bwd<T><<<row_blocks(rows), IT_THREADS * 2, 0, s>>>(
+                        (T *)dlogits, (const T *)logits, lse, targets, is64, dlosses, vocab, padded_vocab,
+                        ignore_index));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+}  // extern "C"
+
+// each entry point has its public twin's type (common.cuh)
+IT_CUDA_MIRRORS(cross_entropy_forward);
+IT_CUDA_MIRRORS(cross_entropy_backward);

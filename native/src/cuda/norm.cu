@@ -1,0 +1,235 @@
+// LayerNorm, RMSNorm and softmax over rows, the twins of cpu/norm.c. A row is handled by one
+// block (sums in float32 through warp shuffles); the weight gradients of the norms are column
+// sums in row order, so results do not depend on how the rows were scheduled.
+#include "common.cuh"
+
+namespace {
+
+// ---- LayerNorm / RMSNorm ------------------------------------------------------------------------
+template <typename T>
+__global__ void layernorm_fwd(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
+                              int64_t C, float eps) {
+    const T *x = inp + blockIdx.x * C;
+    float s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += to_f(x[c]);
+    float m = block_sum(s) / C;
+    float v = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        float d = to_f(x[c]) - m;
+        v += d * d;
+    }
+    float r = rsqrtf(block_sum(v) / C + eps);
+    if (threadIdx.x == 0) {
+        mean[blockIdx.x] = m;
+        rstd[blockIdx.x] = r;
+    }
+    T *y = out + blockIdx.x * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        float h = (to_f(x[c]) - m) * r;
+        if (w) h = h * to_f(w[c]) + (b ? to_f(b[c]) : 0.0f);
+        y[c] = from_f<T>(h);
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight (rms: no mean(g) term)
+template <typename T>
+__global__ void norm_bwd_rows(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
+                              const float *rstd, int64_t C, int rms) {
+    int64_t row = blockIdx.x;
+    const T *x = inp + row * C, *dy = dout + row * C;
+    float m = rms ? 0.0f : mean[row], r = rstd[row];
+    float sg = 0, sgx = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        float g = to_f(dy[c]) * (w ? to_f(w[c]) : 1.0f);
+        sg += g;
+        sgx += g * (to_f(x[c]) - m) * r;
+    }
+    float mg = rms ? 0.0f : block_sum(sg) / C;
+    float mgx = block_sum(sgx) / C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        float g = to_f(dy[c]) * (w ? to_f(w[c]) : 1.0f);
+        float xh = (to_f(x[c]) - m) * r;
+        dinp[row * C + c] = from_f<T>(r * (g - mg - xh * mgx));
+    }
+}
+
+// dweight[c] = sum over rows of dout * xhat, dbias[c] = sum of dout (overwritten), in two
+// passes so that more threads than columns work: chunk k of `len` rows of column c sums into
+// partial[k * C + c] (dweight) and partial[(chunks + k) * C + c] (dbias), then each column adds
+// its chunks in order
+template <typename T>
+__global__ void norm_bwd_col_chunks(float *partial, const T *dout, const T *inp, const float *mean,
+                                    const float *rstd, int64_t rows, int64_t C, int64_t chunks, int64_t len,
+                                    int rms) {
+    GRID_STRIDE(w, chunks * C) {
+        int64_t c = w % C, k = w / C, end = (k + 1) * len < rows ? (k + 1) * len : rows;
+        float sw = 0, sb = 0;
+        for (int64_t n = k * len; n < end; n++) {
+            float dy = to_f(dout[n * C + c]);
+            sw += dy * (to_f(inp[n * C + c]) - (rms ? 0.0f : mean[n])) * rstd[n];
+            sb += dy;
+        }
+        partial[w] = sw;
+        partial[chunks * C + w] = sb;
+    }
+}
+
+template <typename T>
+__global__ void norm_bwd_col_sums(T *dw, T *db, const float *partial, int64_t C, int64_t chunks) {
+    GRID_STRIDE(c, C) {
+        float sw = 0, sb = 0;
+        for (int64_t k = 0; k < chunks; k++) {
+            sw += partial[k * C + c];
+            sb += partial[(chunks + k) * C + c];
+        }
+        dw[c] = from_f<T>(sw);
+        if (db) db[c] = from_f<T>(sb);
+    }
+}
+
+template <typename T>
+__global__ void rmsnorm_fwd(T *out, float *rstd, const T *inp, const T *w, int64_t C, float eps) {
+    const T *x = inp + blockIdx.x * C;
+    float s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += to_f(x[c]) * to_f(x[c]);
+    float r = rsqrtf(block_sum(s) / C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    T *y = out + blockIdx.x * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        y[c] = from_f<T>(to_f(x[c]) * r * (w ? to_f(w[c]) : 1.0f));
+}
+
+// ---- softmax and cross-entropy --------------------------------------------------------------------
+template <typename T> __global__ void softmax_fwd(T *out, const T *inp, int64_t C) {
+    const T *x = inp + blockIdx.x * C;
+    T *y = out + blockIdx.x * C;
+    float m = row_max(x, C), s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(to_f(x[c]) - m);
+    float inv = 1.0f / block_sum(s);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[c] = from_f<T>(expf(to_f(x[c]) - m) * inv);
+}
+
+template <typename T> __global__ void softmax_bwd(T *dinp, const T *dout, const T *out, int64_t C) {
+    int64_t base = blockIdx.x * C;
+    float s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += to_f(dout[base + c]) * to_f(out[base + c]);
+    s = block_sum(s);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        dinp[base + c] = from_f<T>(to_f(out[base + c]) * (to_f(dout[base + c]) - s));
+}
+
+
+}  // namespace
+
+extern "C" {
+
+it_status it_cuda_layernorm_forward(it_device device, it_dtype dtype, void *out, float *mean,
+                                    float *rstd, const void *inp, const void *weight,
+                                    const void *bias, int64_t rows, int64_t cols, float eps) {
+    if (rows == 0) return IT_OK;
+    IT_CU_TRY(check_rows(rows, "it_layernorm_forward"));
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    IT_FLOAT_SWITCH(dtype, "it_layernorm_forward",
+                    layernorm_fwd<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
+                        (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, cols, eps));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+static it_status norm_backward(it_device device, it_dtype dtype, void *dinp, void *dweight, void *dbias,
+                               const void *dout, const void *inp, const void *weight, const float *mean,
+                               const float *rstd, int64_t rows, int64_t cols, int rms, const char *fn) {
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    if (rows == 0) {  // no rows: zero gradients for the parameters
+        if (dweight) CU_TRY(cudaMemsetAsync(dweight, 0, (size_t)cols * dtype_bytes(dtype), s));
+        if (dbias) CU_TRY(cudaMemsetAsync(dbias, 0, (size_t)cols * dtype_bytes(dtype), s));
+        return IT_OK;
+    }
+    IT_CU_TRY(check_rows(rows, fn));
+    float *partial = nullptr;
+    int64_t want = (kEnoughOutputs + cols - 1) / cols, most = (rows + 63) / 64;
+    int64_t chunks = want < most ? want : most, len = (rows + chunks - 1) / chunks;
+    chunks = (rows + len - 1) / len;
+    if (dweight) CU_TRY(cudaMallocAsync((void **)&partial, (size_t)(2 * chunks * cols) * sizeof(float), s));
+    IT_FLOAT_SWITCH(dtype, fn, {
+        if (dinp)
+            norm_bwd_rows<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
+                (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, cols, rms);
+        if (dweight) {
+            norm_bwd_col_chunks<T><<<it_blocks(chunks * cols), IT_THREADS, 0, s>>>(
+                partial, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, chunks, len, rms);
+            norm_bwd_col_sums<T><<<it_blocks(cols), IT_THREADS, 0, s>>>((T *)dweight, (T *)dbias, partial, cols,
+                                                                       chunks);
+        }
+    });
+    cudaError_t launched = cudaPeekAtLastError();
+    if (partial) CU_TRY(cudaFreeAsync(partial, s));
+    CU_TRY(launched);
+    return IT_OK;
+}
+
+it_status it_cuda_layernorm_backward(it_device device, it_dtype dtype, void *dinp, void *dweight,
+                                     void *dbias, const void *dout, const void *inp,
+                                     const void *weight, const float *mean, const float *rstd,
+                                     int64_t rows, int64_t cols) {
+    return norm_backward(device, dtype, dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, cols,
+                         0, "it_layernorm_backward");
+}
+
+it_status it_cuda_rmsnorm_forward(it_device device, it_dtype dtype, void *out, float *rstd,
+                                  const void *inp, const void *weight, int64_t rows, int64_t cols,
+                                  float eps) {
+    if (rows == 0) return IT_OK;
+    IT_CU_TRY(check_rows(rows, "it_rmsnorm_forward"));
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    IT_FLOAT_SWITCH(dtype, "it_rmsnorm_forward",
+                    rmsnorm_fwd<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
+                        (T *)out, rstd, (const T *)inp, (const T *)weight, cols, eps));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_rmsnorm_backward(it_device device, it_dtype dtype, void *dinp, void *dweight,
+                                   const void *dout, const void *inp, const void *weight,
+                                   const float *rstd, int64_t rows, int64_t cols) {
+    return norm_backward(device, dtype, dinp, dweight, NULL, dout, inp, weight, NULL, rstd, rows, cols,
+                         1, "it_rmsnorm_backward");
+}
+
+it_status it_cuda_softmax_forward(it_device device, it_dtype dtype, void *out, const void *inp,
+                                  int64_t rows, int64_t cols) {
+    if (rows == 0) return IT_OK;
+    IT_CU_TRY(check_rows(rows, "it_softmax_forward"));
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    IT_FLOAT_SWITCH(dtype, "it_softmax_forward",
+                    softmax_fwd<T><<<row_blocks(rows), IT_THREADS, 0, s>>>((T *)out, (const T *)inp, cols));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+it_status it_cuda_softmax_backward(it_device device, it_dtype dtype, void *dinp, const void *dout,
+                                   const void *out, int64_t rows, int64_t cols) {
+    if (rows == 0) return IT_OK;
+    IT_CU_TRY(check_rows(rows, "it_softmax_backward"));
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    IT_FLOAT_SWITCH(dtype, "it_softmax_backward",
+                    softmax_bwd<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
+                        (T *)dinp, (const T *)dout, (const T *)out, cols));
+    CU_LAUNCHED();
+    return IT_OK;
+}
+
+}  // extern "C"
+
+// each entry point has its public twin's type (common.cuh)
+IT_CUDA_MIRRORS(layernorm_forward);
+IT_CUDA_MIRRORS(layernorm_backward);
+IT_CUDA_MIRRORS(rmsnorm_forward);
+IT_CUDA_MIRRORS(rmsnorm_backward);
+IT_CUDA_MIRRORS(softmax_forward);
+IT_CUDA_MIRRORS(softmax_backward);
