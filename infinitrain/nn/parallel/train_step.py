@@ -59,7 +59,7 @@ class TrainStep:
             self.optimizer = optimizer_class(param_groups, **optimizer_kwargs)
         self.set_to_none = set_to_none
 
-    def __call__(self, micro_batches, forward_context=None, grad_clip: float = 0.0) -> tuple:
+    def step(self, micro_batches, forward_context=None, grad_clip: float = 0.0) -> tuple:
         """forward_backward, then optimizer_step: (the step's loss, the gradient norm)."""
         loss = self.forward_backward(micro_batches, forward_context)
         return loss, self.optimizer_step(grad_clip)
