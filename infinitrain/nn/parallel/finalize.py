@@ -40,24 +40,26 @@ def reduce_partial_grads(params) -> None:
 
 
 @no_grad()
-def sum_tied_grads(model) -> None:
-    """Sums the full gradients of the parameters the model ties and a pipeline holds twice over
-    the first and last stage (ZeRO-2 sums its shards of them instead: its .grad is gone)."""
+def sum_tied_grads(model, optimizer=None) -> None:
+    """Sums the gradients of the parameters the model ties and a pipeline holds twice over the
+    first and last stage: their full gradients, or where ZeRO-2 dropped those, its shards."""
     stage = getattr(model, "pp", None)
     group = stage.embedding_group if stage is not None else None
     if group is None:
         return
-    for p in model.tied_parameters():
-        if p.grad is not None:
-            group.all_reduce(p.grad, ReduceOp.SUM)
+    grads = [p.grad for p in model.tied_parameters() if p.grad is not None]
+    shards = optimizer.tied_grad_shards() if hasattr(optimizer, "tied_grad_shards") else []
+    for g in grads + shards:
+        group.all_reduce(g, ReduceOp.SUM)
 
 
 @no_grad()
 def finalize_grads(model, optimizer=None) -> None:
     """Every gradient fix-up after the step's last backward (see the module's docstring), in
     this order: the tied sum over the pipeline's ends, the partial sums over their groups,
-    then ZeRO's pending reductions. DDP's reductions finished with backward."""
-    sum_tied_grads(model)
+    then ZeRO's pending reductions (optimizer: a ZeroOptimizer, or None). DDP's reductions
+    finished with backward."""
+    sum_tied_grads(model, optimizer)
     reduce_partial_grads(model.parameters())
     finish = getattr(optimizer, "finish_gradients", None)
     if finish is not None:  # ZeRO

@@ -73,7 +73,6 @@ class ZeroOptimizer:
         # own on both, so that the two stages' pieces line up and their gradients can be summed
         tied = module.tied_parameters() if module is not None and hasattr(module, "tied_parameters") else []
         tied = [p for p in tied if id(p) in group_of]
-        self._tied_group = module.pp.embedding_group if tied else None
         if stage == 3:  # a bucket per unit of the model
             if tied:
                 raise ValueError("ZeRO-3 does not compose with pipeline parallelism yet")
@@ -197,16 +196,20 @@ class ZeroOptimizer:
     @no_grad()
     def finish_gradients(self) -> None:
         """Once per step, before the norm or the step: stage 1 reduce-scatters every bucket's
-        full gradient into its shard; stage 2 sums a pipeline's tied embedding over its first
-        and last stage, piece by piece (stage 1's pipeline summed the full gradients)."""
+        full gradient into its shard (stages 2 and 3 did during backward)."""
         if self._sharded:
             return
         if self.stage == 1:
             for b in self.buckets:
                 self.group.reduce_scatter(b.shard_grad, b.flat_grad, ReduceOp.AVG)
-        for b in self._tied_buckets:
-            self._tied_group.all_reduce(b.shard_grad, ReduceOp.SUM)
         self._sharded = True
+
+    def tied_grad_shards(self) -> list:
+        """Stage 2 under a pipeline: this rank's piece of each tied parameter's gradient (the
+        parameter's .grad is gone), which finalize_grads sums over the first and last stage
+        like the full gradients of stage 1 (each tied parameter has a bucket of its own, so the
+        two stages' pieces line up)."""
+        return [b.shard_grad for b in self._tied_buckets]
 
     # ---- the step -----------------------------------------------------------------------------
     @no_grad()
