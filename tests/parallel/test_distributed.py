@@ -119,6 +119,15 @@ def test_mismatched_mpi_is_reported():
                          env=dict(ENV, PMI_SIZE="4"))
     assert out.returncode != 0
     assert "started 4 processes (PMI_SIZE=4) but MPI sees a world of 1" in out.stderr
+    # `srun -n 2` under Slurm's default MpiDefault=none: two tasks that each see a world of 1
+    # (a batch script's SLURM_NTASKS alone is not a launch: one process is fine there)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(ENV, SLURM_STEP_NUM_TASKS="2"))
+    assert out.returncode != 0 and "srun started 2 tasks (SLURM_STEP_NUM_TASKS=2)" in out.stderr, out.stderr
+    assert "--mpi=pmix" in out.stderr
+    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                        env=dict(ENV, SLURM_NTASKS="2"))
+    assert ok.returncode == 0, ok.stderr
 
 
 @pytest.mark.mpi

@@ -14,9 +14,10 @@ from .mpi import MPIProcessGroup
 
 _ENV = None
 
-# Variables that launchers set to the number of processes they started.
+# Variables that launchers set to the number of processes they started. Slurm's is the job
+# step's (set inside `srun` only; SLURM_NTASKS also exists in a plain batch script).
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE",
-                       "WORLD_SIZE")
+                       "WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 
 
 class GlobalEnv:
@@ -78,9 +79,16 @@ def _check_mpi_environment(comm) -> None:
         n = os.environ.get(var)
         if n and n.isdigit() and int(n) > 1 and comm.Get_size() == 1:
             from mpi4py import MPI
+            library = MPI.Get_library_version().splitlines()[0].strip()
+            if var.startswith("SLURM"):  # srun without an MPI plugin (Slurm's MpiDefault=none)
+                raise RuntimeError(
+                    f"srun started {n} tasks ({var}={n}) but MPI sees a world of 1: srun did not "
+                    f"connect them to MPI (mpi4py uses {library!r}). Start the job with "
+                    "`srun --mpi=pmix` (or `--mpi=pmi2`, whichever your MPI and Slurm support; "
+                    "`srun --mpi=list` shows them), or with mpirun inside the allocation.")
             raise RuntimeError(
                 f"the launcher started {n} processes ({var}={n}) but MPI sees a world of 1: "
-                f"mpi4py uses {MPI.Get_library_version().splitlines()[0].strip()!r}, which is not "
+                f"mpi4py uses {library!r}, which is not "
                 "the MPI whose mpiexec started this job. Use the mpiexec next to this Python "
                 f"({os.path.dirname(sys.executable)}/mpiexec, from the mpich wheel) or `mpi_launch`, "
                 "or rebuild mpi4py against your cluster's MPI.")
