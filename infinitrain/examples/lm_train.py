@@ -78,7 +78,8 @@ def setup_layout(args):
 
 
 def accumulation_steps(args, env) -> int:
-    """Micro-batches per step: --total_batch_size over what one micro-batch of every DP rank holds."""
+    """Micro-batches per step: --total_batch_size over what one micro-batch of every DP rank
+    holds (args.total_batch_size is set to the step's tokens when the flag left it 0)."""
     B, T, dp = args.batch_size, args.sequence_length, env.layout.dp
     tokens_per_micro = B * T * dp
     total = args.total_batch_size or tokens_per_micro

@@ -78,10 +78,6 @@ class Bucket:
         self.flat_param = None  # the parameters' memory, when the buffer holds them (ZeRO)
         self.flat_grad = None   # the full-size gradient, while it exists
 
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
-
     def new_flat(self):
         return zeros(self.padded, dtype=self.dtype, device=self.device)
 
@@ -117,12 +113,6 @@ class ParamAndGradBuffer:
 
     def __iter__(self):
         return iter(self.buckets)
-
-    def __len__(self) -> int:
-        return len(self.buckets)
-
-    def __getitem__(self, i: int) -> Bucket:
-        return self.buckets[i]
 
     def locate(self, p) -> tuple:
         """(bucket index, index in the bucket) of parameter p."""
