@@ -113,10 +113,10 @@ def run(threads: int) -> None:
     row("adamw 32M params (fp32)", timeit(adamw, repeat=5), 7 * 4 * P, "GB/s", copy_bw)
 
     q, k, v = it.randn(4, 12, 256, 64), it.randn(4, 12, 256, 64), it.randn(4, 12, 256, 64)
-    o, l2 = nn.causal_attention(q, k, v)
+    o, l2 = nn.attention(q, k, v)
     flops = 4 * 4 * 12 * 256 * 256 * 64  # QK^T and PV, full square
-    row("attention fwd B4 H12 T256 D64", timeit(lambda: nn.causal_attention(q, k, v)), flops, "GFLOP/s")
-    row("attention bwd B4 H12 T256 D64", timeit(lambda: nn.causal_attention_backward(q, q, k, v, o, l2)),
+    row("attention fwd B4 H12 T256 D64", timeit(lambda: nn.attention(q, k, v)), flops, "GFLOP/s")
+    row("attention bwd B4 H12 T256 D64", timeit(lambda: nn.attention_backward(q, q, k, v, o, l2)),
         2 * flops, "GFLOP/s")
 
 

@@ -187,49 +187,80 @@ def cross_entropy_backward(dlosses: Tensor, logits: Tensor, lse: Tensor, targets
 
 
 # ---- attention -------------------------------------------------------------------------
-def _attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple:
+def _attention_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"attention: q, k, v must be [B, H, T, D], got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    B, H, T, D = q.shape
-    Hkv = k.shape[1]
-    if k.shape != (B, Hkv, T, D) or v.shape != k.shape:
-        raise ValueError(f"attention: k and v must be [B, H_kv, T, D] matching q {tuple(q.shape)}, "
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if k.shape != (B, Hkv, Tk, D) or v.shape != k.shape:
+        raise ValueError(f"attention: k and v must be [B, H_kv, T_kv, D] matching q {tuple(q.shape)}, "
                          f"got {tuple(k.shape)} and {tuple(v.shape)}")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"attention: q's {H} heads are not a multiple of k/v's {Hkv} heads")
-    return B, H, Hkv, T, D
+    if causal and Tk < Tq:
+        raise ValueError(f"attention: causal attention needs at least as many keys ({Tk}) as "
+                         f"queries ({Tq})")
+    return B, H, Hkv, Tq, Tk, D
 
 
 @_trace.traced("kernel")
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None):
-    """Returns (out [B, H, T, D], lse float32 [B, H, T])."""
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, causal: bool = True):
+    """Returns (out [B, H, Tq, D], lse float32 [B, H, Tq]). k, v: [B, H_kv, Tk, D]; causal
+    masks aligned to the bottom right (query i sees keys j <= i + Tk - Tq)."""
     _checks.floating("attention", "q", q)
     _checks.same_device("attention", q=q, k=k, v=v)
     _checks.same_dtype("attention", q=q, k=k, v=v)
-    B, H, Hkv, T, D = _attention_shapes(q, k, v)
+    B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v, causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q, k, v = q._contiguous_raw(), k._contiguous_raw(), v._contiguous_raw()
     out = _empty(q.shape, q.dtype, q.device)
-    lse = _empty((B, H, T), _dt.float32, q.device)
+    lse = _empty((B, H, Tq), _dt.float32, q.device)
     check(lib.it_attention_forward(q.device.native, q.dtype.native, out._ptr(), _f32_ptr(lse),
-                                   q._ptr(), k._ptr(), v._ptr(), B, H, Hkv, T, D, scale))
+                                   q._ptr(), k._ptr(), v._ptr(), B, H, Hkv, Tq, Tk, D, scale,
+                                   int(causal)))
     return out, lse
 
 
 @_trace.traced("kernel")
-def causal_attention_backward(dout, q, k, v, out, lse, scale: float | None = None):
-    """Returns (dq, dk, dv)."""
-    B, H, Hkv, T, D = _attention_shapes(q, k, v)
+def attention_backward(dout, q, k, v, out, lse, scale: float | None = None, causal: bool = True):
+    """Returns (dq, dk, dv). out and lse are the whole rows' (they may span more keys than k:
+    then the gradients are this block's part)."""
+    B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v, causal)
     _checks.shape_is("attention backward", "grad", dout, q.shape)
+    _checks.shape_is("attention backward", "out", out, q.shape)
+    _checks.shape_is("attention backward", "lse", lse, (B, H, Tq))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dout, q, k, v, out = (t._contiguous_raw() for t in (dout, q, k, v, out))
     dq = _empty(q.shape, q.dtype, q.device)
     dk, dv = _empty(k.shape, k.dtype, k.device), _empty(v.shape, v.dtype, v.device)
     check(lib.it_attention_backward(q.device.native, q.dtype.native, dq._ptr(), dk._ptr(),
                                     dv._ptr(), dout._ptr(), q._ptr(), k._ptr(), v._ptr(),
-                                    out._ptr(), _f32_ptr(lse), B, H, Hkv, T, D, scale))
+                                    out._ptr(), _f32_ptr(lse._contiguous_raw()), B, H, Hkv, Tq, Tk,
+                                    D, scale, int(causal)))
     return dq, dk, dv
+
+
+@_trace.traced("kernel")
+def attention_merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor,
+                    row_offset: int = 0) -> None:
+    """Merges a block's attention (block_out [B, H, Tb, D], block_lse [B, H, Tb]) into the
+    float32 running result out [B, H, T, D], lse [B, H, T] at rows [row_offset, row_offset +
+    Tb), in place, by the log-sum-exp rule (lse starts at -inf)."""
+    B, H, T, D = out.shape
+    Tb = block_out.shape[2]
+    if out.dtype is not _dt.float32 or lse.dtype is not _dt.float32 \
+            or block_lse.dtype is not _dt.float32:
+        raise TypeError("attention_merge: out, lse and block_lse must be float32")
+    _checks.shape_is("attention_merge", "lse", lse, (B, H, T))
+    _checks.shape_is("attention_merge", "block_out", block_out, (B, H, Tb, D))
+    _checks.shape_is("attention_merge", "block_lse", block_lse, (B, H, Tb))
+    if not (out.is_contiguous() and lse.is_contiguous()):
+        raise ValueError("attention_merge: out and lse must be contiguous (they are written in place)")
+    block_out, block_lse = block_out._contiguous_raw(), block_lse._contiguous_raw()
+    check(lib.it_attention_merge(out.device.native, block_out.dtype.native, _f32_ptr(out),
+                                 _f32_ptr(lse), block_out._ptr(), _f32_ptr(block_lse), B * H, T,
+                                 Tb, row_offset, D))
 
 
 # ---- rotary embedding ------------------------------------------------------------------

@@ -89,16 +89,21 @@ def embedding(input: Tensor, weight: Tensor) -> Tensor:
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
-    """Causal attention over [B, H, T, D] (k/v may have fewer heads with enable_gqa=True)."""
-    if attn_mask is not None or not is_causal:
-        raise NotImplementedError("scaled_dot_product_attention: only is_causal=True without "
-                                  "attn_mask is implemented")
+    """Attention over query [B, H, L, D] and key/value [B, H_kv, S, D] (fewer heads with
+    enable_gqa=True), causal (PyTorch's is_causal: L == S) or over every key."""
+    if attn_mask is not None:
+        raise NotImplementedError("scaled_dot_product_attention: attn_mask is not implemented "
+                                  "(is_causal=True or no mask)")
+    if is_causal and query.shape[-2] != key.shape[-2]:
+        raise NotImplementedError(f"scaled_dot_product_attention: is_causal with {query.shape[-2]} "
+                                  f"queries and {key.shape[-2]} keys (PyTorch aligns that mask to "
+                                  "the top left; only equal lengths are implemented)")
     if dropout_p:
         raise NotImplementedError("scaled_dot_product_attention: attention dropout is not implemented")
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
                          "enable_gqa=True for grouped-query attention")
-    return _nn.causal_attention(query, key, value, scale)
+    return _nn.attention(query, key, value, scale, causal=is_causal)
 
 
 def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

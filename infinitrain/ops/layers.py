@@ -121,19 +121,19 @@ class Embedding(Function):
         return None, knn.embedding_backward(dweight, g.contiguous(), indices)
 
 
-class CausalAttention(Function):
+class Attention(Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale):
-        out, lse = knn.causal_attention(q, k, v, scale)
+    def forward(ctx, q, k, v, scale, causal):
+        out, lse = knn.attention(q, k, v, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.causal = scale, causal
         return out
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = knn.causal_attention_backward(g, q, k, v, out, lse, ctx.scale)
-        return dq, dk, dv, None
+        dq, dk, dv = knn.attention_backward(g, q, k, v, out, lse, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None
 
 
 class Rope(Function):
@@ -172,9 +172,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return Linear.apply(*amp.lower(x, weight, bias))
 
 
-def causal_attention(q, k, v, scale=None):
+def attention(q, k, v, scale=None, causal: bool = True):
+    """Scaled-dot-product attention, causal (aligned to the bottom right) or over every key."""
     q, k, v = amp.lower(q, k, v)
-    return CausalAttention.apply(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    return Attention.apply(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, causal)
 
 
 def layer_norm(x, weight, bias, eps):

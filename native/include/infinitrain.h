@@ -303,18 +303,31 @@ it_status it_cross_entropy_backward(it_device device, it_dtype dtype, void *dlog
                                     int64_t vocab, int64_t padded_vocab, int64_t ignore_index);
 
 /* ---- attention and positions ---------------------------------------------------------- */
-/* Causal scaled-dot-product attention with grouped-query heads.
- * q, out: [B, H, T, D]; k, v: [B, H_kv, T, D] with H % H_kv == 0 (head h reads kv head
- * h / (H / H_kv)). lse: float32 [B, H, T], saved for backward. scale is usually 1/sqrt(D). */
+/* Scaled-dot-product attention with grouped-query heads.
+ * q, out: [B, H, Tq, D]; k, v: [B, H_kv, Tk, D] with H % H_kv == 0 (head h reads kv head
+ * h / (H / H_kv)). lse: float32 [B, H, Tq], saved for backward. scale is usually 1/sqrt(D).
+ * causal != 0 masks aligned to the bottom right: query i sees key j when j <= i + Tk - Tq
+ * (needs Tk >= Tq; with Tq == Tk the usual causal mask). The backward pass takes the lse and
+ * out of the whole row; when the row spans more keys than k holds (a block of a longer
+ * sequence, as context parallelism computes it), it gives this block's part of dq and the
+ * block's dk, dv. */
 it_status it_attention_forward(it_device device, it_dtype dtype, void *out, float *lse,
                                const void *q, const void *k, const void *v, int64_t batch,
-                               int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim,
-                               float scale);
+                               int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
+                               int64_t head_dim, float scale, int causal);
 it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void *dk, void *dv,
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const void *out, const float *lse, int64_t batch,
-                                int64_t heads, int64_t kv_heads, int64_t seq,
-                                int64_t head_dim, float scale);
+                                int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
+                                int64_t head_dim, float scale, int causal);
+/* Merges a block's attention (block_out [G, Tb, D] of dtype, block_lse float32 [G, Tb]) into
+ * a float32 running result (out [G, T, D], lse [G, T]) at rows [row_offset, row_offset + Tb)
+ * of each of the G groups, by the log-sum-exp rule: lse' = log(e^lse + e^block_lse), out' =
+ * (out e^lse + block_out e^block_lse) / e^lse'. Start from lse = -inf. */
+it_status it_attention_merge(it_device device, it_dtype dtype, float *out, float *lse,
+                             const void *block_out, const float *block_lse, int64_t groups,
+                             int64_t rows, int64_t block_rows, int64_t row_offset,
+                             int64_t head_dim);
 /* Rotary embedding on x [B, T, H, D], rotating interleaved pairs (x[2i], x[2i+1]) by the
  * angle whose cos/sin are float32 [T, D/2] (LLaMA's layout). Backward rotates back. */
 it_status it_rope_forward(it_device device, it_dtype dtype, void *out, const void *inp,

@@ -264,6 +264,35 @@ def test_attention_loss_and_optimizer_against_the_cpu(dtype):
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("causal,Tq,Tk", [(True, 7, 13), (False, 9, 5)])
+def test_attention_blocks_and_merge_against_the_cpu(dtype, causal, Tq, Tk):
+    """The kernels context parallelism runs: queries and keys of different lengths, the
+    bottom-right causal mask, a block's backward with the row's out and lse, the merge."""
+    from infinitrain.kernels import neural as knn
+    q, qg = _pair((2, 4, Tq, 16), dtype)
+    k, kg = _pair((2, 2, Tk, 16), dtype)
+    v, vg = _pair((2, 2, Tk, 16), dtype)
+    g, gg = _pair((2, 4, Tq, 16), dtype)
+    tol = 1e-4 if dtype == "float32" else 3e-2
+    (oc, lc), (og, lg) = knn.attention(q, k, v, causal=causal), knn.attention(qg, kg, vg, causal=causal)
+    _same(og, oc, dtype, rtol=tol)
+    _same(lg, lc, "float32", rtol=1e-4)
+    for a, b in zip(knn.attention_backward(gg, qg, kg, vg, og, lg, causal=causal),
+                    knn.attention_backward(g, q, k, v, oc, lc, causal=causal)):
+        _same(a, b, dtype, rtol=tol)
+    merged = []
+    for dev, (o, l_) in (("cpu", (oc, lc)), ("cuda", (og, lg))):
+        out, lse = it.zeros(2, 4, 2 * Tq, 16, device=dev), it.full((2, 4, 2 * Tq), float("-inf"), device=dev)
+        knn.attention_merge(out, lse, o, l_, row_offset=Tq)
+        knn.attention_merge(out, lse, o, l_, row_offset=Tq)  # twice: the same block, lse + log 2
+        merged.append((out, lse))
+    _same(merged[1][0], merged[0][0], "float32", rtol=tol)
+    _same(merged[1][1][:, :, Tq:], merged[0][1][:, :, Tq:], "float32", rtol=1e-5)
+    assert np.all(np.isneginf(merged[1][1][:, :, :Tq].cpu().numpy()))  # rows no block reached
+
+
+@needs_gpu
 def test_tensors_made_from_data_on_cuda():
     a = it.tensor([[1.5, -2.0]], device="cuda")
     b = it.tensor(a, dtype=it.bfloat16)

@@ -30,9 +30,12 @@ def draw(rng, n_sizes):
 def calls(rng):
     f32 = lib.IT_FLOAT32
     b = BUF
-    # (batch, heads, seq, head_dim, kv_heads)
+    # (batch, heads, q_len, head_dim, kv_heads, kv_len)
     yield "attention", lambda s: lib.it_attention_forward(CPU, f32, b, b, b, b, b, s[0], s[1], s[4],
-                                                          s[2], s[3], 1.0), 5
+                                                          s[2], s[5], s[3], 1.0, 1), 6
+    # (groups, rows, block_rows, head_dim)
+    yield "attention_merge", lambda s: lib.it_attention_merge(CPU, f32, b, b, b, b, s[0], s[1], s[2], 0,
+                                                              s[3]), 4
     yield "layernorm", lambda s: lib.it_layernorm_forward(CPU, f32, b, b, b, b, b, b, *s, 1e-5), 2
     yield "rmsnorm", lambda s: lib.it_rmsnorm_forward(CPU, f32, b, b, b, b, *s, 1e-5), 2
     yield "softmax", lambda s: lib.it_softmax_forward(CPU, f32, b, b, *s), 2

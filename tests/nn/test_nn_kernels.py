@@ -37,12 +37,15 @@ def softmax_ref(x):
     return e / e.sum(-1, keepdims=True)
 
 
-def attention_ref(q, k, v, scale=None):
-    B, H, T, D = q.shape
+def attention_ref(q, k, v, scale=None, causal=True):
+    """Causal masks aligned to the bottom right: query i sees keys j <= i + Tk - Tq."""
+    B, H, Tq, D = q.shape
+    Tk = k.shape[2]
     group = H // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     s = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(D) if scale is None else scale)
-    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    if causal:
+        s = np.where(np.tril(np.ones((Tq, Tk), bool), Tk - Tq), s, -np.inf)
     return softmax_ref(s) @ v
 
 
@@ -212,7 +215,7 @@ def test_attention_forward(B, H, Hkv, T, D, dtype, rng):
     q, qr = make(rng.standard_normal((B, H, T, D)), dtype)
     k, kr = make(rng.standard_normal((B, Hkv, T, D)), dtype)
     v, vr = make(rng.standard_normal((B, Hkv, T, D)), dtype)
-    out, lse = nn.causal_attention(q, k, v)
+    out, lse = nn.attention(q, k, v)
     np.testing.assert_allclose(to_np(out), attention_ref(qr.astype(np.float64), kr, vr), **tol(dtype))
     assert lse.shape == (B, H, T)
 
@@ -223,8 +226,8 @@ def test_attention_backward_numerical(H, Hkv, rng):
     q, k, v = rng.standard_normal((B, H, T, D)), rng.standard_normal((B, Hkv, T, D)), rng.standard_normal((B, Hkv, T, D))
     g = rng.standard_normal((B, H, T, D))
     tq, tk, tv = (it.tensor(a.astype(np.float32)) for a in (q, k, v))
-    out, lse = nn.causal_attention(tq, tk, tv)
-    dq, dk, dv = nn.causal_attention_backward(it.tensor(g.astype(np.float32)), tq, tk, tv, out, lse)
+    out, lse = nn.attention(tq, tk, tv)
+    dq, dk, dv = nn.attention_backward(it.tensor(g.astype(np.float32)), tq, tk, tv, out, lse)
     f = lambda q_, k_, v_: np.sum(attention_ref(q_, k_, v_) * g)  # noqa: E731
     np.testing.assert_allclose(dq.numpy(), numerical_grad(lambda a: f(a, k, v), q), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dk.numpy(), numerical_grad(lambda a: f(q, a, v), k), rtol=1e-4, atol=1e-4)
@@ -237,17 +240,68 @@ def test_attention_backward_bf16_close_to_f32(rng):
     grads = {}
     for dt in DTYPES:
         q, k, v, g = (it.tensor(a, dtype=dt) for a in arrs)
-        out, lse = nn.causal_attention(q, k, v)
-        grads[dt] = [to_np(x) for x in nn.causal_attention_backward(g, q, k, v, out, lse)]
+        out, lse = nn.attention(q, k, v)
+        grads[dt] = [to_np(x) for x in nn.attention_backward(g, q, k, v, out, lse)]
     for a, b in zip(grads[it.float32], grads[it.bfloat16]):
         np.testing.assert_allclose(b, a, rtol=5e-2, atol=5e-2)
 
 
+@pytest.mark.parametrize("causal,Tq,Tk", [(False, 5, 5), (False, 3, 7), (True, 3, 7), (False, 6, 2)])
+def test_attention_blocks_numerical(causal, Tq, Tk, rng):
+    """Blocks of a longer sequence (what context parallelism computes): queries and keys of
+    different lengths, with or without the (bottom-right) causal mask."""
+    B, H, Hkv, D = 1, 4, 2, 4
+    q, k, v = rng.standard_normal((B, H, Tq, D)), rng.standard_normal((B, Hkv, Tk, D)), rng.standard_normal((B, Hkv, Tk, D))
+    g = rng.standard_normal((B, H, Tq, D))
+    tq, tk, tv = (it.tensor(a.astype(np.float32)) for a in (q, k, v))
+    out, lse = nn.attention(tq, tk, tv, causal=causal)
+    np.testing.assert_allclose(out.numpy(), attention_ref(q, k, v, causal=causal), rtol=1e-5, atol=1e-5)
+    dq, dk, dv = nn.attention_backward(it.tensor(g.astype(np.float32)), tq, tk, tv, out, lse, causal=causal)
+    f = lambda q_, k_, v_: np.sum(attention_ref(q_, k_, v_, causal=causal) * g)  # noqa: E731
+    np.testing.assert_allclose(dq.numpy(), numerical_grad(lambda a: f(a, k, v), q), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dk.numpy(), numerical_grad(lambda a: f(q, a, v), k), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dv.numpy(), numerical_grad(lambda a: f(q, k, a), v), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_merge_of_blocks_is_the_whole(dtype, rng):
+    """Attention over keys [0, 7) then [7, 12) merged by log-sum-exp equals attention over all
+    12 keys; the backward of each block with the whole row's out and lse gives that block's
+    part of dq and its dk, dv."""
+    B, H, Hkv, T, Tk, D = 2, 4, 2, 5, 12, 8
+    q, qr = make(rng.standard_normal((B, H, T, D)), dtype)
+    k, kr = make(rng.standard_normal((B, Hkv, Tk, D)), dtype)
+    v, vr = make(rng.standard_normal((B, Hkv, Tk, D)), dtype)
+    g, _ = make(rng.standard_normal((B, H, T, D)), dtype)
+    out, lse = it.zeros(B, H, T, D), it.full((B, H, T), float("-inf"))
+    for a, b in ((0, 7), (7, Tk)):
+        block_out, block_lse = nn.attention(q, k[:, :, a:b], v[:, :, a:b], causal=False)
+        nn.attention_merge(out, lse, block_out, block_lse)
+    whole, whole_lse = nn.attention(q, k, v, causal=False)
+    np.testing.assert_allclose(out.numpy(), to_np(whole), **tol(dtype))
+    np.testing.assert_allclose(lse.numpy(), whole_lse.numpy(), rtol=1e-5, atol=1e-5)
+    dq, dk, dv = nn.attention_backward(g, q, k, v, whole, whole_lse, causal=False)
+    parts = [nn.attention_backward(g, q, k[:, :, a:b], v[:, :, a:b], whole, whole_lse, causal=False)
+             for a, b in ((0, 7), (7, Tk))]
+    np.testing.assert_allclose(to_np(parts[0][0]) + to_np(parts[1][0]), to_np(dq), **tol(dtype))
+    np.testing.assert_allclose(np.concatenate([to_np(p[1]) for p in parts], 2), to_np(dk), **tol(dtype))
+    np.testing.assert_allclose(np.concatenate([to_np(p[2]) for p in parts], 2), to_np(dv), **tol(dtype))
+    # into the second half of a longer result
+    out2, lse2 = it.zeros(B, H, 2 * T, D), it.full((B, H, 2 * T), float("-inf"))
+    nn.attention_merge(out2, lse2, whole, whole_lse, row_offset=T)
+    np.testing.assert_allclose(out2.numpy()[:, :, T:], to_np(whole), rtol=1e-6, atol=1e-6)
+    assert np.all(out2.numpy()[:, :, :T] == 0)
+
+
 def test_attention_shape_errors():
+    with pytest.raises(ValueError, match="at least as many keys"):
+        nn.attention(it.zeros(1, 2, 4, 8), it.zeros(1, 2, 3, 8), it.zeros(1, 2, 3, 8))
+    with pytest.raises(ValueError, match="outside"):
+        nn.attention_merge(it.zeros(1, 1, 2, 4), it.zeros(1, 1, 2), it.zeros(1, 1, 2, 4), it.zeros(1, 1, 2), 1)
     with pytest.raises(ValueError, match="multiple"):
-        nn.causal_attention(it.zeros(1, 3, 4, 8), it.zeros(1, 2, 4, 8), it.zeros(1, 2, 4, 8))
+        nn.attention(it.zeros(1, 3, 4, 8), it.zeros(1, 2, 4, 8), it.zeros(1, 2, 4, 8))
     with pytest.raises(ValueError, match=r"\[B, H, T, D\]"):
-        nn.causal_attention(it.zeros(3, 4, 8), it.zeros(3, 4, 8), it.zeros(3, 4, 8))
+        nn.attention(it.zeros(3, 4, 8), it.zeros(3, 4, 8), it.zeros(3, 4, 8))
 
 
 # ---- rotary embedding ------------------------------------------------------------------

@@ -1,155 +1,210 @@
-/* Causal scaled-dot-product attention with grouped-query heads, llm.c/flash style: the forward
- * pass keeps only the output and the per-row log-sum-exp; the backward pass recomputes the
+/* Scaled-dot-product attention with grouped-query heads, llm.c/flash style: the forward pass
+ * keeps only the output and the per-row log-sum-exp; the backward pass recomputes the
  * attention probabilities from them. Work is split over (batch, head) pairs, each thread
- * running single-threaded sgemm on its own [T, T] scratch. */
+ * running single-threaded sgemm on its own [Tq, Tk] scratch.
+ *
+ * Queries and keys may differ in length (context parallelism computes blocks of a longer
+ * sequence). Causal masking is aligned to the bottom right: query row i sees key j when
+ * j <= i + (Tk - Tq), so a query block that ends where the keys end is masked as one causal
+ * sequence. The backward pass takes the log-sum-exp and output of the whole row, which may
+ * span more keys than this block (ring attention): its gradients are then this block's part. */
 #include "common.h"
 
-/* Causal softmax of scores s [T, T] in place (row i attends to j <= i); writes lse [T]. */
-IT_HOT static void causal_softmax(float *s, float *lse, int64_t T) {
-    for (int64_t i = 0; i < T; i++) {
-        float *row = s + i * T;
-        float m = it_vmax(row, i + 1);
-        for (int64_t j = 0; j <= i; j++) row[j] = it_expf(row[j] - m);
-        float sum = it_vsum(row, i + 1);
+/* The number of keys query row i sees. */
+static inline int64_t visible(int64_t i, int64_t Tq, int64_t Tk, int causal) {
+    return causal ? i + (Tk - Tq) + 1 : Tk;
+}
+
+/* Masked softmax of scores s [Tq, Tk] in place; writes lse [Tq]. */
+IT_HOT static void masked_softmax(float *s, float *lse, int64_t Tq, int64_t Tk, int causal) {
+    for (int64_t i = 0; i < Tq; i++) {
+        float *row = s + i * Tk;
+        int64_t n = visible(i, Tq, Tk, causal);
+        float m = it_vmax(row, n);
+        for (int64_t j = 0; j < n; j++) row[j] = it_expf(row[j] - m);
+        float sum = it_vsum(row, n);
         float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= i; j++) row[j] *= inv;
-        for (int64_t j = i + 1; j < T; j++) row[j] = 0.0f;
+        for (int64_t j = 0; j < n; j++) row[j] *= inv;
+        for (int64_t j = n; j < Tk; j++) row[j] = 0.0f;
         lse[i] = m + logf(sum);
     }
 }
 
-/* p = exp(s - lse) below the diagonal, 0 above (recomputed probabilities). */
-IT_HOT static void causal_probs(float *s, const float *lse, int64_t T) {
-    for (int64_t i = 0; i < T; i++) {
-        float *row = s + i * T;
-        for (int64_t j = 0; j <= i; j++) row[j] = it_expf(row[j] - lse[i]);
-        for (int64_t j = i + 1; j < T; j++) row[j] = 0.0f;
+/* p = exp(s - lse) where visible, 0 elsewhere (recomputed probabilities). */
+IT_HOT static void masked_probs(float *s, const float *lse, int64_t Tq, int64_t Tk, int causal) {
+    for (int64_t i = 0; i < Tq; i++) {
+        float *row = s + i * Tk;
+        int64_t n = visible(i, Tq, Tk, causal);
+        for (int64_t j = 0; j < n; j++) row[j] = it_expf(row[j] - lse[i]);
+        for (int64_t j = n; j < Tk; j++) row[j] = 0.0f;
     }
 }
 
-/* dS = P * (dP - rowsum(dO * O)), in place in dp. */
+/* dS = P * (dP - rowsum(dO * O)), in place in dp [Tq, Tk]. */
 IT_HOT static void softmax_grad(float *dp, const float *p, const float *dout, const float *out,
-                                int64_t T, int64_t D) {
-    for (int64_t i = 0; i < T; i++) {
+                                int64_t Tq, int64_t Tk, int64_t D) {
+    for (int64_t i = 0; i < Tq; i++) {
         float di = it_vdot(dout + i * D, out + i * D, D);
-        for (int64_t j = 0; j < T; j++) dp[i * T + j] = p[i * T + j] * (dp[i * T + j] - di);
+        for (int64_t j = 0; j < Tk; j++) dp[i * Tk + j] = p[i * Tk + j] * (dp[i * Tk + j] - di);
     }
 }
 
 static it_status check_attention(const char *fn, it_dtype dtype, int64_t B, int64_t H,
-                                 int64_t Hkv, int64_t T, int64_t D) {
+                                 int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D, int causal) {
     IT_CHECK_FLOAT(dtype, fn);
     IT_CHECK_SIZE(B, fn);
-    IT_CHECK_SIZE(T, fn);
+    IT_CHECK_SIZE(Tq, fn);
+    IT_CHECK_SIZE(Tk, fn);
     IT_CHECK_ARG(H > 0 && Hkv > 0 && D > 0, "%s: heads, kv_heads and head_dim must be > 0", fn);
     IT_CHECK_ARG(H % Hkv == 0, "%s: heads (%lld) must be a multiple of kv_heads (%lld)", fn,
                  (long long)H, (long long)Hkv);
-    IT_CHECK_ARG(T < INT32_MAX && D < INT32_MAX, "%s: seq (%lld) and head_dim (%lld) must be "
-                 "below 2^31 (the BLAS takes int32 sizes)", fn, (long long)T, (long long)D);
-    IT_CHECK_PRODUCT(fn, B, H, T, D);
-    IT_CHECK_PRODUCT(fn, 16, T, T + D);  /* a thread's scratch: 2 T x T and 8 T x D floats */
+    IT_CHECK_ARG(!causal || Tk >= Tq, "%s: causal attention needs at least as many keys (%lld) "
+                 "as queries (%lld)", fn, (long long)Tk, (long long)Tq);
+    IT_CHECK_ARG(Tq < INT32_MAX && Tk < INT32_MAX && D < INT32_MAX, "%s: sequence lengths "
+                 "(%lld, %lld) and head_dim (%lld) must be below 2^31 (the BLAS takes int32 "
+                 "sizes)", fn, (long long)Tq, (long long)Tk, (long long)D);
+    IT_CHECK_PRODUCT(fn, B, H, Tq, D);
+    IT_CHECK_PRODUCT(fn, B, Hkv, Tk, D);
+    IT_CHECK_PRODUCT(fn, 16, Tq + Tk, Tk + D);  /* a thread's scratch: 2 Tq x Tk, 4 Tq x D, 4 Tk x D */
     return IT_OK;
 }
 
 it_status it_attention_forward(it_device device, it_dtype dtype, void *out, float *lse,
                                const void *q, const void *k, const void *v, int64_t batch,
-                               int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim,
-                               float scale) {
+                               int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
+                               int64_t head_dim, float scale, int causal) {
     IT_CHECK_DEVICE(device, "it_attention_forward");
-    IT_TRY(check_attention("it_attention_forward", dtype, batch, heads, kv_heads, seq, head_dim));
-    if (batch * seq == 0) return IT_OK;
+    IT_TRY(check_attention("it_attention_forward", dtype, batch, heads, kv_heads, q_len, kv_len,
+                           head_dim, causal));
+    if (batch * q_len == 0) return IT_OK;
     IT_CHECK_ARG(out && lse && q && k && v, "it_attention_forward: NULL pointer");
-    IT_DISPATCH(attention_forward, device, dtype, out, lse, q, k, v, batch, heads, kv_heads, seq,
-                head_dim, scale);
-    const int64_t T = seq, D = head_dim, group = heads / kv_heads, TD = T * D;
+    IT_CHECK_ARG(kv_len > 0, "it_attention_forward: a query row needs at least one key");
+    IT_DISPATCH(attention_forward, device, dtype, out, lse, q, k, v, batch, heads, kv_heads, q_len,
+                kv_len, head_dim, scale, causal);
+    const int64_t Tq = q_len, Tk = kv_len, D = head_dim, group = heads / kv_heads;
+    const int64_t QD = Tq * D, KD = Tk * D;
     int failed = 0;
     int blas_threads = it_blas_set_threads_local(1);
 #pragma omp parallel
     {
         int16_t conv = dtype != IT_FLOAT32;
-        float *s = (float *)it_scratch_alloc((size_t)(T * T + (conv ? 4 * TD : 0)) * 4);
+        float *s = (float *)it_scratch_alloc((size_t)(Tq * Tk + (conv ? 2 * QD + 2 * KD : 0)) * 4);
         if (!s) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < batch * heads; bh++) {
             if (!s) continue;
             int64_t b = bh / heads, h = bh % heads, kvh = b * kv_heads + h / group;
-            float *qb = s + T * T, *kb = qb + TD, *vb = kb + TD, *ob = vb + TD;
-            const float *qf = it_row_load(dtype, q, bh * TD, TD, qb);
-            const float *kf = it_row_load(dtype, k, kvh * TD, TD, kb);
-            const float *vf = it_row_load(dtype, v, kvh * TD, TD, vb);
-            float *of = it_row_dest(dtype, out, bh * TD, ob);
-            it_sgemm(0, 1, T, T, D, scale, qf, D, kf, D, 0.0f, s, T);
-            causal_softmax(s, lse + bh * T, T);
-            it_sgemm(0, 0, T, D, T, 1.0f, s, T, vf, D, 0.0f, of, D);
-            it_row_store(dtype, out, bh * TD, of, TD);
+            float *qb = s + Tq * Tk, *kb = qb + QD, *vb = kb + KD, *ob = vb + KD;
+            const float *qf = it_row_load(dtype, q, bh * QD, QD, qb);
+            const float *kf = it_row_load(dtype, k, kvh * KD, KD, kb);
+            const float *vf = it_row_load(dtype, v, kvh * KD, KD, vb);
+            float *of = it_row_dest(dtype, out, bh * QD, ob);
+            it_sgemm(0, 1, Tq, Tk, D, scale, qf, D, kf, D, 0.0f, s, Tk);
+            masked_softmax(s, lse + bh * Tq, Tq, Tk, causal);
+            it_sgemm(0, 0, Tq, D, Tk, 1.0f, s, Tk, vf, D, 0.0f, of, D);
+            it_row_store(dtype, out, bh * QD, of, QD);
         }
         it_scratch_free(s);
     }
     it_blas_set_threads_local(blas_threads);
     IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_attention_forward: out of memory for a "
-               "%lld x %lld score block", (long long)T, (long long)T);
+               "%lld x %lld score block", (long long)Tq, (long long)Tk);
     return IT_OK;
 }
 
 it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void *dk, void *dv,
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const void *out, const float *lse, int64_t batch,
-                                int64_t heads, int64_t kv_heads, int64_t seq,
-                                int64_t head_dim, float scale) {
+                                int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
+                                int64_t head_dim, float scale, int causal) {
     IT_CHECK_DEVICE(device, "it_attention_backward");
-    IT_TRY(check_attention("it_attention_backward", dtype, batch, heads, kv_heads, seq, head_dim));
-    if (batch * seq == 0) return IT_OK;
+    IT_TRY(check_attention("it_attention_backward", dtype, batch, heads, kv_heads, q_len, kv_len,
+                           head_dim, causal));
+    if (batch * q_len == 0 || kv_len == 0) return IT_OK;
     IT_CHECK_ARG(dq && dk && dv && dout && q && k && v && out && lse,
                  "it_attention_backward: NULL pointer");
     IT_DISPATCH(attention_backward, device, dtype, dq, dk, dv, dout, q, k, v, out, lse, batch,
-                heads, kv_heads, seq, head_dim, scale);
-    const int64_t T = seq, D = head_dim, group = heads / kv_heads, TD = T * D;
+                heads, kv_heads, q_len, kv_len, head_dim, scale, causal);
+    const int64_t Tq = q_len, Tk = kv_len, D = head_dim, group = heads / kv_heads;
+    const int64_t QD = Tq * D, KD = Tk * D;
     int failed = 0;
     int blas_threads = it_blas_set_threads_local(1);
     /* One task per kv head: its group of query heads is walked in order, accumulating dK and
      * dV, so no two threads write the same memory and sums are ordered. */
 #pragma omp parallel
     {
-        /* p, dp [T,T]; q, do, o, dq [T,D] (converted when 16-bit); k, v, dk, dv accumulators */
-        float *s = (float *)it_scratch_alloc((size_t)(2 * T * T + 8 * TD) * 4);
+        /* p, dp [Tq,Tk]; q, do, o, dq [Tq,D] (converted when 16-bit); k, v, dk, dv [Tk,D] */
+        float *s = (float *)it_scratch_alloc((size_t)(2 * Tq * Tk + 4 * QD + 4 * KD) * 4);
         if (!s) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bg = 0; bg < batch * kv_heads; bg++) {
             if (!s) continue;
-            float *p = s, *dp = p + T * T, *qb = dp + T * T, *gb = qb + TD, *ob = gb + TD;
-            float *dqb = ob + TD, *kb = dqb + TD, *vb = kb + TD, *dkf = vb + TD, *dvf = dkf + TD;
+            float *p = s, *dp = p + Tq * Tk, *qb = dp + Tq * Tk, *gb = qb + QD, *ob = gb + QD;
+            float *dqb = ob + QD, *kb = dqb + QD, *vb = kb + KD, *dkf = vb + KD, *dvf = dkf + KD;
             int64_t b = bg / kv_heads;
-            const float *kf = it_row_load(dtype, k, bg * TD, TD, kb);
-            const float *vf = it_row_load(dtype, v, bg * TD, TD, vb);
-            memset(dkf, 0, (size_t)TD * 4);
-            memset(dvf, 0, (size_t)TD * 4);
+            const float *kf = it_row_load(dtype, k, bg * KD, KD, kb);
+            const float *vf = it_row_load(dtype, v, bg * KD, KD, vb);
+            memset(dkf, 0, (size_t)KD * 4);
+            memset(dvf, 0, (size_t)KD * 4);
             for (int64_t hh = 0; hh < group; hh++) {
                 int64_t bh = b * heads + (bg % kv_heads) * group + hh;
-                const float *qf = it_row_load(dtype, q, bh * TD, TD, qb);
-                const float *gf = it_row_load(dtype, dout, bh * TD, TD, gb);
-                const float *of = it_row_load(dtype, out, bh * TD, TD, ob);
-                float *dqf = it_row_dest(dtype, dq, bh * TD, dqb);
-                it_sgemm(0, 1, T, T, D, scale, qf, D, kf, D, 0.0f, p, T);
-                causal_probs(p, lse + bh * T, T);
-                it_sgemm(1, 0, T, D, T, 1.0f, p, T, gf, D, 1.0f, dvf, D);   /* dV += P^T dO */
-                it_sgemm(0, 1, T, T, D, 1.0f, gf, D, vf, D, 0.0f, dp, T);   /* dP = dO V^T */
-                softmax_grad(dp, p, gf, of, T, D);                          /* dS */
-                it_sgemm(0, 0, T, D, T, scale, dp, T, kf, D, 0.0f, dqf, D); /* dQ = s dS K */
-                it_sgemm(1, 0, T, D, T, scale, dp, T, qf, D, 1.0f, dkf, D); /* dK += s dS^T Q */
-                it_row_store(dtype, dq, bh * TD, dqf, TD);
+                const float *qf = it_row_load(dtype, q, bh * QD, QD, qb);
+                const float *gf = it_row_load(dtype, dout, bh * QD, QD, gb);
+                const float *of = it_row_load(dtype, out, bh * QD, QD, ob);
+                float *dqf = it_row_dest(dtype, dq, bh * QD, dqb);
+                it_sgemm(0, 1, Tq, Tk, D, scale, qf, D, kf, D, 0.0f, p, Tk);
+                masked_probs(p, lse + bh * Tq, Tq, Tk, causal);
+                it_sgemm(1, 0, Tk, D, Tq, 1.0f, p, Tk, gf, D, 1.0f, dvf, D);   /* dV += P^T dO */
+                it_sgemm(0, 1, Tq, Tk, D, 1.0f, gf, D, vf, D, 0.0f, dp, Tk);   /* dP = dO V^T */
+                softmax_grad(dp, p, gf, of, Tq, Tk, D);                        /* dS */
+                it_sgemm(0, 0, Tq, D, Tk, scale, dp, Tk, kf, D, 0.0f, dqf, D); /* dQ = s dS K */
+                it_sgemm(1, 0, Tk, D, Tq, scale, dp, Tk, qf, D, 1.0f, dkf, D); /* dK += s dS^T Q */
+                it_row_store(dtype, dq, bh * QD, dqf, QD);
             }
             if (dtype == IT_FLOAT32) {
-                memcpy((float *)dk + bg * TD, dkf, (size_t)TD * 4);
-                memcpy((float *)dv + bg * TD, dvf, (size_t)TD * 4);
+                memcpy((float *)dk + bg * KD, dkf, (size_t)KD * 4);
+                memcpy((float *)dv + bg * KD, dvf, (size_t)KD * 4);
             } else {
-                it_row_store(dtype, dk, bg * TD, dkf, TD);
-                it_row_store(dtype, dv, bg * TD, dvf, TD);
+                it_row_store(dtype, dk, bg * KD, dkf, KD);
+                it_row_store(dtype, dv, bg * KD, dvf, KD);
             }
         }
         it_scratch_free(s);
     }
     it_blas_set_threads_local(blas_threads);
     IT_REQUIRE(!failed, IT_ERR_OUT_OF_MEMORY, "it_attention_backward: out of memory for "
-               "%lld x %lld score blocks", (long long)T, (long long)T);
+               "%lld x %lld score blocks", (long long)Tq, (long long)Tk);
+    return IT_OK;
+}
+
+it_status it_attention_merge(it_device device, it_dtype dtype, float *out, float *lse,
+                             const void *block_out, const float *block_lse, int64_t groups,
+                             int64_t rows, int64_t block_rows, int64_t row_offset,
+                             int64_t head_dim) {
+    IT_CHECK_DEVICE(device, "it_attention_merge");
+    IT_CHECK_FLOAT(dtype, "it_attention_merge");
+    IT_CHECK_SIZE(groups, "it_attention_merge");
+    IT_CHECK_SIZE(block_rows, "it_attention_merge");
+    IT_CHECK_ARG(head_dim > 0 && row_offset >= 0 && row_offset + block_rows <= rows,
+                 "it_attention_merge: rows [%lld, %lld) of the block fall outside the %lld rows "
+                 "of the output (head_dim %lld)", (long long)row_offset,
+                 (long long)(row_offset + block_rows), (long long)rows, (long long)head_dim);
+    IT_CHECK_PRODUCT("it_attention_merge", groups, rows, head_dim);
+    if (groups * block_rows == 0) return IT_OK;
+    IT_CHECK_ARG(out && lse && block_out && block_lse, "it_attention_merge: NULL pointer");
+    IT_DISPATCH(attention_merge, device, dtype, out, lse, block_out, block_lse, groups, rows,
+                block_rows, row_offset, head_dim);
+    const int64_t D = head_dim;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < groups * block_rows; r++) {
+        int64_t g = r / block_rows, i = r % block_rows, at = g * rows + row_offset + i;
+        float a = lse[at], b = block_lse[r];
+        float m = a > b ? a : b;
+        float wa = it_expf(a - m), wb = it_expf(b - m), sum = wa + wb;
+        float *o = out + at * D;
+        for (int64_t d = 0; d < D; d++)
+            o[d] = (o[d] * wa + (float)it_load_f64(dtype, block_out, r * D + d) * wb) / sum;
+        lse[at] = m + logf(sum);
+    }
     return IT_OK;
 }

@@ -1,5 +1,6 @@
-// Causal scaled-dot-product attention with grouped-query heads, fused: no T x T matrix is
-// stored. One warp per query row streams over the keys it may see with an online softmax
+// Scaled-dot-product attention with grouped-query heads, fused: no Tq x Tk matrix is
+// stored. Causal masking is aligned to the bottom right (query i sees keys j <= i + Tk - Tq),
+// as in cpu/attention.c. One warp per query row streams over the keys it may see with an online softmax
 // (running max and sum), each lane holding head_dim / 32 of the accumulator. The backward pass
 // recomputes the probabilities from the saved log-sum-exp, in three deterministic passes:
 // delta_i = dO_i . O_i; dq per query row; dk and dv per key row, summed over the query heads
@@ -14,14 +15,16 @@ constexpr int kMaxPerLane = 8;  // head_dim up to 256
 
 template <typename T>
 __global__ void attention_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int64_t BH,
-                              int64_t H, int64_t group, int64_t Tn, int D, float scale) {
+                              int64_t H, int64_t group, int64_t Tq, int64_t Tk, int causal, int D,
+                              float scale) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t)
     int lane = threadIdx.x & 31;
-    if (row >= BH * Tn) return;
-    int64_t t = row % Tn, bh = row / Tn, b = bh / H, h = bh % H;
+    if (row >= BH * Tq) return;
+    int64_t t = row % Tq, bh = row / Tq, b = bh / H, h = bh % H;
     int64_t kvh = b * (H / group) + h / group;
+    int64_t last = causal ? t + Tk - Tq : Tk - 1;  // the last key this row sees
     const T *qr = q + row * D;
-    const T *kb = k + kvh * Tn * D, *vb = v + kvh * Tn * D;
+    const T *kb = k + kvh * Tk * D, *vb = v + kvh * Tk * D;
     float qv[kMaxPerLane], acc[kMaxPerLane];
     int per = (D + 31) / 32;
     for (int j = 0; j < per; j++) {
@@ -30,7 +33,7 @@ __global__ void attention_fwd(T *out, float *lse, const T *q, const T *k, const 
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int64_t s = 0; s <= t; s++) {
+    for (int64_t s = 0; s <= last; s++) {
         float dot = 0.0f;
         for (int j = 0; j < per; j++) {
             int d = lane + 32 * j;
@@ -64,17 +67,18 @@ __global__ void attention_delta(float *delta, const T *dout, const T *out, int64
     if (lane == 0) delta[row] = s;
 }
 
-// dq_i = scale * sum_{s <= i} p_is (dO_i . v_s - delta_i) k_s
+// dq_i = scale * sum over the keys s it sees of p_is (dO_i . v_s - delta_i) k_s
 template <typename T>
 __global__ void attention_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
-                             const float *delta, int64_t BH, int64_t H, int64_t group, int64_t Tn, int D,
-                             float scale) {
+                             const float *delta, int64_t BH, int64_t H, int64_t group, int64_t Tq,
+                             int64_t Tk, int causal, int D, float scale) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
-    if (row >= BH * Tn) return;
-    int64_t t = row % Tn, bh = row / Tn, b = bh / H, h = bh % H;
+    if (row >= BH * Tq) return;
+    int64_t t = row % Tq, bh = row / Tq, b = bh / H, h = bh % H;
     int64_t kvh = b * (H / group) + h / group;
-    const T *kb = k + kvh * Tn * D, *vb = v + kvh * Tn * D;
+    int64_t last = causal ? t + Tk - Tq : Tk - 1;
+    const T *kb = k + kvh * Tk * D, *vb = v + kvh * Tk * D;
     float qv[kMaxPerLane], dov[kMaxPerLane], acc[kMaxPerLane];
     int per = (D + 31) / 32;
     for (int j = 0; j < per; j++) {
@@ -84,7 +88,7 @@ __global__ void attention_dq(T *dq, const T *dout, const T *q, const T *k, const
         acc[j] = 0.0f;
     }
     float l = lse[row], dl = delta[row];
-    for (int64_t s = 0; s <= t; s++) {
+    for (int64_t s = 0; s <= last; s++) {
         float qk = 0.0f, dv = 0.0f;
         for (int j = 0; j < per; j++) {
             int d = lane + 32 * j;
@@ -109,16 +113,17 @@ __global__ void attention_dq(T *dq, const T *dout, const T *q, const T *k, const
     }
 }
 
-// for key row s of kv head g: dk_s = scale * sum over its query heads and i >= s of ds_is q_i,
-// dv_s = sum of p_is dO_i
+// for key row s of kv head g: dk_s = scale * sum over its query heads and the query rows i
+// that see it of ds_is q_i, dv_s = sum of p_is dO_i
 template <typename T>
 __global__ void attention_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                               const float *lse, const float *delta, int64_t BKV, int64_t H, int64_t group,
-                              int64_t Tn, int D, float scale) {
+                              int64_t Tq, int64_t Tk, int causal, int D, float scale) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, g, s)
     int lane = threadIdx.x & 31;
-    if (row >= BKV * Tn) return;
-    int64_t s = row % Tn, bg = row / Tn, KV = H / group, b = bg / KV, g = bg % KV;
+    if (row >= BKV * Tk) return;
+    int64_t s = row % Tk, bg = row / Tk, KV = H / group, b = bg / KV, g = bg % KV;
+    int64_t first = causal ? (s > Tk - Tq ? s - (Tk - Tq) : 0) : 0;  // the first query row that sees it
     float kv_[kMaxPerLane], vv[kMaxPerLane], ak[kMaxPerLane], av[kMaxPerLane];
     int per = (D + 31) / 32;
     for (int j = 0; j < per; j++) {
@@ -128,8 +133,8 @@ __global__ void attention_dkv(T *dk, T *dv, const T *dout, const T *q, const T *
         ak[j] = av[j] = 0.0f;
     }
     for (int64_t hq = g * group; hq < (g + 1) * group; hq++) {
-        int64_t base = (b * H + hq) * Tn;
-        for (int64_t i = s; i < Tn; i++) {
+        int64_t base = (b * H + hq) * Tq;
+        for (int64_t i = first; i < Tq; i++) {
             int64_t qi = base + i;
             float qk = 0.0f, dov = 0.0f;
             for (int j = 0; j < per; j++) {
@@ -162,6 +167,29 @@ __global__ void attention_dkv(T *dk, T *dv, const T *dout, const T *q, const T *
     }
 }
 
+// one thread per (row, d): the log-sum-exp merge of a block into the float32 running result
+template <typename T>
+__global__ void attention_merge_kernel(float *out, float *lse, const T *bout, const float *blse,
+                                       int64_t groups, int64_t rows, int64_t brows, int64_t offset,
+                                       int64_t D) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= groups * brows * D) return;
+    int64_t r = idx / D, d = idx % D, g = r / brows, i = r % brows, at = g * rows + offset + i;
+    float a = lse[at], b = blse[r], m = fmaxf(a, b);
+    float wa = expf(a - m), wb = expf(b - m), sum = wa + wb;
+    out[at * D + d] = (out[at * D + d] * wa + to_f(bout[idx]) * wb) / sum;
+}
+
+// after every element of the row has used the old lse
+__global__ void attention_merge_lse(float *lse, const float *blse, int64_t groups, int64_t rows,
+                                    int64_t brows, int64_t offset) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= groups * brows) return;
+    int64_t at = (r / brows) * rows + offset + r % brows;
+    float a = lse[at], b = blse[r], m = fmaxf(a, b);
+    lse[at] = m + logf(expf(a - m) + expf(b - m));
+}
+
 constexpr int kWarpsPerBlock = 4;
 unsigned int warp_blocks(int64_t rows) { return (unsigned int)((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
@@ -178,9 +206,10 @@ extern "C" {
 
 it_status it_cuda_attention_forward(it_device device, it_dtype dtype, void *out, float *lse, const void *q,
                                     const void *k, const void *v, int64_t batch, int64_t heads,
-                                    int64_t kv_heads, int64_t seq, int64_t head_dim, float scale) {
-    if (batch * seq == 0) return IT_OK;
-    int64_t rows = batch * heads * seq;
+                                    int64_t kv_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
+                                    float scale, int causal) {
+    if (batch * q_len == 0) return IT_OK;
+    int64_t rows = batch * heads * q_len;
     IT_CU_TRY(check_sizes(head_dim, rows, "it_attention_forward"));
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
@@ -188,7 +217,7 @@ it_status it_cuda_attention_forward(it_device device, it_dtype dtype, void *out,
     IT_FLOAT_SWITCH(dtype, "it_attention_forward",
                     attention_fwd<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
                         (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, batch * heads, heads, group,
-                        seq, (int)head_dim, scale));
+                        q_len, kv_len, causal, (int)head_dim, scale));
     CU_LAUNCHED();
     return IT_OK;
 }
@@ -196,9 +225,10 @@ it_status it_cuda_attention_forward(it_device device, it_dtype dtype, void *out,
 it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq, void *dk, void *dv,
                                      const void *dout, const void *q, const void *k, const void *v,
                                      const void *out, const float *lse, int64_t batch, int64_t heads,
-                                     int64_t kv_heads, int64_t seq, int64_t head_dim, float scale) {
-    if (batch * seq == 0) return IT_OK;
-    int64_t rows = batch * heads * seq, kv_rows = batch * kv_heads * seq;
+                                     int64_t kv_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
+                                     float scale, int causal) {
+    if (batch * q_len == 0 || kv_len == 0) return IT_OK;
+    int64_t rows = batch * heads * q_len, kv_rows = batch * kv_heads * kv_len;
     IT_CU_TRY(check_sizes(head_dim, rows, "it_attention_backward"));
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
@@ -210,14 +240,34 @@ it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq,
             delta, (const T *)dout, (const T *)out, rows, (int)head_dim);
         attention_dq<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
             (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, batch * heads,
-            heads, group, seq, (int)head_dim, scale);
+            heads, group, q_len, kv_len, causal, (int)head_dim, scale);
         attention_dkv<T><<<warp_blocks(kv_rows), 32 * kWarpsPerBlock, 0, s>>>(
             (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta,
-            batch * kv_heads, heads, group, seq, (int)head_dim, scale);
+            batch * kv_heads, heads, group, q_len, kv_len, causal, (int)head_dim, scale);
     });
     cudaError_t launched = cudaPeekAtLastError();
     CU_TRY(cudaFreeAsync(delta, s));
     CU_TRY(launched);
+    return IT_OK;
+}
+
+it_status it_cuda_attention_merge(it_device device, it_dtype dtype, float *out, float *lse,
+                                  const void *block_out, const float *block_lse, int64_t groups,
+                                  int64_t rows, int64_t block_rows, int64_t row_offset,
+                                  int64_t head_dim) {
+    int64_t n = groups * block_rows * head_dim, r = groups * block_rows;
+    if (n == 0) return IT_OK;
+    if ((n + 255) / 256 > 2147483647LL)
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "too many elements for one launch");
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = it_cuda_stream(device);
+    IT_FLOAT_SWITCH(dtype, "it_attention_merge",
+                    attention_merge_kernel<T><<<(unsigned int)((n + 255) / 256), 256, 0, s>>>(
+                        out, lse, (const T *)block_out, block_lse, groups, rows, block_rows,
+                        row_offset, head_dim));
+    attention_merge_lse<<<(unsigned int)((r + 255) / 256), 256, 0, s>>>(lse, block_lse, groups, rows,
+                                                                         block_rows, row_offset);
+    CU_LAUNCHED();
     return IT_OK;
 }
 
@@ -226,3 +276,4 @@ it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq,
 // each entry point has its public twin's type (common.cuh)
 IT_CUDA_MIRRORS(attention_forward);
 IT_CUDA_MIRRORS(attention_backward);
+IT_CUDA_MIRRORS(attention_merge);
