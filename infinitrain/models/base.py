@@ -8,6 +8,7 @@ import numpy as np
 from .. import creation
 from ..autograd import no_grad
 from ..autograd.recompute import checkpoint
+from ..nn import functional as F
 from ..nn import init
 from ..nn.module import Module
 from ..nn.parallel import tensor_parallel as tpl
@@ -18,6 +19,14 @@ def get_submodule(module, dotted: str):
     for part in dotted.split("."):
         module = getattr(module, part)
     return module
+
+
+def causal_attention(q, k, v, cp=None):
+    """The blocks' attention: causal over [B, H, T, D] (k, v: fewer heads under GQA); under
+    context parallelism (cp) this rank's queries over the whole sequence's keys."""
+    if cp is not None and cp.size > 1:
+        return cp.attention(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
 def _full_shape(p) -> tuple:
@@ -59,10 +68,11 @@ class CausalLM(Module):
 
     config_class = None  # the dataclass of the model's configuration
 
-    def _setup_parallel(self, tp, pp) -> list:
+    def _setup_parallel(self, tp, pp, cp=None) -> list:
         """Stores the layout; returns the block indices this rank builds."""
         self.tp = tp if tp is not None and tp.size > 1 else None
         self.pp = pp if pp is not None and pp.size > 1 else None
+        self.cp = cp if cp is not None and cp.size > 1 else None
         L = self.config.n_layer
         if self.pp is None:
             self.stage_layers = [list(range(L))]
@@ -89,10 +99,29 @@ class CausalLM(Module):
         if targets is not None and tuple(targets.shape) != (B, T):
             raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
         tp = self.tp
-        if tp is not None and tp.sequence_parallel and T % tp.size:
+        sp = tp.size if tp is not None and tp.sequence_parallel else 1
+        if self.cp is not None:
+            self.cp.check_sequence(T, sp)
+        elif T % sp:
             raise ValueError(f"sequence parallelism splits the sequence over tensor parallel "
                              f"{tp.size}, which does not divide the sequence length {T}")
         return T
+
+    # ---- context parallelism: the model takes whole sequences and works on this rank's part
+    def local_tokens(self, idx):
+        """The token ids this rank embeds: under CP its chunks of every sequence."""
+        return self.cp.shard(idx, dim=1) if self.cp is not None else idx
+
+    def token_positions(self, T: int, device):
+        """The positions (in the whole sequence) of the tokens this rank's embedding outputs:
+        its CP chunks, and under SP its TP part of them."""
+        pos = self.cp.positions(T, device) if self.cp is not None else creation.arange(T, device=device)
+        tp = self.tp
+        if tp is not None and tp.sequence_parallel:
+            n = pos.shape[0] // tp.size
+            pos = pos[tp.rank * n:(tp.rank + 1) * n]
+        return pos
+
 
     def forward(self, idx, targets=None, return_logits: bool = True):
         """idx, targets: int [B, T]. Returns (logits [B, T, vocab_size], mean loss or None).
@@ -143,7 +172,8 @@ class CausalLM(Module):
         send each other: [B, T, C], T/TP under SP, in the parameters' dtype (the residual
         stream stays in it under autocast)."""
         tp = self.tp
-        T = seq_len // tp.size if tp is not None and tp.sequence_parallel else seq_len
+        T = seq_len // self.cp.size if self.cp is not None else seq_len
+        T = T // tp.size if tp is not None and tp.sequence_parallel else T
         return (batch, T, self.config.n_embd), next(iter(self.parameters())).dtype
 
     def model_chunks(self) -> list:
@@ -174,18 +204,27 @@ class CausalLM(Module):
             init.normal_(weight, 0.0, std, generator=gen)  # drawn full-size under TP
 
     def _loss_and_logits(self, logits, targets, return_logits: bool):
-        """From the head's logits [B, T, V'] (V'/TP columns under TP, padding last): the mean
-        loss over the real vocabulary, and the logits without padding (gathered under TP)."""
-        V, tp = self.config.vocab_size, getattr(self, "tp", None)
+        """From the head's logits [B, T, V'] (V'/TP columns under TP, padding last; T/CP
+        tokens under CP): the mean loss over the real vocabulary and the whole sequences, and
+        the logits without padding (gathered under TP and CP)."""
+        V, tp, cp = self.config.vocab_size, getattr(self, "tp", None), getattr(self, "cp", None)
         loss = None
         if targets is not None:
-            flat, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-            loss = tpl.vocab_parallel_cross_entropy(flat, t, V, tp) if tp \
-                else ops_layers.cross_entropy(flat, t, V)
+            t = (cp.shard(targets, dim=1) if cp is not None else targets).reshape(-1)
+            flat = logits.reshape(-1, logits.shape[-1])
+            if cp is None:
+                loss = tpl.vocab_parallel_cross_entropy(flat, t, V, tp) if tp \
+                    else ops_layers.cross_entropy(flat, t, V)
+            else:  # this rank's sum, then the mean over the whole sequences (context_parallel.loss)
+                local = tpl.vocab_parallel_cross_entropy(flat, t, V, tp) * (t != -100).sum().float() if tp \
+                    else ops_layers.cross_entropy(flat, t, V, reduction="sum")
+                loss = cp.loss(local, t)
         if not return_logits:
             return None, loss
         if tp:
             logits = tpl.gather_from_tp(logits, tp.group)
+        if cp is not None:
+            logits = cp.gather(logits, dim=1)
         return logits[..., :V], loss
 
     # ---- llm.c checkpoints: a header, then every tensor in the model's llm.c order ----------
@@ -251,12 +290,13 @@ class CausalLM(Module):
         forward = forward or (lambda x: self(x)[0])
         tokens = idx.cpu().numpy().astype(np.int64)
         device = next(iter(self.parameters())).device
-        tp = getattr(self, "tp", None)
+        tp, cp = getattr(self, "tp", None), getattr(self, "cp", None)
         multiple = tp.size if tp is not None and tp.sequence_parallel else 1
+        multiple *= cp.n_chunks if cp is not None else 1
         for _ in range(max_new_tokens):
             ctx = tokens[:, -self.config.block_size:]
             n = ctx.shape[1]
-            # sequence parallelism splits the sequence evenly: pad the end (causal attention
+            # sequence and context parallelism split the sequence evenly: pad the end (causal attention
             # keeps the padding out of the real positions' logits)
             ctx = np.pad(ctx, ((0, 0), (0, (-n) % multiple)))
             logits = forward(creation.from_numpy(np.ascontiguousarray(ctx)).to(device))

@@ -10,7 +10,6 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .. import creation
 from ..autograd import no_grad
 from ..autograd.recompute import checkpoint
 from ..nn import functional as F
@@ -20,7 +19,7 @@ from ..nn.modules import Embedding, LayerNorm, Linear, ModuleDict
 from ..nn.parallel import tensor_parallel as tpl
 from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
-from .base import Blocks, CausalLM
+from .base import Blocks, CausalLM, causal_attention
 from ..io import DataFormatError, atomic_write
 
 LLMC_GPT2_MAGIC = 20240326
@@ -56,8 +55,9 @@ class CausalSelfAttention(Module):
     """Under TP each rank holds n_head/TP heads: its rows of q, k and v (c_attn column-parallel,
     split block by block) and the matching columns of c_proj (row-parallel)."""
 
-    def __init__(self, cfg: GPT2Config, tp: TensorParallel | None = None):
+    def __init__(self, cfg: GPT2Config, tp: TensorParallel | None = None, cp=None):
         super().__init__()
+        self.cp = cp  # context parallelism: attention over the whole sequence
         C = cfg.n_embd
         if C % cfg.n_head:
             raise ValueError(f"n_embd ({C}) must be a multiple of n_head ({cfg.n_head})")
@@ -69,7 +69,7 @@ class CausalSelfAttention(Module):
         qkv = self.c_attn(x)  # [B, T, 3C/TP]: under SP, T is the whole sequence again
         B, T, _ = qkv.shape
         q, k, v = ops_layers.split_heads(qkv, self.n_head)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, D]
+        y = causal_attention(q, k, v, self.cp)  # [B, H, T, D]: the model's attention (over the whole sequence under CP)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -92,10 +92,10 @@ class MLP(Module):
 
 
 class Block(Module):
-    def __init__(self, cfg: GPT2Config, tp: TensorParallel | None = None):
+    def __init__(self, cfg: GPT2Config, tp: TensorParallel | None = None, cp=None):
         super().__init__()
         self.ln_1 = LayerNorm(cfg.n_embd)
-        self.attn = CausalSelfAttention(cfg, tp)
+        self.attn = CausalSelfAttention(cfg, tp, cp)
         self.ln_2 = LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg, tp)
         tpl.mark_sequence_parallel(self.ln_1, tp)
@@ -114,10 +114,10 @@ class GPT2(CausalLM):
     config_class = GPT2Config
 
     def __init__(self, config: GPT2Config, seed: int | None = None, tp: TensorParallel | None = None,
-                 pp=None):
+                 pp=None, cp=None):
         super().__init__()
         self.config = config
-        layers = self._setup_parallel(tp, pp)
+        layers = self._setup_parallel(tp, pp, cp)
         with init.deferred():  # every weight is drawn by _init_weights, in one process's order
             tp = self.tp
             Vp, C = config.padded_vocab_size, config.n_embd
@@ -130,7 +130,7 @@ class GPT2(CausalLM):
                 # under SP each rank adds the positions of its part of the sequence: wpe's gradient,
                 # like the norms', is summed over TP after backward
                 tpl.mark_sequence_parallel(parts["wpe"], tp)
-            parts["h"] = Blocks({i: Block(config, tp) for i in layers})
+            parts["h"] = Blocks({i: Block(config, tp, self.cp) for i in layers})
             if self.has_head:
                 parts["ln_f"] = LayerNorm(C)
                 tpl.mark_sequence_parallel(parts["ln_f"], tp)
@@ -183,13 +183,9 @@ class GPT2(CausalLM):
             wte[min(max(first_padded, 0), wte.shape[0]):] = 0.0
 
     def embed(self, idx):
-        tp, T = self.tp, idx.shape[1]
-        if tp and tp.sequence_parallel:  # this rank's part of the sequence, from here to the head
-            n = T // tp.size
-            pos = creation.arange(tp.rank * n, (tp.rank + 1) * n, device=idx.device)
-        else:
-            pos = creation.arange(T, device=idx.device)
-        return self.transformer.wte(idx) + self.transformer.wpe(pos)
+        # this rank's part of the sequence (CP chunks, SP part), from here to the head
+        pos = self.token_positions(idx.shape[1], idx.device)
+        return self.transformer.wte(self.local_tokens(idx)) + self.transformer.wpe(pos)
 
     # ---- llm.c checkpoints -------------------------------------------------------------
     _PER_LAYER = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",

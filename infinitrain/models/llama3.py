@@ -19,7 +19,8 @@ from ..nn.modules import Embedding, Linear, ModuleDict, RMSNorm
 from ..nn.parallel import tensor_parallel as tpl
 from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
-from .base import Blocks, CausalLM
+from ..ops.index import index_select
+from .base import Blocks, CausalLM, causal_attention
 from ..io import DataFormatError, atomic_write
 
 LLMC_LLAMA3_MAGIC = 20240803
@@ -96,8 +97,9 @@ class Attention(Module):
     """Under TP each rank holds n_head/TP query heads and n_kv_head/TP key/value heads (both
     must divide: KV heads are split, never replicated)."""
 
-    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None):
+    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None, cp=None):
         super().__init__()
+        self.cp = cp  # context parallelism: attention over the whole sequence
         D = cfg.head_dim
         self.n_head = tp.check_divisible("n_head", cfg.n_head) if tp else cfg.n_head
         self.n_kv_head = tp.check_divisible("n_kv_head (grouped-query KV heads are split, not "
@@ -113,7 +115,7 @@ class Attention(Module):
         # the rotary kernel reads [B, T, H, D]; [B, H, T, D] is the same with batch B*H and H = 1
         q = F.rotary_embedding(q.reshape(B * self.n_head, T, 1, -1), cos, sin).reshape(q.shape)
         k = F.rotary_embedding(k.reshape(B * self.n_kv_head, T, 1, -1), cos, sin).reshape(k.shape)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        y = causal_attention(q, k, v, self.cp)  # the model's attention (over the whole sequence under CP)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -137,10 +139,10 @@ class MLP(Module):
 
 
 class Block(Module):
-    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None):
+    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None, cp=None):
         super().__init__()
         self.ln_1 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
-        self.attn = Attention(cfg, tp)
+        self.attn = Attention(cfg, tp, cp)
         self.ln_2 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
         self.mlp = MLP(cfg, tp)
         tpl.mark_sequence_parallel(self.ln_1, tp)
@@ -158,18 +160,18 @@ class LLaMA3(CausalLM):
     config_class = LLaMA3Config
 
     def __init__(self, config: LLaMA3Config, seed: int | None = None, tp: TensorParallel | None = None,
-                 pp=None):
+                 pp=None, cp=None):
         super().__init__()
         config.validate()
         self.config = config
-        layers = self._setup_parallel(tp, pp)
+        layers = self._setup_parallel(tp, pp, cp)
         with init.deferred():  # every weight is drawn by _init_weights, in one process's order
             tp = self.tp
             C, V = config.n_embd, config.vocab_size
             parts = {}
             if self.has_embedding:
                 parts["wte"] = tpl.VocabParallelEmbedding(V, C, tp) if tp else Embedding(V, C)
-            parts["h"] = Blocks({i: Block(config, tp) for i in layers})
+            parts["h"] = Blocks({i: Block(config, tp, self.cp) for i in layers})
             if self.has_head:
                 parts["ln_f"] = RMSNorm(C, eps=config.norm_eps)
                 tpl.mark_sequence_parallel(parts["ln_f"], tp)
@@ -227,10 +229,14 @@ class LLaMA3(CausalLM):
         return self
 
     def embed(self, idx):
-        return self.transformer.wte(idx)  # [B, T/TP, C] under SP
+        return self.transformer.wte(self.local_tokens(idx))  # [B, T/CP/TP, C] under CP and SP
 
     def block_inputs(self, T: int) -> tuple:
-        return self.rope(T)
+        cos, sin = self.rope(T)
+        if self.cp is not None:  # the angles of this rank's tokens' places in the whole sequence
+            pos = self.cp.positions(T, cos.device)
+            cos, sin = index_select(cos, 0, pos), index_select(sin, 0, pos)
+        return cos, sin
 
     # ---- checkpoints ---------------------------------------------------------------------
     _PER_LAYER = ["ln_1.weight", "attn.c_attn.weight", "attn.c_proj.weight", "ln_2.weight",

@@ -1,5 +1,5 @@
-"""The process's place in the job: MPI initialisation, the Layout, and the DP/TP/PP process
-groups (created once). `init()` is what a training script calls; under a single process it
+"""The process's place in the job: MPI initialisation, the Layout, and the DP/TP/PP/CP process
+groups and the DP x CP group that reduces gradients (created once). `init()` is what a training script calls; under a single process it
 works too (a world of one)."""
 from __future__ import annotations
 
@@ -36,12 +36,18 @@ class GlobalEnv:
         self.world_size = comm.Get_size()
         self.coords = layout.coords(self.rank)
         groups = {}
-        for kind in ("dp", "tp", "pp"):
+        for kind in ("dp", "tp", "pp", "cp", "dp_cp"):
+            if kind == "dp_cp" and layout.cp == 1:
+                groups[kind] = groups["dp"]
+                continue
             members = getattr(layout, f"{kind}_group")(self.rank)
             color = layout.all_groups(kind).index(tuple(members))
             sub = comm.Split(color, members.index(self.rank))  # collective over the world
             groups[kind] = make(sub, members)
         self.dp_group, self.tp_group, self.pp_group = groups["dp"], groups["tp"], groups["pp"]
+        # cp_group: the ring that splits each sequence; dp_cp_group: DP and CP together, the
+        # group that reduces gradients and means the loss (the DP group when CP is 1)
+        self.cp_group, self.dp_cp_group = groups["cp"], groups["dp_cp"]
         self.world = make(comm, list(range(self.world_size)))
         self.local_size = local_size  # ranks on this node, sharing its memory and cores
         # the first and last stage of each pipeline: a tied embedding's gradient is summed there
@@ -54,6 +60,14 @@ class GlobalEnv:
             sub = comm.Split(color, members.index(self.rank) if inside else 0)
             if inside:
                 self.embedding_group = make(sub, members)
+
+    def context_parallel(self, comm_type: str = "p2p"):
+        """This rank's ContextParallel (what a model is built with under context parallelism),
+        or None when CP is 1."""
+        if self.layout.cp == 1:
+            return None
+        from .context_parallel import ContextParallel
+        return ContextParallel(self.cp_group, comm_type)
 
     def pipeline_stage(self, virtual: int = 1):
         """This rank's PipelineStage (what a model is built with under pipeline parallelism)."""
@@ -116,7 +130,8 @@ def _abort_on_exception() -> None:
     sys.excepthook = hook
 
 
-def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu") -> GlobalEnv:
+def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu",
+         context_parallel: int = 1) -> GlobalEnv:
     """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv. The
     device picks the collectives' backend: MPI for "cpu"; for "cuda" each rank takes one GPU
     of its node (by its rank on the node) and its groups are NCCL groups, bootstrapped through
@@ -125,7 +140,7 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     _check_mpi_environment(comm)
-    layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel)
+    layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel)
     local_size = _local_size(comm)
     if comm.Get_size() > 1:
         _abort_on_exception()

@@ -1,12 +1,18 @@
-"""Layout: how the world's ranks split into data-, tensor- and pipeline-parallel groups.
+"""Layout: how the world's ranks split into data-, context-, tensor- and pipeline-parallel
+groups.
 
-TP varies fastest, then DP, then PP: rank = tp + dp*TP + pp*TP*DP (as InfiniTrain and
-Megatron), so a TP group is a block of neighbouring ranks (one node) and PP stages are far
-apart. Context parallelism will add a CP axis between TP and DP.
+TP varies fastest, then CP, then DP, then PP (Megatron's order):
+    rank = tp + cp*TP + dp*TP*CP + pp*TP*CP*DP
+so a TP group is a block of neighbouring ranks (one node), the CP ranks that pass K/V around
+their ring come next, and PP stages are far apart. DP and CP together form the group that
+reduces gradients (Megatron's `dp_cp` group): each CP rank holds part of a sample's gradient,
+each DP rank another batch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+AXES = ("tp", "cp", "dp", "pp")  # fastest-varying first
 
 
 @dataclass(frozen=True)
@@ -14,55 +20,84 @@ class Coords:
     dp: int
     tp: int
     pp: int
+    cp: int = 0
 
 
 class Layout:
-    def __init__(self, world_size: int, tp: int = 1, pp: int = 1, dp: int | None = None):
+    def __init__(self, world_size: int, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1):
         for name, v in (("world size", world_size), ("tensor parallel size", tp),
-                        ("pipeline parallel size", pp)):
+                        ("pipeline parallel size", pp), ("context parallel size", cp)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if world_size % (tp * pp):
+        if world_size % (tp * pp * cp):
             raise ValueError(f"the world of {world_size} ranks cannot be split into tensor parallel "
-                             f"{tp} x pipeline parallel {pp} (= {tp * pp}); use a world size that "
-                             f"is a multiple of {tp * pp}")
-        inferred = world_size // (tp * pp)
+                             f"{tp} x context parallel {cp} x pipeline parallel {pp} (= {tp * cp * pp}); "
+                             f"use a world size that is a multiple of {tp * cp * pp}")
+        inferred = world_size // (tp * pp * cp)
         if dp is not None and dp != inferred:
-            raise ValueError(f"data parallel {dp} x tensor parallel {tp} x pipeline parallel {pp} "
-                             f"= {dp * tp * pp} ranks, but the world has {world_size}")
-        self.world_size, self.tp, self.pp, self.dp = world_size, tp, pp, inferred
+            raise ValueError(f"data parallel {dp} x tensor parallel {tp} x context parallel {cp} x "
+                             f"pipeline parallel {pp} = {dp * tp * cp * pp} ranks, but the world has {world_size}")
+        self.world_size, self.tp, self.pp, self.cp, self.dp = world_size, tp, pp, cp, inferred
 
-    def rank_of(self, dp: int = 0, tp: int = 0, pp: int = 0) -> int:
-        if not (0 <= dp < self.dp and 0 <= tp < self.tp and 0 <= pp < self.pp):
-            raise ValueError(f"coordinates (dp={dp}, tp={tp}, pp={pp}) are outside {self}")
-        return tp + dp * self.tp + pp * self.tp * self.dp
+    def _sizes(self) -> dict:
+        return {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+
+    def rank_of(self, dp: int = 0, tp: int = 0, pp: int = 0, cp: int = 0) -> int:
+        at = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        rank, stride = 0, 1
+        for axis in AXES:
+            size = self._sizes()[axis]
+            if not 0 <= at[axis] < size:
+                raise ValueError(f"coordinates (dp={dp}, tp={tp}, pp={pp}, cp={cp}) are outside {self}")
+            rank += at[axis] * stride
+            stride *= size
+        return rank
 
     def coords(self, rank: int) -> Coords:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
-        return Coords(dp=(rank // self.tp) % self.dp, tp=rank % self.tp,
-                      pp=rank // (self.tp * self.dp))
+        at, rest = {}, rank
+        for axis in AXES:
+            size = self._sizes()[axis]
+            at[axis], rest = rest % size, rest // size
+        return Coords(**at)
+
+    def group(self, rank: int, axes: tuple) -> list:
+        """The ranks that share this rank's coordinates except along `axes` (which vary, the
+        first fastest), in rank order for a single axis."""
+        c = self.coords(rank)
+        members = [dict(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp)]
+        for axis in axes:
+            members = [dict(m, **{axis: i}) for i in range(self._sizes()[axis]) for m in members]
+        return sorted(self.rank_of(**m) for m in members)
 
     def dp_group(self, rank: int) -> list:
-        """The ranks holding the same model shard (same tp, pp): they all-reduce gradients."""
-        c = self.coords(rank)
-        return [self.rank_of(d, c.tp, c.pp) for d in range(self.dp)]
+        """The ranks holding the same model shard and the same part of the sequence (same tp,
+        cp, pp): different batches."""
+        return self.group(rank, ("dp",))
 
     def tp_group(self, rank: int) -> list:
-        c = self.coords(rank)
-        return [self.rank_of(c.dp, t, c.pp) for t in range(self.tp)]
+        return self.group(rank, ("tp",))
 
     def pp_group(self, rank: int) -> list:
-        c = self.coords(rank)
-        return [self.rank_of(c.dp, c.tp, p) for p in range(self.pp)]
+        return self.group(rank, ("pp",))
+
+    def cp_group(self, rank: int) -> list:
+        """The ranks that split one batch's sequences (same tp, dp, pp): their ring."""
+        return self.group(rank, ("cp",))
+
+    def dp_cp_group(self, rank: int) -> list:
+        """The ranks holding the same model shard (same tp, pp): they reduce gradients."""
+        return self.group(rank, ("cp", "dp"))
 
     def all_groups(self, kind: str) -> list:
-        """Every group of one kind ("dp", "tp" or "pp"), each a sorted list of ranks."""
-        fn = {"dp": self.dp_group, "tp": self.tp_group, "pp": self.pp_group}[kind]
+        """Every group of one kind ("dp", "tp", "pp", "cp" or "dp_cp"), each a sorted list of ranks."""
+        fn = getattr(self, f"{kind}_group")
         return sorted({tuple(fn(r)) for r in range(self.world_size)})
 
     def describe(self, sequence_parallel: bool = False) -> str:
-        return f"DP={self.dp}, TP={self.tp}, SP={self.tp if sequence_parallel and self.tp > 1 else 0}, PP={self.pp}"
+        return (f"DP={self.dp}, TP={self.tp}, SP={self.tp if sequence_parallel and self.tp > 1 else 0}, "
+                f"PP={self.pp}, CP={self.cp}")
 
     def __repr__(self) -> str:
-        return f"Layout(world={self.world_size}, dp={self.dp}, tp={self.tp}, pp={self.pp})"
+        return f"Layout(world={self.world_size}, dp={self.dp}, tp={self.tp}, pp={self.pp}, cp={self.cp})"

@@ -1,0 +1,115 @@
+"""How a sequence is split over a CP group, and the model-facing handle of context parallelism.
+
+Balanced (head-tail, Megatron's and TorchTitan's): the sequence is cut into 2·CP equal chunks
+and rank r holds chunks r and 2·CP-1-r, one from the front and its mirror from the back. Under
+causal masking chunk i attends to i+1 chunks, so every rank's pair attends to 2·CP+1 chunks:
+the same work everywhere. Contiguous (picotron's): CP chunks, rank r holds chunk r, so the last
+rank does CP times the first one's attention; kept to measure the difference."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .... import creation
+from ....autograd import Function
+from ....ops.shape import cat
+from ....tensor import Tensor
+from ..process_group import ProcessGroup
+from ..tensor_parallel.mappings import _all_gather_dim
+from .order import narrow, to_sequence_order
+
+COMM_TYPES = ("p2p", "all_gather")
+
+
+@dataclass
+class ContextParallel:
+    """What a model needs to run context-parallel: the CP group, how attention communicates
+    ("p2p": K/V around a ring, overlapped with the block products; "all_gather": K/V gathered
+    at once, for small groups) and how the sequence is split (balanced: head-tail)."""
+    group: ProcessGroup
+    comm_type: str = "p2p"
+    balanced: bool = True
+    _positions: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if self.comm_type not in COMM_TYPES:
+            raise ValueError(f"context parallel communication must be one of {COMM_TYPES}, "
+                             f"got {self.comm_type!r}")
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def n_chunks(self) -> int:
+        return 2 * self.size if self.balanced else self.size
+
+    def chunks(self, rank: int | None = None) -> tuple:
+        """The chunks of the sequence a rank holds, in order (ascending)."""
+        r = self.rank if rank is None else rank
+        return (r, 2 * self.size - 1 - r) if self.balanced else (r,)
+
+    def check_sequence(self, T: int, tp_multiple: int = 1) -> None:
+        """T must split into n_chunks equal chunks, and (sequence parallelism) this rank's T/CP
+        tokens into tp_multiple equal parts."""
+        n = self.n_chunks
+        if T % n or (T // self.size) % tp_multiple:
+            extra = f" x tensor parallel {tp_multiple} (sequence parallelism)" if tp_multiple > 1 else ""
+            raise ValueError(f"context parallel {self.size} splits each sequence into {n} equal chunks"
+                             f"{' (head-tail)' if self.balanced else ''}{extra}: the sequence length {T} "
+                             f"must be a multiple of {n * tp_multiple if T % n == 0 else n}")
+
+    def local_len(self, T: int) -> int:
+        return T // self.size
+
+    def positions(self, T: int, device) -> Tensor:
+        """The global positions (int64 [T/CP]) of this rank's tokens, in its order."""
+        key = (T, str(device))
+        if key not in self._positions:
+            c = T // self.n_chunks
+            pos = np.concatenate([np.arange(i * c, (i + 1) * c) for i in self.chunks()])
+            self._positions[key] = creation.from_numpy(pos.astype(np.int64)).to(device=device)
+        return self._positions[key]
+
+    def shard(self, x: Tensor, dim: int = 1) -> Tensor:
+        """This rank's chunks of a whole-sequence tensor along dim (token ids, targets)."""
+        dim %= x.ndim
+        c = x.shape[dim] // self.n_chunks
+        return cat([narrow(x, dim, i * c, c) for i in self.chunks()], dim).contiguous()
+
+    def gather(self, x: Tensor, dim: int = 1) -> Tensor:
+        """The whole sequence along dim from every rank's part, in sequence order
+        (differentiable: the backward takes this rank's chunks of the gradient)."""
+        return _GatherSequence.apply(x, self, dim % x.ndim)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+        """Causal attention of this rank's queries [B, H, T/CP, D] over the whole sequence's
+        keys and values (k, v: this rank's [B, H_kv, T/CP, D])."""
+        from .all_gather_attention import all_gather_attention
+        from .ring_attention import ring_attention
+        fn = ring_attention if self.comm_type == "p2p" else all_gather_attention
+        return fn(q, k, v, self, scale)
+
+    def loss(self, local_sum: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
+        """The mean loss over the whole sequences, from this rank's sum over its tokens."""
+        from .loss import loss_over_cp
+        return loss_over_cp(local_sum, targets, self.group, ignore_index)
+
+
+class _GatherSequence(Function):
+    """All-gather along the sequence in forward (into sequence order); this rank's chunks of the
+    gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, cp, dim):
+        ctx.cp, ctx.dim = cp, dim
+        return to_sequence_order(_all_gather_dim(x, cp.group, dim), cp, dim).contiguous()
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.cp.shard(g, ctx.dim), None, None
