@@ -14,12 +14,12 @@ from infinitrain.examples.lm_train import train
 from infinitrain.models import GPT2, GPT2_PRESETS, gpt2
 
 
-def build_model(args, tp=None, pp=None):
-    """tp, pp: the TensorParallel layout and PipelineStage to build this rank's part of the
-    model in (None: one process's model)."""
+def build_model(args, tp=None, pp=None, cp=None):
+    """tp, pp, cp: the TensorParallel layout, PipelineStage and ContextParallel to build this
+    rank's part of the model in (None: one process's model)."""
     if args.llmc_filepath:
-        return GPT2.from_llmc(args.llmc_filepath, tp=tp, pp=pp)
-    return gpt2(args.model, tp=tp, pp=pp)
+        return GPT2.from_llmc(args.llmc_filepath, tp=tp, pp=pp, cp=cp)
+    return gpt2(args.model, tp=tp, pp=pp, cp=cp)
 
 
 def main(argv=None) -> int:

@@ -38,9 +38,15 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--max_checkpoint_keep", type=nonnegative_int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
     p.add_argument("--tensor_parallel", type=positive_int, default=1,
-                   help="ranks that split each layer's weights (Megatron-style); DP = world / (TP * PP)")
+                   help="ranks that split each layer's weights (Megatron-style); DP = world / (TP * CP * PP)")
     p.add_argument("--sequence_parallel", action="store_true",
                    help="with --tensor_parallel > 1: split activations between TP regions along the sequence")
+    p.add_argument("--context_parallel", type=positive_int, default=1,
+                   help="ranks that split every sequence (context parallelism: each holds T/CP tokens, "
+                        "attention passes K/V between them)")
+    p.add_argument("--cp_comm", default="p2p", choices=["p2p", "all_gather"],
+                   help="context-parallel attention: p2p passes K/V around a ring overlapped with the "
+                        "block products; all_gather gathers them at once (small CP groups)")
     p.add_argument("--pipeline_parallel", type=positive_int, default=1,
                    help="pipeline stages the model's layers are split over")
     p.add_argument("--virtual_pipeline_parallel", type=positive_int, default=1,

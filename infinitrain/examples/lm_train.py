@@ -27,15 +27,15 @@ from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
 
 
 def train(args, build_model) -> int:
-    """Trains build_model(args, tp, stage) (a GPT-2 or LLaMA-3 style model) as the flags say, on
-    as many MPI ranks as the job has: set up the layout, build and wrap the model, train, finish."""
+    """Trains build_model(args, tp, stage, cp) (a GPT-2 or LLaMA-3 style model) as the flags say,
+    on as many MPI ranks as the job has: set up the layout, build and wrap the model, train, finish."""
     env, tp, stage, schedule, layout = setup_layout(args)
     log = print if env.is_main else (lambda *a, **k: None)
     accum = accumulation_steps(args, env)
     prepare_data(args, env)
     check_memory(args, env, accum, log)
-    model = build(args, env, tp, stage, build_model, layout, log)
-    trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_group, env.pp_group,
+    model = build(args, env, tp, stage, env.context_parallel(args.cp_comm), build_model, layout, log)
+    trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_cp_group, env.pp_group,
                         zero_stage=args.zero_stage, pipeline_schedule=schedule if stage else None,
                         pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     log_setup(args, env, model, accum, schedule, layout, log)
@@ -60,7 +60,8 @@ def setup_layout(args):
     except (TypeError, ValueError) as e:
         sys.exit(f"--device {args.device}: {e}")
     try:
-        env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device)
+        env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device,
+                            context_parallel=args.context_parallel)
     except ValueError as e:
         sys.exit(f"cannot lay out the job: {e}")
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
@@ -114,11 +115,11 @@ def check_memory(args, env, accum: int, log) -> None:
                      "or a smaller --batch_size / --sequence_length")
 
 
-def build(args, env, tp, stage, build_model, layout: str, log):
+def build(args, env, tp, stage, cp, build_model, layout: str, log):
     """The model of this rank's layout, with recomputation and LoRA as asked, on its device."""
     it.manual_seed(args.seed)
     try:
-        model = build_model(args, tp, stage)
+        model = build_model(args, tp, stage, cp)
     except ValueError as e:  # a layout that does not divide the model
         sys.exit(f"cannot build the model in this layout ({layout}): {e}")
     model.set_recompute(args.recompute)
@@ -128,9 +129,10 @@ def build(args, env, tp, stage, build_model, layout: str, log):
     T = args.sequence_length
     if T > model.config.block_size:
         sys.exit(f"--sequence_length {T} exceeds the model's block size {model.config.block_size}")
-    if tp is not None and tp.sequence_parallel and T % tp.size:
-        sys.exit(f"--sequence_parallel splits the sequence over {tp.size} tensor-parallel ranks: "
-                 f"--sequence_length {T} must be a multiple of {tp.size}")
+    try:
+        model.check_batch(it.zeros(1, T, dtype=it.int64))  # CP and SP split the sequence evenly
+    except ValueError as e:
+        sys.exit(f"--sequence_length {T}: {e}")
     return model
 
 
@@ -243,12 +245,12 @@ class TrainingLoop:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
         # DP rank 0 writes its layers (its TP rank 0 does)
         env, args = self.env, self.args
-        if env.coords.dp == 0 or self.trainer.zero:  # ZeRO: every DP rank holds a shard of the state
+        if env.first_replica or self.trainer.zero:  # ZeRO: every DP x CP rank holds a shard of the state
             path = save_checkpoint(args.save, step, self.model, self.optimizer,
                                    extra={"train_loader": self.train_data.state(),
                                           "schedule": self.lr_schedule.state_dict()},
                                    keep=args.max_checkpoint_keep or None,
-                                   write=env.coords.tp == 0 and env.coords.dp == 0)
+                                   write=env.coords.tp == 0 and env.first_replica)
             self.log(f"saved {path}", flush=True)
         env.world.barrier()
 
@@ -305,7 +307,7 @@ class TrainingLoop:
         if self.checker is not None:
             print(self.checker.close(), flush=True)
         if args.lora_save_path:
-            save_lora(model, args.lora_save_path, write=env.coords.dp == 0 and env.coords.tp == 0,
+            save_lora(model, args.lora_save_path, write=env.first_replica and env.coords.tp == 0,
                       optimizer=self.optimizer)
             env.world.barrier()
             self.log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)

@@ -211,7 +211,7 @@ class GPT2(CausalLM):
         return out
 
     @classmethod
-    def from_llmc(cls, path, dtype=None, tp: TensorParallel | None = None, pp=None) -> "GPT2":
+    def from_llmc(cls, path, dtype=None, tp: TensorParallel | None = None, pp=None, cp=None) -> "GPT2":
         """Loads an llm.c GPT-2 checkpoint (version 3 float32 or 5 bfloat16); under TP each rank
         keeps its slice of every tensor, under PP its stage's layers."""
         path = Path(path)
@@ -240,7 +240,7 @@ class GPT2(CausalLM):
         if size != expected:  # checked before the model is built: a header cannot eat the memory
             raise DataFormatError(f"{path}: {size} bytes, but a {L}-layer, {C}-wide model in "
                                   f"version {version} needs {expected} ({'truncated' if size < expected else 'trailing data'})")
-        model = cls(cfg, seed=0, tp=tp, pp=pp)
+        model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
         model._llmc_load_payload(np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f"
                                            else store, mode="r", offset=1024))
         return model.to(dtype) if dtype is not None else model
@@ -256,7 +256,7 @@ class GPT2(CausalLM):
         atomic_write(path, header.tobytes() + self._llmc_payload(LLMC_VERSIONS[version]))
 
 
-def gpt2(name: str = "gpt2", tp: TensorParallel | None = None, pp=None, **overrides) -> GPT2:
+def gpt2(name: str = "gpt2", tp: TensorParallel | None = None, pp=None, cp=None, **overrides) -> GPT2:
     if name not in PRESETS:
         raise ValueError(f"unknown GPT-2 preset {name!r}; choose from {', '.join(PRESETS)}")
-    return GPT2(replace(PRESETS[name], **overrides), tp=tp, pp=pp)
+    return GPT2(replace(PRESETS[name], **overrides), tp=tp, pp=pp, cp=cp)

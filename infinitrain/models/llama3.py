@@ -273,7 +273,7 @@ class LLaMA3(CausalLM):
         atomic_write(path, header.tobytes() + self._llmc_payload("<f4"))
 
     @classmethod
-    def from_llmc(cls, path, tp: TensorParallel | None = None, pp=None) -> "LLaMA3":
+    def from_llmc(cls, path, tp: TensorParallel | None = None, pp=None, cp=None) -> "LLaMA3":
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -317,12 +317,12 @@ class LLaMA3(CausalLM):
         if size != expected:  # checked before the model is built: a header cannot eat the memory
             raise DataFormatError(f"{path}: {size} bytes, but the model in its header needs {expected} "
                                   f"({'truncated' if size < expected else 'trailing data'})")
-        model = cls(cfg, seed=0, tp=tp, pp=pp)
+        model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
         model._llmc_load_payload(np.memmap(path, dtype="<f4", mode="r", offset=1024))
         return model
 
 
-def llama3(name: str = "small", tp: TensorParallel | None = None, pp=None, **overrides) -> LLaMA3:
+def llama3(name: str = "small", tp: TensorParallel | None = None, pp=None, cp=None, **overrides) -> LLaMA3:
     if name not in PRESETS:
         raise ValueError(f"unknown LLaMA-3 preset {name!r}; choose from {', '.join(PRESETS)}")
-    return LLaMA3(replace(PRESETS[name], **overrides), tp=tp, pp=pp)
+    return LLaMA3(replace(PRESETS[name], **overrides), tp=tp, pp=pp, cp=cp)

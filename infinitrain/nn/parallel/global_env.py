@@ -79,6 +79,12 @@ class GlobalEnv:
         return self.coords.dp
 
     @property
+    def first_replica(self) -> bool:
+        """Whether this rank belongs to the model copy that writes files: DP rank 0 and CP rank 0
+        (the other DP and CP ranks hold the same parameters)."""
+        return self.coords.dp == 0 and self.coords.cp == 0
+
+    @property
     def is_main(self) -> bool:
         return self.rank == 0
 

@@ -1,4 +1,4 @@
-"""Trains a tiny GPT-2 or LLaMA-3 for a few AdamW steps under DP x TP (± SP) x PP, with ZeRO,
+"""Trains a tiny GPT-2 or LLaMA-3 for a few AdamW steps under DP x TP (± SP) x PP x CP, with ZeRO,
 LoRA or recomputation, through the trainer's own step (nn.parallel.train_step) on a fixed
 global batch and prints one line per step ("loss <step> <value>") from rank 0; on one process
 with the defaults it is the reference. The global batch (--batch sequences) is split over DP
@@ -30,6 +30,8 @@ p.add_argument("--model", choices=["gpt2", "llama3"], default="gpt2")
 p.add_argument("--tp", type=int, default=1)
 p.add_argument("--sp", action="store_true")
 p.add_argument("--pp", type=int, default=1)
+p.add_argument("--cp", type=int, default=1)
+p.add_argument("--cp_comm", default="p2p")
 p.add_argument("--vpp", type=int, default=1)
 p.add_argument("--schedule", default=None, help="gpipe | 1f1b | interleaved (default by --vpp)")
 p.add_argument("--micro", type=int, default=1, help="micro-batches per step (per DP rank)")
@@ -55,17 +57,18 @@ p.add_argument("--hang_stage", type=int, default=None, help="this stage stops an
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
 args = p.parse_args()
 
-env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp)
+env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, context_parallel=args.cp)
+cp = env.context_parallel(args.cp_comm)
 tp = TensorParallel(env.tp_group, sequence_parallel=args.sp) if args.tp > 1 else None
 stage = env.pipeline_stage(args.vpp) if args.pp > 1 or args.vpp > 1 else None
 dp, dp_rank = env.layout.dp, env.dp_rank
 if args.model == "gpt2":
     cfg = GPT2Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=4, n_embd=args.embd)
-    model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else GPT2(cfg, seed=5, tp=tp, pp=stage)
+    model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else GPT2(cfg, seed=5, tp=tp, pp=stage, cp=cp)
 else:  # grouped-query attention: 8 query heads, 4 KV heads
     cfg = LLaMA3Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=8, n_kv_head=4,
                        n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
-    model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage)
+    model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp)
 model.set_recompute(args.recompute)
 if args.lora:
     apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)
@@ -73,7 +76,7 @@ if args.lora:
         load_lora(model, args.lora_load)
 if args.zero == 3 and args.pp > 1:
     raise SystemExit("ZeRO-3 does not compose with PP yet")
-trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, env.pp_group, zero_stage=args.zero,
+trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_cp_group, env.pp_group, zero_stage=args.zero,
                     pipeline_schedule=(args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")) if stage else None,
                     pipeline_timeout=args.pipeline_timeout, bucket_cap_mb=0.25,
                     set_to_none=False,  # gradients stay allocated: a step's peak above its start is activations
@@ -146,10 +149,10 @@ if env.rank == 0:
     print(f"peak_bytes {train_peak}", flush=True)
     print(f"parameters {sum(q.numel() for q in model.parameters())}", flush=True)
 if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
-    save_checkpoint(args.save, args.steps, model, opt, write=env.coords.dp == 0 and env.coords.tp == 0)
+    save_checkpoint(args.save, args.steps, model, opt, write=env.first_replica and env.coords.tp == 0)
     env.world.barrier()
 if args.lora_save:
-    save_lora(model, args.lora_save, write=env.coords.dp == 0 and env.coords.tp == 0, optimizer=opt)
+    save_lora(model, args.lora_save, write=env.first_replica and env.coords.tp == 0, optimizer=opt)
     env.world.barrier()
 env.world.barrier()  # rank 0's lines are out before any rank's OK (lines of ranks interleave)
 print(f"rank {env.rank} OK", flush=True)
