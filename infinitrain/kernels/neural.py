@@ -177,10 +177,11 @@ def cross_entropy_backward(dlosses: Tensor, logits: Tensor, lse: Tensor, targets
     _checks.shape_is("cross_entropy backward", "dlosses", dlosses, (rows,))
     if dlosses.dtype is not _dt.float32:
         raise TypeError(f"cross_entropy backward: dlosses must be float32, got {dlosses.dtype.name}")
-    logits, dlosses = logits._contiguous_raw(), dlosses._contiguous_raw()
+    # held in names for the call: a temporary's memory would be freed before the kernel reads it
+    logits, dlosses, targets = logits._contiguous_raw(), dlosses._contiguous_raw(), targets._contiguous_raw()
     dlogits = _empty(logits.shape, logits.dtype, logits.device) if out is None else out
     check(lib.it_cross_entropy_backward(logits.device.native, logits.dtype.native, dlogits._ptr(),
-                                        logits._ptr(), _f32_ptr(lse), targets._contiguous_raw()._ptr(),
+                                        logits._ptr(), _f32_ptr(lse), targets._ptr(),
                                         targets.dtype.native, _f32_ptr(dlosses), rows, vocab,
                                         padded, ignore_index))
     return dlogits
@@ -231,13 +232,14 @@ def attention_backward(dout, q, k, v, out, lse, scale: float | None = None, caus
     _checks.shape_is("attention backward", "out", out, q.shape)
     _checks.shape_is("attention backward", "lse", lse, (B, H, Tq))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    dout, q, k, v, out = (t._contiguous_raw() for t in (dout, q, k, v, out))
+    # held in names for the call: a temporary's memory would be freed before the kernel reads it
+    dout, q, k, v, out, lse = (t._contiguous_raw() for t in (dout, q, k, v, out, lse))
     dq = _empty(q.shape, q.dtype, q.device)
     dk, dv = _empty(k.shape, k.dtype, k.device), _empty(v.shape, v.dtype, v.device)
     check(lib.it_attention_backward(q.device.native, q.dtype.native, dq._ptr(), dk._ptr(),
                                     dv._ptr(), dout._ptr(), q._ptr(), k._ptr(), v._ptr(),
-                                    out._ptr(), _f32_ptr(lse._contiguous_raw()), B, H, Hkv, Tq, Tk,
-                                    D, scale, int(causal)))
+                                    out._ptr(), _f32_ptr(lse), B, H, Hkv, Tq, Tk, D, scale,
+                                    int(causal)))
     return dq, dk, dv
 
 

@@ -31,17 +31,21 @@ def open_ring(cp) -> None:
         cp.group._cp_ring_open = True
 
 
-def _pass_on(cp, t, tag: int):
-    """Sends t to the next rank and receives the previous rank's into a new buffer:
-    (received buffer, [works])."""
-    nxt, prev = (cp.rank + 1) % cp.size, (cp.rank - 1) % cp.size
-    buf = creation.empty(*t.shape, dtype=t.dtype, device=t.device)
-    return buf, [cp.group.irecv(buf, prev, tag), cp.group.isend(t, nxt, tag)]
+class _PassOn:
+    """Sends t to the next rank and receives the previous rank's tensor of its shape into a new
+    buffer; wait() returns that buffer. Holds t until then: memory a send still reads must not
+    go back to the allocator."""
 
+    def __init__(self, cp, t, tag: int):
+        nxt, prev = (cp.rank + 1) % cp.size, (cp.rank - 1) % cp.size
+        self.sent, self.received = t, creation.empty(*t.shape, dtype=t.dtype, device=t.device)
+        self.works = [cp.group.irecv(self.received, prev, tag), cp.group.isend(t, nxt, tag)]
 
-def _wait(works) -> None:
-    for w in works:
-        w.wait()
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        self.sent = None
+        return self.received
 
 
 class _RingAttention(Function):
@@ -56,11 +60,10 @@ class _RingAttention(Function):
         for step in range(cp.size):
             owner = (cp.rank - step) % cp.size
             if step + 1 < cp.size:
-                incoming, works = _pass_on(cp, kv, KV)
+                passing = _PassOn(cp, kv, KV)
             attend(q, kv[0], kv[1], cp.chunks(), cp.chunks(owner), c, out, lse, scale)
             if step + 1 < cp.size:
-                _wait(works)
-                kv = incoming
+                kv = passing.wait()
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cp, ctx.scale = cp, scale
@@ -74,23 +77,21 @@ class _RingAttention(Function):
         c = q.shape[2] // len(cp.chunks())
         dq = creation.zeros(*q.shape, dtype=float32, device=q.device)
         kv = stack([k, v]).contiguous()
-        acc, acc_works = None, []  # the dK/dV accumulator received from the previous rank
+        acc = None  # the dK/dV accumulator on its way from the previous rank
         for step in range(cp.size):
             owner = (cp.rank - step) % cp.size
             if step + 1 < cp.size:
-                incoming, works = _pass_on(cp, kv, KV)
+                passing = _PassOn(cp, kv, KV)
             dkv = creation.zeros(2, *k.shape, dtype=float32, device=k.device)
             attend_backward(g, q, kv[0], kv[1], out, lse, cp.chunks(), cp.chunks(owner), c, dq,
                             dkv[0], dkv[1], scale)
-            if step > 0:
-                _wait(acc_works)
-                dkv.add_(acc)
-            acc, acc_works = _pass_on(cp, dkv, DKV)  # on to the next rank; home after CP steps
+            if acc is not None:
+                dkv.add_(acc.wait())
+            acc = _PassOn(cp, dkv, DKV)  # on to the next rank; home after CP steps
             if step + 1 < cp.size:
-                _wait(works)
-                kv = incoming
-        _wait(acc_works)
-        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None, None
+                kv = passing.wait()
+        dkv = acc.wait()
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 
 def ring_attention(q, k, v, cp, scale: float | None = None):

@@ -7,6 +7,7 @@ the same work everywhere. Contiguous (picotron's): CP chunks, rank r holds chunk
 rank does CP times the first one's attention; kept to measure the difference."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,7 +63,7 @@ class ContextParallel:
             extra = f" x tensor parallel {tp_multiple} (sequence parallelism)" if tp_multiple > 1 else ""
             raise ValueError(f"context parallel {self.size} splits each sequence into {n} equal chunks"
                              f"{' (head-tail)' if self.balanced else ''}{extra}: the sequence length {T} "
-                             f"must be a multiple of {n * tp_multiple if T % n == 0 else n}")
+                             f"must be a multiple of {math.lcm(n, self.size * tp_multiple)}")
 
     def local_len(self, T: int) -> int:
         return T // self.size
