@@ -39,7 +39,9 @@ class _PassOn:
     def __init__(self, cp, t, tag: int):
         nxt, prev = (cp.rank + 1) % cp.size, (cp.rank - 1) % cp.size
         self.sent, self.received = t, creation.empty(*t.shape, dtype=t.dtype, device=t.device)
-        self.works = [cp.group.irecv(self.received, prev, tag), cp.group.isend(t, nxt, tag)]
+        # the send first, and waited for first: a GPU stream may run only once something waits
+        # on it (so the emulated GPU runs them), and a receive needs the other rank's send
+        self.works = [cp.group.isend(t, nxt, tag), cp.group.irecv(self.received, prev, tag)]
 
     def wait(self):
         for w in self.works:
