@@ -11,7 +11,7 @@ import pytest
 
 from infinitrain.nn.parallel import Layout
 from infinitrain.nn.parallel.context_parallel import ContextParallel
-from helpers import MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train
+from helpers import MPI_SCRIPTS, assert_same, example, losses, mpirun, one_process, parallel_train
 
 LR = {"float32": "1e-2", "bfloat16": "3e-3"}
 
@@ -115,3 +115,24 @@ def test_a_cp2_tp2_checkpoint_resumes_at_one_process_and_at_cp4(tmp_path):
     for n, flags in ((1, []), (4, ["--cp", "4"])):
         got = losses(parallel_train(n, common + flags + ["--load", str(tmp_path / "ck"), "--first", "6"]))[0][::2]
         np.testing.assert_allclose(got, whole[5:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_the_example_trains_validates_and_samples_under_4d_parallelism(model):
+    """The front door at CP2 x TP2 (+SP) x PP2 on 8 ranks, with validation and sampling: the
+    one-process losses, validation losses and samples, and CP in the log line."""
+    import re
+    from infinitrain.plot import parse_log
+    args = ["--model", "tiny", "--batch_size", "2", "--sequence_length", "64", "--num_iteration", "4",
+            "--val_loss_every", "2", "--val_max_steps", "2", "--sample_every", "4", "--sample_length", "8",
+            "--total_batch_size", "256", "--learning_rate", "1e-3"]
+    one = example(1, model, args)
+    four_d = example(8, model, args + ["--context_parallel", "2", "--tensor_parallel", "2", "--sequence_parallel",
+                                       "--pipeline_parallel", "2"])
+    assert "DP=1, TP=2, SP=2, PP=2, CP=2" in four_d
+    a, b = parse_log(one), parse_log(four_d)
+    np.testing.assert_allclose([v for _, v in b["train"]], [v for _, v in a["train"]], rtol=1e-5)
+    np.testing.assert_allclose([v for _, v in b["val"]], [v for _, v in a["val"]], rtol=1e-5)
+    samples = [re.findall(r"---- sample ----\n(.*?)\n----", out, re.S) for out in (one, four_d)]
+    assert samples[0] and samples[0] == samples[1], samples
