@@ -388,7 +388,7 @@ def _config_of(args):
 def memory_plan(args, env, micro_batches: int):
     """(bytes this node's ranks will need, bytes available, a line saying so), estimated before
     anything is built: per parameter 4 bytes of weights, 4 of gradient and 8 of AdamW moments
-    (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP; activations of the micro-batches a stage
+    (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP x CP; activations of the micro-batches a stage
     holds (all M under GPipe, up to PP under 1F1B) at about 24 B T C floats per layer plus the
     attention scores, the logits and their gradient on the last stage, and ~350 MB for the
     process itself (Python, numpy, MPI, BLAS buffers, the data). None if unknown."""
@@ -404,10 +404,12 @@ def memory_plan(args, env, micro_batches: int):
     L = env.layout
     params = cls._llmc_numel(cfg) / (L.tp * L.pp)
     weights, grads, moments = 4, 4, (10 if args.dtype == "bfloat16" else 8)
-    stage = args.zero_stage if L.dp > 1 else 0
-    state = params * (weights / (L.dp if stage >= 3 else 1) + grads / (L.dp if stage >= 2 else 1)
-                      + moments / (L.dp if stage >= 1 else 1))
-    B, T, C = args.batch_size, args.sequence_length, cfg.n_embd
+    shards = L.dp * L.cp  # ZeRO shards over the DP x CP group
+    stage = args.zero_stage if shards > 1 else 0
+    state = params * (weights / (shards if stage >= 3 else 1) + grads / (shards if stage >= 2 else 1)
+                      + moments / (shards if stage >= 1 else 1))
+    # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
+    B, T, C = args.batch_size, args.sequence_length // L.cp, cfg.n_embd
     held = micro_batches if L.pp == 1 or args.pipeline_schedule == "gpipe" else min(micro_batches, L.pp)
     per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (cfg.n_head / L.tp) * T * T)
     vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)

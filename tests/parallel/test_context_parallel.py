@@ -109,12 +109,22 @@ def test_lora_under_context_parallelism_matches_one_process(model):
 
 @pytest.mark.mpi
 def test_a_cp2_tp2_checkpoint_resumes_at_one_process_and_at_cp4(tmp_path):
+    """And the other way: one process's checkpoint resumes at CP2 x DP2."""
     common = ["--model", "llama3", "--lr", LR["float32"], "--seq", "32"]
     whole = losses(parallel_train(1, common))[0][::2]
     parallel_train(4, common + ["--cp", "2", "--tp", "2", "--sp", "--steps", "5", "--save", str(tmp_path / "ck")])
-    for n, flags in ((1, []), (4, ["--cp", "4"])):
-        got = losses(parallel_train(n, common + flags + ["--load", str(tmp_path / "ck"), "--first", "6"]))[0][::2]
-        np.testing.assert_allclose(got, whole[5:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")
+    parallel_train(1, common + ["--steps", "5", "--save", str(tmp_path / "one")])
+    for n, flags, ck in ((1, [], "ck"), (4, ["--cp", "4"], "ck"), (4, ["--cp", "2"], "one")):
+        got = losses(parallel_train(n, common + flags + ["--load", str(tmp_path / ck), "--first", "6"]))[0][::2]
+        np.testing.assert_allclose(got, whole[5:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags} from {ck}")
+
+
+@pytest.mark.mpi
+def test_the_example_refuses_a_sequence_cp_cannot_split():
+    out = example(2, "gpt2", ["--model", "tiny", "--context_parallel", "2", "--sequence_length", "30",
+                              "--batch_size", "1", "--num_iteration", "1"], check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert "--sequence_length 30: context parallel 2 splits each sequence into 4 equal chunks" in out.stderr, out.stderr
 
 
 @pytest.mark.mpi
