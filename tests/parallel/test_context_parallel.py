@@ -75,6 +75,7 @@ CASES = [  # (ranks, flags)
     (4, ["--cp", "2", "--pp", "2", "--micro", "2"]),
     (4, ["--cp", "2", "--pp", "2", "--vpp", "2", "--layers", "4", "--micro", "2"]),
     (8, ["--cp", "2", "--tp", "2"]),                           # DP 2
+    (2, ["--cp", "2", "--zero", "1"]),
     (2, ["--cp", "2", "--zero", "2", "--micro", "2"]),
     (4, ["--cp", "2", "--zero", "3"]),                         # DP 2
     (2, ["--cp", "2", "--recompute", "full"]),
@@ -146,3 +147,13 @@ def test_the_example_trains_validates_and_samples_under_4d_parallelism(model):
     np.testing.assert_allclose([v for _, v in b["val"]], [v for _, v in a["val"]], rtol=1e-5)
     samples = [re.findall(r"---- sample ----\n(.*?)\n----", out, re.S) for out in (one, four_d)]
     assert samples[0] and samples[0] == samples[1], samples
+
+
+@pytest.mark.mpi
+def test_the_profiler_and_the_precision_checker_run_under_cp(tmp_path):
+    out = example(2, "gpt2", ["--model", "tiny", "--context_parallel", "2", "--sequence_length", "32",
+                              "--batch_size", "1", "--num_iteration", "3", "--profile_steps", "1",
+                              "--profile", str(tmp_path / "trace.json"),
+                              "--precision_check", f"level=1,output_path={tmp_path / 'check'}"])
+    assert "_RingAttention" in out and (tmp_path / "trace.json").stat().st_size > 0
+    assert out.count("no NaN/Inf") == 2, out
