@@ -48,15 +48,17 @@ class NCCLProcessGroup(ProcessGroup):
         self._comm = ffi.gc(out[0], lib.it_comm_destroy)
         self.stream = cuda.Stream(device)
         self._links = {}  # (from, to, tag) -> the two-rank group of that directed link
+        self._opened = set()  # every link made so far, known to every rank of the group
 
     def open_p2p_links(self, links) -> None:
         """NCCL has no tags, and one communicator runs its operations one after another on one
         stream, where a send waits for its receive: each directed link (from, to, tag) gets a
         two-rank communicator and stream of its own, so that a link's messages pair in the
         order they were sent and one link never waits behind another. Collective over the
-        group; the links are made in one order on every rank."""
+        group; the links are made in one order on every rank, each once (a link already open
+        is kept: the pipeline and context parallelism may ask for the same group's links)."""
         from mpi4py import MPI
-        for src, dst, tag in sorted(set(links)):
+        for src, dst, tag in sorted(set(links) - self._opened):
             if not (0 <= src < self.size and 0 <= dst < self.size and src != dst):
                 raise ValueError(f"a link joins two different ranks of the group (0..{self.size - 1}), "
                                  f"got {src} -> {dst}")
@@ -65,6 +67,7 @@ class NCCLProcessGroup(ProcessGroup):
             if inside:
                 self._links[(src, dst, tag)] = NCCLProcessGroup(sub, [self.ranks[src], self.ranks[dst]],
                                                                 self.device)
+            self._opened.add((src, dst, tag))
 
     def _make_id(self) -> bytes:
         buf = ffi.new("uint8_t[128]")

@@ -114,8 +114,8 @@ class ProcessGroup:
 
     def open_p2p_links(self, links) -> None:
         """Readies the directed links (from index, to index, tag) that isend/irecv will use,
-        called by every rank of the group with the same links. MPI needs nothing: its tags
-        keep each link's messages apart, in order."""
+        called by every rank of the group with the same links (a link already open stays as
+        it is). MPI needs nothing: its tags keep each link's messages apart, in order."""
 
     def _done(self, work: Work, async_op: bool):
         """What a collective returns: its Work when asynchronous, else nothing once it is done."""

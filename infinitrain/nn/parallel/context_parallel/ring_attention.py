@@ -23,12 +23,10 @@ KV, DKV = 0, 1  # link tags: the K/V ring, the dK/dV ring
 
 
 def open_ring(cp) -> None:
-    """Readies the ring's links (each rank to the next), once per group (NCCL: a communicator
-    per directed link; MPI: nothing)."""
-    if not getattr(cp.group, "_cp_ring_open", False):
-        P = cp.size
-        cp.group.open_p2p_links([(i, (i + 1) % P, tag) for i in range(P) for tag in (KV, DKV)])
-        cp.group._cp_ring_open = True
+    """Readies the ring's links, each rank to the next (NCCL: a communicator per directed link,
+    made on first use; MPI: nothing)."""
+    P = cp.size
+    cp.group.open_p2p_links([(i, (i + 1) % P, tag) for i in range(P) for tag in (KV, DKV)])
 
 
 class _PassOn:
