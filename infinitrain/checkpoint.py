@@ -255,6 +255,11 @@ def resolve(path) -> Path:
     raise CheckpointError(f"{path} holds no checkpoint (no meta.json and no 'latest' file)")
 
 
+def read_meta(path) -> dict:
+    """The meta.json of a checkpoint (or of a root's latest one), checked, without its tensors."""
+    return _read_meta(resolve(path))
+
+
 class _Files:
     """The tensors of every file of one kind (model or optimizer), read one at a time."""
 

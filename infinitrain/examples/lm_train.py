@@ -5,8 +5,11 @@ flags, llm.c's data order, one log line per step:
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
+from pathlib import Path
 
 import infinitrain as it
 from infinitrain import profiler
@@ -31,6 +34,7 @@ def train(args, build_model) -> int:
     on as many MPI ranks as the job has: set up the layout, build and wrap the model, train, finish."""
     env, tp, stage, schedule, layout = setup_layout(args)
     log = print if env.is_main else (lambda *a, **k: None)
+    resume_from_save(args, log)
     accum = accumulation_steps(args, env)
     prepare_data(args, env)
     check_memory(args, env, accum, log)
@@ -76,6 +80,34 @@ def setup_layout(args):
     if args.virtual_pipeline_parallel > 1:
         layout += f", VPP={args.virtual_pipeline_parallel}"
     return env, tp, stage, schedule, layout
+
+
+def restart_count() -> int:
+    """Which restart of the job this is (0: the first launch): mpi_launch --max_restarts sets
+    torchrun's TORCHELASTIC_RESTART_COUNT."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def resume_from_save(args, log) -> None:
+    """--resume auto (the default under mpi_launch --max_restarts): without --load, resume from
+    --save's latest checkpoint when there is one. A resumed job keeps the checkpoint's global
+    batch unless --total_batch_size says otherwise, so that a job restarted at another size
+    (more accumulation steps when DP shrinks) continues the same run."""
+    resume = args.resume or ("auto" if os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") not in ("", "0") else "never")
+    args.auto_resumed = False
+    if resume == "auto" and not args.load and args.save and (Path(args.save) / "latest").is_file():
+        args.load, args.auto_resumed = args.save, True
+    if args.load:
+        try:
+            from infinitrain.checkpoint import read_meta
+            meta = read_meta(args.load)
+        except CheckpointError as e:
+            sys.exit(f"cannot resume: {e}")
+        saved = meta.get("extra", {}).get("total_batch_size")
+        if not args.total_batch_size and saved:
+            args.total_batch_size = int(saved)
+        if restart_count():
+            log(f"restart {restart_count()}: resuming from {args.load} at step {meta['step']}", flush=True)
 
 
 def accumulation_steps(args, env) -> int:
@@ -210,6 +242,9 @@ class TrainingLoop:
         except (KeyError, TypeError, ValueError) as e:
             sys.exit(f"cannot resume from {args.load}: its data-loader or schedule state is missing "
                      f"or damaged ({type(e).__name__}: {e})")
+        if meta["step"] + 1 > args.num_iteration and args.auto_resumed:  # a restart after the last save
+            self.log(f"{args.load} is at step {meta['step']}: training was complete", flush=True)
+            return meta["step"]
         if meta["step"] + 1 > args.num_iteration:
             sys.exit(f"{args.load} is at step {meta['step']}: --num_iteration {args.num_iteration} "
                      "leaves nothing to train; raise --num_iteration to train further")
@@ -248,7 +283,8 @@ class TrainingLoop:
         if env.first_replica or self.trainer.zero:  # ZeRO: every DP x CP rank holds a shard of the state
             path = save_checkpoint(args.save, step, self.model, self.optimizer,
                                    extra={"train_loader": self.train_data.state(),
-                                          "schedule": self.lr_schedule.state_dict()},
+                                          "schedule": self.lr_schedule.state_dict(),
+                                          "total_batch_size": args.total_batch_size},
                                    keep=args.max_checkpoint_keep or None,
                                    write=env.coords.tp == 0 and env.first_replica)
             self.log(f"saved {path}", flush=True)
@@ -278,6 +314,7 @@ class TrainingLoop:
     def step(self, step: int) -> None:
         """One optimizer step through the trainer's step, and its log line."""
         args, env, device = self.args, self.env, self.env.device
+        fail_for_tests(env.rank, step)
         it.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]
@@ -321,6 +358,20 @@ class TrainingLoop:
                 print(f"could not draw {args.plot}: {e}", file=sys.stderr, flush=True)
         if self.tokenizer is not None and args.sample_every:
             sample(model, self.tokenizer, args, env, self.pipe, every_dp_rank=self.every_dp_rank)
+
+
+def fail_for_tests(rank: int, step: int) -> None:
+    """The tests' way to make a rank fail: INFINITRAIN_FAIL_AT="RANK:STEP:HOW[:always]" (HOW:
+    kill, a SIGKILL; raise, an exception; stop, a SIGSTOP) at the start of that step, on the
+    first launch only (a restarted job must get past it) unless `always`."""
+    spec = os.environ.get("INFINITRAIN_FAIL_AT")
+    if not spec:
+        return
+    r, s, how, *always = spec.split(":")
+    if int(r) == rank and int(s) == step and (always or not restart_count()):
+        if how == "raise":
+            raise RuntimeError(f"INFINITRAIN_FAIL_AT: rank {rank} fails at step {step}")
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
 
 
 def check_writable_file(flag: str, path) -> None:

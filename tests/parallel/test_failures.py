@@ -1,0 +1,72 @@
+"""Surviving failures: `mpi_launch --max_restarts` starts a failed job again and the example
+resumes from its --save folder's latest checkpoint by itself (`--resume auto`), printing the
+uninterrupted run's losses bit for bit; a job that fails every time gives up after N restarts
+with the reason; a job restarted at another size keeps the global batch and continues the run.
+The failures are made by INFINITRAIN_FAIL_AT (RANK:STEP:HOW), a hook for tests."""
+import re
+
+import pytest
+
+from helpers import ENV, mpirun
+
+pytestmark = pytest.mark.mpi
+
+COMMON = ["-m", "infinitrain.examples.gpt2", "--model", "tiny", "--batch_size", "2", "--sequence_length", "32",
+          "--num_iteration", "6", "--learning_rate", "1e-3"]
+
+
+def launch(n: int, *args, fail: str | None = None, restarts: int = 0):
+    env = dict(ENV, INFINITRAIN_FAIL_AT=fail) if fail else ENV
+    return mpirun(1, ["-m", "mpi_launch", "--nproc_per_node", str(n), "--max_restarts", str(restarts),
+                      *COMMON, *args], env=env, check=False)
+
+
+def step_lines(out: str) -> dict:
+    """step -> the step's train loss exactly as printed."""
+    return {int(s): loss for s, loss in re.findall(r"step +(\d+)/\d+ \| train loss (\S+)", out)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    out = launch(4, "--total_batch_size", "256")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return step_lines(out.stdout)
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_failed_rank_restarts_the_job_which_resumes_bit_for_bit(uninterrupted, tmp_path, how):
+    out = launch(4, "--total_batch_size", "256", "--save", str(tmp_path / "ck"), "--save_interval", "2",
+                 fail=f"2:5:{how}", restarts=2)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"mpi_launch: the job failed \(exit code \d+: .*(Killed|RuntimeError).*\); restart 1 of 2",
+                     out.stderr), out.stderr
+    assert "restart 1: resuming from" in out.stdout and "at step 4" in out.stdout, out.stdout
+    steps = step_lines(out.stdout.split("restart 1: resuming")[1])
+    assert sorted(steps) == [5, 6] and all(steps[s] == uninterrupted[s] for s in steps), (steps, uninterrupted)
+
+
+def test_a_job_that_fails_every_time_gives_up_after_its_restarts(tmp_path):
+    out = launch(2, "--save", str(tmp_path / "ck"), "--save_interval", "2", fail="1:3:raise:always", restarts=2)
+    assert out.returncode != 0
+    assert out.stderr.count("mpi_launch: the job failed") == 3, out.stderr
+    assert "the job failed 3 times, giving up; the last failure: [1] RuntimeError: INFINITRAIN_FAIL_AT: " \
+           "rank 1 fails at step 3" in out.stderr, out.stderr
+
+
+def test_a_job_restarted_at_another_size_keeps_the_global_batch(uninterrupted, tmp_path):
+    """Saved at step 4 by 4 ranks, continued by 2 (the checkpoint's global batch: 2 accumulation
+    steps instead of 1), within 1e-5 of the uninterrupted 4-rank run."""
+    first = launch(4, "--save", str(tmp_path / "ck"), "--num_iteration", "4")  # 2 x 32 x 4 = 256 tokens
+    assert first.returncode == 0, first.stderr
+    out = launch(2, "--save", str(tmp_path / "ck"), "--resume", "auto")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "x 2 accumulation steps x 2 data-parallel ranks = 256 tokens" in out.stdout, out.stdout
+    steps = step_lines(out.stdout)
+    assert sorted(steps) == [5, 6]
+    for s in steps:
+        assert abs(float(steps[s]) - float(uninterrupted[s])) <= 1e-5 * float(uninterrupted[s]), (s, steps, uninterrupted)
+
+
+def test_the_launcher_without_restarts_returns_the_failure(tmp_path):
+    out = launch(2, fail="0:2:raise")
+    assert out.returncode != 0 and "restart" not in out.stderr, out.stderr
