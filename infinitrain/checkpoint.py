@@ -121,10 +121,171 @@ def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None =
     writes. Under pipeline parallelism exactly one rank per stage, all of one pipeline (say
     DP rank 0, TP rank 0), writes: each its stage's part, stage 0 the rest."""
     with _gathered(optimizer):  # ZeRO-3: the parameters whole while they are read and written
-        return _save(root, step, model, optimizer, extra, keep, write)
+        snap = _snapshot(root, step, model, optimizer, extra, keep, write, copy=False)
+        if snap is None:
+            return Path(root) / f"step_{step:06d}"
+        snap.begin()
+        snap.write_files()  # the arrays are the tensors' own memory: written before it is released
+    return snap.commit()
 
 
-def _save(root, step: int, model, optimizer, extra, keep, write) -> Path:
+class AsyncSave:
+    """A checkpoint being written in the background (save_checkpoint_async): the state was
+    copied when it was made; a thread writes, checksums and syncs the files. `poll()` (every
+    step) commits it once every writer's files are on disk (moves `latest`), `wait()` blocks
+    until then. A failure of the writer is raised by poll()/wait() as a CheckpointError."""
+
+    def __init__(self, snap):
+        import threading
+        self.snap, self.path, self.error, self.committed = snap, None, None, snap is None
+        self._thread = None
+        if snap is not None:
+            snap.begin()  # the folder, made in order with the other writers (a collective)
+            self._thread = threading.Thread(target=self._run, name="infinitrain-async-save", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.snap.write_files()
+            if self.snap.pp is None:  # the only writer: commit here, training goes on
+                self.path = self.snap.commit()
+        except BaseException as e:  # noqa: BLE001 - reported on the training thread
+            self.error = e
+
+    def _files_done_everywhere(self, block: bool) -> bool:
+        if block:
+            self._thread.join()
+        done = not self._thread.is_alive()
+        pp = self.snap.pp
+        if pp is None:
+            return done
+        from .dtypes import int64
+        from .creation import tensor
+        from .nn.parallel.process_group import ReduceOp
+        t = tensor([int(done)], dtype=int64)
+        pp.group.all_reduce(t, ReduceOp.MIN)  # every stage's writer asks at the same step
+        return bool(t.item())
+
+    def poll(self, block: bool = False) -> bool:
+        """True once committed; with pp, collective over the writers' pipeline."""
+        if self.committed:
+            return True
+        if not self._files_done_everywhere(block):
+            return False
+        if self.error is not None:
+            self.committed = True
+            raise self.error if isinstance(self.error, CheckpointError) else \
+                CheckpointError(f"the background save of {self.snap.final} failed: {self.error}")
+        if self.snap.pp is not None:
+            self.path = self.snap.commit()
+        self.committed = True
+        return True
+
+    def wait(self):
+        self.poll(block=True)
+        return self.path
+
+
+def save_checkpoint_async(root, step: int, model, optimizer=None, extra: dict | None = None,
+                          keep: int | None = None, write: bool = True) -> AsyncSave:
+    """save_checkpoint with the writing in the background: the same collectives now (shards
+    gathered, the state copied to host memory), the same files, byte for byte, later."""
+    with _gathered(optimizer):
+        snap = _snapshot(root, step, model, optimizer, extra, keep, write, copy=True)
+    return AsyncSave(snap)
+
+
+class _Snapshot:
+    """What one rank writes for one checkpoint, taken from the model and optimizer at once."""
+
+    def __init__(self, root, name, step, pp, suffix, kind, model_arrays, opt_arrays, dtypes, scalars,
+                 groups, extra, keep, has_optimizer):
+        self.root, self.name, self.step, self.pp, self.suffix, self.kind = root, name, step, pp, suffix, kind
+        self.model_arrays, self.opt_arrays, self.dtypes = model_arrays, opt_arrays, dtypes
+        self.scalars, self.groups, self.extra, self.keep = scalars, groups, extra, keep
+        self.has_optimizer = has_optimizer
+        self.rng = list(default_generator.get_state())
+        self.leader = pp is None or pp.stage == 0
+        self.tmp, self.final = root / f".{name}.tmp", root / name
+
+    def _failed(self, e):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return CheckpointError(f"could not write checkpoint {self.final}: {getattr(e, 'strerror', None) or e} "
+                               "(nothing was written; 'latest' still names the previous one)")
+
+    def begin(self) -> None:
+        try:
+            if self.leader:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if self.tmp.exists():
+                    shutil.rmtree(self.tmp)
+                self.tmp.mkdir()
+        except OSError as e:
+            raise self._failed(e) from None
+        if self.pp is not None:
+            self.pp.group.barrier()  # the folder exists before any stage writes into it
+
+    def write_files(self) -> None:
+        from safetensors.numpy import save_file
+        try:
+            _write_safetensors(save_file, self.model_arrays, self.tmp / f"model{self.suffix}.safetensors")
+            if self.has_optimizer:
+                _write_safetensors(save_file, self.opt_arrays, self.tmp / f"optimizer{self.suffix}.safetensors")
+            (self.tmp / f"parts{self.suffix}.json").write_text(
+                json.dumps({"dtypes": self.dtypes, "scalars": self.scalars}, default=_json_default))
+        except (OSError, SafetensorError) as e:  # a full or read-only disk: nothing half-written left
+            raise self._failed(e) from None
+
+    def commit(self) -> Path:
+        """After every writer's files are on disk: meta.json, the rename, `latest`."""
+        if self.pp is not None:
+            self.pp.group.barrier()  # every stage's files are on disk
+        try:
+            if self.leader:
+                self._commit()
+        except (OSError, SafetensorError) as e:
+            raise self._failed(e) from None
+        if self.pp is not None:
+            self.pp.group.barrier()  # no writer returns before the checkpoint is in place
+        return self.final
+
+    def _commit(self) -> None:
+        tmp, root = self.tmp, self.root
+        meta = {"format": FORMAT, "version": VERSION, "step": int(self.step), "rng": self.rng,
+                "extra": self.extra or {}}
+        dtypes, scalars = {}, {}
+        for part in sorted(tmp.glob("parts*.json")):
+            d = json.loads(part.read_text())
+            dtypes.update(d["dtypes"])
+            scalars.update(d["scalars"])
+            part.unlink()
+        if self.has_optimizer:
+            meta["optimizer"] = {"type": self.kind, "scalars": scalars, "param_groups": self.groups}
+        meta["dtypes"] = dtypes
+        meta["sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
+        meta = json.loads(json.dumps(meta, default=_json_default))
+        meta["meta_sha256"] = _meta_digest(meta)
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(meta, f, indent=1, default=_json_default)
+            f.flush()
+            os.fsync(f.fileno())
+        if self.final.exists():
+            shutil.rmtree(self.final)
+        os.replace(tmp, self.final)
+        latest_tmp = root / f".latest.tmp{os.getpid()}"
+        latest_tmp.write_text(self.name + "\n")
+        os.replace(latest_tmp, root / "latest")
+        fsync_dir(root)
+        if self.keep:
+            done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+            for old in done[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool):
+    """The state this rank writes, gathered (a collective: every rank calls it), as numpy arrays
+    (copies when copy=True, so that training may go on changing the tensors); None when this
+    rank does not write. Called inside _gathered(optimizer)."""
     names = _param_names(model)
     # a tied parameter is stored once, under its first name (GPT-2's head is its embedding)
     stored_as = _stored_names(model)
@@ -147,83 +308,16 @@ def _save(root, step: int, model, optimizer, extra, keep, write) -> Path:
                     scalars.setdefault(name, {})[k] = v
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": [names[id(params[i])] for i in g["params"]]} for g in sd["param_groups"]]
-    root = Path(root)
-    name = f"step_{step:06d}"
     if not write:
-        return root / name
-    pp = getattr(model, "pp", None)
-    leader = pp is None or pp.stage == 0
-    tmp = root / f".{name}.tmp"
-    try:
-        return _write(root, name, tmp, leader, pp, step, model, optimizer, model_tensors,
-                      opt_tensors, scalars, groups, extra, keep)
-    except (OSError, SafetensorError) as e:  # a full or read-only disk: nothing half-written left
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {root / name}: {getattr(e, 'strerror', None) or e} "
-                              "(nothing was written; 'latest' still names the previous one)") from None
-
-
-def _write(root: Path, name: str, tmp: Path, leader: bool, pp, step, model, optimizer,
-           model_tensors, opt_tensors, scalars, groups, extra, keep) -> Path:
-    from safetensors.numpy import save_file
-    if leader:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    if pp is not None:
-        pp.group.barrier()  # the folder exists before any stage writes into it
-    suffix = _stage_suffix(model)
-    dtypes = {}
-    tensors = {}
-    for k, t in model_tensors.items():
-        tensors[k], dtypes[f"model/{k}"] = _to_numpy(t)
-    _write_safetensors(save_file, tensors, tmp / f"model{suffix}.safetensors")
-    if optimizer is not None:
-        arrays = {}
-        for k, t in opt_tensors.items():
-            arrays[k], dtypes[f"optimizer/{k}"] = _to_numpy(t)
-        _write_safetensors(save_file, arrays, tmp / f"optimizer{suffix}.safetensors")
-    (tmp / f"parts{suffix}.json").write_text(json.dumps({"dtypes": dtypes, "scalars": scalars},
-                                                        default=_json_default))
-    if pp is not None:
-        pp.group.barrier()  # every stage's files are on disk
-    final = root / name
-    if leader:
-        meta = {"format": FORMAT, "version": VERSION, "step": int(step),
-                "rng": list(default_generator.get_state()), "extra": extra or {}}
-        dtypes, scalars = {}, {}
-        for part in sorted(tmp.glob("parts*.json")):
-            d = json.loads(part.read_text())
-            dtypes.update(d["dtypes"])
-            scalars.update(d["scalars"])
-            part.unlink()
-        if optimizer is not None:
-            kind = getattr(optimizer, "state_type", type(optimizer).__name__)  # ZeRO: its inner one's
-            meta["optimizer"] = {"type": kind, "scalars": scalars,
-                                 "param_groups": groups}
-        meta["dtypes"] = dtypes
-        meta["sha256"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
-        meta = json.loads(json.dumps(meta, default=_json_default))
-        meta["meta_sha256"] = _meta_digest(meta)
-        with open(tmp / "meta.json", "w") as f:
-            json.dump(meta, f, indent=1, default=_json_default)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        latest_tmp = root / f".latest.tmp{os.getpid()}"
-        latest_tmp.write_text(name + "\n")
-        os.replace(latest_tmp, root / "latest")
-        fsync_dir(root)
-        if keep:
-            done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-            for old in done[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-    if pp is not None:
-        pp.group.barrier()  # no writer returns before the checkpoint is in place
-    return final
+        return None
+    dtypes, model_arrays, opt_arrays = {}, {}, {}
+    for prefix, tensors, arrays in (("model", model_tensors, model_arrays), ("optimizer", opt_tensors, opt_arrays)):
+        for k, t in tensors.items():
+            a, dtypes[f"{prefix}/{k}"] = _to_numpy(t)
+            arrays[k] = a.copy() if copy else a
+    kind = getattr(optimizer, "state_type", type(optimizer).__name__)  # ZeRO: its inner one's
+    return _Snapshot(Path(root), f"step_{step:06d}", step, getattr(model, "pp", None), _stage_suffix(model),
+                     kind, model_arrays, opt_arrays, dtypes, scalars, groups, extra, keep, optimizer is not None)
 
 
 def _write_safetensors(save_file, arrays: dict, path: Path) -> None:

@@ -37,6 +37,9 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--save_interval", type=nonnegative_int, default=0, help="save every N steps (0 = only at the end)")
     p.add_argument("--max_checkpoint_keep", type=nonnegative_int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
+    p.add_argument("--async_save", action="store_true",
+                   help="write checkpoints in the background: the state is copied at the step and a thread "
+                        "writes it while training goes on ('latest' moves once it is complete)")
     p.add_argument("--resume", default=None, choices=["auto", "never"],
                    help="auto: resume from --save's latest checkpoint when there is one (the default "
                         "under mpi_launch --max_restarts, so a restarted job goes on where it stopped)")

@@ -17,7 +17,7 @@ from infinitrain.plot import plot_losses
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
-                                    read_lora_config, save_checkpoint, save_lora)
+                                    read_lora_config, save_checkpoint, save_checkpoint_async, save_lora)
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.data.prepare import shakespeare_files
 from infinitrain.examples import mfu
@@ -224,6 +224,7 @@ class TrainingLoop:
             if args.warmup_iters else ConstantLR(self.optimizer)
         self.first = self.resume() + 1
         self.check_outputs()
+        self.pending_save = None  # an --async_save in flight
         self.prof = profiler.profile()
         self.profiling = ProfileWindow(args.profile, self.first, args.num_iteration, args.profile_steps)
         self.checker = self.precision_checker()
@@ -279,16 +280,39 @@ class TrainingLoop:
     def save(self, step: int) -> None:
         # the files hold one-process tensors: TP shards are gathered, and each pipeline stage of
         # DP rank 0 writes its layers (its TP rank 0 does)
+        # --async_save: the state is copied now and written by a thread while training goes on
+        # (at most one save in flight: the next one waits for it)
         env, args = self.env, self.args
+        self.finish_save(block=True)
         if env.first_replica or self.trainer.zero:  # ZeRO: every DP x CP rank holds a shard of the state
-            path = save_checkpoint(args.save, step, self.model, self.optimizer,
-                                   extra={"train_loader": self.train_data.state(),
-                                          "schedule": self.lr_schedule.state_dict(),
-                                          "total_batch_size": args.total_batch_size},
-                                   keep=args.max_checkpoint_keep or None,
-                                   write=env.coords.tp == 0 and env.first_replica)
-            self.log(f"saved {path}", flush=True)
-        env.world.barrier()
+            save = save_checkpoint_async if args.async_save else save_checkpoint
+            result = save(args.save, step, self.model, self.optimizer,
+                          extra={"train_loader": self.train_data.state(),
+                                 "schedule": self.lr_schedule.state_dict(),
+                                 "total_batch_size": args.total_batch_size},
+                          keep=args.max_checkpoint_keep or None,
+                          write=env.coords.tp == 0 and env.first_replica)
+            fail_for_tests(env.rank, step, saving=True)
+            if args.async_save:
+                self.pending_save = result
+                self.log(f"saving {Path(args.save) / f'step_{step:06d}'} in the background", flush=True)
+            else:
+                self.log(f"saved {result}", flush=True)
+        if not args.async_save:
+            env.world.barrier()
+
+    def finish_save(self, block: bool = False) -> None:
+        """Commits a background save whose files are written (every step), or waits for it."""
+        if self.pending_save is None:
+            return
+        try:
+            done = self.pending_save.poll(block=block)
+        except CheckpointError as e:
+            sys.exit(f"--async_save: {e}")
+        if done:
+            if self.pending_save.path is not None:
+                self.log(f"saved {self.pending_save.path}", flush=True)
+            self.pending_save = None
 
     def evaluate(self, after_step: int) -> None:
         self.curves["val"].append((after_step, evaluate(self.model, self.val_data, self.args.val_max_steps,
@@ -310,6 +334,8 @@ class TrainingLoop:
                 self.profiling.report(self.prof, self.env, self.log)
             if args.save and args.save_interval and step % args.save_interval == 0:
                 self.save(step)
+            else:
+                self.finish_save()
 
     def step(self, step: int) -> None:
         """One optimizer step through the trainer's step, and its log line."""
@@ -341,6 +367,7 @@ class TrainingLoop:
         args, env, model = self.args, self.env, self.model
         if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
             self.save(args.num_iteration)
+        self.finish_save(block=True)
         if self.checker is not None:
             print(self.checker.close(), flush=True)
         if args.lora_save_path:
@@ -360,18 +387,21 @@ class TrainingLoop:
             sample(model, self.tokenizer, args, env, self.pipe, every_dp_rank=self.every_dp_rank)
 
 
-def fail_for_tests(rank: int, step: int) -> None:
+def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
     """The tests' way to make a rank fail: INFINITRAIN_FAIL_AT="RANK:STEP:HOW[:always]" (HOW:
-    kill, a SIGKILL; raise, an exception; stop, a SIGSTOP) at the start of that step, on the
+    kill, a SIGKILL; raise, an exception; stop, a SIGSTOP, at the start of that step;
+    kill_in_save, a SIGKILL just after that step's checkpoint began to be written), on the
     first launch only (a restarted job must get past it) unless `always`."""
     spec = os.environ.get("INFINITRAIN_FAIL_AT")
     if not spec:
         return
     r, s, how, *always = spec.split(":")
+    if (how == "kill_in_save") != saving:
+        return
     if int(r) == rank and int(s) == step and (always or not restart_count()):
         if how == "raise":
             raise RuntimeError(f"INFINITRAIN_FAIL_AT: rank {rank} fails at step {step}")
-        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
 def check_writable_file(flag: str, path) -> None:

@@ -70,3 +70,29 @@ def test_a_job_restarted_at_another_size_keeps_the_global_batch(uninterrupted, t
 def test_the_launcher_without_restarts_returns_the_failure(tmp_path):
     out = launch(2, fail="0:2:raise")
     assert out.returncode != 0 and "restart" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("n,layout", [(2, []), (4, ["--pipeline_parallel", "2"])], ids=["dp2", "pp2-dp2"])
+def test_an_async_save_writes_the_synchronous_saves_bytes(tmp_path, n, layout):
+    for mode in ("sync", "async"):
+        out = launch(n, "--total_batch_size", "256", "--num_iteration", "4", "--save", str(tmp_path / mode),
+                     "--save_interval", "2", *layout, *(["--async_save"] if mode == "async" else []))
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "in the background" in out.stdout
+    for step in ("step_000002", "step_000004"):
+        files = sorted(p.name for p in (tmp_path / "sync" / step).iterdir())
+        assert files == sorted(p.name for p in (tmp_path / "async" / step).iterdir())
+        for f in files:
+            assert (tmp_path / "sync" / step / f).read_bytes() == (tmp_path / "async" / step / f).read_bytes(), f
+    assert (tmp_path / "async" / "latest").read_text().strip() == "step_000004"
+
+
+def test_a_rank_killed_during_an_async_save_resumes_bit_for_bit(uninterrupted, tmp_path):
+    out = launch(4, "--total_batch_size", "256", "--save", str(tmp_path / "ck"), "--save_interval", "2",
+                 "--async_save", fail="0:4:kill_in_save", restarts=1)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    resumed = re.search(r"restart 1: resuming from \S+ at step (\d+)", out.stdout)
+    assert resumed and resumed.group(1) in ("2", "4"), out.stdout  # the save in flight, or the one before
+    steps = step_lines(out.stdout.split("restart 1: resuming")[1])
+    first = int(resumed.group(1)) + 1
+    assert sorted(steps) == list(range(first, 7)) and all(steps[s] == uninterrupted[s] for s in steps)
