@@ -96,3 +96,15 @@ def test_a_rank_killed_during_an_async_save_resumes_bit_for_bit(uninterrupted, t
     steps = step_lines(out.stdout.split("restart 1: resuming")[1])
     first = int(resumed.group(1)) + 1
     assert sorted(steps) == list(range(first, 7)) and all(steps[s] == uninterrupted[s] for s in steps)
+
+
+def test_init_fails_within_its_bound_naming_the_rank_that_never_came(tmp_path):
+    script = tmp_path / "late.py"
+    script.write_text("import time\nfrom mpi4py import MPI\n"
+                      "if MPI.COMM_WORLD.Get_rank() == 1:\n    time.sleep(3600)\n"
+                      "from infinitrain.nn import parallel\nparallel.init()\n")
+    import time
+    t0 = time.monotonic()
+    out = mpirun(3, [script], env=dict(ENV, INFINITRAIN_INIT_TIMEOUT="2"), check=False, timeout=60)
+    assert out.returncode != 0 and time.monotonic() - t0 < 30
+    assert "rank(s) [1] of 3 did not reach init() within 2 s" in out.stderr, out.stderr

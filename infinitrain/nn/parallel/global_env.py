@@ -137,15 +137,20 @@ def _abort_on_exception() -> None:
 
 
 def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu",
-         context_parallel: int = 1) -> GlobalEnv:
+         context_parallel: int = 1, init_timeout: float | None = None) -> GlobalEnv:
     """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv. The
     device picks the collectives' backend: MPI for "cpu"; for "cuda" each rank takes one GPU
     of its node (by its rank on the node) and its groups are NCCL groups, bootstrapped through
-    MPI (`mpi.nccl_unique_id`)."""
+    MPI (`mpi.nccl_unique_id`). Every rank must arrive within init_timeout seconds (default
+    300, or $INFINITRAIN_INIT_TIMEOUT; TorchTitan's comm.init_timeout_seconds): otherwise the
+    job aborts, rank 0 naming the ranks that never came, instead of waiting forever."""
     global _ENV
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     _check_mpi_environment(comm)
+    if init_timeout is None:
+        init_timeout = float(os.environ.get("INFINITRAIN_INIT_TIMEOUT", "300"))
+    _rendezvous(comm, init_timeout)
     layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel)
     local_size = _local_size(comm)
     if comm.Get_size() > 1:
@@ -154,6 +159,41 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     gpu = _pick_gpu(comm, local_size) if as_device(device).type == "cuda" else None
     _ENV = GlobalEnv(comm, layout, local_size, gpu)
     return _ENV
+
+
+_ARRIVED_TAG = 0x4954  # "IT": each rank's arrival, to rank 0, before anything else is sent
+
+
+def _rendezvous(comm, timeout: float) -> None:
+    """Returns once every rank has called init(); past the timeout, aborts the job. Each rank
+    tells rank 0 it arrived (point to point), so rank 0 can name the ranks that did not."""
+    n = comm.Get_size()
+    if n == 1:
+        return
+    from mpi4py import MPI
+    rank = comm.Get_rank()
+    me = bytearray(rank.to_bytes(4, "little"))
+    sent = comm.Isend([me, MPI.BYTE], dest=0, tag=_ARRIVED_TAG)
+    inbox = [bytearray(4) for _ in range(n)] if rank == 0 else []
+    arrivals = [comm.Irecv([inbox[r], MPI.BYTE], source=r, tag=_ARRIVED_TAG) for r in range(n)] if rank == 0 else []
+    everyone = comm.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not everyone.Test():
+        if time.monotonic() > deadline:
+            if rank == 0:
+                missing = [r for r, req in enumerate(arrivals) if not req.Test()]
+                sys.stderr.write(f"[rank 0] parallel.init: rank(s) {missing} of {n} did not reach init() within "
+                                 f"{timeout:.0f} s (stuck or dead before it); aborting the job. "
+                                 "INFINITRAIN_INIT_TIMEOUT sets the bound.\n")
+            else:
+                sys.stderr.write(f"[rank {rank}] parallel.init: not every rank reached init() within "
+                                 f"{timeout:.0f} s; aborting the job (rank 0 names the missing ones).\n")
+            sys.stderr.flush()
+            time.sleep(0.5 if rank == 0 else 2.0)  # rank 0's message first
+            comm.Abort(1)
+        time.sleep(0.005)
+    sent.Wait()
+    MPI.Request.Waitall(arrivals)
 
 
 def _pick_gpu(comm, local_size: int):
