@@ -37,6 +37,11 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--save_interval", type=nonnegative_int, default=0, help="save every N steps (0 = only at the end)")
     p.add_argument("--max_checkpoint_keep", type=nonnegative_int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
+    p.add_argument("--collective_timeout", type=float, default=None,
+                   help="seconds a collective or receive may take before the watchdog aborts the job, "
+                        "naming the stuck rank and writing flight records (default 600; 0 = off)")
+    p.add_argument("--flight_recorder_dir", default=None,
+                   help="where the watchdog writes each rank's flight record (default ./flight_recorder)")
     p.add_argument("--async_save", action="store_true",
                    help="write checkpoints in the background: the state is copied at the step and a thread "
                         "writes it while training goes on ('latest' moves once it is complete)")

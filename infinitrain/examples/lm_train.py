@@ -65,7 +65,8 @@ def setup_layout(args):
         sys.exit(f"--device {args.device}: {e}")
     try:
         env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device,
-                            context_parallel=args.context_parallel)
+                            context_parallel=args.context_parallel, collective_timeout=args.collective_timeout,
+                            flight_recorder_dir=args.flight_recorder_dir)
     except ValueError as e:
         sys.exit(f"cannot lay out the job: {e}")
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing

@@ -108,3 +108,38 @@ def test_init_fails_within_its_bound_naming_the_rank_that_never_came(tmp_path):
     out = mpirun(3, [script], env=dict(ENV, INFINITRAIN_INIT_TIMEOUT="2"), check=False, timeout=60)
     assert out.returncode != 0 and time.monotonic() - t0 < 30
     assert "rank(s) [1] of 3 did not reach init() within 2 s" in out.stderr, out.stderr
+
+
+def _flight_records(folder) -> dict:
+    import json
+    return {int(p.name.split("-")[-1].split(".")[0]): json.loads(p.read_text())
+            for p in folder.glob("flight-recorder-rank-*.json")}
+
+
+def test_the_watchdog_names_a_stopped_rank(tmp_path):
+    """Rank 1 stops (SIGSTOP) at the start of step 3: rank 0 waits in DDP's all-reduce; past
+    the timeout the job ends, naming the operation and rank 1, with rank 0's flight record."""
+    import time
+    t0 = time.monotonic()
+    out = mpirun(2, COMMON + ["--collective_timeout", "3", "--flight_recorder_dir", str(tmp_path)],
+                 env=dict(ENV, INFINITRAIN_FAIL_AT="1:3:stop"), check=False, timeout=120)
+    assert out.returncode != 0 and time.monotonic() - t0 < 60
+    assert re.search(r"\[rank 0\] watchdog: waited 3\.\d s \(collective timeout 3\) in all_reduce #\d+ of group "
+                     r"dp\[0, 1\]: rank 1 did not answer", out.stderr), out.stderr
+    records = _flight_records(tmp_path)
+    assert sorted(records) == [0] and any(op["end"] is None for op in records[0]["ops"])
+
+
+@pytest.mark.parametrize("mode,verdict", [
+    ("desync", "rank 1 called barrier as #3 of group world (a desync)"),
+    ("loop", "rank 1 is stuck before it (its last on that group: #2; it is in no collective)")])
+def test_the_watchdog_names_a_desynchronised_or_busy_rank(tmp_path, mode, verdict):
+    from helpers import MPI_SCRIPTS
+    out = mpirun(2, [MPI_SCRIPTS / "hang.py", mode], check=False, timeout=60,
+                 env=dict(ENV, INFINITRAIN_COLLECTIVE_TIMEOUT="2", INFINITRAIN_FLIGHT_RECORDER_DIR=str(tmp_path)))
+    assert out.returncode != 0
+    assert "[rank 0] watchdog: waited 2." in out.stderr and f"in all_reduce #3 of group world[0, 1]: {verdict}" \
+        in out.stderr, out.stderr
+    records = _flight_records(tmp_path)
+    assert sorted(records) == [0, 1]  # the busy rank's watchdog answered too
+    assert [op["op"] for op in records[1]["ops"]][-1] == ("barrier" if mode == "desync" else "all_reduce")

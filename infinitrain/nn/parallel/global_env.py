@@ -23,6 +23,8 @@ _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COM
 class GlobalEnv:
     """gpu: this rank's CUDA device (its groups are NCCL groups), or None (MPI groups, CPU)."""
 
+    watchdog = None  # the Watchdog of a multi-rank job (init's collective_timeout)
+
     def __init__(self, comm, layout: Layout, local_size: int = 1, gpu=None):
         self.comm = comm
         self.device = gpu if gpu is not None else as_device("cpu")
@@ -48,7 +50,11 @@ class GlobalEnv:
         # cp_group: the ring that splits each sequence; dp_cp_group: DP and CP together, the
         # group that reduces gradients and means the loss (the DP group when CP is 1)
         self.cp_group, self.dp_cp_group = groups["cp"], groups["dp_cp"]
+        for kind, group in groups.items():  # names for messages and flight records
+            if kind != "dp_cp" or layout.cp > 1:  # (with CP 1, dp_cp is the DP group itself)
+                group.name = kind
         self.world = make(comm, list(range(self.world_size)))
+        self.world.name = "world"
         self.local_size = local_size  # ranks on this node, sharing its memory and cores
         # the first and last stage of each pipeline: a tied embedding's gradient is summed there
         self.embedding_group = None
@@ -60,6 +66,7 @@ class GlobalEnv:
             sub = comm.Split(color, members.index(self.rank) if inside else 0)
             if inside:
                 self.embedding_group = make(sub, members)
+                self.embedding_group.name = "embedding"
 
     def context_parallel(self, comm_type: str = "p2p"):
         """This rank's ContextParallel (what a model is built with under context parallelism),
@@ -137,13 +144,18 @@ def _abort_on_exception() -> None:
 
 
 def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu",
-         context_parallel: int = 1, init_timeout: float | None = None) -> GlobalEnv:
+         context_parallel: int = 1, init_timeout: float | None = None,
+         collective_timeout: float | None = None, flight_recorder_dir=None) -> GlobalEnv:
     """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv. The
     device picks the collectives' backend: MPI for "cpu"; for "cuda" each rank takes one GPU
     of its node (by its rank on the node) and its groups are NCCL groups, bootstrapped through
     MPI (`mpi.nccl_unique_id`). Every rank must arrive within init_timeout seconds (default
     300, or $INFINITRAIN_INIT_TIMEOUT; TorchTitan's comm.init_timeout_seconds): otherwise the
-    job aborts, rank 0 naming the ranks that never came, instead of waiting forever."""
+    job aborts, rank 0 naming the ranks that never came, instead of waiting forever. Then a
+    watchdog (watchdog.py) aborts the job when any operation of a process group takes longer
+    than collective_timeout seconds (default 600, $INFINITRAIN_COLLECTIVE_TIMEOUT; 0: off),
+    writing every answering rank's flight record to flight_recorder_dir (default
+    ./flight_recorder, $INFINITRAIN_FLIGHT_RECORDER_DIR) and naming the stuck rank."""
     global _ENV
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -158,6 +170,12 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
         _share_cores(local_size)  # before the groups: they choose a communication thread by it
     gpu = _pick_gpu(comm, local_size) if as_device(device).type == "cuda" else None
     _ENV = GlobalEnv(comm, layout, local_size, gpu)
+    if collective_timeout is None:
+        collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
+    folder = flight_recorder_dir or os.environ.get("INFINITRAIN_FLIGHT_RECORDER_DIR", "flight_recorder")
+    if comm.Get_size() > 1:
+        from . import watchdog
+        _ENV.watchdog = watchdog.start(comm, collective_timeout, folder)
     return _ENV
 
 

@@ -217,7 +217,7 @@ class MPIProcessGroup(ProcessGroup):
     def recv(self, t: Tensor, src: int, tag: int = 0) -> None:
         self.irecv(t, src, tag).wait()
 
-    @_trace.traced("comm")
+    @traced_collective(None)
     def barrier(self) -> None:
         self._collective(self.comm.Barrier, self.comm.Ibarrier, None, async_op=False)
 

@@ -9,25 +9,40 @@ from enum import Enum
 
 from ... import _trace
 from ...tensor import Tensor
+from . import watchdog
 
 
-def traced_collective(payload: int):
-    """Decorator for a backend's collective: while a profiler runs, records the call with the
-    bytes of its argument number `payload` (the data that travels) and the group's size."""
+def traced_collective(payload: int | None):
+    """Decorator for a backend's operations: while a profiler runs, records the call with the
+    bytes of its argument number `payload` (the data that travels) and the group's size; while
+    a watchdog runs, enters it in the flight recorder until it completes (a returned Work: when
+    that completes)."""
     def wrap(fn):
         name = fn.__name__
 
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
-            rec = _trace.active
-            if rec is None:
+            rec, flight = _trace.active, watchdog.recorder
+            if rec is None and flight is None:
                 return fn(self, *args, **kwargs)
+            nbytes = args[payload].nbytes if payload is not None else 0
+            entry = flight.start(self, name, nbytes) if flight is not None else None
             t0 = _trace.now()
             try:
-                return fn(self, *args, **kwargs)
+                result = fn(self, *args, **kwargs)
+            except BaseException:
+                entry = None  # failed, not hung
+                raise
             finally:
-                rec.add(name, "comm", t0, {"bytes": args[payload].nbytes, "ranks": self.size,
-                                           "async": bool(kwargs.get("async_op", False))})
+                if rec is not None:
+                    rec.add(name, "comm", t0, {"bytes": nbytes, "ranks": self.size,
+                                               "async": bool(kwargs.get("async_op", False))})
+            if entry is not None:
+                if isinstance(result, Work) and not result._done:
+                    result._flight = entry
+                else:
+                    flight.done(entry)
+            return result
         return call
     return wrap
 
@@ -44,6 +59,8 @@ class Work:
     averaging or converting back from float32); is_completed() polls. This base completes
     through an Event set by a communication thread (or is done at once without one); a
     backend overrides `_test`/`_block` for its own requests."""
+
+    _flight = None  # its flight-recorder entry, while a watchdog runs
 
     def __init__(self, epilogue=None, event=None):
         self._epilogue = epilogue
@@ -74,6 +91,8 @@ class Work:
 
     def _finish(self) -> None:
         self._done = True
+        if self._flight is not None:
+            watchdog.FlightRecorder.done(self._flight)
         if self._error is not None:
             raise RuntimeError(f"a collective failed on the communication thread: {self._error}") \
                 from self._error
@@ -110,6 +129,7 @@ class ProcessGroup:
     ranks: list
     rank: int
     size: int
+    name = "group"  # what messages and flight records call it (GlobalEnv names its groups: dp, tp, ...)
     waits_on_host = True  # Work.wait() returns when the operation is done (NCCL: orders streams)
 
     def open_p2p_links(self, links) -> None:
