@@ -10,7 +10,9 @@ With --max_restarts N a failed job is started again, whole, up to N times (torch
 each run gets TORCHELASTIC_RESTART_COUNT (0 first) and TORCHELASTIC_MAX_RESTARTS, and the
 examples then resume from their --save folder's latest checkpoint by themselves.
 mpiexec is the one next to this Python (the mpich wheel's) unless --mpiexec or $MPIEXEC names
-another, such as a cluster's own.
+another, such as a cluster's own. The launcher's kind is read from its --version (MPICH/Intel
+Hydra, Open MPI, Slurm's srun; --launcher overrides) and the flags are written in its
+language; --launcher_args passes more flags to it as they are.
 """
 from __future__ import annotations
 
@@ -23,12 +25,45 @@ from pathlib import Path
 
 
 def find_mpiexec(explicit: str | None = None) -> str:
-    for candidate in (explicit, os.environ.get("MPIEXEC"), str(Path(sys.executable).parent / "mpiexec"),
-                      shutil.which("mpiexec"), shutil.which("mpirun")):
+    for name, given in (("--mpiexec", explicit), ("$MPIEXEC", os.environ.get("MPIEXEC"))):
+        if given:  # asked for by name: that one or an error, never a silent substitute
+            if Path(given).is_file() or shutil.which(given):
+                return given
+            raise SystemExit(f"mpi_launch: {name} {given}: no such program")
+    for candidate in (str(Path(sys.executable).parent / "mpiexec"), shutil.which("mpiexec"), shutil.which("mpirun")):
         if candidate and (Path(candidate).is_file() or shutil.which(candidate)):
             return candidate
     raise SystemExit("mpi_launch: no mpiexec found; install the `mpich` wheel (pip install mpich), "
                      "put your MPI's mpiexec on PATH, or pass --mpiexec")
+
+
+LAUNCHERS = ("hydra", "openmpi", "srun")
+DEFAULT_ENDPOINT = "127.0.0.1:29500"
+
+
+def launcher_kind(mpiexec: str) -> str:
+    """hydra (MPICH, Intel MPI), openmpi or srun, from the launcher's name and --version."""
+    if Path(mpiexec).name == "srun":
+        return "srun"
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SystemExit(f"mpi_launch: cannot run {mpiexec} --version ({e}); pass --launcher "
+                         f"{'|'.join(LAUNCHERS)}") from None
+    if "Open MPI" in text or "OpenRTE" in text:
+        return "openmpi"
+    if "HYDRA" in text or "Hydra" in text or "Intel(R) MPI" in text:  # (Hydra lists slurm among its kernels)
+        return "hydra"
+    if text.lower().startswith("slurm"):
+        return "srun"
+    raise SystemExit(f"mpi_launch: {mpiexec} --version does not say which MPI launcher it is "
+                     f"({text.strip()[:200]!r}); pass --launcher {'|'.join(LAUNCHERS)}")
+
+
+def _cpus() -> int:
+    """The cores this process may use (its allocation), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def parse(argv=None):
@@ -38,9 +73,14 @@ def parse(argv=None):
     p.add_argument("--nproc_per_node", type=int, default=1)
     p.add_argument("--node_rank", type=int, default=0,
                    help="accepted for torchrun compatibility; mpiexec places ranks on nodes itself")
-    p.add_argument("--rdzv_endpoint", default="127.0.0.1:29500", help="host:port -> MASTER_ADDR/PORT")
+    p.add_argument("--rdzv_endpoint", default=DEFAULT_ENDPOINT,
+                   help="host:port -> MASTER_ADDR/PORT (default: the hostfile's first host, port 29500)")
     p.add_argument("--hostfile", default=None, help="one host per line (needed for --nnodes > 1)")
     p.add_argument("--mpiexec", default=None)
+    p.add_argument("--launcher", default=None, choices=LAUNCHERS,
+                   help="the launcher's kind (default: read from its --version)")
+    p.add_argument("--launcher_args", default="",
+                   help="more flags for the launcher, as one string, e.g. '--bind-to core' or '-bootstrap ssh'")
     p.add_argument("--max_restarts", type=int, default=0,
                    help="start the whole job again after a failure, up to this many times")
     p.add_argument("-m", dest="module", default=None, help="run a module, as python -m")
@@ -67,25 +107,53 @@ def parse(argv=None):
         p.error("--nnodes and --nproc_per_node must be >= 1")
     if a.max_restarts < 0:
         p.error("--max_restarts must be >= 0")
-    if a.nnodes > 1 and not a.hostfile:
-        p.error("--nnodes > 1 needs --hostfile naming the nodes")
+    if a.nnodes > 1 and not a.hostfile and a.launcher != "srun" and Path(a.mpiexec or "").name != "srun":
+        p.error("--nnodes > 1 needs --hostfile naming the nodes (or srun in an allocation)")
+    if a.hostfile and not Path(a.hostfile).is_file():
+        p.error(f"--hostfile {a.hostfile}: no such file")
     return a
 
 
-def command(a, env: dict | None = None) -> list:
-    """The mpiexec command line; env: more variables every rank gets."""
+def command(a, env: dict | None = None, kind: str | None = None) -> list:
+    """The launcher's command line (kind: hydra, openmpi or srun); env: more variables every
+    rank gets."""
+    import shlex
     world = a.nnodes * a.nproc_per_node
     host, _, port = a.rdzv_endpoint.rpartition(":")
-    cmd = [find_mpiexec(a.mpiexec), "-n", str(world)]
-    if a.hostfile:
-        cmd += ["-f", a.hostfile, "-ppn", str(a.nproc_per_node)]
-    cmd += ["-prepend-rank",
-            "-genv", "MASTER_ADDR", host or "127.0.0.1", "-genv", "MASTER_PORT", port or "29500",
-            "-genv", "WORLD_SIZE", str(world), "-genv", "LOCAL_WORLD_SIZE", str(a.nproc_per_node)]
+    if a.hostfile and a.rdzv_endpoint == DEFAULT_ENDPOINT:  # the first node, as torchrun's default
+        hosts = [ln.split()[0].split(":")[0] for ln in Path(a.hostfile).read_text().splitlines()
+                 if ln.strip() and not ln.lstrip().startswith("#")]
+        host = hosts[0] if hosts else host
+    exe = find_mpiexec(a.mpiexec)
+    kind = kind or a.launcher or launcher_kind(exe)
+    variables = {"MASTER_ADDR": host or "127.0.0.1", "MASTER_PORT": port or "29500",
+                 "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(a.nproc_per_node)}
     if "OMP_NUM_THREADS" not in os.environ:
-        cmd += ["-genv", "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.nproc_per_node))]
-    for k, v in (env or {}).items():
-        cmd += ["-genv", k, v]
+        variables["OMP_NUM_THREADS"] = str(max(1, _cpus() // a.nproc_per_node))
+    variables.update(env or {})
+    if kind == "hydra":
+        cmd = [exe, "-n", str(world)]
+        if a.hostfile:
+            cmd += ["-f", a.hostfile, "-ppn", str(a.nproc_per_node)]
+        cmd += ["-prepend-rank"]
+        for k, v in variables.items():
+            cmd += ["-genv", k, v]
+    elif kind == "openmpi":
+        cmd = [exe, "-n", str(world), "--tag-output"]
+        if a.hostfile:
+            cmd += ["--hostfile", a.hostfile, "--map-by", f"ppr:{a.nproc_per_node}:node"]
+        if a.nproc_per_node > _cpus() and not a.hostfile:  # more ranks than cores here, as Hydra allows
+            cmd += ["--oversubscribe"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root unless told
+            cmd += ["--allow-run-as-root"]
+        for k, v in variables.items():
+            cmd += ["-x", f"{k}={v}"]
+    else:  # srun: inside an allocation, its nodes
+        cmd = [exe, "-n", str(world), "--ntasks-per-node", str(a.nproc_per_node), "--label",
+               "--export=" + ",".join(["ALL"] + [f"{k}={v}" for k, v in variables.items()])]
+        if a.nnodes > 1:
+            cmd += ["-N", str(a.nnodes)]
+    cmd += shlex.split(a.launcher_args)
     target = ["-m", a.module] if a.module else [a.script]
     return cmd + [sys.executable, "-m", "mpi_launch.worker"] + target + list(a.args)
 
@@ -125,10 +193,11 @@ def _reason(tail: list, code: int) -> str:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    kind = a.launcher or launcher_kind(find_mpiexec(a.mpiexec))
     try:
         for attempt in range(a.max_restarts + 1):
             restart = {"TORCHELASTIC_RESTART_COUNT": str(attempt), "TORCHELASTIC_MAX_RESTARTS": str(a.max_restarts)}
-            code, tail = _run(command(a, restart), dict(os.environ, **restart))
+            code, tail = _run(command(a, restart, kind), dict(os.environ, **restart))
             if code == 0:
                 return 0
             reason = _reason(tail, code)

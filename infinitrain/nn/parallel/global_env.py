@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from ...device import as_device
 from .layout import Layout
@@ -99,14 +100,28 @@ class GlobalEnv:
         return f"GlobalEnv(rank={self.rank}, {self.layout})"
 
 
+def mpi_library() -> tuple:
+    """(the MPI library mpi4py loaded, as its first version line, the launcher that goes with it)."""
+    from mpi4py import MPI
+    library = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
+    if "Open MPI" in library:
+        return library, "Open MPI's `mpirun` (or `srun --mpi=pmix` under Slurm)"
+    if "Intel" in library:
+        return library, "Intel MPI's `mpiexec.hydra` (or `srun --mpi=pmi2`)"
+    if "MPICH" in library:
+        wheel = Path(sys.executable).parent / "mpiexec"
+        mine = f" ({wheel}, the mpich wheel's)" if wheel.is_file() else ""
+        return library, f"this MPICH's `mpiexec`{mine} (or `srun --mpi=pmi2` under Slurm)"
+    return library, "the `mpiexec` of that MPI"
+
+
 def _check_mpi_environment(comm) -> None:
     """mpi4py linked to one MPI and the job started by another's mpiexec gives N processes
     that each see a world of 1: catch that instead of training N copies side by side."""
     for var in _LAUNCHER_SIZE_VARS:
         n = os.environ.get(var)
         if n and n.isdigit() and int(n) > 1 and comm.Get_size() == 1:
-            from mpi4py import MPI
-            library = MPI.Get_library_version().splitlines()[0].strip()
+            library, launcher = mpi_library()
             if var.startswith("SLURM"):  # srun without an MPI plugin (Slurm's MpiDefault=none)
                 raise RuntimeError(
                     f"srun started {n} tasks ({var}={n}) but MPI sees a world of 1: srun did not "
@@ -115,10 +130,9 @@ def _check_mpi_environment(comm) -> None:
                     "`srun --mpi=list` shows them), or with mpirun inside the allocation.")
             raise RuntimeError(
                 f"the launcher started {n} processes ({var}={n}) but MPI sees a world of 1: "
-                f"mpi4py uses {library!r}, which is not "
-                "the MPI whose mpiexec started this job. Use the mpiexec next to this Python "
-                f"({os.path.dirname(sys.executable)}/mpiexec, from the mpich wheel) or `mpi_launch`, "
-                "or rebuild mpi4py against your cluster's MPI.")
+                f"mpi4py uses {library!r}, not the MPI whose launcher started this job. Start it "
+                f"with {launcher}, or `mpi_launch --mpiexec PATH` naming that launcher, or rebuild "
+                "mpi4py against the MPI whose launcher you use.")
 
 
 def _abort_on_exception() -> None:
@@ -164,10 +178,10 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
         init_timeout = float(os.environ.get("INFINITRAIN_INIT_TIMEOUT", "300"))
     _rendezvous(comm, init_timeout)
     layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel)
-    local_size = _local_size(comm)
+    local_size, cores = _local_cores(comm)
     if comm.Get_size() > 1:
         _abort_on_exception()
-        _share_cores(local_size)  # before the groups: they choose a communication thread by it
+        _share_cores(cores)  # before the groups: they choose a communication thread by it
     gpu = _pick_gpu(comm, local_size) if as_device(device).type == "cuda" else None
     _ENV = GlobalEnv(comm, layout, local_size, gpu)
     if collective_timeout is None:
@@ -232,22 +246,27 @@ def _pick_gpu(comm, local_size: int):
     return as_device(f"cuda:{index}")
 
 
-def _local_size(comm) -> int:
+def _local_cores(comm) -> tuple:
+    """(ranks on this node, the cores each may use): a rank the launcher bound to cores of its
+    own (Open MPI's binding, srun -c N with task/affinity) keeps them all; ranks that share a
+    set (Hydra's default, cgroups alone) split it between them."""
     from mpi4py import MPI
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    n = local.Get_size()
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    sets = [set(s) for s in local.allgather(mine)]
     local.Free()
-    return n
+    n = len(sets)
+    disjoint = sum(len(s) for s in sets) == len(set().union(*sets))
+    return n, (len(mine) if disjoint else max(1, len(set().union(*sets)) // n))
 
 
-def _share_cores(n_local: int) -> None:
-    """Ranks on one node split its cores (unless OMP_NUM_THREADS says otherwise), so that
-    `mpirun -np N` on an N-core node does not start N x N threads."""
+def _share_cores(cores: int) -> None:
+    """Sets this rank's threads to its share of the node's cores (unless OMP_NUM_THREADS says
+    otherwise), so that `mpirun -np N` on an N-core node does not start N x N threads."""
     if "OMP_NUM_THREADS" in os.environ:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     from ...runtime import set_num_threads
-    set_num_threads(max(1, cores // n_local))
+    set_num_threads(max(1, cores))
 
 
 def get_env() -> GlobalEnv:
