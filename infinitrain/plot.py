@@ -11,8 +11,11 @@ import argparse
 import re
 from pathlib import Path
 
-_STEP = re.compile(r"^step\s+(\d+)/\d+ \| train loss ([-+0-9.eE]+|nan|inf)", re.M)
-_VAL = re.compile(r"^val loss ([-+0-9.eE]+|nan|inf)", re.M)
+# a launcher's rank prefix, if any: Hydra's and mpi_launch's "[0] ", Open MPI's
+# "[1,0]<stdout>:", srun --label's "0: " (only rank 0's lines carry the log)
+_PREFIX = r"(?:\[0\] |\[\d+,0\]<stdout>:|0: )?"
+_STEP = re.compile(rf"^{_PREFIX}step\s+(\d+)/\d+ \| train loss ([-+0-9.eE]+|nan|inf)", re.M)
+_VAL = re.compile(rf"^{_PREFIX}val loss ([-+0-9.eE]+|nan|inf)", re.M)
 
 
 def parse_log(text: str) -> dict:

@@ -75,3 +75,12 @@ def test_example_logs_mfu_and_draws_its_curves(tmp_path):
 def test_measured_peak_is_a_plausible_number():
     flops = mfu.measure_peak_flops("float32", size=256, repeats=2)
     assert 1e8 < flops < 1e13
+
+
+@pytest.mark.parametrize("prefix", ["[0] ", "[1,0]<stdout>:", "0: "])
+def test_logs_behind_a_launchers_rank_prefix_parse_the_same(prefix):
+    """mpi_launch and Hydra prefix "[0] ", Open MPI's --tag-output "[1,0]<stdout>:", srun --label
+    "0: "; other ranks' lines are not the log."""
+    prefixed = "\n".join(prefix + line for line in LOG.splitlines())
+    assert parse_log(prefixed) == parse_log(LOG) and parse_log(prefixed)["train"]
+    assert parse_log(prefixed.replace(prefix, prefix.replace("0", "1", 1)))["train"] == []
