@@ -37,6 +37,10 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--save_interval", type=nonnegative_int, default=0, help="save every N steps (0 = only at the end)")
     p.add_argument("--max_checkpoint_keep", type=nonnegative_int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
+    p.add_argument("--check_for_nan_in_loss_and_grad", action="store_true", default=True,
+                   help="stop at a NaN or infinite loss or gradient norm (the default, as Megatron)")
+    p.add_argument("--no_check_for_nan_in_loss_and_grad", dest="check_for_nan_in_loss_and_grad",
+                   action="store_false", help="train on through NaN/inf")
     p.add_argument("--collective_timeout", type=float, default=None,
                    help="seconds a collective or receive may take before the watchdog aborts the job, "
                         "naming the stuck rank and writing flight records (default 600; 0 = off)")

@@ -5,6 +5,7 @@ flags, llm.c's data order, one log line per step:
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -351,7 +352,10 @@ class TrainingLoop:
         loss = self.trainer.forward_backward(batches, self.forward_context)
         if self.checker is not None:
             self.checker.end_step()
-        self.trainer.optimizer_step(args.grad_clip)
+        self.stop_if_not_finite(step, "loss", loss)  # before the step writes it into the weights
+        norm = self.trainer.optimizer_step(args.grad_clip)
+        if norm is not None:
+            self.stop_if_not_finite(step, "gradient norm", norm)
         self.lr_schedule.step()
         if device.type == "cuda":
             it.cuda.synchronize(device)  # the step's kernels are queued, not done
@@ -362,6 +366,19 @@ class TrainingLoop:
         self.log(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
                  f"({ms:.2f} ms | {args.total_batch_size / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
                  f"peak used: {peak_mb:5d} MB | {self.layout})", flush=True)
+
+    def stop_if_not_finite(self, step: int, what: str, value: float) -> None:
+        """Megatron's check_for_nan_in_loss_and_grad (on by default): a NaN or infinite loss or
+        gradient norm ends the run with a message instead of training on garbage. The value is
+        the same on every rank (a mean over the job), so every rank stops here together."""
+        if not self.args.check_for_nan_in_loss_and_grad or math.isfinite(value):
+            return
+        if self.env.is_main:
+            print(f"step {step}: the {what} is {value}: training diverged (or the data or weights "
+                  "hold NaN/inf). Lower --learning_rate, set --grad_clip, or run with --precision_check "
+                  "level=1 to find the first tensor that is not finite; "
+                  "--no_check_for_nan_in_loss_and_grad trains on regardless", file=sys.stderr, flush=True)
+        sys.exit(1)
 
     def finish(self) -> None:
         """The last checkpoint, adapters, evaluation, plot and sample."""

@@ -143,3 +143,14 @@ def test_the_watchdog_names_a_desynchronised_or_busy_rank(tmp_path, mode, verdic
     records = _flight_records(tmp_path)
     assert sorted(records) == [0, 1]  # the busy rank's watchdog answered too
     assert [op["op"] for op in records[1]["ops"]][-1] == ("barrier" if mode == "desync" else "all_reduce")
+
+
+def test_a_nan_loss_stops_the_run_once_with_a_message_unless_asked_to_train_on(tmp_path):
+    """Megatron's check_for_nan_in_loss_and_grad: --learning_rate 1e30 diverges at step 2."""
+    args = COMMON + ["--learning_rate", "1e30"]
+    out = mpirun(2, args, check=False)
+    assert out.returncode != 0 and out.stderr.count("step 2: the loss is nan: training diverged") == 1, out.stderr
+    assert "step    3/6" not in out.stdout
+    on = mpirun(2, args[:args.index("--num_iteration") + 1] + ["3", "--learning_rate", "1e30",
+                                                               "--no_check_for_nan_in_loss_and_grad"], check=False)
+    assert on.returncode == 0 and "step    3/3 | train loss nan" in on.stdout, on.stderr
