@@ -216,7 +216,7 @@ class CausalLM(Module):
                 loss = tpl.vocab_parallel_cross_entropy(flat, t, V, tp) if tp \
                     else ops_layers.cross_entropy(flat, t, V)
             else:  # this rank's sum, then the mean over the whole sequences (context_parallel.loss)
-                local = tpl.vocab_parallel_cross_entropy(flat, t, V, tp) * (t != -100).sum().float() if tp \
+                local = tpl.vocab_parallel_cross_entropy(flat, t, V, tp, reduction="sum") if tp \
                     else ops_layers.cross_entropy(flat, t, V, reduction="sum")
                 loss = cp.loss(local, t)
         if not return_logits:

@@ -4,15 +4,12 @@ CP-1 ring steps; holds the whole sequence's K/V for the layer's duration, so it 
 CP groups (and GQA, whose K/V are small)."""
 from __future__ import annotations
 
-import math
-
-from .... import amp
 from .... import creation
 from ....autograd import Function
 from ....dtypes import float32
 from ....ops.shape import stack
 from ..process_group import ReduceOp
-from .blocks import attend, attend_backward
+from .blocks import attend, attend_backward, running_result
 from .order import to_rank_order, to_sequence_order
 
 
@@ -25,14 +22,14 @@ def _gather_kv(k, v, cp):
     return to_sequence_order(pieces, cp, 3).contiguous()
 
 
-class _AllGatherAttention(Function):
+class AllGatherAttention(Function):
+    """apply(q, k, v, cp, scale), q, k, v this rank's chunks (ContextParallel.attention)."""
+
     @staticmethod
     def forward(ctx, q, k, v, cp, scale):
-        B, H, T, D = q.shape
-        c = T // len(cp.chunks())
+        c = q.shape[2] // len(cp.chunks())
         whole = _gather_kv(k, v, cp)
-        out = creation.zeros(B, H, T, D, dtype=float32, device=q.device)
-        lse = creation.full((B, H, T), float("-inf"), dtype=float32, device=q.device)
+        out, lse = running_result(q)
         attend(q, whole[0], whole[1], cp.chunks(), range(cp.n_chunks), c, out, lse, scale)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)  # K/V gathered again in backward
@@ -58,8 +55,3 @@ class _AllGatherAttention(Function):
         cp.group.reduce_scatter(mine, blocks, ReduceOp.SUM)
         return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), None, None
 
-
-def all_gather_attention(q, k, v, cp, scale: float | None = None):
-    """Causal attention of this rank's queries over the whole sequence, K/V all-gathered."""
-    q, k, v = amp.lower(q, k, v)
-    return _AllGatherAttention.apply(q, k, v, cp, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)

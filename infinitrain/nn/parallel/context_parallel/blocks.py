@@ -9,7 +9,17 @@ results by the log-sum-exp rule; the backward pass recomputes each block from th
 output and log-sum-exp, so its dq is that block's part and its dk, dv are the block's own."""
 from __future__ import annotations
 
+from .... import creation
+from ....dtypes import float32
 from ....kernels import neural as knn
+
+
+def running_result(q):
+    """The float32 output [B, H, T, D] and log-sum-exp [B, H, T] that blocks merge into (empty:
+    lse -inf)."""
+    B, H, T, D = q.shape
+    return (creation.zeros(B, H, T, D, dtype=float32, device=q.device),
+            creation.full((B, H, T), float("-inf"), dtype=float32, device=q.device))
 
 
 def _visible(q_chunk: int, kv_chunks) -> int:

@@ -10,23 +10,22 @@ it received (which already holds ranks r-1 ... r-s's), and sends it on; after CP
 accumulator is back with its owner, holding every rank's part."""
 from __future__ import annotations
 
-import math
-
-from .... import amp
 from .... import creation
 from ....autograd import Function
 from ....dtypes import float32
 from ....ops.shape import stack
-from .blocks import attend, attend_backward
+from .blocks import attend, attend_backward, running_result
 
 KV, DKV = 0, 1  # link tags: the K/V ring, the dK/dV ring
 
 
 def open_ring(cp) -> None:
-    """Readies the ring's links, each rank to the next (NCCL: a communicator per directed link,
-    made on first use; MPI: nothing)."""
-    P = cp.size
-    cp.group.open_p2p_links([(i, (i + 1) % P, tag) for i in range(P) for tag in (KV, DKV)])
+    """Readies the ring's links, each rank to the next, once per ContextParallel (NCCL: a
+    communicator per directed link; MPI: nothing)."""
+    if not cp.ring_open:
+        P = cp.size
+        cp.group.open_p2p_links([(i, (i + 1) % P, tag) for i in range(P) for tag in (KV, DKV)])
+        cp.ring_open = True
 
 
 class _PassOn:
@@ -48,14 +47,14 @@ class _PassOn:
         return self.received
 
 
-class _RingAttention(Function):
+class RingAttention(Function):
+    """apply(q, k, v, cp, scale), q, k, v this rank's chunks (ContextParallel.attention)."""
+
     @staticmethod
     def forward(ctx, q, k, v, cp, scale):
         open_ring(cp)
-        B, H, T, D = q.shape
-        c = T // len(cp.chunks())
-        out = creation.zeros(B, H, T, D, dtype=float32, device=q.device)
-        lse = creation.full((B, H, T), float("-inf"), dtype=float32, device=q.device)
+        c = q.shape[2] // len(cp.chunks())
+        out, lse = running_result(q)
         kv = stack([k, v]).contiguous()
         for step in range(cp.size):
             owner = (cp.rank - step) % cp.size
@@ -93,8 +92,3 @@ class _RingAttention(Function):
         dkv = acc.wait()
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
-
-def ring_attention(q, k, v, cp, scale: float | None = None):
-    """Causal attention of this rank's queries over the whole sequence, K/V around the ring."""
-    q, k, v = amp.lower(q, k, v)
-    return _RingAttention.apply(q, k, v, cp, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)

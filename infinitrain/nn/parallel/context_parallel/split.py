@@ -32,6 +32,7 @@ class ContextParallel:
     comm_type: str = "p2p"
     balanced: bool = True
     _positions: dict = field(default_factory=dict, repr=False)
+    ring_open: bool = field(default=False, repr=False)  # the ring's p2p links are made (ring_attention)
 
     def __post_init__(self):
         if self.comm_type not in COMM_TYPES:
@@ -91,10 +92,12 @@ class ContextParallel:
     def attention(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
         """Causal attention of this rank's queries [B, H, T/CP, D] over the whole sequence's
         keys and values (k, v: this rank's [B, H_kv, T/CP, D])."""
-        from .all_gather_attention import all_gather_attention
-        from .ring_attention import ring_attention
-        fn = ring_attention if self.comm_type == "p2p" else all_gather_attention
-        return fn(q, k, v, self, scale)
+        from .... import amp
+        from .all_gather_attention import AllGatherAttention
+        from .ring_attention import RingAttention
+        q, k, v = amp.lower(q, k, v)  # bf16 products under autocast, merged in float32
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return (RingAttention if self.comm_type == "p2p" else AllGatherAttention).apply(q, k, v, self, scale)
 
     def loss(self, local_sum: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
         """The mean loss over the whole sequences, from this rank's sum over its tokens."""

@@ -20,7 +20,7 @@ class _VocabParallelCrossEntropy(Function):
     never enter the softmax. The backward pass needs no communication."""
 
     @staticmethod
-    def forward(ctx, logits, targets, vocab, start, group, ignore_index):
+    def forward(ctx, logits, targets, vocab, start, group, ignore_index, reduction):
         # One [N, V/TP] float32 buffer beyond the logits: shifted logits, exponentiated and
         # normalised in place into the softmax that backward turns into the gradient.
         N, V_local = logits.shape
@@ -46,7 +46,8 @@ class _VocabParallelCrossEntropy(Function):
         picked, sum_exp = sums[:N], sums[N:]
         ew.binary(lib.IT_DIV, e, sum_exp.unsqueeze(1), out=e)  # the softmax
         keep = (t != ignore_index)
-        count = keep.sum().float().clamp(min=1.0)  # on the device: no host synchronisation
+        # the mean's divisor, counted on the device (no host synchronisation); 1 for the sum
+        count = keep.sum().float().clamp(min=1.0) if reduction == "mean" else creation.ones(device=logits.device)
         losses = (sum_exp.log() - picked).masked_fill(~keep, 0.0)
         ctx.meta = (logits.shape, logits.dtype, valid, count)
         ctx.save_for_backward(e, local_t, mine & keep, keep)
@@ -62,19 +63,22 @@ class _VocabParallelCrossEntropy(Function):
                                -hit.float().unsqueeze(1).contiguous())
         ew.binary(lib.IT_MUL, d, (keep.float() * (g.float() / count)).unsqueeze(1), out=d)
         if valid == shape[1] and dtype is d.dtype:
-            return d, None, None, None, None, None
+            return d, None, None, None, None, None, None
         grad = creation.zeros(*shape, dtype=dtype, device=d.device)
         if valid:
             grad[:, :valid] = d.to(dtype)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, vocab: int, tp: TensorParallel,
-                                 ignore_index: int = -100) -> Tensor:
+                                 ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """logits [N, V/TP] (this rank's vocabulary columns, padded columns last), targets [N]
-    (ids in the full vocabulary): the mean loss over non-ignored rows, equal on every rank."""
+    (ids in the full vocabulary): the mean (or, reduction="sum", the sum) of the loss over
+    non-ignored rows, equal on every rank."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"vocab_parallel_cross_entropy: reduction must be 'mean' or 'sum', not {reduction!r}")
     if logits.ndim != 2 or targets.shape != (logits.shape[0],):
         raise ValueError(f"vocab_parallel_cross_entropy: logits [N, V/TP] and targets [N], got "
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
     start = tp.rank * logits.shape[1]
-    return _VocabParallelCrossEntropy.apply(logits, targets, vocab, start, tp.group, ignore_index)
+    return _VocabParallelCrossEntropy.apply(logits, targets, vocab, start, tp.group, ignore_index, reduction)
