@@ -16,7 +16,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from mpi_launch import start
 
 
 def best(fn, repeat=10):
@@ -140,9 +141,8 @@ def overlap(env, name, model, batch, loss_fn, steps=6):
 def main() -> None:
     from mpi4py import MPI
     if MPI.COMM_WORLD.Get_size() == 1 and "INFINITRAIN_BENCH_CHILD" not in os.environ:
-        mpiexec = str(Path(sys.executable).parent / "mpiexec")
         env = dict(os.environ, INFINITRAIN_BENCH_CHILD="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        sys.exit(subprocess.run([mpiexec, "-n", "2", sys.executable, __file__, *sys.argv[1:]],
+        sys.exit(subprocess.run([*start(2), sys.executable, __file__, *sys.argv[1:]],
                                 env=env).returncode)
     import numpy as np
 

@@ -25,14 +25,14 @@ import re
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+from mpi_launch import start as launch
+
 
 
 def train_run(args, seq: int, cp: int) -> tuple:
     tokens = args.batch * seq
-    cmd = [MPIEXEC, "-n", str(cp), sys.executable, "-m", "infinitrain.examples.llama3", "--model", args.model,
+    cmd = [*launch(cp), sys.executable, "-m", "infinitrain.examples.llama3", "--model", args.model,
            "--batch_size", str(args.batch), "--sequence_length", str(seq), "--total_batch_size", str(tokens),
            "--num_iteration", str(args.steps), "--context_parallel", str(cp), "--peak_tflops", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
@@ -45,7 +45,7 @@ def train_run(args, seq: int, cp: int) -> tuple:
 
 
 def under_mpiexec(args, n: int, *flags) -> str:
-    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, __file__, *flags], capture_output=True,
+    out = subprocess.run([*launch(n), sys.executable, __file__, *flags], capture_output=True,
                          text=True, timeout=3600, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
     if out.returncode:
         raise SystemExit(out.stdout[-2000:] + out.stderr[-2000:])

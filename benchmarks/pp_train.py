@@ -18,7 +18,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from mpi_launch import start
 
 
 def child(args) -> None:
@@ -87,7 +88,7 @@ def main() -> None:
           f"{args.batch // args.micro} x {args.seq} tokens, fp32, {args.threads} thread(s) per rank, "
           f"{os.cpu_count()} cores")
     for s in args.schedules:
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.pp), sys.executable, __file__,
+        cmd = [*start(int(str(args.pp))), sys.executable, __file__,
                "--child", "--schedule", s] + [f"--{k}={v}" for k, v in vars(args).items()
                                               if k in ("model", "layers", "pp", "micro", "batch", "seq", "steps")]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,

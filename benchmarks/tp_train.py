@@ -18,7 +18,8 @@ import re
 import statistics
 import subprocess
 import sys
-from pathlib import Path
+
+from mpi_launch import start
 
 
 def run(layout: str, args) -> tuple:
@@ -29,7 +30,7 @@ def run(layout: str, args) -> tuple:
     n = tp * dp
     if args.batch % dp:
         raise SystemExit(f"global batch {args.batch} is not divisible by DP {dp}")
-    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable, "-m",
+    cmd = [*start(int(str(n))), sys.executable, "-m",
            "infinitrain.examples.gpt2", "--model", args.model, "--batch_size", str(args.batch // dp),
            "--sequence_length", str(args.seq), "--num_iteration", str(args.steps),
            "--tensor_parallel", str(tp)] + (["--sequence_parallel"] if sp else [])

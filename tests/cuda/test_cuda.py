@@ -15,7 +15,7 @@ import infinitrain as it
 from infinitrain import nn
 from infinitrain._native import HEADER_PATH as HEADER
 from infinitrain._native import LIBRARY_PATH, ffi, lib
-from helpers import ENV, MPI_SCRIPTS, MPIEXEC, step_losses
+from helpers import ENV, MPI_SCRIPTS, launch, step_losses
 
 pytestmark = pytest.mark.cuda
 
@@ -405,6 +405,6 @@ def test_nccl_collectives(n):
     if it.cuda.device_count() < n:
         pytest.skip(f"needs {n} GPU(s)")
     script = str(MPI_SCRIPTS / "nccl_collectives.py")
-    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, script], capture_output=True, text=True,
+    out = subprocess.run([*launch(n), sys.executable, script], capture_output=True, text=True,
                          timeout=300, env=ENV)
     assert out.returncode == 0 and out.stdout.count(" OK") == n, out.stdout + out.stderr

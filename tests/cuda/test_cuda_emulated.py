@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ENV, MPIEXEC, step_losses
+from helpers import ENV, launch, step_losses
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("cuda_emulator_build", HERE / "cuda_emulator" / "build.py")
@@ -63,7 +63,7 @@ def _example_losses(env, shard, ranks, *flags):
     cmd = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(shard), "--model", "tiny",
            "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "3", "--learning_rate", "3e-3",
            "--total_batch_size", "256", "--peak_tflops", "1", *flags]
-    out = subprocess.run([MPIEXEC, "-n", str(ranks), *cmd], capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run([*launch(ranks), *cmd], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return step_losses(out.stdout)
 

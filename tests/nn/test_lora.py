@@ -16,7 +16,7 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn.lora import apply_lora, merge_lora, unmerge_lora
 from infinitrain.optim import AdamW
-from helpers import ENV, MPIEXEC, assert_same, losses, parallel_train
+from helpers import ENV, launch, assert_same, losses, parallel_train
 
 
 def tiny(kind="gpt2"):
@@ -163,7 +163,7 @@ def test_example_lora_flags_save_and_resume_adapters(tmp_path):
                          timeout=300, env=ENV)
     assert one.returncode == 0, one.stderr
     assert "LoRA: rank 4, alpha 8 on 8 layers" in one.stdout and "trainable of" in one.stdout, one.stdout
-    tp = subprocess.run([MPIEXEC, "-n", "2", *args, "--num_iteration", "1", "--tensor_parallel", "2",
+    tp = subprocess.run([*launch(2), *args, "--num_iteration", "1", "--tensor_parallel", "2",
                          "--lora_load_path", str(tmp_path / "ad")], capture_output=True, text=True, timeout=300, env=ENV)
     single = subprocess.run(args + ["--num_iteration", "1", "--lora_load_path", str(tmp_path / "ad")],
                             capture_output=True, text=True, timeout=300, env=ENV)

@@ -10,7 +10,7 @@ import pytest
 from infinitrain.data import write_shard
 from infinitrain.nn.parallel import Layout
 
-from helpers import ENV, MPI_SCRIPTS, MPIEXEC, PARALLEL_TRAIN, mpirun, step_losses
+from helpers import ENV, MPI_SCRIPTS, launch, PARALLEL_TRAIN, mpirun, step_losses
 
 
 def test_layout_unit():
@@ -130,6 +130,15 @@ def test_mismatched_mpi_is_reported():
     assert ok.returncode == 0, ok.stderr
 
 
+def test_no_mpi_library_at_all_says_how_to_get_one():
+    """mpi4py's wheel brings no MPI: a plain install on a machine without one."""
+    code = "from infinitrain.nn import parallel; parallel.init()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(ENV, MPI4PY_LIBMPI="/nowhere/libmpi.so"))
+    assert out.returncode != 0 and "no MPI library found" in out.stderr, out.stderr
+    assert "pip install 'infinitrain[mpich]'" in out.stderr and "module load" in out.stderr
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("example", ["gpt2", "llama3"])
 def test_tensor_parallel_example_matches_one_process(tmp_path, example):
@@ -146,7 +155,7 @@ def test_tensor_parallel_example_matches_one_process(tmp_path, example):
     assert "DP=2, TP=2, SP=2, PP=1" in tp, tp
     np.testing.assert_allclose(step_losses(tp), step_losses(one.stdout), rtol=1e-5, atol=0)
     assert (tmp_path / "ck" / "latest").is_file()
-    bad = subprocess.run([MPIEXEC, "-n", "4", sys.executable, *args, "--tensor_parallel", "3"],
+    bad = subprocess.run([*launch(4), sys.executable, *args, "--tensor_parallel", "3"],
                          capture_output=True, text=True, timeout=120, env=ENV)
     assert bad.returncode != 0 and "cannot be split into tensor parallel 3" in bad.stderr, bad.stderr
     # 3D: DP 2 x TP 2 (+SP) x PP 2 with 2 micro-batches, through the example's own flags; the
@@ -168,7 +177,7 @@ def test_tensor_parallel_example_matches_one_process(tmp_path, example):
 @pytest.mark.mpi
 def test_a_hung_pipeline_stage_aborts_the_job_with_a_message():
     """Stage 1 stops answering: stage 0's wait times out and names who it waited for."""
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(PARALLEL_TRAIN),
+    out = subprocess.run([*launch(2), sys.executable, str(PARALLEL_TRAIN),
                           "--layers", "2", "--pp", "2", "--steps", "2", "--hang_stage", "1",
                           "--pipeline_timeout", "3"], capture_output=True, text=True, timeout=120, env=ENV)
     assert out.returncode != 0

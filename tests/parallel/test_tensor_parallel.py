@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from infinitrain.nn.parallel import tensor_parallel as tpm
-from helpers import (ENV, MPI_SCRIPTS, MPIEXEC, assert_same, losses, one_process, parallel_train,
+from helpers import (ENV, MPI_SCRIPTS, launch, assert_same, losses, one_process, parallel_train,
                      write_llmc)
 
 # bf16 with AdamW at a high learning rate amplifies round-off chaotically (even DP alone, which
@@ -25,7 +25,7 @@ def reference(model, dtype, steps=10):
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_each_layer_matches_its_unsharded_twin(n):
-    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(MPI_SCRIPTS / "tp_layers.py")],
+    out = subprocess.run([*launch(n), sys.executable, str(MPI_SCRIPTS / "tp_layers.py")],
                          capture_output=True, text=True, timeout=300, env=ENV)
     assert out.returncode == 0 and out.stdout.count("OK") == n, out.stdout + out.stderr
 

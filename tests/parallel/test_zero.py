@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ENV, MPI_SCRIPTS, MPIEXEC, assert_same, losses, mpirun, one_process, parallel_train, step_losses
+from helpers import ENV, MPI_SCRIPTS, launch, assert_same, losses, mpirun, one_process, parallel_train, step_losses
 
 CHECKS = str(MPI_SCRIPTS / "zero3_checks.py")
 
@@ -96,14 +96,14 @@ def test_zero3_gathers_around_each_unit_and_refuses_released_reads():
     """Parameters are whole during their unit's forward and released after forward and
     backward; reading one outside raises a clear error; gathered_parameters(write=True)
     makes what was written the shards."""
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, CHECKS], capture_output=True, text=True,
+    out = subprocess.run([*launch(2), sys.executable, CHECKS], capture_output=True, text=True,
                          timeout=120, env=ENV)
     assert out.returncode == 0 and out.stdout.count(" OK") == 2, out.stdout + out.stderr
 
 
 @pytest.mark.mpi
 def test_zero3_ranks_running_different_modules_get_an_error_not_a_hang():
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, CHECKS, "--diverge"], capture_output=True,
+    out = subprocess.run([*launch(2), sys.executable, CHECKS, "--diverge"], capture_output=True,
                          text=True, timeout=120, env=ENV)
     assert out.returncode != 0
     assert "every rank must run the model's modules in the same order" in out.stdout + out.stderr, \
@@ -130,7 +130,7 @@ def test_zero_stage_flag_of_the_example_matches_one_process(tmp_path):
     for saved, stage in (("ck2", "1"), ("ck3", "3")):
         resumed = mpirun(2, args + ["--zero_stage", stage, "--load", str(tmp_path / saved / "step_000002")])
         np.testing.assert_allclose(step_losses(resumed), step_losses(one.stdout)[2:], rtol=1e-5, atol=0, err_msg=saved)
-    refused = subprocess.run([MPIEXEC, "-n", "4", sys.executable, *args, "--zero_stage", "3", "--pipeline_parallel", "2"],
+    refused = subprocess.run([*launch(4), sys.executable, *args, "--zero_stage", "3", "--pipeline_parallel", "2"],
                              capture_output=True, text=True, timeout=120, env=ENV)
     assert refused.returncode != 0 and "does not compose with --pipeline_parallel" in refused.stderr, refused.stderr
 

@@ -30,7 +30,9 @@ def test_the_launchers_kind_is_read_from_its_version(tmp_path, version, kind):
 
 def test_the_wheels_mpiexec_is_hydra_and_an_unknown_one_is_refused(tmp_path):
     from pathlib import Path
-    assert launcher_kind(str(Path(sys.executable).parent / "mpiexec")) == "hydra"
+    wheel = Path(sys.executable).parent / "mpiexec"
+    if wheel.is_file():  # the mpich extra's
+        assert launcher_kind(str(wheel)) == "hydra"
     with pytest.raises(SystemExit, match="does not say which MPI launcher"):
         launcher_kind(fake_launcher(tmp_path, "mpiexec", "something else 1.0"))
     if shutil.which("mpirun") and "Open MPI" in __import__("subprocess").run(
@@ -61,20 +63,57 @@ def test_open_mpi_gets_x_variables_tagged_output_and_a_per_node_map(tmp_path, mo
     monkeypatch.setattr(mpi_launch.os, "geteuid", lambda: 0)
     cmd, hosts, exe = _command(tmp_path, "openmpi", "--launcher_args", "--bind-to core")
     head = cmd[:cmd.index(sys.executable)]
-    assert head[:4] == [exe, "-n", "8", "--tag-output"]
+    assert head[:3] == [exe, "-n", "8"] and "--tag-output" in head
+    assert "--oversubscribe" not in head  # several nodes: each node's slots are the hostfile's
     assert "--hostfile" in head and head[head.index("--map-by") + 1] == "ppr:4:node"
     assert "--allow-run-as-root" in head and "-genv" not in head
     assert "MASTER_ADDR=node7" in head and "TORCHELASTIC_RESTART_COUNT=0" in head
     assert head[head.index("MASTER_ADDR=node7") - 1] == "-x" and head[-2:] == ["--bind-to", "core"]
 
 
-def test_srun_gets_export_label_and_tasks_per_node(tmp_path):
+def test_srun_gets_export_label_tasks_per_node_and_an_mpi_plugin(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_MPI_TYPE", raising=False)
     cmd, hosts, exe = _command(tmp_path, "srun")
     head = cmd[:cmd.index(sys.executable)]
     assert head[:6] == [exe, "-n", "8", "--ntasks-per-node", "4", "--label"]
     export = next(f for f in head if f.startswith("--export="))
     assert export.startswith("--export=ALL,") and "MASTER_ADDR=node7" in export and "WORLD_SIZE=8" in export
-    assert head[-2:] == ["-N", "2"]
+    assert head[-3:] == ["-N", "2", "--mpi=pmi2"]  # the plugin for the MPI mpi4py loads (MPICH here)
+    monkeypatch.setenv("SLURM_MPI_TYPE", "pmix")  # a choice already made is left alone
+    cmd, _, _ = _command(tmp_path, "srun")
+    assert not any(f.startswith("--mpi") for f in cmd)
+
+
+def test_open_mpi_on_one_node_is_told_to_oversubscribe_and_run_as_root(monkeypatch, tmp_path):
+    exe = fake_launcher(tmp_path, "mpirun", "x")
+    monkeypatch.setattr(mpi_launch, "_cpus", lambda: 2)
+    monkeypatch.setattr(mpi_launch.os, "geteuid", lambda: 0)
+    assert mpi_launch.start(8, exe, "openmpi") == [exe, "-n", "8", "--oversubscribe", "--allow-run-as-root"]
+    monkeypatch.setattr(mpi_launch.os, "geteuid", lambda: 1000)
+    assert mpi_launch.start(2, exe, "openmpi") == [exe, "-n", "2"]
+    assert mpi_launch.start(8, exe, "hydra") == [exe, "-n", "8"]  # Hydra does both unasked
+
+
+def test_inside_a_slurm_allocation_its_nodes_and_tasks_are_the_defaults(tmp_path, monkeypatch):
+    scontrol = tmp_path / "scontrol"  # as Slurm's: expands a host list, one name per line
+    scontrol.write_text("#!/bin/sh\necho node3; echo node4\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    for k, v in {"SLURM_JOB_ID": "17", "SLURM_JOB_NODELIST": "node[3-4]", "SLURM_JOB_NUM_NODES": "2",
+                 "SLURM_TASKS_PER_NODE": "4(x2)"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    exe = fake_launcher(tmp_path, "mpiexec", "x")
+    a = parse(["--mpiexec", exe, "--launcher", "hydra", "train.py"])
+    assert (a.nnodes, a.nproc_per_node) == (2, 4)
+    cmd = command(a, kind="hydra")
+    assert cmd[:5] == [exe, "-n", "8", "-ppn", "4"] and "-f" not in cmd  # Hydra reads the allocation
+    assert cmd[cmd.index("MASTER_ADDR") + 1] == "node3"
+    # Hydra starts its proxies with srun: under MpiDefault=pmix they would get PMIx variables
+    assert mpi_launch.launcher_env("hydra", {"SLURM_JOB_ID": "17"})["SLURM_MPI_TYPE"] == "none"
+    assert "SLURM_MPI_TYPE" not in mpi_launch.launcher_env("openmpi", {"SLURM_JOB_ID": "17"})
+    a = parse(["--nnodes", "1", "--nproc_per_node", "2", "--mpiexec", exe, "train.py"])
+    assert (a.nnodes, a.nproc_per_node) == (1, 2)  # flags still win
 
 
 def test_a_launcher_named_but_missing_is_an_error_not_a_substitute(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import infinitrain as it
 from infinitrain.models import GPT2Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
-from helpers import ENV, MPIEXEC
+from helpers import ENV, launch
 
 CFG = GPT2Config(block_size=16, vocab_size=300, n_layer=2, n_head=2, n_embd=16)
 
@@ -102,7 +102,7 @@ def test_parallel_runs_against_a_one_process_baseline(tmp_path):
     assert base.returncode == 0, base.stderr
     for n, extra in ((2, []), (2, ["--tensor_parallel", "2"]), (2, ["--pipeline_parallel", "2"]),
                      (2, ["--zero_stage", "3", "--recompute", "full"])):
-        out = subprocess.run([MPIEXEC, "-n", str(n), *args, *extra, "--precision_check",
+        out = subprocess.run([*launch(n), *args, *extra, "--precision_check",
                               f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'par'}"],
                              capture_output=True, text=True, timeout=300, env=ENV)
         assert out.returncode == 0, out.stderr
@@ -112,7 +112,7 @@ def test_parallel_runs_against_a_one_process_baseline(tmp_path):
             assert int(compared) > 100 and diverged == "0", out.stdout
             # TP shards are skipped and counted; a recomputation's replay is not checked twice
             assert (int(skipped) > 0) == ("--tensor_parallel" in extra), out.stdout
-    bad = subprocess.run([MPIEXEC, "-n", "2", *args, "--learning_rate", "1e-1", "--precision_check",
+    bad = subprocess.run([*launch(2), *args, "--learning_rate", "1e-1", "--precision_check",
                           f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'bad'}"],
                          capture_output=True, text=True, timeout=300, env=ENV)
     assert bad.returncode == 0, bad.stderr  # step 1 equal; step 2 starts from other weights

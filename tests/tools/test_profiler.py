@@ -14,7 +14,7 @@ from infinitrain import _trace, profiler
 from infinitrain.models import GPT2Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.optim import AdamW
-from helpers import ENV, MPIEXEC
+from helpers import ENV, launch
 
 
 def _step(model, opt):
@@ -68,7 +68,7 @@ def test_chrome_trace_of_every_rank_with_the_communication_thread(tmp_path):
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
     trace = tmp_path / "trace.json"
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "infinitrain.examples.gpt2",
+    out = subprocess.run([*launch(2), sys.executable, "-m", "infinitrain.examples.gpt2",
                           "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny", "--batch_size", "2",
                           "--sequence_length", "32", "--num_iteration", "3", "--profile", str(trace),
                           "--profile_steps", "2"],

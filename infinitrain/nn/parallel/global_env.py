@@ -26,7 +26,7 @@ class GlobalEnv:
 
     watchdog = None  # the Watchdog of a multi-rank job (init's collective_timeout)
 
-    def __init__(self, comm, layout: Layout, local_size: int = 1, gpu=None):
+    def __init__(self, comm, layout: Layout, local_size: int = 1, gpu=None, local_rank: int = 0):
         self.comm = comm
         self.device = gpu if gpu is not None else as_device("cpu")
         if gpu is not None:
@@ -57,6 +57,7 @@ class GlobalEnv:
         self.world = make(comm, list(range(self.world_size)))
         self.world.name = "world"
         self.local_size = local_size  # ranks on this node, sharing its memory and cores
+        self.local_rank = local_rank  # this rank's index among them
         # the first and last stage of each pipeline: a tied embedding's gradient is summed there
         self.embedding_group = None
         if layout.pp > 1:
@@ -110,9 +111,25 @@ def mpi_library() -> tuple:
         return library, "Intel MPI's `mpiexec.hydra` (or `srun --mpi=pmi2`)"
     if "MPICH" in library:
         wheel = Path(sys.executable).parent / "mpiexec"
-        mine = f" ({wheel}, the mpich wheel's)" if wheel.is_file() else ""
+        mine = f" ({wheel}, the mpich extra's)" if wheel.is_file() else ""
         return library, f"this MPICH's `mpiexec`{mine} (or `srun --mpi=pmi2` under Slurm)"
     return library, "the `mpiexec` of that MPI"
+
+
+def _load_mpi():
+    """mpi4py's MPI module, or an error that says how to get an MPI library: mpi4py's wheel
+    brings none and loads the one it finds (the cluster's, or the mpich extra's)."""
+    try:
+        from mpi4py import MPI
+    except RuntimeError as e:
+        if "cannot load MPI library" not in str(e):
+            raise
+        first = str(e).splitlines()[1:2]
+        raise RuntimeError(
+            "no MPI library found (mpi4py: " + (first[0] if first else str(e)) + "). Load your cluster's "
+            "MPI (`module load openmpi`, or the path of its libmpi.so in MPI4PY_LIBMPI), or install "
+            "the MPICH runtime from PyPI: pip install 'infinitrain[mpich]'") from None
+    return MPI
 
 
 def _check_mpi_environment(comm) -> None:
@@ -171,19 +188,18 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     writing every answering rank's flight record to flight_recorder_dir (default
     ./flight_recorder, $INFINITRAIN_FLIGHT_RECORDER_DIR) and naming the stuck rank."""
     global _ENV
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    comm = _load_mpi().COMM_WORLD
     _check_mpi_environment(comm)
     if init_timeout is None:
         init_timeout = float(os.environ.get("INFINITRAIN_INIT_TIMEOUT", "300"))
     _rendezvous(comm, init_timeout)
     layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel)
-    local_size, cores = _local_cores(comm)
+    local_rank, local_size, cores = _local_cores(comm)
     if comm.Get_size() > 1:
         _abort_on_exception()
         _share_cores(cores)  # before the groups: they choose a communication thread by it
-    gpu = _pick_gpu(comm, local_size) if as_device(device).type == "cuda" else None
-    _ENV = GlobalEnv(comm, layout, local_size, gpu)
+    gpu = _pick_gpu(local_rank, local_size) if as_device(device).type == "cuda" else None
+    _ENV = GlobalEnv(comm, layout, local_size, gpu, local_rank)
     if collective_timeout is None:
         collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
     folder = flight_recorder_dir or os.environ.get("INFINITRAIN_FLIGHT_RECORDER_DIR", "flight_recorder")
@@ -228,9 +244,8 @@ def _rendezvous(comm, timeout: float) -> None:
     MPI.Request.Waitall(arrivals)
 
 
-def _pick_gpu(comm, local_size: int):
+def _pick_gpu(local_rank: int, local_size: int):
     """One rank per GPU: the node's k-th rank takes cuda:k."""
-    from mpi4py import MPI
     from ... import cuda
     from ...runtime import build_info
     n = cuda.device_count()
@@ -240,24 +255,22 @@ def _pick_gpu(comm, local_size: int):
     if local_size > n:
         raise RuntimeError(f"{local_size} ranks on this node but {n} GPU(s): NCCL takes one rank per GPU; "
                            f"start at most {n} ranks per node")
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    index = local.Get_rank()
-    local.Free()
-    return as_device(f"cuda:{index}")
+    return as_device(f"cuda:{local_rank}")
 
 
 def _local_cores(comm) -> tuple:
-    """(ranks on this node, the cores each may use): a rank the launcher bound to cores of its
+    """(this rank's index on its node, ranks on this node, the cores each may use): a rank the launcher bound to cores of its
     own (Open MPI's binding, srun -c N with task/affinity) keeps them all; ranks that share a
     set (Hydra's default, cgroups alone) split it between them."""
     from mpi4py import MPI
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    index = local.Get_rank()
     mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     sets = [set(s) for s in local.allgather(mine)]
     local.Free()
     n = len(sets)
     disjoint = sum(len(s) for s in sets) == len(set().union(*sets))
-    return n, (len(mine) if disjoint else max(1, len(set().union(*sets)) // n))
+    return index, n, (len(mine) if disjoint else max(1, len(set().union(*sets)) // n))
 
 
 def _share_cores(cores: int) -> None:
