@@ -13,8 +13,13 @@ from pathlib import Path
 
 # a launcher's rank prefix, if any: Hydra's and mpi_launch's "[0] ", Open MPI's
 # "[1,0]<stdout>:", srun --label's "0: " (only rank 0's lines carry the log)
-# rank 0's line prefix under each launcher: Hydra's and mpi_launch's, Open MPI's, srun --label's
-RANK0_PREFIX = r"(?:\[0\] |\[\d+,0\]<stdout>:|0: )?"
+def rank_prefix(rank: int) -> str:
+    """A regex of a rank's line prefix under each launcher: Hydra's and mpi_launch's "[r] ",
+    Open MPI's "[job,r]<stdout>:", srun --label's "r: "."""
+    return rf"(?:\[{rank}\] |\[\d+,{rank}\]<std(?:out|err)>:|{rank}: )"
+
+
+RANK0_PREFIX = rank_prefix(0) + "?"  # rank 0's lines, prefixed or not
 _STEP = re.compile(rf"^{RANK0_PREFIX}step\s+(\d+)/\d+ \| train loss ([-+0-9.eE]+|nan|inf)", re.M)
 _VAL = re.compile(rf"^{RANK0_PREFIX}val loss ([-+0-9.eE]+|nan|inf)", re.M)
 

@@ -9,6 +9,7 @@ import pytest
 
 from infinitrain.data import write_shard
 from infinitrain.nn.parallel import Layout
+from infinitrain.plot import rank_prefix
 
 from helpers import ENV, MPI_SCRIPTS, launch, PARALLEL_TRAIN, mpirun, step_losses
 
@@ -85,8 +86,8 @@ def test_launcher_env_and_failing_rank(tmp_path):
     ok = subprocess.run(launcher + ["-1"], capture_output=True, text=True, timeout=120, env=ENV)
     shown = f"stdout:\n{ok.stdout}\nstderr:\n{ok.stderr}"
     assert ok.returncode == 0, shown
-    for r in range(3):
-        assert f"[{r}] env {r} {r} 3 3 29999 {r}" in ok.stdout, shown
+    for r in range(3):  # each line behind its rank's prefix, in the launcher's style
+        assert re.search(rf"^{rank_prefix(r)}env {r} {r} 3 3 29999 {r}$", ok.stdout, re.M), shown
     bad = subprocess.run(launcher + ["1"], capture_output=True, text=True, timeout=120, env=ENV)
     shown = f"exit {bad.returncode}\nstdout:\n{bad.stdout}\nstderr:\n{bad.stderr}"
     assert bad.returncode != 0, shown
