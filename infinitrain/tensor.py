@@ -164,7 +164,10 @@ class Tensor:
         return shape
 
     def _reshape_raw(self, shape) -> "Tensor":
-        return self._view(shape, _contiguous_strides(shape))
+        """A view in the new shape; a strided input (expand, permute, slices) is copied first,
+        since contiguous strides over its memory would read the wrong elements."""
+        t = self if self.is_contiguous() else self._clone_raw()
+        return t._view(shape, _contiguous_strides(shape))
 
     def _reshape_strided(self, *shape) -> "Tensor":
         """Splits the last dimension of a view whose last dimension is contiguous."""

@@ -114,7 +114,7 @@ static inline void it_vmean_var(const float *x, int64_t n, float *mean, float *v
     float m = it_lanes_total(s1) / (float)n;
     float v = it_lanes_total(s2) / (float)n - m * m;
     *mean = k + m;
-    *var = v > 0.0f ? v : 0.0f;
+    *var = v < 0.0f ? 0.0f : v;  /* rounding can take it below 0; a NaN (an inf in the row) stays, as PyTorch's */
 }
 
 /* max(x); a NaN anywhere makes the result NaN. */

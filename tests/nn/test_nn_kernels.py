@@ -77,6 +77,16 @@ def test_layernorm_forward(shape, dtype, rng):
     np.testing.assert_allclose(rstd.numpy(), 1 / np.sqrt(xr.var(-1) + 1e-5), rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_of_a_row_with_an_infinity_is_nan_as_pytorchs(dtype):
+    """mean = inf, so x - mean and the variance are NaN: the whole row (it once gave -inf for
+    the finite entries, the NaN variance clamped to 0); the other rows are untouched."""
+    x, _ = make(np.array([[1, np.inf, 2, 3], [1, 2, 3, 4], [-np.inf, 0, 0, 0], [np.nan, 1, 2, 3]]), dtype)
+    out = to_np(nn.layer_norm(x, None, None)[0])
+    assert np.isnan(out[[0, 2, 3]]).all(), out
+    np.testing.assert_allclose(out[1], [-1.3416355, -0.4472118, 0.4472118, 1.3416355], **tol(dtype))
+
+
 def test_layernorm_backward_numerical(rng):
     x, w, b, g = rng.standard_normal((3, 11)), rng.standard_normal(11), rng.standard_normal(11), rng.standard_normal((3, 11))
     f = lambda x_, w_, b_: np.sum(layernorm_ref(x_, w_, b_) * g)  # noqa: E731

@@ -152,3 +152,52 @@ def test_allocator_size_classes_bound_waste():
         assert n <= held <= max(512, n * 1.25 + 64), (n, held)
         del t
         gc.collect()
+
+
+# Every op that takes a tensor must read a strided view (stride 0 from expand, permuted strides,
+# step slices) as the elements it shows: held against the same op on a contiguous copy, forward
+# and gradient. (stack of expand()ed or permute()d views once read past the data.)
+VIEWS = {  # name: (the base's shape, a (2, 3, k) view of it)
+    "expand": ((3, 3, 4), lambda b: b[:1].expand(2, 3, 4)),
+    "permute": ((3, 2, 4), lambda b: b.permute(1, 0, 2)),
+    "step_slice": ((3, 2, 4), lambda b: b[:, :, ::2].permute(1, 0, 2)),
+    "transpose": ((2, 4, 3), lambda b: b.transpose(1, 2)[:, :3, :]),
+}
+OPS = {
+    "stack_inner": lambda t: it.stack([t, t * 2], dim=3),
+    "stack_outer": lambda t: it.stack([t], dim=0),
+    "cat": lambda t: it.cat([t, t], dim=1),
+    "reshape": lambda t: t.reshape(-1),
+    "flatten": lambda t: t.flatten(1),
+    "unsqueeze_squeeze": lambda t: t.unsqueeze(2).squeeze(2) * 1,
+    "sum": lambda t: t.sum(dim=1),
+    "mean_keepdim": lambda t: t.mean(dim=-1, keepdim=True),
+    "max": lambda t: t.amax(dim=-1),
+    "softmax": lambda t: t.softmax(-1),
+    "layer_norm": lambda t: it.nn.functional.layer_norm(t, (t.shape[-1],)),
+    "matmul": lambda t: t @ t.transpose(-1, -2),
+    "exp_add": lambda t: t.exp() + t,
+    "where": lambda t: it.where(t > 0, t, t * 3),
+    "cumsum": lambda t: t.cumsum(-1),
+    "index_select": lambda t: t.index_select(1, it.tensor([2, 0], dtype=it.int64)),
+}
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("op", OPS)
+def test_ops_read_strided_views_as_their_contiguous_copies(view, op, rng):
+    shape, make_view = VIEWS[view]
+    base_np = rng.standard_normal(shape).astype(np.float32)
+    results = []
+    for contiguous in (False, True):
+        base = it.tensor(base_np, requires_grad=True)
+        t = make_view(base)
+        if contiguous:
+            t = t.contiguous()
+        out = OPS[op](t)
+        weights = it.tensor(np.linspace(-1, 1, out.numel(), dtype=np.float32).reshape(out.shape))
+        (out * weights).sum().backward()
+        results.append((out.detach().numpy(), base.grad.numpy()))
+    (got, got_grad), (want, want_grad) = results
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{op} of a {view} view")
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-6, atol=1e-6, err_msg=f"grad of {op} of a {view} view")
