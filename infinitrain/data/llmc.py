@@ -1,7 +1,9 @@
 """llm.c's file formats: token shards and tokenizer files.
 
 Token shard: a header of 256 int32 (magic, version, number of tokens, unused...), then the
-tokens: magic 20240520 / version 1 for uint16 tokens, magic 20240801 / version 2 for uint32.
+tokens: magic 20240520 / version 1 for GPT-2's uint16 tokens, magic 20240801 / version 7 for
+LLaMA-3's uint32 (llm.c's dev/data/data_common.py; version 2 is this package's earlier uint32
+shards, still read).
 Tokenizer: 256 int32 (magic 20240328, version 1 or 2, vocabulary size, end-of-text token in
 version 2), then per token a uint8 length and that many bytes.
 """
@@ -15,7 +17,9 @@ from ..io import DataFormatError, atomic_write
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-SHARD_FORMATS = {20240520: (1, np.uint16), 20240801: (2, np.uint32)}
+# magic: (the version written, the versions read, the token type)
+SHARD_FORMATS = {20240520: (1, (1,), np.uint16), 20240801: (7, (7, 2), np.uint32)}
+SHARD_MODELS = {"gpt-2": 20240520, "llama-3": 20240801}  # llm.c's names (write_datafile's model_desc)
 TOKENIZER_MAGIC = 20240328
 
 
@@ -34,9 +38,10 @@ def read_shard(path, vocab_size: int | None = None, check_tokens: bool = True) -
     if magic not in SHARD_FORMATS:
         raise DataFormatError(f"{path}: magic number {magic} is not an llm.c token shard's "
                               f"({' or '.join(map(str, SHARD_FORMATS))}); is this the right file?")
-    want_version, dtype = SHARD_FORMATS[magic]
-    if version != want_version:
-        raise DataFormatError(f"{path}: version {version}, expected {want_version} for magic {magic}")
+    _, versions, dtype = SHARD_FORMATS[magic]
+    if version not in versions:
+        raise DataFormatError(f"{path}: version {version}, expected {' or '.join(map(str, versions))} "
+                              f"for magic {magic}")
     itemsize = np.dtype(dtype).itemsize
     expected = HEADER_BYTES + ntok * itemsize
     if ntok <= 0:
@@ -55,15 +60,22 @@ def read_shard(path, vocab_size: int | None = None, check_tokens: bool = True) -
     return tokens
 
 
-def write_shard(path, tokens) -> None:
-    """Writes tokens as an llm.c shard (uint16 when every id fits, else uint32), atomically."""
+def write_shard(path, tokens, model: str | None = None) -> None:
+    """Writes tokens as an llm.c shard, atomically, in llm.c's format for `model`: "gpt-2"
+    (uint16) or "llama-3" (uint32, what llm.c's train_llama3 reads); by default uint16 when
+    every id fits, else uint32."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError(f"write_shard: need a non-empty 1-D token array, got shape {tokens.shape}")
     if tokens.min() < 0:
         raise ValueError("write_shard: token ids must be >= 0")
-    magic = 20240520 if tokens.max() < 2 ** 16 else 20240801
-    version, dtype = SHARD_FORMATS[magic]
+    if model is not None and model not in SHARD_MODELS:
+        raise ValueError(f"write_shard: model {model!r} is not one of {sorted(SHARD_MODELS)}")
+    magic = SHARD_MODELS[model] if model else (20240520 if tokens.max() < 2 ** 16 else 20240801)
+    version, _, dtype = SHARD_FORMATS[magic]
+    if tokens.max() >= np.iinfo(dtype).max + 1:
+        raise ValueError(f"write_shard: token id {int(tokens.max())} does not fit the {model} format's "
+                         f"{np.dtype(dtype).name}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (magic, version, tokens.size)
     atomic_write(path, header.tobytes() + tokens.astype(np.dtype(dtype).newbyteorder("<")).tobytes())

@@ -14,8 +14,23 @@ def test_shard_round_trip_uint16_and_uint32(tmp_path):
     big = np.array([5, 70000, 128255])
     write_shard(tmp_path / "b.bin", big)
     header = np.fromfile(tmp_path / "b.bin", dtype="<i4", count=3)
-    assert header.tolist() == [20240801, 2, 3]
+    assert header.tolist() == [20240801, 7, 3]  # llm.c's LLaMA-3 shards
     assert np.array_equal(read_shard(tmp_path / "b.bin"), big)
+
+
+def test_llama3_shards_are_llmcs_version_7_and_the_earlier_version_2_still_reads(tmp_path):
+    few = np.array([1, 2, 3])  # ids that would fit 16 bits: llama-3 still means llm.c's uint32
+    write_shard(tmp_path / "l.bin", few, model="llama-3")
+    raw = (tmp_path / "l.bin").read_bytes()
+    assert np.frombuffer(raw[:12], "<i4").tolist() == [20240801, 7, 3] and len(raw) == 1024 + 3 * 4
+    old = np.frombuffer(raw[:1024], "<i4").copy()
+    old[1] = 2  # this package's earlier uint32 shards
+    (tmp_path / "old.bin").write_bytes(old.tobytes() + raw[1024:])
+    assert read_shard(tmp_path / "old.bin").tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="does not fit"):
+        write_shard(tmp_path / "g.bin", np.array([70000]), model="gpt-2")
+    with pytest.raises(ValueError, match="not one of"):
+        write_shard(tmp_path / "g.bin", few, model="llama3")
 
 
 def _broken(tmp_path, name, data: bytes):
