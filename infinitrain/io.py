@@ -11,6 +11,26 @@ class DataFormatError(ValueError):
     """A file that is not what it claims: names the file and the problem."""
 
 
+def input_file(path, what: str) -> Path:
+    """path, if it is a regular file this process can read; else the error that says which of
+    missing, a directory, not a regular file (a FIFO, socket, device) or unreadable it is."""
+    import stat
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise OSError(f"{what} {path}: {e.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{what} {path} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise DataFormatError(f"{what} {path} is not a regular file (a FIFO, socket or device)")
+    if not os.access(path, os.R_OK):
+        raise PermissionError(f"{what} {path} is not readable (permission denied)")
+    return path
+
+
 def atomic_write(path, data: bytes) -> None:
     """Writes data to path through a temporary file and a rename, so a reader never sees a
     half-written file and a killed write leaves the old one."""

@@ -9,11 +9,10 @@ version 2), then per token a uint8 length and that many bytes.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
-from ..io import DataFormatError, atomic_write
+from ..io import DataFormatError, atomic_write, input_file
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -26,9 +25,7 @@ TOKENIZER_MAGIC = 20240328
 def read_shard(path, vocab_size: int | None = None, check_tokens: bool = True) -> np.ndarray:
     """The tokens of an llm.c shard, memory-mapped (no copy). Checks magic, version and length,
     and, given vocab_size, that every token id is below it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"token shard {path} does not exist")
+    path = input_file(path, "token shard")
     size = path.stat().st_size
     if size < HEADER_BYTES:
         raise DataFormatError(f"{path}: {size} bytes is shorter than the {HEADER_BYTES}-byte llm.c "
@@ -85,10 +82,8 @@ class Tokenizer:
     """An llm.c tokenizer file: decodes token ids to text (encoding is the data tools' job)."""
 
     def __init__(self, path):
-        path = Path(path)
-        data = path.read_bytes() if path.is_file() else None
-        if data is None:
-            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        path = input_file(path, "tokenizer file")
+        data = path.read_bytes()
         if len(data) < HEADER_BYTES:
             raise DataFormatError(f"{path}: {len(data)} bytes is shorter than the llm.c header")
         header = np.frombuffer(data[:HEADER_BYTES], dtype="<i4")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import DataFormatError
+from ..io import DataFormatError, input_file
 from .llmc import write_shard, write_tokenizer
 
 WHEELS = {
@@ -221,7 +221,7 @@ _MNIST_SPLITS = {"train": 50000, "val": 10000, "test": 10000}
 
 def load_mnist(path=None) -> dict:
     """{split_images: uint8 [N, 28, 28], split_labels: int64 [N]} for train/val/test."""
-    path = Path(path or mnist_file())
+    path = input_file(path or mnist_file(), "MNIST file")
     try:
         with np.load(path, allow_pickle=False) as f:
             data = {k: f[k] for k in f.files}

@@ -1,10 +1,12 @@
 """Argument types for the examples' flags: a value that makes no sense is refused when the
 flags are read, with the flag's name, instead of training nonsense (a negative batch, a NaN
-learning rate) or failing later with a ZeroDivisionError."""
+learning rate) or failing later with a ZeroDivisionError. check_input_files does the same for
+the files the flags name."""
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 
 def _number(kind, low, low_ok: bool, what: str):
@@ -34,3 +36,25 @@ def probability(text: str) -> float:
     if value >= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
     return value
+
+
+def check_input_files(env, checks) -> None:
+    """checks: (flag, path or None, a reader that raises on a bad file). Rank 0 opens each file
+    before anything is built; a missing, truncated or foreign one ends the job with one line
+    naming the flag, printed once (every rank exits 1)."""
+    from ..io import DataFormatError
+    problem = None
+    if env.is_main:
+        for flag, path, read in checks:
+            if path is None:
+                continue
+            try:
+                read(path)
+            except (DataFormatError, OSError) as e:
+                problem = f"{flag}: {e}"
+                break
+    problem = env.comm.bcast(problem, root=0)
+    if problem:
+        if env.is_main:
+            print(problem, file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -19,7 +19,9 @@ from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
                                     read_lora_config, save_checkpoint, save_checkpoint_async, save_lora)
-from infinitrain.data import Tokenizer, TokenLoader
+from infinitrain.data import DataFormatError, Tokenizer, TokenLoader, read_shard
+from infinitrain.examples.flags import check_input_files
+from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples import mfu
 from infinitrain.nn import parallel
@@ -38,6 +40,7 @@ def train(args, build_model) -> int:
     resume_from_save(args, log)
     accum = accumulation_steps(args, env)
     prepare_data(args, env)
+    check_inputs(args, env)
     check_memory(args, env, accum, log)
     model = build(args, env, tp, stage, env.context_parallel(args.cp_comm), build_model, layout, log)
     trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_cp_group, env.pp_group,
@@ -135,6 +138,14 @@ def prepare_data(args, env) -> None:
     args.tokenizer_bin = args.tokenizer_bin or str(files["tokenizer"])
 
 
+def check_inputs(args, env) -> None:
+    """The data, tokenizer and checkpoint files the flags name, opened on rank 0 first."""
+    check_input_files(env, [("--input_bin", args.input_bin, read_shard),
+                            ("--input_val_bin", args.input_val_bin, read_shard),
+                            ("--tokenizer_bin", args.tokenizer_bin, Tokenizer),
+                            ("--llmc_filepath", args.llmc_filepath, lambda p: input_file(p, "checkpoint"))])
+
+
 def check_memory(args, env, accum: int, log) -> None:
     plan = memory_plan(args, env, accum)
     if plan is not None:
@@ -151,6 +162,8 @@ def build(args, env, tp, stage, cp, build_model, layout: str, log):
     it.manual_seed(args.seed)
     try:
         model = build_model(args, tp, stage, cp)
+    except (DataFormatError, OSError) as e:  # the checkpoint's contents (its header passed check_inputs)
+        sys.exit(f"--llmc_filepath: {e}")
     except ValueError as e:  # a layout that does not divide the model
         sys.exit(f"cannot build the model in this layout ({layout}): {e}")
     model.set_recompute(args.recompute)

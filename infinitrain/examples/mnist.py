@@ -17,7 +17,8 @@ import infinitrain as it
 import infinitrain.nn.functional as F
 from infinitrain.data import DataLoader, DistributedSampler, TensorDataset
 from infinitrain.data.prepare import load_mnist, mnist_file, on_every_node
-from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_int, probability
+from infinitrain.examples.flags import (check_input_files, nonnegative_float, nonnegative_int, positive_int,
+                                        probability)
 from infinitrain.models.mlp import MLP
 from infinitrain.nn import parallel
 
@@ -58,6 +59,7 @@ def main(argv=None) -> int:
     dp, main_rank = env.layout.dp, env.is_main
     if args.data is None:  # prepared once per job (or per node: on_every_node)
         args.data = on_every_node(env, mnist_file)
+    check_input_files(env, [("--data", args.data, load_mnist)])
     data = load_mnist(args.data)
     train_x, train_y = data["train_images"], data["train_labels"]
     if args.train_subset:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -20,7 +19,7 @@ from ..nn.parallel import tensor_parallel as tpl
 from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
 from .base import Blocks, CausalLM, causal_attention
-from ..io import DataFormatError, atomic_write
+from ..io import DataFormatError, atomic_write, input_file
 
 LLMC_GPT2_MAGIC = 20240326
 LLMC_VERSIONS = {3: np.float32, 5: ml_dtypes.bfloat16}
@@ -214,9 +213,7 @@ class GPT2(CausalLM):
     def from_llmc(cls, path, dtype=None, tp: TensorParallel | None = None, pp=None, cp=None) -> "GPT2":
         """Loads an llm.c GPT-2 checkpoint (version 3 float32 or 5 bfloat16); under TP each rank
         keeps its slice of every tensor, under PP its stage's layers."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        path = input_file(path, "checkpoint")
         size = path.stat().st_size
         if size < 1024:
             raise DataFormatError(f"{path}: {size} bytes is shorter than the llm.c header")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
 from ..ops.index import index_select
 from .base import Blocks, CausalLM, causal_attention
-from ..io import DataFormatError, atomic_write
+from ..io import DataFormatError, atomic_write, input_file
 
 LLMC_LLAMA3_MAGIC = 20240803
 LLMC_LLAMA3_VERSION = 3  # float32
@@ -274,9 +273,7 @@ class LLaMA3(CausalLM):
 
     @classmethod
     def from_llmc(cls, path, tp: TensorParallel | None = None, pp=None, cp=None) -> "LLaMA3":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        path = input_file(path, "checkpoint")
         size = path.stat().st_size
         if size < 1024:
             raise DataFormatError(f"{path}: {size} bytes is shorter than the llm.c header")

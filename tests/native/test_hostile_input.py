@@ -2,6 +2,7 @@
 examples' flags, checkpoint folders (every meta.json field mutated), llm.c headers that
 describe huge models, unwritable --save locations and saves that fail half-way."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,54 @@ def test_unwritable_outputs_of_the_new_flags_are_refused_before_training(tmp_pat
     out = _example(tmp_path, "--num_iteration", "2", *map(fill, flags))
     assert out.returncode != 0 and fill(message) in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert "train loss" not in out.stdout
+
+
+def _bad_files(tmp_path) -> dict:
+    """Files a flag may name that are not what it needs."""
+    (tmp_path / "short.bin").write_bytes(b"garbage")
+    (tmp_path / "folder").mkdir()
+    fifo = tmp_path / "fifo.bin"
+    os.mkfifo(fifo)
+    return {"short": tmp_path / "short.bin", "folder": tmp_path / "folder", "fifo": fifo,
+            "missing": tmp_path / "missing.bin"}
+
+
+BAD_INPUTS = [("--input_bin", "short", "shorter than the 1024-byte llm.c header"),
+              ("--input_bin", "folder", "is a directory, not a file"),
+              ("--input_bin", "fifo", "is not a regular file (a FIFO"),
+              ("--input_bin", "missing", "does not exist"),
+              ("--input_val_bin", "short", "shorter than"),
+              ("--tokenizer_bin", "short", "shorter than the llm.c header"),
+              ("--tokenizer_bin", "folder", "is a directory"),
+              ("--llmc_filepath", "missing", "checkpoint {path} does not exist"),
+              ("--llmc_filepath", "short", "shorter than the llm.c header")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag,kind,message", BAD_INPUTS)
+def test_a_bad_input_file_is_one_line_naming_the_flag(tmp_path, flag, kind, message):
+    path = _bad_files(tmp_path)[kind]
+    out = _example(tmp_path, "--num_iteration", "1", flag, str(path))
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{flag}: ") and message.format(path=path) in lines[0], out.stderr
+
+
+@pytest.mark.slow
+def test_a_bad_mnist_file_is_one_line_naming_the_flag(tmp_path):
+    path = _bad_files(tmp_path)["folder"]
+    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.mnist", "--data", str(path)],
+                         capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode != 0 and out.stderr.strip() == f"--data: MNIST file {path} is a directory, not a file"
+
+
+@pytest.mark.mpi
+def test_a_bad_input_file_is_reported_once_on_several_ranks(tmp_path):
+    from helpers import mpirun
+    out = mpirun(2, ["-m", "infinitrain.examples.gpt2", "--model", "tiny", "--input_bin",
+                     _bad_files(tmp_path)["short"]], check=False)
+    assert out.returncode != 0 and (out.stdout + out.stderr).count("shorter than the 1024-byte") == 1, out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.slow
