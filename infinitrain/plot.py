@@ -37,14 +37,22 @@ def parse_log(text: str) -> dict:
     return {"train": train, "val": val}
 
 
-def plot_losses(runs: dict, path, title: str = "loss") -> None:
-    """runs: {label: {"train": [(step, loss)], "val": [(step, loss)]}} -> a PNG at path."""
+def pyplot():
+    """matplotlib's pyplot (drawing to files), or an error that says how to install it: the
+    examples call this before training, so that --plot fails at once, not after the run."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise RuntimeError("plotting needs matplotlib: pip install 'infinitrain[plot]'") from None
+    return plt
+
+
+def plot_losses(runs: dict, path, title: str = "loss") -> None:
+    """runs: {label: {"train": [(step, loss)], "val": [(step, loss)]}} -> an image at exactly
+    path (PNG unless its suffix names another format matplotlib writes: .svg, .pdf)."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     for label, curves in runs.items():
         if curves["train"]:
@@ -63,7 +71,8 @@ def plot_losses(runs: dict, path, title: str = "loss") -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    suffix = Path(path).suffix.lower().lstrip(".")
+    fig.savefig(path, format=suffix if suffix in ("png", "svg", "pdf") else "png")  # no ".png" added
     plt.close(fig)
 
 

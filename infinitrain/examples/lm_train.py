@@ -14,7 +14,7 @@ from pathlib import Path
 
 import infinitrain as it
 from infinitrain import profiler
-from infinitrain.plot import plot_losses
+from infinitrain.plot import plot_losses, pyplot
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
@@ -276,6 +276,11 @@ class TrainingLoop:
         for flag, path in (("--profile", args.profile), ("--plot", args.plot)):
             if path:
                 check_writable_file(flag, path)
+        if args.plot:
+            try:
+                pyplot()
+            except RuntimeError as e:
+                sys.exit(f"--plot: {e}")
 
     def precision_checker(self):
         if not self.args.precision_check:
@@ -435,6 +440,8 @@ def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
 def check_writable_file(flag: str, path) -> None:
     """Exits with a message unless a file can be written at path (its folder must exist)."""
     import os
+    if os.path.isdir(path):
+        sys.exit(f"{flag} {path} is a folder; give a file name (such as {os.path.join(path, 'trace.json' if flag == '--profile' else 'loss.png')})")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         sys.exit(f"{flag} {path}: the folder {folder} does not exist or is not writable")

@@ -82,10 +82,13 @@ def test_an_unwritable_save_location_is_refused_before_training(tmp_path):
     (["--plot", "{missing}/loss.png"], "--plot {missing}/loss.png: the folder"),
     (["--precision_check", "level=1,output_path={file}/pc"], "--precision_check: cannot write to its output_path"),
     (["--lora_rank", "2", "--lora_save_path", "{file}/ad"], "--lora_save_path: cannot write"),
+    (["--profile", "{folder}"], "--profile {folder} is a folder; give a file name"),
+    (["--plot", "{folder}"], "--plot {folder} is a folder; give a file name"),
 ])
 def test_unwritable_outputs_of_the_new_flags_are_refused_before_training(tmp_path, flags, message):
     (tmp_path / "file").write_text("not a folder")
-    fill = lambda t: t.format(missing=tmp_path / "missing", file=tmp_path / "file")  # noqa: E731
+    (tmp_path / "folder").mkdir()
+    fill = lambda t: t.format(missing=tmp_path / "missing", file=tmp_path / "file", folder=tmp_path / "folder")  # noqa: E731
     out = _example(tmp_path, "--num_iteration", "2", *map(fill, flags))
     assert out.returncode != 0 and fill(message) in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert "train loss" not in out.stdout
@@ -137,6 +140,23 @@ def test_a_bad_input_file_is_reported_once_on_several_ranks(tmp_path):
                      _bad_files(tmp_path)["short"]], check=False)
     assert out.returncode != 0 and (out.stdout + out.stderr).count("shorter than the 1024-byte") == 1, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_plot_without_matplotlib_is_refused_before_training_and_writes_exactly_its_path(tmp_path):
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 200), 10))
+    flags = ["--input_bin", str(tmp_path / "t.bin"), "--model", "tiny", "--batch_size", "2",
+             "--sequence_length", "16", "--num_iteration", "2", "--plot", str(tmp_path / "curves")]
+    code = ("import sys; sys.modules['matplotlib'] = None  # as if it were not installed\n"
+            "from infinitrain.examples.gpt2 import main; sys.exit(main(sys.argv[1:]))")
+    out = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode != 0 and "--plot: plotting needs matplotlib" in out.stderr, out.stderr
+    assert "train loss" not in out.stdout
+    pytest.importorskip("matplotlib")
+    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", *flags], capture_output=True,
+                         text=True, timeout=120, env=ENV)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "curves").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "curves.png").exists()
 
 
 @pytest.mark.slow
