@@ -376,7 +376,12 @@ class TrainingLoop:
             it.cuda.synchronize(device)  # the step's kernels are queued, not done
         ms = (time.perf_counter() - t0) * 1e3
         peak_mb = it.memory_stats(device)["peak_allocated_bytes"] // 2**20
-        utilisation = self.step_flops / (ms / 1e3) / (self.peak * env.world.size)
+        achieved = self.step_flops / (ms / 1e3) / env.world.size  # FLOP/s per rank
+        if achieved > self.peak:  # the peak was measured on a busy machine, or given too low
+            self.log(f"note: step {step} ran at {achieved / 1e9:.1f} GFLOP/s per rank, above the "
+                     f"{self.peak / 1e9:.1f} the MFU is measured against; that is the peak from now on", flush=True)
+            self.peak = achieved
+        utilisation = achieved / self.peak
         self.curves["train"].append((step, loss))
         self.log(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
                  f"({ms:.2f} ms | {args.total_batch_size / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
