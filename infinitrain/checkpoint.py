@@ -235,6 +235,9 @@ class _Snapshot:
                 json.dumps({"dtypes": self.dtypes, "scalars": self.scalars}, default=_json_default))
         except (OSError, SafetensorError) as e:  # a full or read-only disk: nothing half-written left
             raise self._failed(e) from None
+        except KeyboardInterrupt:  # Ctrl-C while writing: nothing half-written left either
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
 
     def commit(self) -> Path:
         """After every writer's files are on disk: meta.json, the rename, `latest`."""
@@ -343,6 +346,9 @@ def resolve(path) -> Path:
         return path
     if (path / "latest").is_file():
         name = (path / "latest").read_text().strip()
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or name.startswith(".."):
+            raise CheckpointError(f"{path}/latest names {name[:80]!r}, which is not a checkpoint folder "
+                                  f"inside {path} (a name such as step_000010)")
         if not (path / name / "meta.json").is_file():
             raise CheckpointError(f"{path}/latest names {name}, which is missing or incomplete")
         return path / name

@@ -18,7 +18,7 @@ from infinitrain.plot import plot_losses, pyplot
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
-                                    read_lora_config, save_checkpoint, save_checkpoint_async, save_lora)
+                                    read_lora_config, resolve, save_checkpoint, save_checkpoint_async, save_lora)
 from infinitrain.data import DataFormatError, Tokenizer, TokenLoader, read_shard
 from infinitrain.examples.flags import check_input_files
 from infinitrain.io import input_file
@@ -48,7 +48,14 @@ def train(args, build_model) -> int:
                         pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     log_setup(args, env, model, accum, schedule, layout, log)
     loop = TrainingLoop(args, env, model, trainer, accum, layout, log)
-    loop.run()
+    try:
+        loop.run()
+    except KeyboardInterrupt:  # Ctrl-C (SIGINT reaches every rank): one line, from rank 0
+        if env.is_main:
+            saved = f"; the last complete checkpoint is {resolve(args.save)}" if args.save and \
+                (Path(args.save) / "latest").is_file() else ""
+            print(f"interrupted at step {loop.current_step}{saved}", file=sys.stderr, flush=True)
+        return 130
     loop.finish()
     return 0
 
@@ -235,6 +242,7 @@ class TrainingLoop:
         self.lr_schedule = WarmupConstantLR(self.optimizer, args.warmup_iters, args.num_iteration) \
             if args.warmup_iters else ConstantLR(self.optimizer)
         self.first = self.resume() + 1
+        self.current_step = self.first
         self.check_outputs()
         self.pending_save = None  # an --async_save in flight
         self.prof = profiler.profile()
@@ -339,6 +347,7 @@ class TrainingLoop:
     def run(self) -> None:
         args = self.args
         for step in range(self.first, args.num_iteration + 1):
+            self.current_step = step
             if self.val_data is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
                 self.evaluate(step - 1)
             if self.tokenizer is not None and args.sample_every and step % args.sample_every == 0:

@@ -2,21 +2,34 @@
 Adam's L2-style weight decay is folded into the gradient first, as torch.optim.Adam does."""
 from __future__ import annotations
 
+import math
+
 from ..autograd import no_grad
 from ..creation import zeros
 from ..kernels import optim as kopt
 from .optimizer import Optimizer
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 class AdamW(Optimizer):
+    state_spec = {"step": "int", "exp_avg": "tensor", "exp_avg_sq": "tensor"}
+
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"{type(self).__name__}: lr ({lr}), eps ({eps}) and weight_decay "
-                             f"({weight_decay}) must be >= 0")
-        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
+        self.check_hyperparameters(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @classmethod
+    def check_hyperparameters(cls, group: dict) -> None:
+        lr, betas, eps, wd = (group.get(k) for k in ("lr", "betas", "eps", "weight_decay"))
+        if not all(_number(v) and v >= 0 for v in (lr, eps, wd)):
+            raise ValueError(f"{cls.__name__}: lr ({lr!r}), eps ({eps!r}) and weight_decay ({wd!r}) must be "
+                             "finite numbers >= 0")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"{cls.__name__}: betas must be two numbers in [0, 1), got {betas!r}")
 
     def _grad(self, p, group):
         return p.grad

@@ -8,6 +8,10 @@ from ..tensor import Tensor
 
 
 class Optimizer:
+    # The state a parameter carries once it has been stepped: name -> "tensor" or "int".
+    # load_state_dict holds loaded state to it (a moment missing, a step that is a string).
+    state_spec: dict = {}
+
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
         params = list(params)
@@ -60,8 +64,36 @@ class Optimizer:
                                               for k, v in self.state[p].items()}
         return {"state": state, "param_groups": groups}
 
+    @classmethod
+    def check_hyperparameters(cls, group: dict) -> None:
+        """Raises ValueError for a hyperparameter that makes no sense (subclasses check their
+        values; loaded state goes through here as the constructor's arguments do)."""
+
+    @classmethod
+    def check_state(cls, index, state: dict) -> None:
+        """Raises ValueError unless a parameter's loaded state is empty (never stepped) or holds
+        exactly state_spec's entries, of their kinds."""
+        if not state or not cls.state_spec:
+            return
+        missing = [k for k in cls.state_spec if k not in state]
+        unknown = [k for k in state if k not in cls.state_spec]
+        if missing or unknown:
+            raise ValueError(f"the state of parameter {index} " + "; ".join(
+                part for part in (f"lacks {', '.join(missing)}" if missing else "",
+                                  f"has unknown entries {', '.join(unknown)}" if unknown else "") if part)
+                + f" ({cls.__name__} keeps {', '.join(cls.state_spec)})")
+        for k, kind in cls.state_spec.items():
+            v = state[k]
+            ok = (isinstance(v, (Tensor, np.ndarray)) if kind == "tensor" else
+                  isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0)
+            if not ok:
+                raise ValueError(f"the state of parameter {index}: {k} is {type(v).__name__} {str(v)[:40]!r}, "
+                                 f"not {'a tensor' if kind == 'tensor' else 'a count >= 0'}")
+
     def load_state_dict(self, state_dict: dict) -> None:
         groups = state_dict["param_groups"]
+        for saved in groups:
+            self.check_hyperparameters({k: v for k, v in saved.items() if k != "params"})
         if len(groups) != len(self.param_groups):
             raise ValueError(f"optimizer state has {len(groups)} parameter groups, this optimizer "
                              f"has {len(self.param_groups)}")
@@ -74,6 +106,7 @@ class Optimizer:
         self.state = {}
         for i, st in state_dict["state"].items():
             p = params[int(i)]
+            self.check_state(i, st)
             new = {}
             for k, v in st.items():
                 if isinstance(v, (Tensor, np.ndarray)):

@@ -1,6 +1,8 @@
 """Stochastic gradient descent with momentum, as torch.optim.SGD (one fused native update)."""
 from __future__ import annotations
 
+import math
+
 from ..autograd import no_grad
 from ..creation import zeros
 from ..kernels import optim as kopt
@@ -8,15 +10,28 @@ from .optimizer import Optimizer
 
 
 class SGD(Optimizer):
+    state_spec = {"momentum_buffer": "tensor"}  # (none at all without momentum)
+
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
-        if lr < 0 or momentum < 0 or weight_decay < 0:
-            raise ValueError(f"SGD: lr ({lr}), momentum ({momentum}) and weight_decay "
-                             f"({weight_decay}) must be >= 0")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("SGD: Nesterov momentum needs momentum > 0 and zero dampening")
+        self.check_hyperparameters(dict(lr=lr, momentum=momentum, dampening=dampening,
+                                        weight_decay=weight_decay, nesterov=nesterov))
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov))
+
+    @classmethod
+    def check_hyperparameters(cls, group: dict) -> None:
+        lr, momentum, dampening, wd, nesterov = (group.get(k) for k in
+                                                 ("lr", "momentum", "dampening", "weight_decay", "nesterov"))
+        numbers = (lr, momentum, dampening, wd)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                   for v in numbers):
+            raise ValueError(f"SGD: lr ({lr!r}), momentum ({momentum!r}), dampening ({dampening!r}) and "
+                             f"weight_decay ({wd!r}) must be finite numbers >= 0")
+        if not isinstance(nesterov, bool):
+            raise ValueError(f"SGD: nesterov must be True or False, got {nesterov!r}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: Nesterov momentum needs momentum > 0 and zero dampening")
 
     @no_grad()
     def step(self) -> None:

@@ -240,6 +240,92 @@ def test_every_mutated_meta_json_is_a_checkpoint_error(tmp_path):
             load_checkpoint(path, model, opt)
 
 
+def _stepped_checkpoint(tmp_path):
+    it.manual_seed(0)
+    model = gpt2("tiny")
+    opt = AdamW(model.parameters())
+    _, loss = model(it.tensor([[1, 2, 3]]), it.tensor([[2, 3, 4]]))
+    loss.backward()
+    opt.step()
+    return model, opt, save_checkpoint(tmp_path / "ck", 1, model, opt)
+
+
+def _edit_meta(path, edit) -> None:
+    """Changes meta.json and signs it again, as a tool that edits checkpoints would."""
+    meta = json.loads((path / "meta.json").read_text())
+    edit(meta)
+    meta["meta_sha256"] = checkpoint._meta_digest(meta)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_optimizer_state_that_cannot_train_is_refused_at_load(tmp_path):
+    """Signed but wrong: hyperparameters of the wrong type or range, a step that is a string,
+    a moment missing: a CheckpointError at load, not a crash at the first step."""
+    from safetensors.numpy import load_file, save_file
+    name = "transformer.wte.weight"
+    cases = [
+        (lambda m: m["optimizer"]["param_groups"][0].__setitem__("betas", "x"), "betas must be two numbers"),
+        (lambda m: m["optimizer"]["param_groups"][0].__setitem__("betas", [0.9, 1.5]), "betas must be two numbers"),
+        (lambda m: m["optimizer"]["param_groups"][0].__setitem__("lr", "1e-3"), "must be finite numbers"),
+        (lambda m: m["optimizer"]["param_groups"][0].__setitem__("eps", float("nan")), "must be finite numbers"),
+        (lambda m: m["optimizer"]["scalars"][name].__setitem__("step", "1"), "step is str '1', not a count"),
+        (lambda m: m["optimizer"]["scalars"][name].__setitem__("step", -3), "not a count >= 0"),
+        (lambda m: m["optimizer"]["scalars"][name].__setitem__("lr_boost", 2), "has unknown entries lr_boost"),
+    ]
+    for edit, message in cases:
+        model, opt, path = _stepped_checkpoint(tmp_path)
+        _edit_meta(path, edit)
+        with pytest.raises(CheckpointError, match=message):
+            load_checkpoint(path, model, opt)
+    model, opt, path = _stepped_checkpoint(tmp_path)  # a moment tensor missing from the file
+    tensors = load_file(str(path / "optimizer.safetensors"))
+    del tensors[f"{name}/exp_avg_sq"]
+    save_file(tensors, str(path / "optimizer.safetensors"))
+    _edit_meta(path, lambda m: m["sha256"].__setitem__("optimizer.safetensors",
+                                                      checkpoint.sha256_file(path / "optimizer.safetensors")))
+    with pytest.raises(CheckpointError, match="lacks exp_avg_sq"):
+        load_checkpoint(path, model, opt)
+
+
+def test_latest_cannot_point_outside_its_folder(tmp_path):
+    model, opt, path = _stepped_checkpoint(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "meta.json").write_text("{}")
+    for name in ("../elsewhere", "/etc", ".."):
+        (tmp_path / "ck" / "latest").write_text(name + "\n")
+        with pytest.raises(CheckpointError, match="not a checkpoint folder inside"):
+            load_checkpoint(tmp_path / "ck", model, opt)
+
+
+def test_ctrl_c_during_a_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    model, opt, _ = _stepped_checkpoint(tmp_path)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(checkpoint, "_write_safetensors", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path / "ck", 2, model, opt)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step_000001"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_is_one_line_naming_the_last_checkpoint(tmp_path):
+    import signal
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 200), 10))
+    proc = subprocess.Popen([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
+                             "--model", "tiny", "--batch_size", "2", "--sequence_length", "16", "--num_iteration",
+                             "100000", "--save", str(tmp_path / "ck"), "--save_interval", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    for line in proc.stdout:
+        if line.startswith("saved"):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().startswith("interrupted at step") and "the last complete checkpoint is" in err, err
+    assert not list((tmp_path / "ck").glob(".*tmp*"))
+
+
 # ---- llm.c headers ----------------------------------------------------------------------------
 
 def _header(magic, version, ints, floats=()):

@@ -119,6 +119,7 @@ class ZeroOptimizer:
         self._inner_of = [gi for gi, g in enumerate(inner_groups) if g["params"]]
         inner_groups = [g for g in inner_groups if g["params"]]
         self.optimizer = optimizer_class(inner_groups, **defaults) if inner_groups else None
+        self.optimizer_class = optimizer_class
         self.state_type = optimizer_class.__name__  # state_dict() is that optimizer's, whole
         # param_groups show the optimizer's settings (lr, ...), also for a group with no
         # element on this rank, so that a scheduler works on every rank alike
@@ -302,6 +303,10 @@ class ZeroOptimizer:
         none): each rank keeps its shard of every tensor."""
         params = self._original_params()
         groups = state_dict["param_groups"]
+        for saved in groups:
+            self.optimizer_class.check_hyperparameters({k: v for k, v in saved.items() if k != "params"})
+        for i, st in state_dict["state"].items():
+            self.optimizer_class.check_state(i, st)
         if len(groups) != len(self.param_groups):
             raise ValueError(f"optimizer state has {len(groups)} parameter groups, this optimizer "
                              f"has {len(self.param_groups)}")
