@@ -149,7 +149,15 @@ it_status it_storage_wrap(it_device device, void *data, size_t nbytes, it_storag
     IT_CHECK_PTR(out, "it_storage_wrap");
     *out = NULL;
     IT_CHECK_DEVICE(device, "it_storage_wrap");
+    IT_CHECK_BYTES(nbytes, "it_storage_wrap");
     IT_CHECK_ARG(data != NULL || nbytes == 0, "it_storage_wrap: data is NULL");
+    if (device.type == IT_CUDA) {  /* memory of a device this process can reach */
+        int32_t count = 0;
+        IT_TRY(it_device_count(IT_CUDA, &count));
+        IT_REQUIRE(device.index < count, IT_ERR_INVALID_ARGUMENT,
+                   "it_storage_wrap: cuda:%d is not a device here (%d CUDA device(s))", (int)device.index,
+                   (int)count);
+    }
     it_storage *s = (it_storage *)malloc(sizeof *s);
     IT_REQUIRE(s, IT_ERR_OUT_OF_MEMORY, "it_storage_wrap: out of host memory");
     *s = (it_storage){.data = data, .nbytes = nbytes, .capacity = nbytes, .device = device,
@@ -234,6 +242,7 @@ it_status it_memcpy(it_device dst_device, void *dst, it_device src_device, const
                     size_t nbytes) {
     IT_CHECK_DEVICE(dst_device, "it_memcpy");
     IT_CHECK_DEVICE(src_device, "it_memcpy");
+    IT_CHECK_BYTES(nbytes, "it_memcpy");
     if (nbytes == 0) return IT_OK;
     IT_CHECK_PTR(dst, "it_memcpy");
     IT_CHECK_PTR(src, "it_memcpy");

@@ -14,6 +14,13 @@ BUF = ffi.new("float[4096]")
 I64 = ffi.new("int64_t[64]", [1] * 64)
 HOSTILE = [-1, -2**63, 2**59, 2**62, 2**63 - 1]
 FINE = [1, 2, 3]
+NAN = float("nan")
+
+
+def _cuda_devices() -> int:
+    count = ffi.new("int32_t *")
+    lib.it_device_count(lib.IT_CUDA, count)
+    return count[0]
 
 
 def draw(rng, n_sizes):
@@ -51,6 +58,17 @@ def calls(rng):
     yield "unary", lambda s: lib.it_unary(CPU, lib.IT_EXP, f32, b, b, *s), 1
     yield "scalar", lambda s: lib.it_scalar(CPU, lib.IT_ADD, f32, b, b, 1.0, *s), 1
     yield "random", lambda s: lib.it_random_normal(CPU, f32, b, s[0], 0.0, 1.0, 1, 0), 1
+    # the entry points that once took a huge size and wrote past their buffers
+    yield "fill", lambda s: lib.it_fill(CPU, f32, b, 1.0, s[0]), 1
+    yield "arange", lambda s: lib.it_arange(CPU, f32, b, 0.0, 1.0, s[0]), 1
+    yield "cast", lambda s: lib.it_cast(CPU, b, lib.IT_BFLOAT16, b, f32, s[0]), 1
+    yield "swiglu", lambda s: lib.it_swiglu_forward(CPU, f32, b, b, b, s[0]), 1
+    yield "swiglu_backward", lambda s: lib.it_swiglu_backward(CPU, f32, b, b, b, b, b, s[0]), 1
+    yield "unary_backward", lambda s: lib.it_unary_backward(CPU, lib.IT_EXP, f32, b, b, b, s[0]), 1
+    yield "topk", lambda s: lib.it_topk(CPU, f32, b, I64, b, s[0], s[1], 1, 1), 2
+    yield "cumsum", lambda s: lib.it_cumsum(CPU, f32, b, b, *s), 3
+    # bytes, 8 per element: a negative size as size_t sees it, a huge one saturated
+    yield "memcpy", lambda s: lib.it_memcpy(CPU, b, CPU, b + 8, s[0] % 2**64 if s[0] < 0 else min(s[0] * 8, 2**64 - 1)), 1
 
     def strided(s):
         shape = ffi.new("int64_t[]", s)
@@ -85,8 +103,25 @@ def main(cases: int) -> None:
         lambda: lib.it_set_num_threads(0),
         lambda: lib.it_unary(CPU, lib.IT_EXP, 99, BUF, BUF, 4),
         lambda: lib.it_reduce(CPU, 77, lib.IT_FLOAT32, BUF, BUF, 1, 4, 1),
+        # aliasing the header forbids, flags that are not 0/1, scalars that are not finite
+        lambda: lib.it_matmul(CPU, lib.IT_FLOAT32, BUF, BUF, BUF + 64, 1, 4, 4, 4, 0, 0, 1.0, 0.0, 0, 0, 0),
+        lambda: lib.it_matmul(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, 1, 4, 4, 4, 7, 0, 1.0, 0.0, 0, 0, 0),
+        lambda: lib.it_matmul(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, 1, 4, 4, 4, 0, 0, NAN, 0.0, 0, 0, 0),
+        lambda: lib.it_layernorm_backward(CPU, lib.IT_FLOAT32, BUF, ffi.NULL, ffi.NULL, BUF, BUF + 64, ffi.NULL,
+                                          BUF + 128, BUF + 132, 2, 4),
+        lambda: lib.it_arange(CPU, lib.IT_FLOAT32, BUF, 0.0, NAN, 4),
+        lambda: lib.it_arange(CPU, lib.IT_FLOAT32, BUF, float("inf"), 1.0, 4),
+        lambda: lib.it_adamw_step(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, BUF + 192, 4, 1e-3, 0.9, 0.99,
+                                  NAN, 0.0, 1),
+        lambda: lib.it_sgd_step(CPU, lib.IT_FLOAT32, BUF, BUF + 64, ffi.NULL, 4, NAN, 0.0, 0.0, 0.0, 0, 1),
+        lambda: lib.it_sgd_step(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, 4, 0.1, 0.9, 0.0, 0.0, 3, 1),
+        lambda: lib.it_memcpy(CPU, BUF, CPU, BUF + 64, (-16) % 2**64),  # a negative size, as size_t
+        lambda: lib.it_storage_wrap(CPU, BUF, 2**64 - 1, ffi.new("it_storage **")),
     ] + [(lambda d=d: lib.it_unary(d, lib.IT_EXP, lib.IT_FLOAT32, BUF, BUF, 4)) for d in BAD_DEVICES] \
-      + [(lambda d=d: lib.it_storage_new(d, 64, ffi.new("it_storage **"))) for d in BAD_DEVICES]
+      + [(lambda d=d: lib.it_storage_new(d, 64, ffi.new("it_storage **"))) for d in BAD_DEVICES] \
+      + [(lambda d=d: lib.it_storage_wrap(d, BUF, 64, ffi.new("it_storage **")))  # cuda:7 where there is none
+         for d in BAD_DEVICES + [ffi.new("it_device *", [lib.IT_CUDA, 7])[0]]
+         if not (d.type == lib.IT_CUDA and d.index < _cuda_devices())]
     for i, fn in enumerate(nulls):
         status = fn()
         assert status != lib.IT_OK and ffi.string(lib.it_last_error()), f"case {i} returned {status}"

@@ -76,6 +76,8 @@ it_status it_arange(it_device device, it_dtype dtype, void *out, double start, d
     IT_CHECK_DEVICE(device, "it_arange");
     IT_TRY(check_dtype(dtype, "it_arange"));
     IT_CHECK_SIZE(n, "it_arange");
+    IT_CHECK_FINITE(start, "it_arange");
+    IT_CHECK_FINITE(step, "it_arange");
     if (n == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_arange");
     IT_DISPATCH(arange, device, dtype, out, start, step, n);

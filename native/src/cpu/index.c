@@ -246,8 +246,7 @@ it_status it_cumsum(it_device device, it_dtype dtype, void *out, const void *inp
     IT_CHECK_SIZE(outer, "it_cumsum");
     IT_CHECK_SIZE(n, "it_cumsum");
     IT_CHECK_SIZE(inner, "it_cumsum");
-    IT_CHECK_ARG(outer == 0 || n == 0 || inner <= INT64_MAX / outer / n,
-                 "it_cumsum: sizes overflow int64");
+    IT_CHECK_PRODUCT("it_cumsum", outer, n, inner);
     if (outer * n * inner == 0) return IT_OK;
     IT_CHECK_PTR(out, "it_cumsum");
     IT_CHECK_PTR(inp, "it_cumsum");
@@ -298,7 +297,8 @@ it_status it_topk(it_device device, it_dtype dtype, void *values, int64_t *indic
     IT_CHECK_SIZE(n, "it_topk");
     IT_CHECK_ARG(k >= 0 && k <= n, "it_topk: k = %lld is not in [0, %lld]", (long long)k,
                  (long long)n);
-    IT_CHECK_ARG(rows == 0 || n <= INT64_MAX / rows, "it_topk: sizes overflow int64");
+    IT_CHECK_PRODUCT("it_topk", rows, n);
+    IT_CHECK_FLAG(largest, "it_topk");
     if (rows * k == 0) return IT_OK;
     IT_CHECK_PTR(values, "it_topk");
     IT_CHECK_PTR(indices, "it_topk");

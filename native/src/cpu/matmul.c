@@ -88,11 +88,17 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
     IT_CHECK_SIZE(k, "it_matmul");
     IT_CHECK_ARG(m < INT32_MAX && n < INT32_MAX && k < INT32_MAX,
                  "it_matmul: a dimension does not fit BLAS's 32-bit integers");
+    IT_CHECK_FLAG(trans_a, "it_matmul");
+    IT_CHECK_FLAG(trans_b, "it_matmul");
+    IT_CHECK_FINITE(alpha, "it_matmul");
+    IT_CHECK_FINITE(beta, "it_matmul");
     IT_CHECK_PRODUCT("it_matmul", 4, batch, m, n);  /* before any product is used */
     IT_CHECK_PRODUCT("it_matmul", 4, batch, m, k);
     IT_CHECK_PRODUCT("it_matmul", 4, batch, k, n);
     if (batch * m * n == 0) return IT_OK;
     IT_CHECK_ARG(c != NULL && ((a && b) || k == 0), "it_matmul: NULL pointer");
+    IT_CHECK_NO_ALIAS(c, a, "it_matmul");  /* C is written while A and B are still read */
+    IT_CHECK_NO_ALIAS(c, b, "it_matmul");
     IT_CHECK_ARG(stride_c >= m * n || batch == 1,
                  "it_matmul: output problems overlap (stride_c %lld < m*n %lld)",
                  (long long)stride_c, (long long)(m * n));

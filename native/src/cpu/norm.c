@@ -197,6 +197,8 @@ it_status it_layernorm_backward(it_device device, it_dtype dtype, void *dinp, vo
                                 int64_t rows, int64_t cols) {
     CHECK_ROWS("it_layernorm_backward");
     IT_CHECK_ARG(dout && inp && mean && rstd, "it_layernorm_backward: NULL pointer");
+    IT_CHECK_NO_ALIAS(dinp, dout, "it_layernorm_backward");
+    IT_CHECK_NO_ALIAS(dinp, inp, "it_layernorm_backward");
     IT_CHECK_ARG(dweight || !dbias, "it_layernorm_backward: dbias needs dweight (the forward "
                  "pass had a bias without a weight)");
     IT_DISPATCH(layernorm_backward, device, dtype, dinp, dweight, dbias, dout, inp, weight, mean,

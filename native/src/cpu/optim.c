@@ -27,6 +27,9 @@ it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const voi
                  (long long)step);
     IT_CHECK_ARG(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
                  "it_adamw_step: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
+    IT_CHECK_FINITE(lr, "it_adamw_step");
+    IT_CHECK_FINITE(eps, "it_adamw_step");
+    IT_CHECK_FINITE(weight_decay, "it_adamw_step");
     if (n == 0) return IT_OK;
     IT_CHECK_ARG(param && grad && m && v, "it_adamw_step: NULL pointer");
     IT_DISPATCH(adamw_step, device, dtype, param, grad, m, v, n, lr, beta1, beta2, eps,
@@ -72,6 +75,12 @@ it_status it_sgd_step(it_device device, it_dtype dtype, void *param, const void 
     IT_CHECK_DEVICE(device, "it_sgd_step");
     IT_CHECK_FLOAT(dtype, "it_sgd_step");
     IT_CHECK_SIZE(n, "it_sgd_step");
+    IT_CHECK_FINITE(lr, "it_sgd_step");
+    IT_CHECK_FINITE(momentum, "it_sgd_step");
+    IT_CHECK_FINITE(dampening, "it_sgd_step");
+    IT_CHECK_FINITE(weight_decay, "it_sgd_step");
+    IT_CHECK_FLAG(nesterov, "it_sgd_step");
+    IT_CHECK_FLAG(first_step, "it_sgd_step");
     IT_CHECK_ARG(momentum == 0.0f || momentum_buf != NULL,
                  "it_sgd_step: momentum %g needs a momentum buffer", momentum);
     IT_CHECK_ARG(!nesterov || (momentum > 0 && dampening == 0),
