@@ -64,16 +64,21 @@ def setup_layout(args):
     """Checks the layout flags, starts MPI and the process groups: (env, TensorParallel or None,
     PipelineStage or None, the pipeline schedule, the layout as the log line shows it)."""
     schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
+    if args.virtual_pipeline_parallel > 1 and args.pipeline_parallel < 2:
+        sys.exit(f"--virtual_pipeline_parallel {args.virtual_pipeline_parallel} splits each pipeline stage into "
+                 "chunks: it needs --pipeline_parallel 2 or more")
     if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
         sys.exit("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
     if schedule == "1f1b" and args.virtual_pipeline_parallel > 1:
         sys.exit("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
                  "> 1 use interleaved (the default) or gpipe")
-    pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
+    pipelined = args.pipeline_parallel > 1
     try:
-        it.device(args.device)  # a malformed name, before MPI starts
+        device = it.device(args.device)  # a malformed name, before MPI starts
     except (TypeError, ValueError) as e:
         sys.exit(f"--device {args.device}: {e}")
+    if device.type == "cpu" and device.index not in (None, 0):
+        sys.exit(f"--device {args.device}: there is one CPU device, cpu (each rank uses its share of its node's cores)")
     try:
         env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device,
                             context_parallel=args.context_parallel, collective_timeout=args.collective_timeout,
@@ -88,6 +93,9 @@ def setup_layout(args):
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
+    if args.zero_stage and env.layout.dp * env.layout.cp == 1 and env.is_main:
+        print(f"note: --zero_stage {args.zero_stage} has no effect with one data-parallel rank (there is nothing "
+              "to shard the optimizer state over); it trains as without ZeRO", flush=True)
     layout = env.layout.describe(sequence_parallel=tp is not None and tp.sequence_parallel)
     if args.virtual_pipeline_parallel > 1:
         layout += f", VPP={args.virtual_pipeline_parallel}"
@@ -154,6 +162,9 @@ def check_inputs(args, env) -> None:
 
 
 def check_memory(args, env, accum: int, log) -> None:
+    known = _config_of(args)  # a sequence the model cannot take is that, not a memory problem
+    if known is not None and args.sequence_length > known[0].block_size:
+        sys.exit(f"--sequence_length {args.sequence_length} exceeds the model's block size {known[0].block_size}")
     plan = memory_plan(args, env, accum)
     if plan is not None:
         need, have, text = plan
@@ -190,7 +201,7 @@ def build(args, env, tp, stage, cp, build_model, layout: str, log):
 def log_setup(args, env, model, accum: int, schedule: str, layout: str, log) -> None:
     cfg = model.config
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
-    pipelined = args.pipeline_parallel > 1 or args.virtual_pipeline_parallel > 1
+    pipelined = args.pipeline_parallel > 1
     split = model.tp is not None or pipelined
     log(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
         f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
@@ -348,10 +359,8 @@ class TrainingLoop:
         args = self.args
         for step in range(self.first, args.num_iteration + 1):
             self.current_step = step
-            if self.val_data is not None and args.val_loss_every and (step == 1 or step % args.val_loss_every == 0):
-                self.evaluate(step - 1)
-            if self.tokenizer is not None and args.sample_every and step % args.sample_every == 0:
-                sample(self.model, self.tokenizer, args, self.env, self.pipe, every_dp_rank=self.every_dp_rank)
+            if self.val_data is not None and args.val_loss_every and step == 1:
+                self.evaluate(0)  # before training
             if self.profiling.starts(step):
                 self.prof.__enter__()
             self.step(step)
@@ -362,6 +371,13 @@ class TrainingLoop:
                 self.save(step)
             else:
                 self.finish_save()
+            # after steps that are multiples of the intervals, as llm.c; the last step's are finish()'s
+            if step < args.num_iteration and self.val_data is not None and args.val_loss_every \
+                    and step % args.val_loss_every == 0:
+                self.evaluate(step)
+            if step < args.num_iteration and self.tokenizer is not None and args.sample_every \
+                    and step % args.sample_every == 0:
+                sample(self.model, self.tokenizer, args, self.env, self.pipe, every_dp_rank=self.every_dp_rank)
 
     def step(self, step: int) -> None:
         """One optimizer step through the trainer's step, and its log line."""

@@ -160,6 +160,25 @@ def test_plot_without_matplotlib_is_refused_before_training_and_writes_exactly_i
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flags,message", [
+    (["--virtual_pipeline_parallel", "2"], "--virtual_pipeline_parallel 2 splits each pipeline stage into chunks: "
+                                           "it needs --pipeline_parallel 2 or more"),
+    (["--sequence_length", "100000"], "--sequence_length 100000 exceeds the model's block size"),
+    (["--device", "cpu:1"], "--device cpu:1: there is one CPU device"),
+])
+def test_flags_that_cannot_work_together_say_so_not_something_else(tmp_path, flags, message):
+    out = _example(tmp_path, "--num_iteration", "1", *flags)
+    assert out.returncode != 0 and out.stderr.strip() == out.stderr.strip().splitlines()[-1], out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr and "GB" not in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_zero_on_one_rank_trains_with_a_note(tmp_path):
+    out = _example(tmp_path, "--num_iteration", "1", "--zero_stage", "2")
+    assert out.returncode == 0 and "note: --zero_stage 2 has no effect with one data-parallel rank" in out.stdout
+
+
+@pytest.mark.slow
 def test_resuming_past_the_last_step_is_refused(tmp_path):
     assert _example(tmp_path, "--num_iteration", "2", "--save", str(tmp_path / "ck")).returncode == 0
     out = _example(tmp_path, "--num_iteration", "2", "--load", str(tmp_path / "ck"))
