@@ -106,7 +106,8 @@ def _random(size, dtype, device, fill) -> Tensor:
 
 def from_numpy(arr: np.ndarray) -> Tensor:
     """A CPU tensor sharing arr's memory (writes show through both ways). A read-only array is
-    copied, since kernels would otherwise write into memory numpy promised not to change."""
+    copied, with a warning (PyTorch warns too): kernels would otherwise write into memory numpy
+    promised not to change, and writes to the tensor do not reach the array."""
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"from_numpy() expects a numpy.ndarray, got {type(arr).__name__}")
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "<" and np.little_endian is False):
@@ -114,6 +115,10 @@ def from_numpy(arr: np.ndarray) -> Tensor:
                         "arr.astype(arr.dtype.newbyteorder('='))")
     dtype = _dt.from_numpy_dtype(arr.dtype)
     if not arr.flags.writeable:
+        import warnings
+        warnings.warn("from_numpy(): the array is read-only, so the tensor holds a copy of it (writes to "
+                      "the tensor do not reach the array); pass arr.copy() to make that explicit", UserWarning,
+                      stacklevel=2)
         arr = arr.copy()
     item = arr.itemsize
     if any(s < 0 or s % item for s in arr.strides):

@@ -262,6 +262,15 @@ class TensorMethods:
     def __rtruediv__(self, other):
         return _ops.rdiv(self, other)
 
+    def __floordiv__(self, other):
+        return _idx.floor_divide(self, other)
+
+    def __rfloordiv__(self, other):
+        return _idx.rfloor_divide(self, other)
+
+    def floor_divide(self, other):
+        return _idx.floor_divide(self, other)
+
     def __pow__(self, other):
         return _ops.pow(self, other)
 

@@ -10,6 +10,7 @@ from ..kernels import reduce as kred
 from ..kernels import index as kidx
 from ..kernels.memory import copy_into
 from ..tensor import Tensor, _empty, _wrap_dim
+from . import math as _math
 from .math import _zeros, cast, promote, sum_to
 
 
@@ -160,3 +161,26 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
 def log_softmax(x: Tensor, dim: int) -> Tensor:
     from . import math as m
     return m.sub(x, logsumexp(x, dim, keepdim=True))
+
+
+def floor_divide(a, b):
+    """a // b rounded toward negative infinity, as Python's // and torch.floor_divide; in a's
+    (promoted) dtype, with no gradient (the result is piecewise constant). Integer division by
+    zero is an error, as in Python."""
+    a, b = _math._arith(a.detach() if isinstance(a, Tensor) else a, b.detach() if isinstance(b, Tensor) else b)
+    if not a.dtype.is_floating_point:
+        zero = compare(lib.IT_EQ, b, 0) if isinstance(b, Tensor) else None
+        if (b == 0) if zero is None else bool(zero.any().item()):
+            raise ZeroDivisionError("floor_divide: integer division by zero")
+        wide = _math.cast(a, _dt.float64), (_math.cast(b, _dt.float64) if isinstance(b, Tensor) else float(b))
+        return _math.cast(floor_divide(*wide), a.dtype)
+    q = _math.div(a, b)
+    whole = _math.cast(_math.cast(q, _dt.int64), q.dtype)  # rounded toward zero
+    floor = where(compare(lib.IT_GT, whole, q), whole - 1, whole)
+    # |q| >= 2^52 is a whole number already (and inf, nan stay as they are)
+    return where(compare(lib.IT_LT, q.abs(), 2.0 ** 52), floor, q)
+
+
+def rfloor_divide(a, s):
+    a, s = _math._arith(a, s)
+    return floor_divide(_as_tensor(s, a), a)

@@ -32,6 +32,9 @@ class Optimizer:
                                  "requires_grad=True")
             if not p.dtype.is_floating_point:
                 raise TypeError(f"{type(self).__name__}: cannot optimise a {p.dtype.name} tensor")
+            if not p.is_leaf:  # the result of an operation: a step would change a temporary
+                raise ValueError(f"{type(self).__name__}: can't optimize a non-leaf tensor (the result of an "
+                                 "operation); pass the parameters themselves")
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in seen for p in group["params"]):
             raise ValueError("a parameter appears in more than one parameter group")

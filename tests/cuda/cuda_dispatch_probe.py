@@ -30,8 +30,9 @@ def argument(decl: str, keep: list):
     if "*" in ctype and HOST_ARRAYS.search(name):  # host metadata: one dimension of 2
         keep.append(ffi.new("int64_t[1]", [1 if "strides" in name else 2]))
         return keep[-1]
-    if "*" in ctype:  # device memory: an address the host cannot read
-        return ffi.cast(ctype, 64)
+    if "*" in ctype:  # device memory: an address the host cannot read, one per buffer (no aliasing)
+        keep.append(None)
+        return ffi.cast(ctype, 64 * len(keep))
     if ctype in ("float", "double"):
         return FLOATS.get(name, 1.0)
     return INTS.get(name, 2)

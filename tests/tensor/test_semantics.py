@@ -222,3 +222,35 @@ def test_native_index_errors():
         it.arange(5).float()[it.tensor([5])]
     with pytest.raises(IndexError, match="out of range"):
         it.zeros(2, 3).gather(1, it.tensor([[0], [3]]))
+
+
+def test_floor_division_rounds_toward_negative_infinity_as_python_and_pytorch():
+    a = np.array([5, -7, 7.5, -0.5, 1e20, np.inf, -np.inf, np.nan, 0.0], np.float32)
+    b = np.array([2, 2, -2, 1, 3, 2, 2, 1, -3], np.float32)
+    got = (it.tensor(a) // it.tensor(b)).numpy()
+    finite = np.isfinite(a)
+    np.testing.assert_array_equal(got[finite], np.floor_divide(a[finite], b[finite]))
+    assert got[5] == np.inf and got[6] == -np.inf and np.isnan(got[7])  # PyTorch's, not numpy's NaN
+    np.testing.assert_array_equal((it.tensor(a[:5]) // 2).numpy(), np.floor_divide(a[:5], 2))
+    np.testing.assert_array_equal((10 // it.tensor([3.0, -3.0])).numpy(), [3.0, -4.0])
+    ints = it.tensor(np.array([7, -7, 9]))
+    assert (ints // 2).dtype is it.int64 and (ints // 2).tolist() == [3, -4, 4]
+    assert ints.floor_divide(it.tensor(np.array([2, 2, -4]))).tolist() == [3, -4, -3]
+    with pytest.raises(ZeroDivisionError):
+        ints // 0
+    assert not (it.tensor([3.0], requires_grad=True) // 2).requires_grad  # piecewise constant
+
+
+def test_from_numpy_of_a_read_only_array_warns_that_it_copies():
+    a = np.arange(3, dtype=np.float32)
+    a.flags.writeable = False
+    with pytest.warns(UserWarning, match="read-only, so the tensor holds a copy"):
+        t = it.from_numpy(a)
+    t.fill_(7.0)
+    assert a.tolist() == [0, 1, 2] and t.tolist() == [7, 7, 7]
+
+
+def test_an_optimizer_refuses_a_non_leaf_tensor():
+    w = it.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(ValueError, match="non-leaf"):
+        it.optim.AdamW([w * 2])
