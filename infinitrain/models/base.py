@@ -266,7 +266,13 @@ class CausalLM(Module):
             n = int(np.prod(shape))
             for p in params[name]:
                 if p is not None:
-                    full = creation.from_numpy(np.asarray(data[at:at + n]).astype(np.float32).reshape(shape))
+                    values = np.asarray(data[at:at + n]).astype(np.float32).reshape(shape)
+                    bad = values.size - int(np.isfinite(values).sum())
+                    if bad:  # loaded as they are (the file may be a diverged run's, kept to study)
+                        import warnings
+                        warnings.warn(f"{name}: {bad} of its {values.size} values are NaN or infinite; the "
+                                      "model will produce NaN", RuntimeWarning, stacklevel=3)
+                    full = creation.from_numpy(values)
                     p.copy_(p.tp_shard.take(full) if p.tp_shard is not None else full)
                 at += n
 

@@ -53,6 +53,11 @@ class LLaMA3Config:
         return (hidden + self.multiple_of - 1) // self.multiple_of * self.multiple_of
 
     def validate(self) -> None:
+        import math
+        for name in ("norm_eps", "rope_theta", "rope_scaling_factor"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}), "
                              f"and n_head of n_kv_head ({self.n_kv_head})")

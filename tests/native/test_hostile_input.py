@@ -369,6 +369,32 @@ def test_a_gpt2_header_cannot_eat_the_machine(tmp_path, fields):
     assert it.memory_stats()["allocated_bytes"] < 2**26  # nothing was built
 
 
+@pytest.mark.parametrize("field,value", [(10, float("nan")), (10, -1e-5), (10, float("inf")),
+                                         (11, float("inf")), (11, -10000.0), (16, float("inf"))],
+                         ids=["norm_eps-nan", "norm_eps-negative", "norm_eps-inf", "rope_theta-inf",
+                              "rope_theta-negative", "rope_scaling-inf"])
+def test_a_llama_header_with_a_nonsense_float_is_refused(tmp_path, field, value):
+    from infinitrain.models import LLaMA3Config
+    cfg = LLaMA3Config(block_size=64, vocab_size=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=16,
+                       ffn_dim_multiplier=None, multiple_of=16, rope_theta=10000.0)
+    LLaMA3(cfg, seed=0).save_llmc(tmp_path / "m.bin")
+    raw = bytearray((tmp_path / "m.bin").read_bytes())
+    raw[4 * field:4 * field + 4] = np.array([value], "<f4").tobytes()
+    (tmp_path / "m.bin").write_bytes(bytes(raw))
+    with pytest.raises(DataFormatError, match="must be a finite number > 0"):
+        LLaMA3.from_llmc(tmp_path / "m.bin")
+
+
+def test_nan_weights_in_a_loaded_file_are_named_in_a_warning(tmp_path):
+    model = gpt2("tiny")
+    model.save_llmc(tmp_path / "m.bin")
+    raw = bytearray((tmp_path / "m.bin").read_bytes())
+    raw[1024:1032] = np.array([np.nan, np.inf], "<f4").tobytes()  # the first tensor: wte
+    (tmp_path / "m.bin").write_bytes(bytes(raw))
+    with pytest.warns(RuntimeWarning, match="2 of its .* values are NaN or infinite"):
+        GPT2.from_llmc(tmp_path / "m.bin")
+
+
 def test_a_llama_header_with_a_huge_block_size_allocates_little(tmp_path):
     """block_size 2^26 in a file whose weights are tiny: the rotary tables are made for the
     positions in use, not for 2^26 of them."""
