@@ -70,12 +70,14 @@ def _cpus() -> int:
 
 def start(n: int, mpiexec: str | None = None, kind: str | None = None, one_node: bool = True) -> list:
     """The head of a command that starts n ranks (on this node unless one_node is False):
-    `mpiexec -n N`, plus what Open MPI needs to do what Hydra does unasked (more ranks than
-    this node's cores; running as root)."""
+    `mpiexec -n N`, plus what Open MPI needs to do what Hydra does unasked: whole lines (its
+    untagged output can split a rank's line where another rank's lands), more ranks than this
+    node's cores, running as root."""
     exe = find_mpiexec(mpiexec)
     kind = kind or launcher_kind(exe)
     cmd = [exe, "-n", str(n)]
     if kind == "openmpi":
+        cmd += ["--tag-output"]
         if one_node and n > _cpus():
             cmd += ["--oversubscribe"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root unless told
@@ -211,7 +213,7 @@ def command(a, env: dict | None = None, kind: str | None = None) -> list:
         for k, v in variables.items():
             cmd += ["-genv", k, v]
     elif kind == "openmpi":
-        cmd = start(world, exe, kind, one_node=not nodes) + ["--tag-output"]
+        cmd = start(world, exe, kind, one_node=not nodes)
         if a.hostfile:
             cmd += ["--hostfile", a.hostfile]
         if nodes:

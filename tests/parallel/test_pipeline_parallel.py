@@ -12,6 +12,8 @@ import re
 import numpy as np
 import pytest
 
+from infinitrain.plot import RANK0_PREFIX
+
 import infinitrain as it
 from infinitrain.models import GPT2Config, LLaMA3Config
 from infinitrain.models.gpt2 import GPT2
@@ -159,7 +161,7 @@ def test_the_three_schedules_agree_and_1f1b_holds_fewer_activations():
     out = {s: parallel_train(2, common + ["--schedule", s] + (["--vpp", "2"] if s == "interleaved" else []))
            for s in ("gpipe", "1f1b", "interleaved")}
     got = {s: losses(o)[0][::2] for s, o in out.items()}
-    peak = {s: int(re.search(r"^activation_peak (\d+)$", o, re.M).group(1)) for s, o in out.items()}
+    peak = {s: int(re.search(rf"^{RANK0_PREFIX}activation_peak (\d+)$", o, re.M).group(1)) for s, o in out.items()}
     print("losses", got, "\nstage-0 activation peak (bytes)", peak)
     for s in ("1f1b", "interleaved"):
         np.testing.assert_allclose(got[s], got["gpipe"], rtol=1e-6, atol=0)

@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from infinitrain.plot import RANK0_PREFIX
+
 from helpers import ENV, MPI_SCRIPTS, launch, assert_same, losses, mpirun, one_process, parallel_train, step_losses
 
 CHECKS = str(MPI_SCRIPTS / "zero3_checks.py")
@@ -84,8 +86,8 @@ def test_peak_memory_falls_with_the_stage():
     for stage in (0, 1, 2, 3):
         out = parallel_train(4, ["--vocab", "512", "--embd", "64", "--layers", "12", "--seq", "8", "--batch", "8",
                       "--steps", "3", "--micro", "2", "--zero", str(stage)])
-        P = int(re.search(r"^parameters (\d+)$", out, re.M).group(1))
-        peaks[stage] = int(re.search(r"^peak_bytes (\d+)$", out, re.M).group(1))
+        P = int(re.search(rf"^{RANK0_PREFIX}parameters (\d+)$", out, re.M).group(1))
+        peaks[stage] = int(re.search(rf"^{RANK0_PREFIX}peak_bytes (\d+)$", out, re.M).group(1))
     print({s: f"{v / 2**20:.2f} MB = {v / P:.1f} P" for s, v in peaks.items()})
     assert peaks[3] < peaks[2] < peaks[1] < peaks[0], peaks
     assert peaks[1] < 0.75 * peaks[0] and peaks[2] < 0.85 * peaks[1] and peaks[3] < 0.85 * peaks[2], peaks

@@ -88,9 +88,10 @@ def test_open_mpi_on_one_node_is_told_to_oversubscribe_and_run_as_root(monkeypat
     exe = fake_launcher(tmp_path, "mpirun", "x")
     monkeypatch.setattr(mpi_launch, "_cpus", lambda: 2)
     monkeypatch.setattr(mpi_launch.os, "geteuid", lambda: 0)
-    assert mpi_launch.start(8, exe, "openmpi") == [exe, "-n", "8", "--oversubscribe", "--allow-run-as-root"]
+    assert mpi_launch.start(8, exe, "openmpi") == [exe, "-n", "8", "--tag-output", "--oversubscribe",
+                                                   "--allow-run-as-root"]
     monkeypatch.setattr(mpi_launch.os, "geteuid", lambda: 1000)
-    assert mpi_launch.start(2, exe, "openmpi") == [exe, "-n", "2"]
+    assert mpi_launch.start(2, exe, "openmpi") == [exe, "-n", "2", "--tag-output"]
     assert mpi_launch.start(8, exe, "hydra") == [exe, "-n", "8"]  # Hydra does both unasked
 
 
