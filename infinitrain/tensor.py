@@ -373,9 +373,9 @@ class Tensor:
 
     def __repr__(self) -> str:
         host = self._host()._array()
-        body = np.array2string(np.asarray(host, dtype=np.float32)
-                               if self.dtype is _dt.bfloat16 else host,
-                               separator=", ", prefix="tensor(", threshold=200)
+        values = np.asarray(host, dtype=np.float32) if self.dtype is _dt.bfloat16 else host
+        formatter = {"float_kind": _float_formatter(values)} if self.dtype.is_floating_point else None
+        body = np.array2string(values, separator=", ", prefix="tensor(", threshold=200, formatter=formatter)
         extras = []
         if self.dtype not in (_dt.float32, _dt.int64):
             extras.append(f"dtype={self.dtype!r}")
@@ -389,6 +389,24 @@ class Tensor:
 
     # ---- arithmetic (differentiable, through infinitrain.ops) --------------------------
     # ---- reductions --------------------------------------------------------------------
+def _float_formatter(values: np.ndarray):
+    """PyTorch's default float printing: whole numbers as "3.", else 4 decimals, or scientific
+    notation with 4 when the finite magnitudes span more than 1000x, pass 1e8 or go below 1e-4."""
+    finite = np.abs(values[np.isfinite(values)]).astype(np.float64)
+    nonzero = finite[finite != 0]
+
+    def special(v):
+        return "nan" if np.isnan(v) else ("inf" if v > 0 else "-inf")
+    if finite.size and np.all(finite == np.ceil(finite)):  # whole numbers
+        if nonzero.size and nonzero.max() > 1e8:
+            return lambda v: f"{v:.4e}" if np.isfinite(v) else special(v)
+        return lambda v: f"{v:.0f}." if np.isfinite(v) else special(v)
+    sci = nonzero.size and (nonzero.max() / nonzero.min() > 1000 or nonzero.max() > 1e8 or nonzero.min() < 1e-4)
+    if sci:
+        return lambda v: f"{v:.4e}" if np.isfinite(v) else special(v)
+    return lambda v: f"{v:.4f}" if np.isfinite(v) else special(v)
+
+
 def _empty(shape: Iterable[int], dtype: _dt.dtype, device: Device) -> Tensor:
     """A new contiguous tensor with uninitialised memory."""
     shape = tuple(shape)
