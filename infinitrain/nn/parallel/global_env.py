@@ -152,6 +152,16 @@ def _check_mpi_environment(comm) -> None:
                 "mpi4py against the MPI whose launcher you use.")
 
 
+def _whole_lines() -> None:
+    """Each printed line reaches the launcher in one write. Unbuffered output (PYTHONUNBUFFERED,
+    common on clusters and in containers) writes a line's text and its newline apart, and
+    launchers that merge or tag the ranks' output by write (Open MPI's --tag-output) then split
+    the lines of one rank with another's."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def _abort_on_exception() -> None:
     """An exception on one rank ends the whole job (its traceback shown first) instead of
     leaving the other ranks waiting in a collective forever."""
@@ -196,6 +206,7 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel)
     local_rank, local_size, cores = _local_cores(comm)
     if comm.Get_size() > 1:
+        _whole_lines()
         _abort_on_exception()
         _share_cores(cores)  # before the groups: they choose a communication thread by it
     gpu = _pick_gpu(local_rank, local_size) if as_device(device).type == "cuda" else None
