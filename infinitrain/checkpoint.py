@@ -38,7 +38,7 @@ import numpy as np
 from .autograd import no_grad
 from safetensors import SafetensorError
 
-from .io import atomic_write, fsync_dir, sha256_file
+from .io import DataFormatError, atomic_write, fsync_dir, input_file, sha256_file
 from .creation import from_numpy
 from .random import default_generator
 from .tensor import Tensor
@@ -555,29 +555,101 @@ def _load_optimizer(folder: Path, meta: dict, model, optimizer, stored: _Files) 
 
 
 @no_grad()
-def save_pretrained(model, folder) -> None:
-    """Weights as model.safetensors plus config.json, the layout the ecosystem reads."""
-    from dataclasses import asdict
+def save_pretrained(model, folder, write: bool = True) -> Path:
+    """The model in Hugging Face transformers' format (infinitrain.hf): config.json and
+    model.safetensors that `transformers`' AutoModelForCausalLM.from_pretrained loads, GPT-2 as
+    GPT2LMHeadModel, LLaMA-3 as LlamaForCausalLM. Under tensor parallelism every rank of the
+    group calls it (shards are gathered) and `write` says which one writes; a pipeline stage
+    holds part of the model, so save from one process (or save_checkpoint, then reload)."""
     from safetensors.numpy import save_file
+    from . import hf
+    if getattr(model, "pp", None) is not None:
+        raise CheckpointError("save_pretrained writes a whole model: a pipeline stage holds part of one. Save a "
+                              "checkpoint (save_checkpoint) and call save_pretrained on a one-process model loaded from it")
+    full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy()) for name, t in model.state_dict().items()}
+    config, tensors = hf.export(model, full)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: np.ascontiguousarray(v.float().cpu().numpy()) for k, v in model.state_dict().items()}
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "np"})
-    cfg = {"model_type": type(model).__name__, **asdict(model.config)}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    if not write:
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / ".model.safetensors.tmp"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, folder / "model.safetensors")
+        atomic_write(folder / "config.json", json.dumps(config, indent=2).encode())
+    except OSError as e:
+        raise CheckpointError(f"could not write {folder}: {e.strerror or e}") from None
+    return folder
 
 
-def from_pretrained(cls, folder):
-    """The model class's inverse of save_pretrained."""
+@no_grad()
+def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
+    """A model from a folder in transformers' format (what save_pretrained writes, or what
+    transformers writes for GPT2LMHeadModel / LlamaForCausalLM: one model.safetensors or shards
+    named by model.safetensors.index.json, float32, float16 or bfloat16), or in this package's
+    earlier format. config.json, the tensors' names and shapes and the files' sizes are checked
+    before anything is built. Under TP/PP each rank reads its slice of what it holds."""
+    from . import hf
+    folder = Path(folder)
+    where = input_file(folder / "config.json", "config")
+    try:
+        config = json.loads(where.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataFormatError(f"{where} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(config, dict):
+        raise DataFormatError(f"{where} is not a JSON object")
+    if not hf.is_transformers_config(config):
+        return _from_earlier_format(cls, folder, config, tp, pp, cp)
+    cfg = hf.config_of(cls, config, folder)
+    files = hf.SafetensorsFiles(hf.safetensors_files(folder))
+    tied = cls.__name__ == "GPT2" or ("lm_head.weight" not in files.where and config.get("tie_word_embeddings", False))
+    want = hf.expected_shapes(cls, cfg, tied)
+    missing = [n for n in want if n not in files.where]
+    wrong = [f"{n} is {files.shape(n)}, the config says {s}" for n, s in want.items()
+             if n in files.where and files.shape(n) != s]
+    if missing or wrong:
+        raise DataFormatError(f"{folder} does not hold the model its config.json describes: "
+                              + "; ".join(([f"missing {', '.join(missing[:6])}"] if missing else []) + wrong[:6]))
+    model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
+    arrays = hf.ours_from_theirs(cls, cfg, files, tied)
+    for name, p in model.state_dict(keep_vars=True).items():
+        full = from_numpy(arrays[name]())
+        shard = getattr(p, "tp_shard", None)
+        p.copy_(shard.take(full) if shard is not None else full)
+    return model
+
+
+def _from_earlier_format(cls, folder: Path, cfg: dict, tp, pp, cp):
+    """This package's format before save_pretrained wrote transformers' (our names and config)."""
+    from dataclasses import fields
     from safetensors.numpy import load_file
-    folder = Path(folder)
-    cfg = json.loads((folder / "config.json").read_text())
     kind = cfg.pop("model_type", cls.__name__)
     if kind != cls.__name__:
         raise CheckpointError(f"{folder} holds a {kind}, not a {cls.__name__}")
-    model = cls(cls.config_class(**cfg), seed=0)
-    state = {k: from_numpy(np.ascontiguousarray(a)) for k, a in load_file(str(folder / "model.safetensors")).items()}
-    model.load_state_dict(state, strict=True)
+    known = {f.name for f in fields(cls.config_class)}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise DataFormatError(f"{folder}/config.json: unknown keys {unknown} for {cls.__name__}")
+    for key, v in cfg.items():
+        if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= (1 << 24):
+            raise DataFormatError(f"{folder}/config.json: {key} = {v} is out of range")
+    try:
+        config = cls.config_class(**cfg)
+        if hasattr(config, "validate"):
+            config.validate()
+    except (TypeError, ValueError) as e:
+        raise DataFormatError(f"{folder}/config.json describes no valid {cls.__name__}: {e}") from None
+    model = cls(config, seed=0, tp=tp, pp=pp, cp=cp)
+    try:
+        stored = load_file(str(input_file(folder / "model.safetensors", "weights")))
+    except SafetensorError as e:
+        raise DataFormatError(f"{folder}/model.safetensors is not readable: {e}") from None
+    for name, p in model.state_dict(keep_vars=True).items():
+        if name not in stored:
+            raise DataFormatError(f"{folder}/model.safetensors has no {name}")
+        full = from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32))
+        shard = getattr(p, "tp_shard", None)
+        p.copy_(shard.take(full) if shard is not None else full)
     return model
 
 

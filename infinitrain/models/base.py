@@ -276,15 +276,18 @@ class CausalLM(Module):
                     p.copy_(p.tp_shard.take(full) if p.tp_shard is not None else full)
                 at += n
 
-    def save_pretrained(self, folder) -> None:
-        """Weights as safetensors plus config.json."""
+    def save_pretrained(self, folder, write: bool = True):
+        """config.json and model.safetensors in Hugging Face transformers' format (GPT2LMHeadModel,
+        LlamaForCausalLM): checkpoint.save_pretrained."""
         from ..checkpoint import save_pretrained
-        save_pretrained(self, folder)
+        return save_pretrained(self, folder, write)
 
     @classmethod
-    def from_pretrained(cls, folder):
+    def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
+        """A model from transformers' format (or this package's earlier one), each rank of a
+        TP/PP layout reading its slice: checkpoint.from_pretrained."""
         from ..checkpoint import from_pretrained
-        return from_pretrained(cls, folder)
+        return from_pretrained(cls, folder, tp=tp, pp=pp, cp=cp)
 
     @no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
