@@ -108,18 +108,20 @@ def assert_same(got, want, dtype: str, what: str) -> None:
         assert ok, f"{what}: step {step} {kind} {a} vs one process {b}\n{got}\n{want}"
 
 
-def write_llmc(model: str, layers: int, path) -> None:
-    """The llm.c file of the model parallel_train.py builds (seed 5), written by one process."""
+def reference_model(model: str, layers: int):
+    """The one-process model parallel_train.py builds (seed 5)."""
     from infinitrain.models import GPT2Config, LLaMA3Config
     from infinitrain.models.gpt2 import GPT2
     from infinitrain.models.llama3 import LLaMA3
     if model == "gpt2":
-        GPT2(GPT2Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=4, n_embd=32), seed=5) \
-            .save_llmc(path)
-    else:
-        LLaMA3(LLaMA3Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=8, n_kv_head=4, n_embd=32,
-                            ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=5) \
-            .save_llmc(path)
+        return GPT2(GPT2Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=4, n_embd=32), seed=5)
+    return LLaMA3(LLaMA3Config(block_size=64, vocab_size=50257, n_layer=layers, n_head=8, n_kv_head=4, n_embd=32,
+                               ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=5)
+
+
+def write_llmc(model: str, layers: int, path) -> None:
+    """The llm.c file of the model parallel_train.py builds (seed 5), written by one process."""
+    reference_model(model, layers).save_llmc(path)
 
 
 # ---- numeric references --------------------------------------------------------------------

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from infinitrain.nn.parallel import tensor_parallel as tpm
-from helpers import (ENV, MPI_SCRIPTS, launch, assert_same, losses, one_process, parallel_train,
+from helpers import (ENV, MPI_SCRIPTS, assert_same, launch, losses, one_process, parallel_train, reference_model,
                      write_llmc)
 
 # bf16 with AdamW at a high learning rate amplifies round-off chaotically (even DP alone, which
@@ -74,6 +74,17 @@ def test_llmc_checkpoint_loads_sliced_under_tp(model, tmp_path):
     got = losses(parallel_train(2, ["--model", model, "--lr", LR["float32"], "--tp", "2", "--sp",
                          "--llmc", str(tmp_path / "m.bin")]))
     assert_same(got, reference(model, "float32"), "float32", f"{model} from llm.c at TP 2")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+@pytest.mark.parametrize("flags", [["--tp", "2", "--sp"], ["--pp", "2", "--micro", "2"]], ids=["tp2-sp", "pp2"])
+def test_a_transformers_folder_loads_sliced_under_tp_and_pp(model, flags, tmp_path):
+    """save_pretrained by one process (transformers' layout), read at TP 2 or PP 2: each rank
+    reads its slice and the run is the one-process run."""
+    reference_model(model, 2).save_pretrained(tmp_path / "hf")
+    got = losses(parallel_train(2, ["--model", model, "--lr", LR["float32"], *flags, "--hf", str(tmp_path / "hf")]))
+    assert_same(got, reference(model, "float32"), "float32", f"{model} from transformers' format, {' '.join(flags)}")
 
 
 def test_divisibility_is_checked_at_construction():

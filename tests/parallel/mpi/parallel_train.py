@@ -55,6 +55,7 @@ p.add_argument("--lora_load", default=None, help="load adapters saved so before 
 p.add_argument("--pipeline_timeout", type=float, default=120.0)
 p.add_argument("--hang_stage", type=int, default=None, help="this stage stops answering (a test of timeouts)")
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
+p.add_argument("--hf", default=None, help="start from this transformers folder (save_pretrained; each rank its slice)")
 args = p.parse_args()
 
 env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, context_parallel=args.cp)
@@ -64,11 +65,13 @@ stage = env.pipeline_stage(args.vpp) if args.pp > 1 or args.vpp > 1 else None
 dp, dp_rank = env.layout.dp, env.dp_rank
 if args.model == "gpt2":
     cfg = GPT2Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=4, n_embd=args.embd)
-    model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else GPT2(cfg, seed=5, tp=tp, pp=stage, cp=cp)
+    model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else \
+        GPT2.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else GPT2(cfg, seed=5, tp=tp, pp=stage, cp=cp)
 else:  # grouped-query attention: 8 query heads, 4 KV heads
     cfg = LLaMA3Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=8, n_kv_head=4,
                        n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
-    model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp)
+    model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else \
+        LLaMA3.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp)
 model.set_recompute(args.recompute)
 if args.lora:
     apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)

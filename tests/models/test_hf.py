@@ -1,0 +1,106 @@
+"""Hugging Face transformers' format both ways, against transformers itself (the compare
+extra): what save_pretrained writes loads as GPT2LMHeadModel / LlamaForCausalLM with the same
+logits, what transformers writes (one file, shards with an index, bf16) loads here with the same
+logits, and a folder that is not what its config says is refused before anything is built."""
+import json
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+from infinitrain.io import DataFormatError
+from infinitrain.models import GPT2, LLaMA3, gpt2, llama3
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+IDX = np.random.default_rng(0).integers(0, 50257, (2, 16))
+MODELS = {
+    "gpt2": (GPT2, lambda: gpt2("tiny")),
+    "llama3": (LLaMA3, lambda: llama3("tiny")),
+    "llama3.1-rope": (LLaMA3, lambda: llama3("tiny", use_scaled_rope=True, rope_scaling_factor=8.0)),
+}
+
+
+def _ours(model) -> np.ndarray:
+    return model(it.tensor(IDX))[0].detach().numpy()[..., :model.config.vocab_size]
+
+
+def _theirs(folder, **kw) -> tuple:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw).eval()
+    with torch.no_grad():
+        return hf, hf(torch.tensor(IDX)).logits.numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_both_directions_give_the_same_logits(tmp_path, name):
+    cls, make = MODELS[name]
+    it.manual_seed(1)
+    model = make()
+    model.save_pretrained(tmp_path / "ours")
+    hf, theirs = _theirs(tmp_path / "ours")
+    assert type(hf).__name__ == ("GPT2LMHeadModel" if cls is GPT2 else "LlamaForCausalLM")
+    np.testing.assert_allclose(theirs, _ours(model), rtol=0, atol=1e-5)
+    hf.save_pretrained(tmp_path / "theirs")  # transformers' own writing, read back here
+    np.testing.assert_allclose(_ours(cls.from_pretrained(tmp_path / "theirs")), theirs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sharded_bf16_and_tied_checkpoints_written_by_transformers_load(tmp_path):
+    """A LLaMA with a tied head (as LLaMA-3.2 1B/3B), written by transformers in bfloat16 as
+    shards with model.safetensors.index.json."""
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   tie_word_embeddings=True, rope_theta=500000.0)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    idx = IDX % 512
+    with torch.no_grad():
+        theirs = hf.float()(torch.tensor(idx)).logits.numpy()
+    ours = LLaMA3.from_pretrained(tmp_path)
+    assert ours.config.ffn_hidden == 160 and ours.config.rope_theta == 500000.0
+    np.testing.assert_allclose(ours(it.tensor(idx))[0].detach().numpy()[..., :512], theirs, rtol=0, atol=1e-5)
+
+
+def _saved(tmp_path, name="gpt2"):
+    it.manual_seed(0)
+    MODELS[name][1]().save_pretrained(tmp_path)
+    return json.loads((tmp_path / "config.json").read_text())
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c.__setitem__("n_layer", 2**30), "n_layer must be an integer in"),
+    (lambda c: c.__setitem__("n_layer", 100000), "missing transformer.h.2"),  # (once: 6 GB allocated first)
+    (lambda c: c.__setitem__("n_embd", "64"), "n_embd must be an integer"),
+    (lambda c: c.__setitem__("n_layer", 3), "missing transformer.h.2"),
+    (lambda c: c.__setitem__("n_embd", 128), "transformer.wte.weight is (50257, 64), the config says (50257, 128)"),
+    (lambda c: c.__setitem__("activation_function", "relu"), "differs from the one infinitrain builds"),
+    (lambda c: c.__setitem__("model_type", "bert"), "holds a bert, not a GPT2"),
+])
+def test_a_config_that_does_not_match_its_weights_is_refused_before_building(tmp_path, edit, message):
+    config = _saved(tmp_path)
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    it.reset_peak_memory_stats()
+    with pytest.raises((DataFormatError, Exception), match=message.replace("(", r"\(").replace(")", r"\)")):
+        GPT2.from_pretrained(tmp_path)
+    assert it.memory_stats()["peak_allocated_bytes"] < 2**20  # nothing was built
+
+
+def test_broken_files_are_named(tmp_path):
+    _saved(tmp_path)
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+    with pytest.raises(DataFormatError, match=r"does not fit its bytes .*\(truncated\?\)"):
+        GPT2.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(DataFormatError, match="config.json is not valid JSON"):
+        GPT2.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../elsewhere"}}))
+    _saved(tmp_path / "again")
+    (tmp_path / "again" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../x"}}))
+    with pytest.raises(DataFormatError, match="which is not a file of"):
+        GPT2.from_pretrained(tmp_path / "again")
