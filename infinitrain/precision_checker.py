@@ -88,6 +88,8 @@ class PrecisionChecker:
         self.baseline = self._baseline_layout(world) if config.baseline else None
         self.log = open(self.out / f"precision_check_rank_{rank}.log", "w")
         self.step_no, self.active, self.counters = 0, False, {}
+        self.saved_bytes, self.steps_checked = 0, 0
+        self.total_steps = None  # the run's steps, for the size estimate of save_tensors (set by the caller)
         self.first_nonfinite = self.first_divergence = None
         self.compared = self.skipped = self.diverged = 0
         self.names = {id(m): n or "model" for n, m in model.named_modules()}
@@ -111,6 +113,14 @@ class PrecisionChecker:
     def end_step(self) -> None:
         self.active = False
         self.log.flush()  # a run that dies later still leaves what it saw
+        self.steps_checked += 1
+        if self.steps_checked == 1 and self.cfg.save_tensors and self.rank == 0:
+            # every module's tensors of every step: a baseline of a real model runs to gigabytes
+            per_step = self.saved_bytes / 2**20
+            total = f"; about {per_step * self.total_steps / 1024:.1f} GB for the run's {self.total_steps} steps" \
+                if self.total_steps else ""
+            print(f"precision check: step {self.step_no} saved {per_step:.0f} MB of tensors per rank to {self.out}"
+                  f"{total} (fewer steps, level=1 or a smaller model keep it small)", file=sys.stderr, flush=True)
 
     def close(self) -> str:
         for h in self.handles:
@@ -186,6 +196,7 @@ class PrecisionChecker:
             folder = self.out / f"rank_{self.rank}" / f"step_{self.step_no}"
             folder.mkdir(parents=True, exist_ok=True)
             np.save(folder / f"{_file_name(key)}.npy", a)
+            self.saved_bytes += a.nbytes
         if self.cfg.baseline:
             self._compare(base, idx, stage, a)
 

@@ -306,8 +306,10 @@ class TrainingLoop:
             return None
         env = self.env
         try:
-            return PrecisionChecker(self.model, PrecisionCheckConfig.parse(self.args.precision_check),
-                                    rank=env.rank, world=env.world.size, dp=(env.dp_rank, env.layout.dp))
+            checker = PrecisionChecker(self.model, PrecisionCheckConfig.parse(self.args.precision_check),
+                                       rank=env.rank, world=env.world.size, dp=(env.dp_rank, env.layout.dp))
+            checker.total_steps = self.args.num_iteration - self.first + 1
+            return checker
         except ValueError as e:
             sys.exit(str(e))
         except OSError as e:
@@ -432,7 +434,8 @@ class TrainingLoop:
             self.save(args.num_iteration)
         self.finish_save(block=True)
         if self.checker is not None:
-            print(self.checker.close(), flush=True)
+            for line in self.checker.close().splitlines():  # a line per write: ranks' lines stay whole
+                print(line, flush=True)
         if args.lora_save_path:
             save_lora(model, args.lora_save_path, write=env.first_replica and env.coords.tp == 0,
                       optimizer=self.optimizer)
