@@ -55,6 +55,35 @@ def check_input_files(env, checks) -> None:
                 break
     problem = env.comm.bcast(problem, root=0)
     if problem:
-        if env.is_main:
-            print(problem, file=sys.stderr, flush=True)
-        sys.exit(1)
+        refuse(problem)
+
+
+def _rank() -> int:
+    """This process's rank: MPI's once it is up, else the launcher's variables (before init:
+    the flags are checked first). SLURM_PROCID only inside an srun step: every rank of an
+    mpirun inside an allocation inherits the batch script's 0."""
+    import os
+    try:
+        from mpi4py import MPI
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI.COMM_WORLD.Get_rank()
+    except ImportError:
+        pass
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    if os.environ.get("SLURM_STEP_NUM_TASKS") and os.environ.get("SLURM_PROCID", "").isdigit():
+        return int(os.environ["SLURM_PROCID"])
+    return 0
+
+
+def refuse(message: str):
+    """Ends the job over something every rank finds the same (flags that cannot work together,
+    a file rank 0 checked): the message once, from rank 0, and exit code 1 everywhere. The other
+    ranks wait a moment first, so that the launcher does not stop rank 0 before it has spoken."""
+    import time
+    if _rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+    else:
+        time.sleep(2.0)
+    sys.exit(1)

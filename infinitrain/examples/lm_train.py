@@ -20,7 +20,7 @@ from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
                                     read_lora_config, resolve, save_checkpoint, save_checkpoint_async, save_lora)
 from infinitrain.data import DataFormatError, Tokenizer, TokenLoader, read_shard
-from infinitrain.examples.flags import check_input_files
+from infinitrain.examples.flags import check_input_files, refuse
 from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples import mfu
@@ -65,31 +65,31 @@ def setup_layout(args):
     PipelineStage or None, the pipeline schedule, the layout as the log line shows it)."""
     schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
     if args.virtual_pipeline_parallel > 1 and args.pipeline_parallel < 2:
-        sys.exit(f"--virtual_pipeline_parallel {args.virtual_pipeline_parallel} splits each pipeline stage into "
+        refuse(f"--virtual_pipeline_parallel {args.virtual_pipeline_parallel} splits each pipeline stage into "
                  "chunks: it needs --pipeline_parallel 2 or more")
     if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
-        sys.exit("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
+        refuse("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
     if schedule == "1f1b" and args.virtual_pipeline_parallel > 1:
-        sys.exit("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
+        refuse("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
                  "> 1 use interleaved (the default) or gpipe")
     pipelined = args.pipeline_parallel > 1
     try:
         device = it.device(args.device)  # a malformed name, before MPI starts
     except (TypeError, ValueError) as e:
-        sys.exit(f"--device {args.device}: {e}")
+        refuse(f"--device {args.device}: {e}")
     if device.type == "cpu" and device.index not in (None, 0):
-        sys.exit(f"--device {args.device}: there is one CPU device, cpu (each rank uses its share of its node's cores)")
+        refuse(f"--device {args.device}: there is one CPU device, cpu (each rank uses its share of its node's cores)")
     try:
         env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device,
                             context_parallel=args.context_parallel, collective_timeout=args.collective_timeout,
                             flight_recorder_dir=args.flight_recorder_dir)
     except ValueError as e:
-        sys.exit(f"cannot lay out the job: {e}")
+        refuse(f"cannot lay out the job: {e}")
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
-        sys.exit(f"--device {args.device}: {e}")
+        refuse(f"--device {args.device}: {e}")
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     if args.zero_stage == 3 and pipelined:
-        sys.exit("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
+        refuse("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
     if args.sequence_parallel and tp is None and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
@@ -137,7 +137,7 @@ def accumulation_steps(args, env) -> int:
     tokens_per_micro = B * T * dp
     total = args.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
-        sys.exit(f"--total_batch_size {total} is not a multiple of batch_size * sequence_length "
+        refuse(f"--total_batch_size {total} is not a multiple of batch_size * sequence_length "
                  f"* data-parallel ranks = {B} * {T} * {dp} = {tokens_per_micro}")
     args.total_batch_size = total
     return total // tokens_per_micro
@@ -164,7 +164,7 @@ def check_inputs(args, env) -> None:
 def check_memory(args, env, accum: int, log) -> None:
     known = _config_of(args)  # a sequence the model cannot take is that, not a memory problem
     if known is not None and args.sequence_length > known[0].block_size:
-        sys.exit(f"--sequence_length {args.sequence_length} exceeds the model's block size {known[0].block_size}")
+        refuse(f"--sequence_length {args.sequence_length} exceeds the model's block size {known[0].block_size}")
     plan = memory_plan(args, env, accum)
     if plan is not None:
         need, have, text = plan
@@ -183,18 +183,18 @@ def build(args, env, tp, stage, cp, build_model, layout: str, log):
     except (DataFormatError, OSError) as e:  # the checkpoint's contents (its header passed check_inputs)
         sys.exit(f"--llmc_filepath: {e}")
     except ValueError as e:  # a layout that does not divide the model
-        sys.exit(f"cannot build the model in this layout ({layout}): {e}")
+        refuse(f"cannot build the model in this layout ({layout}): {e}")
     model.set_recompute(args.recompute)
     if args.lora_rank or args.lora_load_path:
         setup_lora(model, args, log)
     model.to(env.device)  # built and initialised on the host: every device starts from the same weights
     T = args.sequence_length
     if T > model.config.block_size:
-        sys.exit(f"--sequence_length {T} exceeds the model's block size {model.config.block_size}")
+        refuse(f"--sequence_length {T} exceeds the model's block size {model.config.block_size}")
     try:
         model.check_batch(it.zeros(1, T, dtype=it.int64))  # CP and SP split the sequence evenly
     except ValueError as e:
-        sys.exit(f"--sequence_length {T}: {e}")
+        refuse(f"--sequence_length {T}: {e}")
     return model
 
 
@@ -278,7 +278,7 @@ class TrainingLoop:
             self.log(f"{args.load} is at step {meta['step']}: training was complete", flush=True)
             return meta["step"]
         if meta["step"] + 1 > args.num_iteration:
-            sys.exit(f"{args.load} is at step {meta['step']}: --num_iteration {args.num_iteration} "
+            refuse(f"{args.load} is at step {meta['step']}: --num_iteration {args.num_iteration} "
                      "leaves nothing to train; raise --num_iteration to train further")
         self.log(f"resumed from {args.load} at step {meta['step']}", flush=True)
         return meta["step"]
@@ -299,7 +299,7 @@ class TrainingLoop:
             try:
                 pyplot()
             except RuntimeError as e:
-                sys.exit(f"--plot: {e}")
+                refuse(f"--plot: {e}")
 
     def precision_checker(self):
         if not self.args.precision_check:
