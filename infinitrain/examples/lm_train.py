@@ -420,12 +420,25 @@ class TrainingLoop:
         the same on every rank (a mean over the job), so every rank stops here together."""
         if not self.args.check_for_nan_in_loss_and_grad or math.isfinite(value):
             return
+        found = [f for f in self.env.comm.gather(self.first_not_finite(), root=0) or [] if f]
         if self.env.is_main:
-            print(f"step {step}: the {what} is {value}: training diverged (or the data or weights "
-                  "hold NaN/inf). Lower --learning_rate, set --grad_clip, or run with --precision_check "
-                  "level=1 to find the first tensor that is not finite; "
+            where = (f"the first tensor that is not: {found[0]}" if found else
+                     "every weight and gradient is finite, so an activation overflowed (--precision_check "
+                     "level=1 names the first module whose output is not finite)")
+            print(f"step {step}: the {what} is {value}; {where}. Training diverged (or the data or weights "
+                  "hold NaN/inf): lower --learning_rate or set --grad_clip; "
                   "--no_check_for_nan_in_loss_and_grad trains on regardless", file=sys.stderr, flush=True)
         sys.exit(1)
+
+    def first_not_finite(self) -> str | None:
+        """This rank's first parameter or gradient, in model order, holding a NaN or inf (read
+        only once the run has failed: a pass over every tensor)."""
+        import numpy as np
+        for name, p in self.model.named_parameters():
+            for label, t in ((name, p), (f"{name}.grad", p.grad)):
+                if t is not None and t.numel() and not np.isfinite(t.detach().float().cpu().numpy()).all():
+                    return f"{label} (rank {self.env.rank})"
+        return None
 
     def finish(self) -> None:
         """The last checkpoint, adapters, evaluation, plot and sample."""

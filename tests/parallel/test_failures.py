@@ -149,7 +149,10 @@ def test_a_nan_loss_stops_the_run_once_with_a_message_unless_asked_to_train_on(t
     """Megatron's check_for_nan_in_loss_and_grad: --learning_rate 1e30 diverges at step 2."""
     args = COMMON + ["--learning_rate", "1e30"]
     out = mpirun(2, args, check=False)
-    assert out.returncode != 0 and out.stderr.count("step 2: the loss is nan: training diverged") == 1, out.stderr
+    assert out.returncode != 0 and out.stderr.count("step 2: the loss is nan; the first tensor that is not: ") == 1, \
+        out.stderr
+    # step 1 with lr 1e30 leaves weights near 1e30 (finite) whose logits overflow: the gradients are NaN
+    assert "the first tensor that is not: transformer.wte.weight.grad (rank 0)" in out.stderr, out.stderr
     assert "step    3/6" not in out.stdout
     on = mpirun(2, args[:args.index("--num_iteration") + 1] + ["3", "--learning_rate", "1e30",
                                                                "--no_check_for_nan_in_loss_and_grad"], check=False)
