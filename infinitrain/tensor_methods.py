@@ -11,6 +11,7 @@ from ._native import lib
 from .autograd.grad_mode import is_grad_enabled
 from .device import as_device
 from .device import device as Device
+from . import dlpack as _dlpack
 from .kernels import memory
 from .ops import index as _idx
 from .ops import math as _ops
@@ -255,6 +256,16 @@ class TensorMethods:
 
     def __rmul__(self, other):
         return _ops.mul(self, other)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule sharing this tensor's memory (numpy.from_dlpack, torch.from_dlpack,
+        cupy.from_dlpack read it without a copy; copy=True hands over a copy): infinitrain.dlpack."""
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"__dlpack__: this tensor is on {self.device}; move it with .to() first")
+        return _dlpack.to_dlpack(self.clone() if copy else self, stream, max_version)
+
+    def __dlpack_device__(self) -> tuple:
+        return _dlpack.dlpack_device(self)
 
     def __truediv__(self, other):
         return _ops.div(self, other)

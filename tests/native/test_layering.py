@@ -9,13 +9,14 @@ ROOT = Path(infinitrain.__file__).parent
 
 # bottom to top; a module may import its own layer (same package) and those listed before it
 LAYERS = [
-    ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace"],
+    ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace",
+     "infinitrain.hf"],
     ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda"],
     ["infinitrain.tensor"],
     ["infinitrain.kernels"],
     ["infinitrain.autograd"],
     ["infinitrain.ops"],
-    ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions"],
+    ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions", "infinitrain.dlpack"],
     ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler",
      "infinitrain.precision_checker"],
     ["infinitrain.models"],

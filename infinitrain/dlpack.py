@@ -1,0 +1,195 @@
+"""DLPack, both ways, without a copy: `Tensor.__dlpack__` / `__dlpack_device__` hand a tensor's
+memory to numpy, PyTorch, CuPy, JAX (their `from_dlpack`), and `infinitrain.from_dlpack(obj)`
+takes theirs (anything with `__dlpack__`, or a "dltensor" capsule). Both sides then share the
+memory: writes show through, and the memory lives while either side holds it.
+
+The capsule is DLPack's unversioned one (a `DLManagedTensor` named "dltensor"), which every
+consumer reads. Stream semantics: the consumer passes the stream it will use; a CUDA tensor's
+pending work on this package's stream is finished before the capsule is handed over (a device
+synchronisation: correct for any consumer stream).
+"""
+from __future__ import annotations
+
+import ctypes
+
+from . import dtypes as _dt
+from .device import as_device
+
+KDL_CPU, KDL_CUDA = 1, 2
+_INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6
+_CODES = {_dt.float32: (_FLOAT, 32), _dt.float64: (_FLOAT, 64), _dt.float16: (_FLOAT, 16),
+          _dt.bfloat16: (_BFLOAT, 16), _dt.int32: (_INT, 32), _dt.int64: (_INT, 64), _dt.uint8: (_UINT, 8),
+          _dt.bool: (_BOOL, 8)}
+_DTYPES = {v: k for k, v in _CODES.items()}
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32), ("dtype", _DataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _Managed(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Managed))
+_Managed._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _Versioned(ctypes.Structure):  # DLPack 1.0: a version and flags (bit 0: read-only) first
+    pass
+
+
+_VERSIONED_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Versioned))
+_Versioned._fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p), ("deleter", _VERSIONED_DELETER),
+                       ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype, _api.PyCapsule_New.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                                              ctypes.c_void_p]
+_api.PyCapsule_GetPointer.restype, _api.PyCapsule_GetPointer.argtypes = ctypes.c_void_p, [ctypes.py_object,
+                                                                                          ctypes.c_char_p]
+_api.PyCapsule_SetName.restype, _api.PyCapsule_SetName.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.restype, _api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+# the destructor gets the capsule as a raw PyObject*: these two take it so
+_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
+_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+
+_EXPORTED = {}  # address of a DLManagedTensor -> what it points into, alive until its deleter runs
+
+
+@_DELETER
+def _delete(managed):
+    _EXPORTED.pop(ctypes.addressof(managed.contents), None)
+
+
+@_VERSIONED_DELETER
+def _delete_versioned(managed):
+    _EXPORTED.pop(ctypes.addressof(managed.contents), None)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_gone(capsule):
+    """A capsule no consumer took: its tensor is released here (a consumer renames it and calls
+    the deleter itself when done)."""
+    if _is_valid(capsule, b"dltensor"):
+        _delete(ctypes.cast(_get_pointer(capsule, b"dltensor"), ctypes.POINTER(_Managed)))
+    elif _is_valid(capsule, b"dltensor_versioned"):
+        _delete_versioned(ctypes.cast(_get_pointer(capsule, b"dltensor_versioned"), ctypes.POINTER(_Versioned)))
+
+
+def to_dlpack(t, stream=None, max_version=None):
+    """A capsule sharing t's memory (Tensor.__dlpack__): DLPack 1.0's "dltensor_versioned" to a
+    consumer that asks for max_version >= (1, 0) (writable: numpy reads the unversioned one as
+    read-only), else the unversioned "dltensor"."""
+    if t.device.type == "cuda":
+        from . import cuda
+        cuda.synchronize(t.device)  # the consumer's stream then sees finished data
+    versioned = max_version is not None and tuple(max_version)[0] >= 1
+    managed = _Versioned() if versioned else _Managed()
+    shape = (ctypes.c_int64 * max(t.ndim, 1))(*t.shape)
+    strides = (ctypes.c_int64 * max(t.ndim, 1))(*t.stride())
+    code, bits = _CODES[t.dtype]
+    managed.dl_tensor = _DLTensor(ctypes.c_void_p(t.data_ptr()),
+                                  _Device(KDL_CUDA if t.device.type == "cuda" else KDL_CPU, t.device.index or 0),
+                                  t.ndim, _DataType(code, bits, 1), shape, strides, 0)
+    if versioned:
+        managed.version, managed.flags, managed.deleter = _Version(1, 0), 0, _delete_versioned
+    else:
+        managed.deleter = _delete
+    address = ctypes.addressof(managed)
+    _EXPORTED[address] = (managed, shape, strides, t)
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    return _api.PyCapsule_New(address, name, ctypes.cast(_capsule_gone, ctypes.c_void_p))
+
+
+def dlpack_device(t) -> tuple:
+    return (KDL_CUDA, t.device.index or 0) if t.device.type == "cuda" else (KDL_CPU, 0)
+
+
+class _Imported:
+    """Keeps a consumed DLPack tensor alive; its producer's deleter runs when this goes."""
+
+    def __init__(self, managed, capsule):
+        self.managed, self.capsule = managed, capsule
+
+    def __del__(self):
+        deleter = self.managed.contents.deleter
+        if deleter:
+            deleter(self.managed)
+
+
+def from_dlpack(obj):
+    """A tensor sharing the memory of obj (anything with __dlpack__: a numpy array, a PyTorch
+    or CuPy tensor; or a "dltensor" capsule), without a copy."""
+    from .storage import Storage
+    from .tensor import Tensor
+    if isinstance(obj, Tensor):
+        return obj
+    if hasattr(obj, "__dlpack__"):
+        kind, index = obj.__dlpack_device__()
+        stream = {"stream": 1} if kind == KDL_CUDA else {}
+        try:
+            capsule = obj.__dlpack__(max_version=(1, 0), **stream)
+        except TypeError:  # a producer that predates DLPack 1.0
+            capsule = obj.__dlpack__(**stream)
+    else:
+        capsule = obj
+    if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        managed = ctypes.cast(_api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"), ctypes.POINTER(_Versioned))
+        if managed.contents.version.major > 1:
+            raise TypeError(f"from_dlpack: DLPack {managed.contents.version.major}.x is newer than this reader's 1.0")
+        _api.PyCapsule_SetName(capsule, b"used_dltensor_versioned")
+    elif _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        managed = ctypes.cast(_api.PyCapsule_GetPointer(capsule, b"dltensor"), ctypes.POINTER(_Managed))
+        _api.PyCapsule_SetName(capsule, b"used_dltensor")  # ours now: its deleter is ours to call
+    else:
+        raise TypeError(f"from_dlpack: expected an object with __dlpack__ or an unused DLPack capsule, got "
+                        f"{type(obj).__name__} (a capsule is read once)")
+    owner = _Imported(managed, capsule)
+    t = managed.contents.dl_tensor
+    key = (t.dtype.code, t.dtype.bits)
+    if key not in _DTYPES or t.dtype.lanes != 1:
+        raise TypeError(f"from_dlpack: DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, {t.dtype.lanes} lanes) "
+                        f"has no infinitrain dtype")
+    dtype = _DTYPES[key]
+    if t.device.device_type == KDL_CPU:
+        device = as_device("cpu")
+    elif t.device.device_type == KDL_CUDA:
+        device = as_device(f"cuda:{t.device.device_id}")
+    else:
+        raise TypeError(f"from_dlpack: DLPack device type {t.device.device_type} is neither the CPU (1) nor CUDA (2)")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides:
+        strides = tuple(t.strides[i] for i in range(t.ndim))
+    else:  # NULL: compact row-major
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= max(n, 1)
+        strides = tuple(strides)
+    if any(s < 0 for s in strides):
+        raise ValueError(f"from_dlpack: negative strides {strides} are not supported; pass a copy")
+    item = dtype.itemsize
+    if t.byte_offset % item:
+        raise ValueError(f"from_dlpack: byte_offset {t.byte_offset} is not a multiple of the item size {item}")
+    numel = 1
+    for n in shape:
+        numel *= n
+    span = 0 if numel == 0 else (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * item
+    address = (t.data or 0) + t.byte_offset
+    storage = Storage.wrap(address, span, device, keepalive=owner)
+    return Tensor._make(storage, shape, strides, 0, dtype)
