@@ -28,16 +28,23 @@ struct Cublas {
 Cublas cublas;
 std::once_flag cublas_once;
 
+// The cuBLAS of this library's own CUDA major version (the toolkit it was built with: its
+// runtime is linked in), never another's: libcublas.so.13 for a CUDA 13 build, .12 for 12.
+#define IT_CUDA_MAJOR (CUDART_VERSION / 1000)
+#define IT_STR2(x) #x
+#define IT_STR(x) IT_STR2(x)
+
 void open_cublas() {
-    const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    const char *names[] = {"libcublas.so." IT_STR(IT_CUDA_MAJOR), "libcublas.so"};
     char first[256] = "";
     for (const char *name : names) {
         if ((cublas.lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
         if (!first[0]) snprintf(first, sizeof first, "%s", dlerror());
     }
     if (!cublas.lib) {
-        snprintf(cublas.why, sizeof cublas.why, "not found (%s); install it with "
-                 "pip install 'infinitrain[cuda]' (the nvidia-cublas wheel)", first);
+        snprintf(cublas.why, sizeof cublas.why, "not found (%s); install it with pip install "
+                 "'infinitrain[cuda%d]' (this library was built with CUDA %d)", first, IT_CUDA_MAJOR,
+                 IT_CUDA_MAJOR);
         return;
     }
     cublas.create = (decltype(cublas.create))dlsym(cublas.lib, "cublasCreate_v2");
@@ -69,7 +76,12 @@ it_status handle_for(it_device device, cublasHandle_t *out) {
 
 const char *it_cuda_blas_status(void) {
     std::call_once(cublas_once, open_cublas);
-    return cublas.lib ? "found" : cublas.why;
+    if (!cublas.lib) return cublas.why;
+    static char where[600];
+    Dl_info info;  // the file the loader chose: a wheel's, or the system's
+    void *sym = (void *)cublas.create;
+    snprintf(where, sizeof where, "%s", sym && dladdr(sym, &info) && info.dli_fname ? info.dli_fname : "found");
+    return where;
 }
 
 // Row-major C [M, N] = op(A) [M, K] @ op(B) [K, N] is column-major C^T = op(B)^T op(A)^T:

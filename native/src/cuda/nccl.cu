@@ -39,8 +39,9 @@ template <typename F> bool bind(F &f, const char *name) {
 
 void open_nccl() {
     if (!(nccl.lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL))) {
-        snprintf(nccl.why, sizeof nccl.why, "not found (%s); install it with "
-                 "pip install 'infinitrain[cuda]' (the nvidia-nccl-cu13 wheel)", dlerror());
+        snprintf(nccl.why, sizeof nccl.why, "not found (%s); install it with pip install "
+                 "'infinitrain[cuda%d]' (the nvidia-nccl-cu%d wheel)", dlerror(), CUDART_VERSION / 1000,
+                 CUDART_VERSION / 1000);
         return;
     }
     bool ok = bind(nccl.get_unique_id, "ncclGetUniqueId") & bind(nccl.comm_init_rank, "ncclCommInitRank") &
@@ -92,7 +93,12 @@ int nccl_op(it_comm_op op) {
 
 const char *it_cuda_nccl_status(void) {
     std::call_once(nccl_once, open_nccl);
-    return nccl.lib ? "found" : nccl.why;
+    if (!nccl.lib) return nccl.why;
+    static char where[600];
+    Dl_info info;  // the file the loader chose
+    void *sym = (void *)nccl.get_unique_id;
+    snprintf(where, sizeof where, "%s", sym && dladdr(sym, &info) && info.dli_fname ? info.dli_fname : "found");
+    return where;
 }
 
 extern "C" {
