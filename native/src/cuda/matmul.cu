@@ -31,11 +31,11 @@ std::once_flag cublas_once;
 // The cuBLAS of this library's own CUDA major version (the toolkit it was built with: its
 // runtime is linked in), never another's: libcublas.so.13 for a CUDA 13 build, .12 for 12.
 #define IT_CUDA_MAJOR (CUDART_VERSION / 1000)
-#define IT_STR2(x) #x
-#define IT_STR(x) IT_STR2(x)
 
 void open_cublas() {
-    const char *names[] = {"libcublas.so." IT_STR(IT_CUDA_MAJOR), "libcublas.so"};
+    char versioned[32];
+    snprintf(versioned, sizeof versioned, "libcublas.so.%d", IT_CUDA_MAJOR);
+    const char *names[] = {versioned, "libcublas.so"};
     char first[256] = "";
     for (const char *name : names) {
         if ((cublas.lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
