@@ -16,7 +16,7 @@ from .runtime import (build_info, empty_cache, get_num_threads, max_memory_alloc
                       memory_allocated, memory_stats, reset_peak_memory_stats, set_num_threads)
 from .tensor import Tensor
 from . import tensor_methods  # noqa: F401  (attaches Tensor's methods)
-from .dlpack import from_dlpack
+from .dlpack import as_tensor, from_dlpack
 from .creation import (arange, empty, empty_like, from_numpy, full, full_like, ones, ones_like,
                        rand, randn, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, initial_seed, manual_seed
@@ -34,7 +34,7 @@ __all__ = [
     "Tensor", "dtype", "device", "Generator", "NativeError", "InvalidArgumentError",
     "NotSupportedError", "NoCudaError", "float32", "float", "float64", "double", "bfloat16",
     "float16", "half", "int32", "int", "int64", "long", "uint8", "bool", "promote_types",
-    "empty", "zeros", "ones", "full", "arange", "rand", "randn", "tensor", "from_numpy", "from_dlpack",
+    "empty", "zeros", "ones", "full", "arange", "rand", "randn", "tensor", "from_numpy", "from_dlpack", "as_tensor",
     "empty_like", "zeros_like", "ones_like", "full_like", "manual_seed", "initial_seed",
     "default_generator", "matmul", "mm", "bmm", "cat", "stack", "tril", "triu", "where",
     "masked_fill", "gather", "index_select", "cumsum", "topk", "multinomial", "maximum",

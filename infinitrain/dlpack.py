@@ -193,3 +193,68 @@ def from_dlpack(obj):
     address = (t.data or 0) + t.byte_offset
     storage = Storage.wrap(address, span, device, keepalive=owner)
     return Tensor._make(storage, shape, strides, 0, dtype)
+
+
+def from_cuda_array_interface(obj, device=None):
+    """A CUDA tensor sharing the memory of obj's __cuda_array_interface__ (CuPy, pycuda's
+    GPUArray, Numba), kept alive with it. The interface names no device: `device` (default:
+    cuda:0) must be the one the pointer belongs to. A producer's stream (version 3) is
+    synchronised with before the memory is read here."""
+    import numpy as np
+    from .storage import Storage
+    from .tensor import Tensor
+    from . import cuda
+    face = obj.__cuda_array_interface__
+    shape = tuple(int(n) for n in face["shape"])
+    try:
+        dtype = _dt.from_numpy_dtype(np.dtype(face["typestr"]))
+    except (TypeError, ValueError, KeyError):
+        raise TypeError(f"as_tensor: __cuda_array_interface__ typestr {face.get('typestr')!r} has no infinitrain "
+                        "dtype") from None
+    item = dtype.itemsize
+    if face.get("strides") is None:
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= max(n, 1)
+    else:
+        if any(s % item or s < 0 for s in face["strides"]):
+            raise ValueError(f"as_tensor: strides {face['strides']} are negative or not a multiple of {item} bytes")
+        strides = [s // item for s in face["strides"]]
+    device = as_device(device or "cuda")
+    if face.get("stream") not in (None, 0):
+        cuda.synchronize(device)  # the producer's work on its stream, finished before ours reads it
+    numel = 1
+    for n in shape:
+        numel *= n
+    span = 0 if numel == 0 else (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * item
+    address = face["data"][0] or 0
+    storage = Storage.wrap(address, span, device, keepalive=obj)
+    return Tensor._make(storage, shape, tuple(strides), 0, dtype)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """torch.as_tensor: data itself when it already is a tensor of that dtype and device, else
+    its memory shared when it can be (another library's CUDA array through
+    __cuda_array_interface__, a DLPack producer, a numpy array), else a copy (tensor())."""
+    import numpy as np
+    from .tensor import Tensor
+    from .creation import from_numpy, tensor
+    if isinstance(data, Tensor):
+        out = data
+    elif hasattr(data, "__cuda_array_interface__"):
+        out = from_cuda_array_interface(data, device)
+    elif hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):
+        out = from_dlpack(data)
+    elif isinstance(data, np.ndarray) and data.flags.writeable:
+        try:
+            out = from_numpy(data)
+        except (TypeError, ValueError):  # a layout or dtype that cannot be shared: a copy
+            return tensor(data, dtype=dtype, device=device)
+    else:
+        return tensor(data, dtype=dtype, device=device)
+    if dtype is not None and _dt.as_dtype(dtype) is not out.dtype:
+        out = out.to(dtype=dtype)
+    if device is not None and as_device(device) != out.device:
+        out = out.to(as_device(device))
+    return out

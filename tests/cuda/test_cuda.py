@@ -408,3 +408,47 @@ def test_nccl_collectives(n):
     out = subprocess.run([*launch(n), sys.executable, script], capture_output=True, text=True,
                          timeout=300, env=ENV)
     assert out.returncode == 0 and out.stdout.count(" OK") == n, out.stdout + out.stderr
+
+
+@needs_gpu
+def test_cuda_tensors_go_through_dlpack_and_the_cuda_array_interface_without_a_copy():
+    """Our CUDA tensor read back through DLPack and through __cuda_array_interface__ (as CuPy,
+    pycuda or Numba hand theirs over): the same memory on the same device."""
+    t = it.tensor([1.0, 2.0, 3.0], device="cuda")
+    assert t.__dlpack_device__() == (2, t.device.index or 0)
+    back = it.from_dlpack(t.__dlpack__())
+    assert back.device == t.device and back.data_ptr() == t.data_ptr() and back.tolist() == [1.0, 2.0, 3.0]
+
+    class Foreign:  # another library's CUDA array
+        __cuda_array_interface__ = t.__cuda_array_interface__
+    shared = it.as_tensor(Foreign())
+    assert shared.device.type == "cuda" and shared.data_ptr() == t.data_ptr()
+    shared.fill_(5.0)
+    assert t.tolist() == [5.0, 5.0, 5.0]
+
+
+@needs_gpu
+@pytest.mark.parametrize("library", ["torch", "cupy", "pycuda"])
+def test_the_gpu_python_ecosystem_shares_memory_both_ways(library):
+    """PyTorch and CuPy through DLPack, pycuda's GPUArray through __cuda_array_interface__ (pycuda
+    speaks no DLPack). Needs a real GPU and the library: skipped on the emulated GPU."""
+    lib = pytest.importorskip(library)
+    t = it.tensor([1.0, 2.0, 3.0], device="cuda")
+    if library == "torch":
+        if not lib.cuda.is_available():
+            pytest.skip("PyTorch sees no GPU")
+        theirs = lib.from_dlpack(t)
+        assert theirs.data_ptr() == t.data_ptr()
+        ours = it.from_dlpack(lib.arange(3.0, device="cuda"))
+    elif library == "cupy":
+        theirs = lib.from_dlpack(t)
+        assert theirs.data.ptr == t.data_ptr()
+        ours = it.from_dlpack(lib.arange(3.0, dtype=lib.float32))
+    else:
+        import pycuda.autoprimaryctx  # noqa: F401  (the primary context, the one CUDA runtime users share)
+        import pycuda.gpuarray as gpuarray
+        import numpy as np
+        theirs = gpuarray.GPUArray((3,), np.float32, gpudata=t.data_ptr())
+        assert theirs.get().tolist() == [1.0, 2.0, 3.0]
+        ours = it.as_tensor(gpuarray.to_gpu(np.arange(3.0, dtype=np.float32)))
+    assert ours.device.type == "cuda" and ours.tolist() == [0.0, 1.0, 2.0]
