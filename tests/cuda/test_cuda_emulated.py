@@ -127,3 +127,21 @@ def test_the_emulator_catches_kernels_that_break_the_programming_model(emulated,
     assert lines["launch"] == launch and run in lines["run"], out.stdout
     if wrong is not None:
         assert int(lines["wrong"]) == wrong, out.stdout
+
+
+def test_a_gpu_named_by_index_is_the_one_taken_and_ranks_take_their_local_gpu(emulated):
+    """As PyTorch: --device cuda:1 on one process is GPU 1, an index that does not exist is an
+    error, and ranks sharing a node each take the GPU of their local rank (an index is refused)."""
+    _, env = emulated
+    env = dict(env, INFINITRAIN_EMULATED_GPUS="2")
+    code = "import sys; from infinitrain.nn import parallel; print(parallel.init(device=sys.argv[1]).device)"
+    picked = [subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True, timeout=120, env=env)
+              for d in ("cuda", "cuda:1", "cuda:3")]
+    assert [p.stdout.strip() for p in picked[:2]] == ["cuda:0", "cuda:1"], [p.stderr for p in picked]
+    assert picked[2].returncode != 0 and "'cuda:3' does not exist: this node has 2 GPU(s)" in picked[2].stderr
+    two = subprocess.run([*launch(2), sys.executable, "-c", code, "cuda"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert two.returncode == 0 and sorted(two.stdout.split()) == ["cuda:0", "cuda:1"], two.stdout + two.stderr
+    named = subprocess.run([*launch(2), sys.executable, "-c", code, "cuda:1"], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert named.returncode != 0 and "each takes the GPU of its local rank" in named.stdout + named.stderr

@@ -209,7 +209,9 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
         _whole_lines()
         _abort_on_exception()
         _share_cores(cores)  # before the groups: they choose a communication thread by it
-    gpu = _pick_gpu(local_rank, local_size) if as_device(device).type == "cuda" else None
+    # "cuda" lets each rank take its local GPU; "cuda:N" (or a device with an index) names one
+    named = as_device(device) if (":" in device if isinstance(device, str) else as_device(device).index) else None
+    gpu = _pick_gpu(local_rank, local_size, named) if as_device(device).type == "cuda" else None
     _ENV = GlobalEnv(comm, layout, local_size, gpu, local_rank)
     if collective_timeout is None:
         collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
@@ -255,8 +257,10 @@ def _rendezvous(comm, timeout: float) -> None:
     MPI.Request.Waitall(arrivals)
 
 
-def _pick_gpu(local_rank: int, local_size: int):
-    """One rank per GPU: the node's k-th rank takes cuda:k."""
+def _pick_gpu(local_rank: int, local_size: int, asked=None):
+    """One rank per GPU: the node's k-th rank takes cuda:k (as torchrun's LOCAL_RANK). A GPU
+    named by index (cuda:1) is taken by a single rank on its node; the numbers are those that
+    CUDA_VISIBLE_DEVICES leaves visible, as in PyTorch."""
     from ... import cuda
     from ...runtime import build_info
     n = cuda.device_count()
@@ -266,6 +270,14 @@ def _pick_gpu(local_rank: int, local_size: int):
     if local_size > n:
         raise RuntimeError(f"{local_size} ranks on this node but {n} GPU(s): NCCL takes one rank per GPU; "
                            f"start at most {n} ranks per node")
+    if asked is not None:
+        if local_size > 1:
+            raise ValueError(f"device '{asked}' names one GPU, but {local_size} ranks run on this node and each "
+                             "takes the GPU of its local rank: ask for 'cuda' (or choose the GPUs with "
+                             "CUDA_VISIBLE_DEVICES)")
+        if asked.index >= n:
+            raise ValueError(f"device '{asked}' does not exist: this node has {n} GPU(s) (cuda:0 to cuda:{n - 1})")
+        return asked
     return as_device(f"cuda:{local_rank}")
 
 

@@ -29,6 +29,8 @@
 #include <utility>
 
 // ---- what nvcc's keywords mean on one CPU thread -------------------------------------------
+// the toolkit version it stands for (cuda_runtime_api.h defines it; cudaRuntimeGetVersion says it)
+#define CUDART_VERSION 13000
 #define __global__
 #define __device__
 #define __host__
