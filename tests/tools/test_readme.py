@@ -65,3 +65,27 @@ def test_every_example_command_in_the_readme_parses(module, flags, capsys):
         assert done.value.code == 0 and "--input_bin" in capsys.readouterr().out
     else:
         _parse(module, list(flags))
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_precision_checker_example_runs_as_written(tmp_path):
+    """The README's one-process baseline and its two-rank comparison, exactly as written there
+    (mpirun is the launcher the tests use): every tensor within tolerance."""
+    import subprocess
+    import sys
+    from helpers import ENV, launch
+    (block,) = [b for b in _blocks("bash") if "--precision_check" in b and "baseline=" in b]
+    lines = [ln for ln in re.sub(r"\\\n\s*", " ", block).splitlines() if ln.strip() and not ln.startswith("#")]
+    outs = []
+    for line in lines:
+        words = shlex.split(line)
+        if words[0] == "mpirun":  # `mpirun -np N python ...`: the tests' launcher for N ranks
+            n = int(words[words.index("-np") + 1])
+            words = launch(n) + words[words.index("-np") + 2:]
+        words = [sys.executable if w == "python" else w for w in words]
+        out = subprocess.run(words, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
+        assert out.returncode == 0, f"{line}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+        outs.append(out.stdout + out.stderr)
+    summary = re.findall(r"(\d+) tensors compared with one, (\d+) beyond", outs[-1])
+    assert len(summary) == 2 and all(int(n) > 100 and bad == "0" for n, bad in summary), outs[-1][-2000:]
