@@ -204,7 +204,7 @@ def command(a, env: dict | None = None, kind: str | None = None) -> list:
     variables.update(env or {})
     nodes = a.hostfile or a.nnodes > 1  # place N ranks per node (else all on this one)
     if kind == "hydra":
-        cmd = [exe, "-n", str(world)]
+        cmd = start(world, exe, kind)
         if a.hostfile:
             cmd += ["-f", a.hostfile]
         if nodes:
