@@ -2,9 +2,10 @@
 from . import functional, init, utils
 from .module import Module
 from .modules import (GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, ModuleDict,
-                      ModuleList, ReLU, RMSNorm, Sequential, Sigmoid, SiLU, Tanh)
+                      ModuleList, MSELoss, ReLU, RMSNorm, Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .parameter import Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout",
-           "GELU", "SiLU", "ReLU", "Sigmoid", "Tanh", "Identity", "CrossEntropyLoss", "Sequential",
+           "GELU", "SiLU", "ReLU", "Sigmoid", "Tanh", "Softmax", "Identity", "CrossEntropyLoss", "MSELoss",
+           "Sequential",
            "ModuleList", "ModuleDict", "functional", "init", "utils"]

@@ -130,6 +130,26 @@ class Tanh(Module):
         return F.tanh(x)
 
 
+class Softmax(Module):
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+        if dim is None:
+            raise ValueError("Softmax: give dim (PyTorch's implicit choice of dimension is deprecated)")
+        self.dim = dim
+
+    def forward(self, x):
+        return F.softmax(x, self.dim)
+
+
+class MSELoss(Module):
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return F.mse_loss(input, target, self.reduction)
+
+
 class CrossEntropyLoss(Module):
     def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
         super().__init__()

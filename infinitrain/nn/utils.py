@@ -56,6 +56,16 @@ def total_norm(pairs, device, dp_group=None, pipeline_group=None) -> float:
 
 
 @no_grad()
+def clip_grad_value_(parameters, clip_value: float) -> None:
+    """Clamps every gradient to [-clip_value, clip_value] in place (torch.nn.utils.clip_grad_value_)."""
+    if not clip_value >= 0:
+        raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {clip_value}")
+    for p in ([parameters] if hasattr(parameters, "grad") else parameters):
+        if p.grad is not None:
+            p.grad.clamp_(-clip_value, clip_value)
+
+
+@no_grad()
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
                     error_if_nonfinite: bool = False, pipeline_group=None) -> float:
     """Scales gradients so that their global 2-norm is at most max_norm; returns the norm

@@ -106,3 +106,38 @@ class LinearLR(LRScheduler):
         if self.total == 0 or step >= self.total:
             return self.end
         return self.start + (self.end - self.start) * step / self.total
+
+
+class StepLR(LRScheduler):
+    """torch.optim.lr_scheduler.StepLR: lr * gamma ** (step // step_size)."""
+
+    def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
+        if step_size < 1:
+            raise ValueError(f"StepLR: step_size must be >= 1, got {step_size}")
+        self.step_size, self.gamma = step_size, gamma
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step: int) -> float:
+        return self.gamma ** (step // self.step_size)
+
+
+class MultiStepLR(LRScheduler):
+    """torch.optim.lr_scheduler.MultiStepLR: lr * gamma ** (milestones passed)."""
+
+    def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
+        self.milestones, self.gamma = sorted(int(m) for m in milestones), gamma
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step: int) -> float:
+        return self.gamma ** sum(step >= m for m in self.milestones)
+
+
+class ExponentialLR(LRScheduler):
+    """torch.optim.lr_scheduler.ExponentialLR: lr * gamma ** step."""
+
+    def __init__(self, optimizer, gamma: float, last_epoch: int = -1):
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step: int) -> float:
+        return self.gamma ** step
