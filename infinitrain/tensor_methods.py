@@ -19,6 +19,12 @@ from .ops import shape as _shape
 from .tensor import Tensor, _wrap_dim
 
 
+def _positions(values, device) -> Tensor:
+    """A 1-D int64 index tensor of these positions on device."""
+    from .creation import tensor
+    return tensor(list(values), dtype=_dt.int64, device=device)
+
+
 class TensorMethods:
     # ---- views ---------------------------------------------------------------------------
     def _tracks(self) -> bool:
@@ -478,8 +484,8 @@ class TensorMethods:
         return _ops.triangle(self, diagonal, True)
 
     # ---- reductions ----------------------------------------------------------------------
-    def sum(self, dim=None, keepdim: builtins.bool = False):
-        return _ops.sum(self, dim, keepdim)
+    def sum(self, dim=None, keepdim: builtins.bool = False, *, dtype=None):
+        return _ops.sum(self if dtype is None else self.to(dtype=dtype), dim, keepdim)
 
     def mean(self, dim=None, keepdim: builtins.bool = False):
         return _ops.mean(self, dim, keepdim)
@@ -521,8 +527,8 @@ class TensorMethods:
     def logsumexp(self, dim, keepdim: builtins.bool = False):
         return _idx.logsumexp(self, dim, keepdim)
 
-    def softmax(self, dim: int = -1):
-        return _ops.softmax(self, dim)
+    def softmax(self, dim: int = -1, dtype=None):
+        return _ops.softmax(self if dtype is None else self.to(dtype=dtype), dim)
 
     def log_softmax(self, dim: int = -1):
         return _idx.log_softmax(self, dim)
@@ -532,6 +538,82 @@ class TensorMethods:
 
     def topk(self, k: int, dim: int = -1, largest: builtins.bool = True, sorted: builtins.bool = True):  # noqa: A002
         return _idx.topk(self, k, dim, largest, sorted)
+
+    def sort(self, dim: int = -1, descending: builtins.bool = False):
+        """(values, indices) along dim, differentiable in the values (topk of the whole dim)."""
+        return _idx.topk(self, self.shape[dim] if self.ndim else 1, dim, descending, True)
+
+    def argsort(self, dim: int = -1, descending: builtins.bool = False):
+        return self.sort(dim, descending)[1]
+
+    # ---- PyTorch conveniences built from the ops above ----------------------------------
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad: builtins.bool = False):
+        from .creation import zeros
+        return zeros(*size, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+    def new_ones(self, *size, dtype=None, device=None, requires_grad: builtins.bool = False):
+        from .creation import ones
+        return ones(*size, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad: builtins.bool = False):
+        from .creation import tensor
+        return tensor(data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+    def sign(self):
+        """-1, 0 or 1 in this tensor's dtype (no gradient: it is piecewise constant)."""
+        x = self.detach()
+        return ((x > 0).to(dtype=self.dtype) - (x < 0).to(dtype=self.dtype))
+
+    def flip(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        out = self
+        for d in dims:
+            n = self.shape[_wrap_dim(d, self.ndim)]
+            out = out.index_select(d, _positions(list(range(n - 1, -1, -1)), self.device))
+        return out
+
+    def roll(self, shifts, dims=None):
+        if dims is None:
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+        out = self
+        for shift, d in zip(shifts, dims):
+            n = self.shape[_wrap_dim(d, self.ndim)]
+            if n:
+                out = out.index_select(d, _positions([(i - shift) % n for i in range(n)], self.device))
+        return out
+
+    def repeat(self, *sizes):
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        if len(sizes) < self.ndim:
+            raise ValueError(f"repeat: {len(sizes)} sizes for a tensor of {self.ndim} dimensions")
+        x = self.reshape((1,) * (len(sizes) - self.ndim) + tuple(self.shape))
+        inter = []  # [r0, n0, r1, n1, ...] expanded, then merged pairwise
+        for r, n in zip(sizes, x.shape):
+            inter += [r, n]
+        expanded = x.reshape(tuple(v for n in x.shape for v in (1, n))).expand(*inter)
+        return expanded.reshape(tuple(r * n for r, n in zip(sizes, x.shape)))
+
+    def nonzero(self, *, as_tuple: builtins.bool = False):
+        """The indices of the non-zero elements, [n, ndim] int64 (read on the host)."""
+        import numpy as np
+        from .creation import tensor
+        idx = np.argwhere(self.detach()._host().numpy() != 0)
+        if as_tuple:
+            return tuple(tensor(idx[:, d], dtype=_dt.int64, device=self.device) for d in range(self.ndim))
+        return tensor(idx.reshape(-1, self.ndim), dtype=_dt.int64, device=self.device)
+
+    def retain_grad(self):
+        """Keeps this non-leaf tensor's gradient in .grad after backward (a leaf keeps its own)."""
+        if self.is_leaf or not self.requires_grad:
+            return
+
+        def keep(g):
+            self.grad = g if self.grad is None else self.grad + g
+        self.register_hook(keep)
 
     def all(self):
         return self.bool().logical_not().float().sum() == 0

@@ -70,20 +70,45 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 
 
 def cross_entropy(input: Tensor, target: Tensor, ignore_index: int = -100,
-                  reduction: str = "mean") -> Tensor:
-    """input [N, C] (or [..., C] with target [...]) logits; target class indices."""
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """input [N, C] (or [..., C] with target [...]) logits; target class indices. With
+    label_smoothing e (PyTorch's): (1 - e) * the cross-entropy + e * the mean over classes of
+    -log softmax, targets equal to ignore_index counting for neither."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if input.shape[:-1] != target.shape:
         raise ValueError(f"cross_entropy: logits {tuple(input.shape)} and targets {tuple(target.shape)} "
                          "do not match (expected logits [..., C] and targets [...])")
-    out = _nn.cross_entropy(input.reshape(-1, input.shape[-1]), target.reshape(-1),
-                            input.shape[-1], ignore_index, reduction)
-    return out.reshape(target.shape) if reduction == "none" else out
+    flat, targets = input.reshape(-1, input.shape[-1]), target.reshape(-1)
+    if not label_smoothing:  # the fused kernel, reduction and all
+        out = _nn.cross_entropy(flat, targets, input.shape[-1], ignore_index, reduction)
+        return out.reshape(target.shape) if reduction == "none" else out
+    nll = _nn.cross_entropy(flat, targets, input.shape[-1], ignore_index, "none")
+    kept = (targets != ignore_index).to(dtype=nll.dtype)
+    uniform = -log_softmax(flat, -1).mean(-1) * kept
+    nll = (1 - label_smoothing) * nll + label_smoothing * uniform
+    if reduction == "none":
+        return nll.reshape(target.shape)
+    if reduction == "sum":
+        return nll.sum()
+    count = (targets != ignore_index).to(dtype=nll.dtype).sum()
+    return nll.sum() / count
 
 
-def embedding(input: Tensor, weight: Tensor) -> Tensor:
-    return _nn.Embedding.apply(input, weight)
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """weight's rows at the ids of input. The row padding_idx gets no gradient (PyTorch's)."""
+    if padding_idx is None:
+        return _nn.Embedding.apply(input, weight)
+    rows = weight.shape[0]
+    if not -rows <= padding_idx < rows:
+        raise ValueError(f"embedding: padding_idx {padding_idx} is not a row of a {rows}-row weight")
+    pad = padding_idx % rows
+    out = _nn.Embedding.apply(input, weight)
+    # the padding positions' outputs are kept but cut from the graph: the row gets no gradient
+    return out.masked_fill((input == pad).unsqueeze(-1), 0.0) + \
+        weight.detach()[pad] * (input == pad).unsqueeze(-1).to(dtype=out.dtype)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,

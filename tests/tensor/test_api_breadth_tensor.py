@@ -1,0 +1,79 @@
+"""Tensor methods and functional options a PyTorch port uses at once (issue 28's list, a first
+slice), held against PyTorch: sort/argsort, flip, roll, repeat, sign, nonzero, new_zeros/
+new_ones/new_tensor, retain_grad, sum/softmax(dtype=), cross_entropy(label_smoothing=) and
+embedding(padding_idx=), values and gradients."""
+import numpy as np
+import pytest
+
+import infinitrain as it
+import infinitrain.nn.functional as F
+
+torch = pytest.importorskip("torch")
+
+
+def _both(x):
+    return it.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+
+
+@pytest.mark.parametrize("name,ours,theirs", [
+    ("sort", lambda t: t.sort(dim=1)[0], lambda t: t.sort(dim=1)[0]),
+    ("sort_desc", lambda t: t.sort(dim=0, descending=True)[0], lambda t: t.sort(dim=0, descending=True)[0]),
+    ("flip", lambda t: t.flip(0, 1), lambda t: t.flip((0, 1))),
+    ("roll", lambda t: t.roll(2, 1), lambda t: t.roll(2, 1)),
+    ("roll_flat", lambda t: t.roll(-3), lambda t: t.roll(-3)),
+    ("repeat", lambda t: t.repeat(2, 1, 3), lambda t: t.repeat(2, 1, 3)),
+    ("sum_dtype", lambda t: t.sum(dtype=it.float64), lambda t: t.sum(dtype=torch.float64)),
+    ("softmax_dtype", lambda t: t.bfloat16().softmax(1, dtype=it.float32),
+     lambda t: t.bfloat16().softmax(1, dtype=torch.float32)),  # a 16-bit input computed in float32
+])
+def test_methods_equal_pytorchs_with_gradients(name, ours, theirs, rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    a, b = _both(x)
+    oa, ob = ours(a), theirs(b)
+    np.testing.assert_allclose(oa.detach().numpy(), ob.detach().numpy(), rtol=1e-6, atol=1e-7)
+    w = rng.standard_normal(tuple(ob.shape))
+    (oa * it.tensor(w, dtype=oa.dtype)).sum().backward()
+    (ob * torch.tensor(w, dtype=ob.dtype)).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_small_conveniences(rng):
+    x = it.tensor([[0.0, -2.0, 3.0], [0.0, 0.0, -1.0]])
+    assert x.sign().tolist() == [[0.0, -1.0, 1.0], [0.0, 0.0, -1.0]]
+    assert x.nonzero().tolist() == [[0, 1], [0, 2], [1, 2]] and [t.tolist() for t in x.nonzero(as_tuple=True)] == \
+        [[0, 0, 1], [1, 2, 2]]
+    assert x.argsort(dim=1).tolist() == torch.tensor(x.tolist()).argsort(dim=1).tolist()
+    z = x.new_zeros(2, 2)
+    assert z.dtype is x.dtype and z.tolist() == [[0.0, 0.0], [0.0, 0.0]] and x.new_ones(3).tolist() == [1.0] * 3
+    assert x.new_tensor([1, 2]).dtype is it.float32
+    w = it.tensor([1.0, 2.0], requires_grad=True)
+    h = w * 3
+    h.retain_grad()
+    (h * h).sum().backward()
+    assert h.grad.tolist() == [6.0, 12.0] and w.grad.tolist() == [18.0, 36.0]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_label_smoothing_and_ignore_index_equals_pytorchs(reduction, rng):
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    t = np.array([1, 4, -100, 0, 2, 2])
+    a, b = _both(x)
+    la = F.cross_entropy(a, it.tensor(t), reduction=reduction, label_smoothing=0.1)
+    lb = torch.nn.functional.cross_entropy(b, torch.tensor(t), reduction=reduction, label_smoothing=0.1)
+    np.testing.assert_allclose(la.detach().numpy(), lb.detach().numpy(), rtol=1e-6, atol=1e-6)
+    la.sum().backward()
+    lb.sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_embedding_padding_row_gets_no_gradient_as_pytorchs(rng):
+    w = rng.standard_normal((7, 3)).astype(np.float32)
+    ids = np.array([[1, 0, 3], [0, 6, 0]])
+    a, b = _both(w)
+    ea = F.embedding(it.tensor(ids), a, padding_idx=0)
+    eb = torch.nn.functional.embedding(torch.tensor(ids), b, padding_idx=0)
+    np.testing.assert_array_equal(ea.detach().numpy(), eb.detach().numpy())
+    (ea * 2).sum().backward()
+    (eb * 2).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), b.grad.numpy())
+    assert not a.grad.numpy()[0].any()
