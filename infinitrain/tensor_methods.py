@@ -19,6 +19,40 @@ from .ops import shape as _shape
 from .tensor import Tensor, _wrap_dim
 
 
+def _advanced_index(x, key):
+    """(the tensor x[key] with the one index tensor, list or bool mask of key replaced by full
+    slices, the dimension where that index applies, the index as a tensor), or None when key
+    has none. Two index tensors at once (x[i, j]) are refused."""
+    import numpy as np
+    from .creation import tensor
+    parts = key if isinstance(key, tuple) else (key,)
+    advanced = [i for i, k in enumerate(parts) if isinstance(k, (Tensor, list, np.ndarray))]
+    if not advanced:
+        return None
+    if len(advanced) > 1:
+        raise NotImplementedError("indexing with more than one index tensor at once (x[i, j]) is not supported; "
+                                  "index one dimension at a time")
+    at = advanced[0]
+    index = parts[at]
+    if not isinstance(index, Tensor):
+        arr = np.asarray(index)
+        index = tensor(arr, dtype=_dt.bool if arr.dtype == np.bool_ else _dt.int64, device=x.device)
+    if index.dtype is not _dt.bool and index.dtype.is_floating_point:
+        raise IndexError(f"tensors used as indices must be integer or bool, not {index.dtype}")
+    width = index.ndim if index.dtype is _dt.bool else 1
+    basic = parts[:at] + (slice(None),) * width + parts[at + 1:]
+    y = x[basic] if len(basic) > 1 or width > 1 else x[basic[0]]
+    # the output dimension where the index's dimensions sit: those before it that survive
+    used = builtins.sum(1 for k in basic if k is not None and k is not Ellipsis)
+    dim = 0
+    for k in parts[:at]:
+        if k is Ellipsis:
+            dim += x.ndim - used
+        elif k is None or isinstance(k, slice):
+            dim += 1
+    return y, dim, index
+
+
 def _positions(values, device) -> Tensor:
     """A 1-D int64 index tensor of these positions on device."""
     from .creation import tensor
@@ -144,18 +178,38 @@ class TensorMethods:
         return iter(self.unbind(0))
 
     def __getitem__(self, key) -> Tensor:
-        if isinstance(key, Tensor):
-            if key.dtype is _dt.bool:
-                raise NotImplementedError("indexing with a bool mask (data-dependent shape) is "
-                                          "not supported; use where() or masked_fill()")
-            flat = key.reshape(-1) if key.ndim != 1 else key
-            out = _idx.index_select(self, 0, flat)
-            return out if key.ndim == 1 else out.reshape(key.shape + self._shape[1:])
+        found = _advanced_index(self, key)
+        if found is not None:  # an index tensor, list or bool mask: PyTorch's advanced indexing
+            y, dim, index = found
+            if index.dtype is _dt.bool:  # the mask's dims become one, of the selected positions
+                m = index.ndim
+                if tuple(index.shape) != tuple(y.shape[dim:dim + m]):
+                    raise IndexError(f"a mask of shape {tuple(index.shape)} does not match the indexed "
+                                     f"dimensions {tuple(y.shape[dim:dim + m])}")
+                y = y.reshape(y.shape[:dim] + (-1,) + y.shape[dim + m:])
+                return y.index_select(dim, index.reshape(-1).nonzero().reshape(-1))
+            out = y.index_select(dim, index.reshape(-1))
+            return out.reshape(y.shape[:dim] + tuple(index.shape) + y.shape[dim + 1:])
         return _shape.Index.apply(self, key) if self._tracks() else self._getitem_raw(key)
 
     def __setitem__(self, key, value) -> None:
         self._check_inplace("item assignment")
-        memory.copy_into(self._getitem_raw(key), value)
+        found = _advanced_index(self, key)
+        if found is None:
+            memory.copy_into(self._getitem_raw(key), value)
+            return
+        y, dim, index = found  # y: a view of self, so writes into it land in self
+        if index.dtype is _dt.bool:
+            positions = [tuple(p) for p in index.nonzero().tolist()]
+            rows = [y[(slice(None),) * dim + p] for p in positions]
+        else:
+            rows = [y.select(dim, int(i)) for i in index.reshape(-1).tolist()]
+        values = value if isinstance(value, Tensor) else None
+        for j, row in enumerate(rows):  # one copy per selected position (x[idx] = v, x[mask] = v)
+            if values is not None and values.ndim and values.shape[0] == len(rows) and len(rows) > 1:
+                memory.copy_into(row, values[j])
+            else:
+                memory.copy_into(row, value)
 
     def index_select(self, dim: int, index: Tensor) -> Tensor:
         return _idx.index_select(self, dim, index)

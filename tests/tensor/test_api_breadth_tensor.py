@@ -77,3 +77,36 @@ def test_embedding_padding_row_gets_no_gradient_as_pytorchs(rng):
     (eb * 2).sum().backward()
     np.testing.assert_array_equal(a.grad.numpy(), b.grad.numpy())
     assert not a.grad.numpy()[0].any()
+
+
+INDEXES = ["v[v > 10]", "v[[1, 0]]", "v[:, [2, 0]]", "v[..., [3, 1]]", "v[0, [2]]", "v[:, 1:, [0, 2]]",
+           "v[None, :, [1]]", "v[(v > 5)[:, :, 0]]", "v[1, (v > 14)[1]]", "v[torch_or_it.tensor([[1, 0], [0, 1]])]"]
+
+
+@pytest.mark.parametrize("expr", INDEXES)
+def test_advanced_indexing_reads_as_pytorchs_with_gradients(expr):
+    """Bool masks, lists and index tensors on one dimension, among slices, ints, None and
+    ..., forward and backward."""
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    a, b = _both(x)
+    oa = eval(expr, {"v": a, "torch_or_it": it})
+    ob = eval(expr, {"v": b, "torch_or_it": torch})
+    np.testing.assert_array_equal(oa.detach().numpy(), ob.detach().numpy())
+    (oa * oa).sum().backward()
+    (ob * ob).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), b.grad.numpy())
+
+
+@pytest.mark.parametrize("expr,value", [("v[v > 5]", 0.0), ("v[[2, 0]]", -1.0), ("v[:, [1, 3]]", 7.0),
+                                        ("v[[0, 1]]", [[9.0] * 4, [8.0] * 4])])
+def test_advanced_index_assignment_writes_as_pytorchs(expr, value):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a, b = it.tensor(x), torch.tensor(x)
+    exec(f"{expr} = value", {"v": a, "value": it.tensor(value) if isinstance(value, list) else value})
+    exec(f"{expr} = value", {"v": b, "value": torch.tensor(value) if isinstance(value, list) else value})
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_two_index_tensors_at_once_are_refused_with_a_way_out():
+    with pytest.raises(NotImplementedError, match="index one dimension at a time"):
+        it.tensor([[1.0, 2.0]])[[0], [1]]
