@@ -660,6 +660,28 @@ class TensorMethods:
             return tuple(tensor(idx[:, d], dtype=_dt.int64, device=self.device) for d in range(self.ndim))
         return tensor(idx.reshape(-1, self.ndim), dtype=_dt.int64, device=self.device)
 
+    # in-place draws and maths, as PyTorch's (no autograd through them: a leaf that requires
+    # grad is refused, as for every in-place write)
+    def _draw_(self, what: str, fill):
+        self._check_inplace(f"{what}()")
+        target = self if self.is_contiguous() else self._clone_raw()
+        fill(target)
+        return self if target is self else self.copy_(target)
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0, generator=None):
+        from .random import default_generator
+        return self._draw_("uniform_", lambda t: (generator or default_generator).fill_uniform(t, a, b))
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0, generator=None):
+        from .random import default_generator
+        return self._draw_("normal_", lambda t: (generator or default_generator).fill_normal(t, mean, std))
+
+    def exp_(self):
+        return self.copy_(self.exp())
+
+    def sqrt_(self):
+        return self.copy_(self.sqrt())
+
     def retain_grad(self):
         """Keeps this non-leaf tensor's gradient in .grad after backward (a leaf keeps its own)."""
         if self.is_leaf or not self.requires_grad:

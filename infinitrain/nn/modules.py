@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .. import creation
+from ..autograd import no_grad
 from . import functional as F
 from . import init
 from .module import Module
@@ -32,14 +33,21 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, device=None,
+                 dtype=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        if padding_idx is not None and not -num_embeddings <= padding_idx < num_embeddings:
+            raise ValueError(f"Embedding: padding_idx {padding_idx} is not a row of {num_embeddings}")
+        self.padding_idx = None if padding_idx is None else padding_idx % num_embeddings
         self.weight = Parameter(creation.empty(num_embeddings, embedding_dim, dtype=dtype, device=device))
         init.normal_(self.weight)
+        if self.padding_idx is not None:  # PyTorch's: the padding row starts at zero
+            with no_grad():
+                self.weight[self.padding_idx] = 0.0
 
     def forward(self, indices):
-        return F.embedding(indices, self.weight)
+        return F.embedding(indices, self.weight, self.padding_idx)
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}"
@@ -151,12 +159,12 @@ class MSELoss(Module):
 
 
 class CrossEntropyLoss(Module):
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
         super().__init__()
-        self.ignore_index, self.reduction = ignore_index, reduction
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
 
     def forward(self, input, target):
-        return F.cross_entropy(input, target, self.ignore_index, self.reduction)
+        return F.cross_entropy(input, target, self.ignore_index, self.reduction, self.label_smoothing)
 
 
 class Sequential(Module):

@@ -110,3 +110,22 @@ def test_advanced_index_assignment_writes_as_pytorchs(expr, value):
 def test_two_index_tensors_at_once_are_refused_with_a_way_out():
     with pytest.raises(NotImplementedError, match="index one dimension at a time"):
         it.tensor([[1.0, 2.0]])[[0], [1]]
+
+
+def test_in_place_draws_and_maths_and_the_module_options():
+    x = it.empty(4000).uniform_(-2.0, 3.0).numpy()
+    assert x.min() >= -2.0 and x.max() <= 3.0 and abs(x.mean() - 0.5) < 0.1
+    y = it.empty(4000).normal_(1.0, 0.5).numpy()
+    assert abs(y.mean() - 1.0) < 0.05 and abs(y.std() - 0.5) < 0.05
+    strided = it.zeros(4, 6)[:, ::2]
+    strided.uniform_(1.0, 2.0)
+    assert (strided.numpy() >= 1.0).all()
+    z = it.tensor([1.0, 4.0])
+    assert z.sqrt_().tolist() == [1.0, 2.0] and np.allclose(z.exp_().tolist(), np.exp([1.0, 2.0]))
+    with pytest.raises(RuntimeError, match="bypass autograd"):
+        it.zeros(2, requires_grad=True).uniform_()
+    emb = it.nn.Embedding(5, 3, padding_idx=-1)
+    assert emb.padding_idx == 4 and emb.weight[4].tolist() == [0.0, 0.0, 0.0]
+    ours = it.nn.CrossEntropyLoss(label_smoothing=0.1)(it.tensor([[1.0, 2.0]]), it.tensor([1])).item()
+    theirs = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(torch.tensor([[1.0, 2.0]]), torch.tensor([1])).item()
+    assert ours == pytest.approx(theirs, rel=1e-6)
