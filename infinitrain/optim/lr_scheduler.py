@@ -75,7 +75,8 @@ class WarmupConstantLR(WarmupCosineLR):
 
 class CosineAnnealingLR(LRScheduler):
     """torch.optim.lr_scheduler.CosineAnnealingLR: lr = eta_min + (base - eta_min) *
-    (1 + cos(pi * step / T_max)) / 2, held at eta_min after T_max."""
+    (1 + cos(pi * step / T_max)) / 2; past T_max it rises again along the cosine, as PyTorch's
+    (WarmupCosineLR holds its minimum instead)."""
 
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
         if T_max <= 0:
@@ -85,7 +86,7 @@ class CosineAnnealingLR(LRScheduler):
 
     def step(self) -> None:
         self.last_epoch += 1
-        t = min(self.last_epoch, self.T_max)
+        t = self.last_epoch
         for g, base in zip(self.optimizer.param_groups, self.base_lrs):
             g["lr"] = self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
 
@@ -141,3 +142,42 @@ class ExponentialLR(LRScheduler):
 
     def factor(self, step: int) -> float:
         return self.gamma ** step
+
+
+class SequentialLR(LRScheduler):
+    """torch.optim.lr_scheduler.SequentialLR: schedulers[i] runs from milestones[i - 1] on,
+    each starting again from its own beginning at its milestone (a warmup, then a decay)."""
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch: int = -1):
+        schedulers, milestones = list(schedulers), [int(m) for m in milestones]
+        if len(milestones) != len(schedulers) - 1 or milestones != sorted(milestones):
+            raise ValueError(f"SequentialLR: {len(schedulers)} schedulers need {len(schedulers) - 1} increasing "
+                             f"milestones, got {milestones}")
+        if any(s.optimizer is not optimizer for s in schedulers):
+            raise ValueError("SequentialLR: every scheduler must drive this optimizer")
+        self.optimizer, self.schedulers, self.milestones = optimizer, schedulers, milestones
+        self.base_lrs = list(schedulers[0].base_lrs)
+        self.last_epoch = last_epoch + 1
+        self._restart(schedulers[0])  # each scheduler set the rates when built: the first one's count
+
+    @staticmethod
+    def _restart(scheduler) -> None:
+        scheduler.last_epoch = -1
+        scheduler.step()
+
+    def step(self) -> None:
+        import bisect
+        self.last_epoch += 1
+        i = bisect.bisect_right(self.milestones, self.last_epoch)
+        if i > 0 and self.milestones[i - 1] == self.last_epoch:
+            self._restart(self.schedulers[i])
+        else:
+            self.schedulers[i].step()
+
+    def state_dict(self) -> dict:
+        return {"last_epoch": self.last_epoch, "schedulers": [s.state_dict() for s in self.schedulers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_epoch = int(state["last_epoch"])
+        for s, st in zip(self.schedulers, state["schedulers"]):
+            s.load_state_dict(st)

@@ -80,3 +80,23 @@ def test_step_schedules_give_pytorchs_learning_rates(ours, theirs):
         a.step()
         b.step()
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("build", ["warmup_cosine", "step_then_exponential"])
+def test_sequential_schedules_give_pytorchs_learning_rates(build):
+    def make(mod, opt):
+        if build == "warmup_cosine":
+            return mod.SequentialLR(opt, [mod.LinearLR(opt, start_factor=0.1, total_iters=3),
+                                          mod.CosineAnnealingLR(opt, T_max=6)], milestones=[3])
+        return mod.SequentialLR(opt, [mod.StepLR(opt, 2, 0.5), mod.ExponentialLR(opt, 0.8)], milestones=[4])
+    mine = SGD([it.zeros(2, requires_grad=True)], lr=0.1)
+    ref = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    a, b = make(lr_scheduler, mine), make(torch.optim.lr_scheduler, ref)
+    got, want = [], []
+    for _ in range(12):
+        got.append(mine.param_groups[0]["lr"])
+        want.append(ref.param_groups[0]["lr"])
+        ref.step()
+        a.step()
+        b.step()
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
