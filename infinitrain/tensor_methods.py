@@ -199,6 +199,10 @@ class TensorMethods:
             memory.copy_into(self._getitem_raw(key), value)
             return
         y, dim, index = found  # y: a view of self, so writes into it land in self
+        if index.dtype is _dt.bool and (not isinstance(value, Tensor) or value.ndim == 0):
+            # x[mask] = number: one masked fill, the mask aligned with the dims it indexes
+            y.masked_fill_(index.reshape(tuple(index.shape) + (1,) * (y.ndim - dim - index.ndim)), value)
+            return
         if index.dtype is _dt.bool:
             positions = [tuple(p) for p in index.nonzero().tolist()]
             rows = [y[(slice(None),) * dim + p] for p in positions]
