@@ -140,7 +140,7 @@ def from_dlpack(obj):
     if isinstance(obj, Tensor):
         return obj
     if hasattr(obj, "__dlpack__"):
-        kind, index = obj.__dlpack_device__()
+        kind, _ = obj.__dlpack_device__()
         stream = {"stream": 1} if kind == KDL_CUDA else {}
         try:
             capsule = obj.__dlpack__(max_version=(1, 0), **stream)

@@ -109,7 +109,7 @@ def slurm_allocation() -> dict | None:
     return {"hosts": hosts, "nodes": nodes, "tasks_per_node": int(per_node)}
 
 
-def _srun_mpi_plugin() -> str:
+def srun_mpi_plugin() -> str:
     """srun's --mpi for the MPI that mpi4py loads here: pmix for Open MPI, pmi2 for MPICH and
     Intel MPI (read in a child process, so that this launcher holds no MPI state)."""
     probe = ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
@@ -226,7 +226,7 @@ def command(a, env: dict | None = None, kind: str | None = None) -> list:
         if a.nnodes > 1:
             cmd += ["-N", str(a.nnodes)]
         if "--mpi" not in a.launcher_args and "SLURM_MPI_TYPE" not in os.environ:
-            cmd += [f"--mpi={_srun_mpi_plugin()}"]  # Slurm's MpiDefault is none: no MPI world
+            cmd += [f"--mpi={srun_mpi_plugin()}"]  # Slurm's MpiDefault is none: no MPI world
     cmd += shlex.split(a.launcher_args)
     target = ["-m", a.module] if a.module else [a.script]
     return cmd + [sys.executable, "-m", "mpi_launch.worker"] + target + list(a.args)

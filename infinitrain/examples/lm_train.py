@@ -161,10 +161,15 @@ def check_inputs(args, env) -> None:
                             ("--llmc_filepath", args.llmc_filepath, lambda p: input_file(p, "checkpoint"))])
 
 
+def check_sequence_length(args, block_size: int) -> None:
+    if args.sequence_length > block_size:
+        refuse(f"--sequence_length {args.sequence_length} exceeds the model's block size {block_size}")
+
+
 def check_memory(args, env, accum: int, log) -> None:
     known = _config_of(args)  # a sequence the model cannot take is that, not a memory problem
-    if known is not None and args.sequence_length > known[0].block_size:
-        refuse(f"--sequence_length {args.sequence_length} exceeds the model's block size {known[0].block_size}")
+    if known is not None:
+        check_sequence_length(args, known[0].block_size)
     plan = memory_plan(args, env, accum)
     if plan is not None:
         need, have, text = plan
@@ -189,8 +194,7 @@ def build(args, env, tp, stage, cp, build_model, layout: str, log):
         setup_lora(model, args, log)
     model.to(env.device)  # built and initialised on the host: every device starts from the same weights
     T = args.sequence_length
-    if T > model.config.block_size:
-        refuse(f"--sequence_length {T} exceeds the model's block size {model.config.block_size}")
+    check_sequence_length(args, model.config.block_size)  # (an llm.c file's, known only now)
     try:
         model.check_batch(it.zeros(1, T, dtype=it.int64))  # CP and SP split the sequence evenly
     except ValueError as e:

@@ -239,14 +239,18 @@ def _meta_mutations(meta):
     yield "optimizer scalars", lambda m: m["optimizer"].__setitem__("scalars", {"transformer.wte.weight": 3})
 
 
-def test_every_mutated_meta_json_is_a_checkpoint_error(tmp_path):
+def _stepped_checkpoint(tmp_path):
     it.manual_seed(0)
     model = gpt2("tiny")
     opt = AdamW(model.parameters())
     _, loss = model(it.tensor([[1, 2, 3]]), it.tensor([[2, 3, 4]]))
     loss.backward()
     opt.step()
-    path = save_checkpoint(tmp_path / "ck", 1, model, opt)
+    return model, opt, save_checkpoint(tmp_path / "ck", 1, model, opt)
+
+
+def test_every_mutated_meta_json_is_a_checkpoint_error(tmp_path):
+    model, opt, path = _stepped_checkpoint(tmp_path)
     original = json.loads((path / "meta.json").read_text())
     cases = list(_meta_mutations(json.loads(json.dumps(original))))
     assert len(cases) > 100
@@ -263,16 +267,6 @@ def test_every_mutated_meta_json_is_a_checkpoint_error(tmp_path):
         (path / "meta.json").write_bytes(text.encode("latin-1"))
         with pytest.raises(CheckpointError, match="meta.json"):
             load_checkpoint(path, model, opt)
-
-
-def _stepped_checkpoint(tmp_path):
-    it.manual_seed(0)
-    model = gpt2("tiny")
-    opt = AdamW(model.parameters())
-    _, loss = model(it.tensor([[1, 2, 3]]), it.tensor([[2, 3, 4]]))
-    loss.backward()
-    opt.step()
-    return model, opt, save_checkpoint(tmp_path / "ck", 1, model, opt)
 
 
 def _edit_meta(path, edit) -> None:

@@ -63,23 +63,28 @@ def test_trunc_normal_stays_in_its_interval_with_the_truncated_spread():
     np.testing.assert_allclose([a.mean(), a.std()], [t.mean(), t.std()], atol=0.02)
 
 
+def _learning_rates(ours, theirs, steps: int) -> tuple:
+    """The rates our schedule and PyTorch's give an SGD optimizer over `steps` steps."""
+    mine = SGD([it.zeros(2, requires_grad=True)], lr=0.1)
+    ref = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    a, b = ours(mine), theirs(ref)
+    got, want = [], []
+    for _ in range(steps):
+        got.append(mine.param_groups[0]["lr"])
+        want.append(ref.param_groups[0]["lr"])
+        ref.step()
+        a.step()
+        b.step()
+    return got, want
+
+
 @pytest.mark.parametrize("ours,theirs", [
     (lambda o: lr_scheduler.StepLR(o, 3, 0.5), lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5)),
     (lambda o: lr_scheduler.MultiStepLR(o, [2, 5], 0.1), lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [2, 5], 0.1)),
     (lambda o: lr_scheduler.ExponentialLR(o, 0.9), lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.9)),
 ], ids=["StepLR", "MultiStepLR", "ExponentialLR"])
 def test_step_schedules_give_pytorchs_learning_rates(ours, theirs):
-    mine = SGD([it.zeros(2, requires_grad=True)], lr=0.1)
-    ref = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
-    a, b = ours(mine), theirs(ref)
-    got, want = [], []
-    for _ in range(8):
-        got.append(mine.param_groups[0]["lr"])
-        want.append(ref.param_groups[0]["lr"])
-        ref.step()
-        a.step()
-        b.step()
-    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(*_learning_rates(ours, theirs, 8), rtol=1e-12)
 
 
 @pytest.mark.parametrize("build", ["warmup_cosine", "step_then_exponential"])
@@ -89,14 +94,5 @@ def test_sequential_schedules_give_pytorchs_learning_rates(build):
             return mod.SequentialLR(opt, [mod.LinearLR(opt, start_factor=0.1, total_iters=3),
                                           mod.CosineAnnealingLR(opt, T_max=6)], milestones=[3])
         return mod.SequentialLR(opt, [mod.StepLR(opt, 2, 0.5), mod.ExponentialLR(opt, 0.8)], milestones=[4])
-    mine = SGD([it.zeros(2, requires_grad=True)], lr=0.1)
-    ref = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
-    a, b = make(lr_scheduler, mine), make(torch.optim.lr_scheduler, ref)
-    got, want = [], []
-    for _ in range(12):
-        got.append(mine.param_groups[0]["lr"])
-        want.append(ref.param_groups[0]["lr"])
-        ref.step()
-        a.step()
-        b.step()
+    got, want = _learning_rates(lambda o: make(lr_scheduler, o), lambda o: make(torch.optim.lr_scheduler, o), 12)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

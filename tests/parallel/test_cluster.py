@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from infinitrain.data.prepare import data_root
-from mpi_launch import launcher_kind
+from mpi_launch import launcher_kind, srun_mpi_plugin
 
 from helpers import ENV, MPI_SCRIPTS, MPIEXEC, PARALLEL_TRAIN, assert_same, losses, one_process
 
@@ -88,17 +88,11 @@ def _slurm_up() -> bool:
 slurm = pytest.mark.skipif(not _slurm_up(), reason="no Slurm controller answers (.ci/cluster starts one)")
 
 
-def _srun_plugin() -> str:
-    """srun's --mpi for the MPI that mpi4py loads: pmix for Open MPI, pmi2 for MPICH."""
-    from infinitrain.nn.parallel.global_env import mpi_library
-    return "pmix" if "Open MPI" in mpi_library()[0] else "pmi2"
-
-
 @pytest.mark.mpi
 @slurm
 def test_srun_with_the_mpis_plugin_trains_as_one_process_and_without_one_is_refused():
     srun = ["srun", "-n", "2", "--time", "5"]
-    out = subprocess.run([*srun, f"--mpi={_srun_plugin()}", sys.executable, PARALLEL_TRAIN, *TINY],
+    out = subprocess.run([*srun, f"--mpi={srun_mpi_plugin()}", sys.executable, PARALLEL_TRAIN, *TINY],
                          capture_output=True, text=True, timeout=300, env=ENV)
     assert out.returncode == 0, out.stdout + out.stderr
     assert_same(losses(out.stdout), one_process(*TINY), "float32", "srun -n 2 (DP 2)")
@@ -106,7 +100,7 @@ def test_srun_with_the_mpis_plugin_trains_as_one_process_and_without_one_is_refu
     # init() refuses; Open MPI refuses in MPI_Init already, naming srun's missing PMI support
     bad = subprocess.run([*srun, "--mpi=none", sys.executable, PARALLEL_TRAIN, *TINY],
                          capture_output=True, text=True, timeout=300, env=ENV)
-    said = "direct launched using \"srun\"" if _srun_plugin() == "pmix" else "srun started 2 tasks"
+    said = "direct launched using \"srun\"" if srun_mpi_plugin() == "pmix" else "srun started 2 tasks"
     assert bad.returncode != 0 and said in bad.stderr, bad.stdout + bad.stderr
     assert "loss 1" not in bad.stdout  # nothing trained
 

@@ -209,9 +209,11 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
         _whole_lines()
         _abort_on_exception()
         _share_cores(cores)  # before the groups: they choose a communication thread by it
-    # "cuda" lets each rank take its local GPU; "cuda:N" (or a device with an index) names one
-    named = as_device(device) if (":" in device if isinstance(device, str) else as_device(device).index) else None
-    gpu = _pick_gpu(local_rank, local_size, named) if as_device(device).type == "cuda" else None
+    # "cuda" lets each rank take its local GPU; "cuda:N" names one (as_device turns "cuda" into
+    # cuda:0, so the spelling tells them apart)
+    dev = as_device(device)
+    named = dev if (":" in device if isinstance(device, str) else dev.index) else None
+    gpu = _pick_gpu(local_rank, local_size, named) if dev.type == "cuda" else None
     _ENV = GlobalEnv(comm, layout, local_size, gpu, local_rank)
     if collective_timeout is None:
         collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
