@@ -42,7 +42,7 @@ from .io import DataFormatError, atomic_write, fsync_dir, input_file, sha256_fil
 from .creation import from_numpy
 from .random import default_generator
 from .tensor import Tensor
-from .nn.parallel.tensor_parallel import full_tensor
+from .nn.parallel.tensor_parallel import full_tensor, load_full
 
 FORMAT = "infinitrain-checkpoint"
 VERSION = 2
@@ -613,9 +613,7 @@ def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
     model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
     arrays = hf.ours_from_theirs(cls, cfg, files, tied)
     for name, p in model.state_dict(keep_vars=True).items():
-        full = from_numpy(arrays[name]())
-        shard = getattr(p, "tp_shard", None)
-        p.copy_(shard.take(full) if shard is not None else full)
+        load_full(p, from_numpy(arrays[name]()))
     return model
 
 
@@ -647,9 +645,7 @@ def _from_earlier_format(cls, folder: Path, cfg: dict, tp, pp, cp):
     for name, p in model.state_dict(keep_vars=True).items():
         if name not in stored:
             raise DataFormatError(f"{folder}/model.safetensors has no {name}")
-        full = from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32))
-        shard = getattr(p, "tp_shard", None)
-        p.copy_(shard.take(full) if shard is not None else full)
+        load_full(p, from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32)))
     return model
 
 
@@ -731,5 +727,4 @@ def load_lora(model, folder) -> None:
         want = shard.full_shape(p.shape) if shard is not None else tuple(p.shape)
         if tuple(stored[name].shape) != tuple(want):
             raise CheckpointError(f"{folder}: adapter {name} is {tuple(stored[name].shape)}, this model's {want}")
-        full = from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32))
-        p.copy_(shard.take(full) if shard is not None else full)
+        load_full(p, from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32)))

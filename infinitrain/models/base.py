@@ -272,8 +272,7 @@ class CausalLM(Module):
                         import warnings
                         warnings.warn(f"{name}: {bad} of its {values.size} values are NaN or infinite; the "
                                       "model will produce NaN", RuntimeWarning, stacklevel=3)
-                    full = creation.from_numpy(values)
-                    p.copy_(p.tp_shard.take(full) if p.tp_shard is not None else full)
+                    tpl.load_full(p, creation.from_numpy(values))
                 at += n
 
     def save_pretrained(self, folder, write: bool = True):

@@ -100,6 +100,13 @@ class TPShard:
         return _from_numpy(np.ascontiguousarray(full), local.dtype, local.device)
 
 
+def load_full(p: Tensor, full: Tensor) -> None:
+    """The inverse of full_tensor: copies a one-process tensor into the parameter, which keeps
+    its tensor-parallel slice of it (no communication: every rank has the full tensor)."""
+    shard = getattr(p, "tp_shard", None)
+    p.copy_(shard.take(full) if shard is not None else full)
+
+
 def full_tensor(p: Tensor) -> Tensor:
     """The one-process tensor of a parameter, detached: a tensor-parallel shard is gathered (a
     collective over its TP group, so every rank of the group must call this)."""
