@@ -67,25 +67,74 @@ def test_every_example_command_in_the_readme_parses(module, flags, capsys):
         _parse(module, list(flags))
 
 
+def _run_as_written(line: str, cwd, extra=()):
+    """One README command line, run from cwd: `mpirun -np N` (or `mpi_launch --nproc_per_node
+    N`) becomes the tests' launcher for N ranks, `python` this Python; extra flags go last, where
+    argparse lets them win. Returns what it printed; fails with it unless it exits 0."""
+    import subprocess
+    import sys
+    from helpers import ENV, launch
+    words = shlex.split(line)
+    if words[0] == "mpirun":
+        n = int(words[words.index("-np") + 1])
+        words = launch(n) + words[words.index("-np") + 2:]
+    elif words[0] == "mpi_launch":
+        n = int(words[words.index("--nproc_per_node") + 1])
+        words = launch(n) + ["python"] + words[words.index("--nproc_per_node") + 2:]
+    words = [sys.executable if w == "python" else w for w in words] + list(extra)
+    out = subprocess.run(words, capture_output=True, text=True, timeout=600, env=ENV, cwd=cwd)
+    assert out.returncode == 0, f"{line}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    return out.stdout + out.stderr
+
+
+def _runnable_lines():
+    """Every README line that trains with an example here: what a `&&` chain runs last, without
+    its comment. Left out: srun lines (tests/parallel/test_cluster.py runs srun), --help, and the
+    precision-checker pair (run below as written)."""
+    for block in _blocks("bash"):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.split(" # ")[0].split("&&")[-1].strip()
+            if (re.search(r"-m infinitrain\.examples\.\w+", line) and line.split()[0] in ("python", "mpirun", "mpi_launch")
+                    and "--help" not in line and "..." not in line and "--precision_check" not in line):
+                yield line
+
+
+RUNNABLE = sorted(set(_runnable_lines()))
+# what keeps each run to a few seconds; argparse takes the last value of a flag
+SHORT = {"mnist": ["--epochs", "1", "--train_subset", "256"],
+         "lm": ["--num_iteration", "2", "--batch_size", "2", "--sequence_length", "32"]}
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("line", RUNNABLE, ids=[ln[:90] for ln in RUNNABLE])
+def test_every_training_command_in_the_readme_runs(line, tmp_path):
+    """Each command as the README writes it, with the files it names where it names them (an
+    llm.c GPT-2 124M checkpoint; the adapters the first LoRA command saves for the second), cut
+    to two short steps."""
+    if "gpt2_124M.bin" in line:
+        from infinitrain.models import gpt2
+        gpt2("gpt2").save_llmc(tmp_path / "gpt2_124M.bin")
+        if "--lora_load_path" in line:
+            (saver,) = [ln for ln in RUNNABLE if "--lora_save_path" in ln]
+            _run_as_written(saver, tmp_path, SHORT["lm"])
+    out = _run_as_written(line, tmp_path, SHORT["mnist" if "examples.mnist" in line else "lm"])
+    assert re.search(r"step +2/2 .*train loss|epoch 1", out), out[-2000:]
+    if "--profile" in line:
+        assert (tmp_path / "trace.json").stat().st_size > 0
+
+
+def test_the_readme_has_training_commands_to_run():
+    assert len(RUNNABLE) >= 10
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_the_precision_checker_example_runs_as_written(tmp_path):
     """The README's one-process baseline and its two-rank comparison, exactly as written there
     (mpirun is the launcher the tests use): every tensor within tolerance."""
-    import subprocess
-    import sys
-    from helpers import ENV, launch
     (block,) = [b for b in _blocks("bash") if "--precision_check" in b and "baseline=" in b]
     lines = [ln for ln in re.sub(r"\\\n\s*", " ", block).splitlines() if ln.strip() and not ln.startswith("#")]
-    outs = []
-    for line in lines:
-        words = shlex.split(line)
-        if words[0] == "mpirun":  # `mpirun -np N python ...`: the tests' launcher for N ranks
-            n = int(words[words.index("-np") + 1])
-            words = launch(n) + words[words.index("-np") + 2:]
-        words = [sys.executable if w == "python" else w for w in words]
-        out = subprocess.run(words, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
-        assert out.returncode == 0, f"{line}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
-        outs.append(out.stdout + out.stderr)
+    outs = [_run_as_written(line, tmp_path) for line in lines]
     summary = re.findall(r"(\d+) tensors compared with one, (\d+) beyond", outs[-1])
     assert len(summary) == 2 and all(int(n) > 100 and bad == "0" for n, bad in summary), outs[-1][-2000:]
