@@ -230,6 +230,20 @@ class TensorMethods:
     def clone(self) -> Tensor:
         return _shape.Clone.apply(self) if self._tracks() else self._clone_raw()
 
+    def __deepcopy__(self, memo) -> Tensor:
+        """copy.deepcopy of a leaf (as PyTorch): new memory, the same requires_grad and a copy
+        of .grad; what deep-copies a Module (nn.TransformerEncoder clones its layer so)."""
+        if not self.is_leaf:
+            raise RuntimeError("only tensors created by the user (graph leaves) can be deep-copied; "
+                               "deep-copy .detach() instead")
+        import copy
+        out = self._clone_raw()
+        out.requires_grad = self.requires_grad
+        if self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = out
+        return out
+
     def _check_inplace(self, what: str) -> None:
         if self.requires_grad and is_grad_enabled():
             raise RuntimeError(f"{what} on a tensor that requires grad would bypass autograd; "

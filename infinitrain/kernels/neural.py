@@ -205,28 +205,56 @@ def _attention_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple:
     return B, H, Hkv, Tq, Tk, D
 
 
+def _attention_options(bias, dropout_p: float, seed: int, shape: tuple):
+    """The it_attention_options of a call (NULL when there is nothing to add) and the tensor
+    the bias pointer reads, which must live until the call returns. bias: float32, broadcast to
+    shape [B, H, Tq, Tk]."""
+    if bias is None and not dropout_p:
+        return _NULL, None
+    opts = ffi.new("it_attention_options *")
+    if bias is not None:
+        if bias.dtype != _dt.float32:
+            raise TypeError(f"attention: the score bias must be float32, got {bias.dtype}")
+        try:
+            bias = bias.expand(*shape)
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"attention: a mask of shape {tuple(bias.shape)} does not broadcast "
+                             f"to the scores' [B, H, L, S] = {list(shape)}") from e
+        if bias.stride()[-1] != 1 and shape[-1] > 1:
+            bias = bias.contiguous()
+        opts.bias = ffi.cast("float *", bias.data_ptr())
+        opts.bias_stride_batch, opts.bias_stride_head, opts.bias_stride_query = bias.stride()[:3]
+    opts.dropout_p, opts.seed = float(dropout_p), seed & (2**64 - 1)
+    return opts, bias
+
+
 @_trace.traced("kernel")
-def attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, causal: bool = True):
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, causal: bool = True,
+              bias: Tensor | None = None, dropout_p: float = 0.0, seed: int = 0):
     """Returns (out [B, H, Tq, D], lse float32 [B, H, Tq]). k, v: [B, H_kv, Tk, D]; causal
-    masks aligned to the bottom right (query i sees keys j <= i + Tk - Tq)."""
+    masks aligned to the bottom right (query i sees keys j <= i + Tk - Tq). bias: float32 added
+    to the scaled scores, broadcast to [B, H, Tq, Tk] (-inf masks; a row with every key masked
+    gives zeros). dropout_p: dropout on the probabilities, its mask a hash of seed."""
     _checks.floating("attention", "q", q)
-    _checks.same_device("attention", q=q, k=k, v=v)
+    _checks.same_device("attention", q=q, k=k, v=v, bias=bias)
     _checks.same_dtype("attention", q=q, k=k, v=v)
     B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v, causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q, k, v = q._contiguous_raw(), k._contiguous_raw(), v._contiguous_raw()
     out = _empty(q.shape, q.dtype, q.device)
     lse = _empty((B, H, Tq), _dt.float32, q.device)
+    opts, bias = _attention_options(bias, dropout_p, seed, (B, H, Tq, Tk))
     check(lib.it_attention_forward(q.device.native, q.dtype.native, out._ptr(), _f32_ptr(lse),
                                    q._ptr(), k._ptr(), v._ptr(), B, H, Hkv, Tq, Tk, D, scale,
-                                   int(causal)))
+                                   int(causal), opts))
     return out, lse
 
 
 @_trace.traced("kernel")
-def attention_backward(dout, q, k, v, out, lse, scale: float | None = None, causal: bool = True):
+def attention_backward(dout, q, k, v, out, lse, scale: float | None = None, causal: bool = True,
+                       bias: Tensor | None = None, dropout_p: float = 0.0, seed: int = 0):
     """Returns (dq, dk, dv). out and lse are the whole rows' (they may span more keys than k:
-    then the gradients are this block's part)."""
+    then the gradients are this block's part); bias, dropout_p and seed are the forward's."""
     B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v, causal)
     _checks.shape_is("attention backward", "grad", dout, q.shape)
     _checks.shape_is("attention backward", "out", out, q.shape)
@@ -236,10 +264,11 @@ def attention_backward(dout, q, k, v, out, lse, scale: float | None = None, caus
     dout, q, k, v, out, lse = (t._contiguous_raw() for t in (dout, q, k, v, out, lse))
     dq = _empty(q.shape, q.dtype, q.device)
     dk, dv = _empty(k.shape, k.dtype, k.device), _empty(v.shape, v.dtype, v.device)
+    opts, bias = _attention_options(bias, dropout_p, seed, (B, H, Tq, Tk))
     check(lib.it_attention_backward(q.device.native, q.dtype.native, dq._ptr(), dk._ptr(),
                                     dv._ptr(), dout._ptr(), q._ptr(), k._ptr(), v._ptr(),
                                     out._ptr(), _f32_ptr(lse), B, H, Hkv, Tq, Tk, D, scale,
-                                    int(causal)))
+                                    int(causal), opts))
     return dq, dk, dv
 
 

@@ -4,8 +4,12 @@ from .module import Module
 from .modules import (GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, ModuleDict,
                       ModuleList, MSELoss, ReLU, RMSNorm, Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .parameter import Parameter
+from .transformer import (MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
 
 __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout",
            "GELU", "SiLU", "ReLU", "Sigmoid", "Tanh", "Softmax", "Identity", "CrossEntropyLoss", "MSELoss",
            "Sequential",
-           "ModuleList", "ModuleDict", "functional", "init", "utils"]
+           "ModuleList", "ModuleDict", "MultiheadAttention", "TransformerEncoderLayer",
+           "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
+           "functional", "init", "utils"]

@@ -38,10 +38,11 @@ def _check_normalized(x: Tensor, normalized_shape) -> None:
                          f"{tuple(x.shape)} (normalisation over one dimension is supported)")
 
 
-def gelu(input: Tensor, approximate: str = "tanh") -> Tensor:
-    if approximate != "tanh":
-        raise NotImplementedError("gelu: only approximate='tanh' (GPT-2's GELU) is implemented")
-    return _m.unary(lib.IT_GELU_TANH, input)
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """PyTorch's: exact x·Φ(x) by default, approximate='tanh' GPT-2's tanh form."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _m.unary(lib.IT_GELU_TANH if approximate == "tanh" else lib.IT_GELU, input)
 
 
 def silu(input: Tensor) -> Tensor:
@@ -114,21 +115,60 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
-    """Attention over query [B, H, L, D] and key/value [B, H_kv, S, D] (fewer heads with
-    enable_gqa=True), causal (PyTorch's is_causal: L == S) or over every key."""
-    if attn_mask is not None:
-        raise NotImplementedError("scaled_dot_product_attention: attn_mask is not implemented "
-                                  "(is_causal=True or no mask)")
-    if is_causal and query.shape[-2] != key.shape[-2]:
-        raise NotImplementedError(f"scaled_dot_product_attention: is_causal with {query.shape[-2]} "
-                                  f"queries and {key.shape[-2]} keys (PyTorch aligns that mask to "
-                                  "the top left; only equal lengths are implemented)")
-    if dropout_p:
-        raise NotImplementedError("scaled_dot_product_attention: attention dropout is not implemented")
+    """PyTorch's: query [N, H, L, E] (or [N, L, E]), key/value [N, H_kv, S, E] (fewer heads with
+    enable_gqa=True). attn_mask broadcasts to [N, H, L, S]: bool (True: takes part) or float
+    (added to the scores). is_causal masks key j > query i (the top-left triangle when L != S,
+    as PyTorch). A query whose every key is masked out gives zeros. Fused: no L x S matrix is
+    kept for the backward pass, the probabilities (and dropout's mask) are recomputed."""
+    if not all(isinstance(t, Tensor) for t in (query, key, value)):
+        raise TypeError("scaled_dot_product_attention: query, key and value must be tensors")
+    if query.ndim not in (3, 4) or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise ValueError(f"scaled_dot_product_attention: query, key and value must all be [N, H, L, E] "
+                         f"or all [N, L, E], got {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    if attn_mask is not None and is_causal:
+        raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal=True, not both "
+                         "(fold the causal mask into attn_mask)")
+    if value.shape[-1] != query.shape[-1]:
+        raise NotImplementedError(f"scaled_dot_product_attention: value's head size {value.shape[-1]} "
+                                  f"differs from query's {query.shape[-1]} (equal sizes are implemented)")
+    squeeze = query.ndim == 3  # [N, L, E]: one head
+    if squeeze:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
                          "enable_gqa=True for grouped-query attention")
-    return _nn.attention(query, key, value, scale, causal=is_causal)
+    L, S = query.shape[-2], key.shape[-2]
+    bias, causal = None, is_causal
+    if is_causal and L != S:  # PyTorch's triangle starts at the top left; the kernel's ends bottom right
+        from ..creation import ones
+        attn_mask, causal = ones(L, S, dtype=_dt.bool, device=query.device).tril(), False
+    if attn_mask is not None:
+        bias = attention_bias(attn_mask)
+        if squeeze and bias.ndim == 3:  # [N, L, S] for [N, L, E] inputs
+            bias = bias.unsqueeze(1)
+    out = _nn.attention(query, key, value, scale, causal, bias, dropout_p)
+    return out.squeeze(1) if squeeze else out
+
+
+def attention_bias(mask: Tensor, allowed: bool = True) -> Tensor:
+    """A mask as the float32 scores bias attention adds: bool (where it equals `allowed`, the key
+    takes part; elsewhere -inf) or float (added as it is). SDPA's bool masks say True = takes
+    part, nn.MultiheadAttention's True = masked out (allowed=False)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"attention mask must be a tensor, got {type(mask).__name__}")
+    if mask.requires_grad:
+        raise NotImplementedError("attention: a float mask that requires grad gets no gradient "
+                                  "here; pass mask.detach() (a learned bias is not implemented)")
+    if mask.dtype is _dt.bool:
+        from ..creation import zeros
+        blocked = mask.logical_not() if allowed else mask
+        return _idx.masked_fill(zeros(*mask.shape, device=mask.device), blocked, float("-inf"))
+    if not mask.dtype.is_floating_point:
+        raise TypeError(f"attention mask must be bool or floating point, got {mask.dtype}")
+    return mask if mask.dtype is _dt.float32 else mask.float()
 
 
 def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -110,7 +110,7 @@ class Dropout(Module):
 
 
 class GELU(Module):
-    def __init__(self, approximate: str = "tanh"):
+    def __init__(self, approximate: str = "none"):
         super().__init__()
         self.approximate = approximate
 

@@ -28,6 +28,17 @@ class Parameter(Tensor):
         self._storage, self._shape, self._strides = t._storage, t.shape, t.stride()
         self._offset, self.dtype = t._offset, t.dtype
 
+    def __deepcopy__(self, memo) -> "Parameter":
+        out = Parameter(Tensor.__deepcopy__(self, memo), self.requires_grad)
+        out.grad = memo[id(self)].grad
+        for name in self.__slots__:  # the layout over ranks, where one was set
+            try:
+                setattr(out, name, object.__getattribute__(self, name))
+            except AttributeError:
+                pass
+        memo[id(self)] = out
+        return out
+
     def __getattr__(self, name):
         if name in ("tp_shard", "partial_grad_group", "tied_copy_of"):
             return None

@@ -123,17 +123,17 @@ class Embedding(Function):
 
 class Attention(Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
-        out, lse = knn.attention(q, k, v, scale, causal)
+    def forward(ctx, q, k, v, scale, causal, bias=None, dropout_p=0.0, seed=0):
+        out, lse = knn.attention(q, k, v, scale, causal, bias, dropout_p, seed)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal = scale, causal
+        ctx.scale, ctx.causal, ctx.extras = scale, causal, (bias, dropout_p, seed)
         return out
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = knn.attention_backward(g, q, k, v, out, lse, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None
+        dq, dk, dv = knn.attention_backward(g, q, k, v, out, lse, ctx.scale, ctx.causal, *ctx.extras)
+        return dq, dk, dv, None, None, None, None, None
 
 
 class Rope(Function):
@@ -172,10 +172,21 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return Linear.apply(*amp.lower(x, weight, bias))
 
 
-def attention(q, k, v, scale=None, causal: bool = True):
-    """Scaled-dot-product attention, causal (aligned to the bottom right) or over every key."""
+def attention(q, k, v, scale=None, causal: bool = True, bias=None, dropout_p: float = 0.0,
+              generator=None):
+    """Scaled-dot-product attention, causal (aligned to the bottom right) or over every key;
+    bias: a float32 mask added to the scores (-inf: masked out), broadcast to [B, H, L, S];
+    dropout_p: dropout on the probabilities, drawn from generator (default: the global one)."""
     q, k, v = amp.lower(q, k, v)
-    return Attention.apply(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, causal)
+    seed = 0
+    if dropout_p:
+        from ..random import default_generator
+        gen = generator or default_generator
+        # the call's stream: the generator's seed and its next B·H·L·S draws
+        B, H, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        seed = (gen.seed * 0x9E3779B97F4A7C15 + gen._take(B * H * L * S)) & 0xFFFFFFFFFFFFFFFF
+    return Attention.apply(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
+                           causal, bias, dropout_p, seed)
 
 
 def layer_norm(x, weight, bias, eps):

@@ -160,7 +160,8 @@ it_status it_random_normal(it_device device, it_dtype dtype, void *out, int64_t 
 /* ---- elementwise ---------------------------------------------------------------------- */
 typedef enum it_unary_op {
     IT_NEG = 0, IT_EXP, IT_LOG, IT_SQRT, IT_RSQRT, IT_ABS, IT_TANH, IT_SIGMOID, IT_RELU,
-    IT_SILU, IT_GELU_TANH, IT_SIN, IT_COS, IT_SQUARE, IT_RECIPROCAL
+    IT_SILU, IT_GELU_TANH, IT_SIN, IT_COS, IT_SQUARE, IT_RECIPROCAL,
+    IT_GELU /* exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), PyTorch's default */
 } it_unary_op;
 
 typedef enum it_binary_op {
@@ -183,7 +184,7 @@ it_status it_unary(it_device device, it_unary_op op, it_dtype dtype, void *out, 
 /* Gradient of a unary op: dinp = dout * f'(x). `saved` is the op's input x, except for
  * IT_SIGMOID and IT_TANH where it is the op's output. Defined for IT_NEG, IT_EXP (saved = out),
  * IT_LOG, IT_SQRT (saved = out), IT_TANH, IT_SIGMOID, IT_RELU, IT_SILU, IT_GELU_TANH,
- * IT_SQUARE. */
+ * IT_GELU, IT_SQUARE. */
 it_status it_unary_backward(it_device device, it_unary_op op, it_dtype dtype, void *dinp,
                             const void *dout, const void *saved, int64_t n);
 /* out (contiguous, `shape`) = a op b, where a and b are read through their own strides
@@ -310,16 +311,32 @@ it_status it_cross_entropy_backward(it_device device, it_dtype dtype, void *dlog
  * (needs Tk >= Tq; with Tq == Tk the usual causal mask). The backward pass takes the lse and
  * out of the whole row; when the row spans more keys than k holds (a block of a longer
  * sequence, as context parallelism computes it), it gives this block's part of dq and the
- * block's dk, dv. */
+ * block's dk, dv. options (NULL: none) adds a mask and dropout; the backward pass takes the
+ * same options as the forward pass. */
+typedef struct it_attention_options {
+    /* A float32 bias added to the scaled scores, element (b, h, i, j) at
+     * bias[b * stride_batch + h * stride_head + i * stride_query + j] (a stride of 0
+     * broadcasts; keys are contiguous); -inf masks a key out. NULL: none. A query row whose
+     * every key is masked out gives zeros and passes no gradient (PyTorch's fused kernels). */
+    const float *bias;
+    int64_t bias_stride_batch, bias_stride_head, bias_stride_query;
+    /* Zeroes each attention probability with probability dropout_p (in [0, 1]) and scales the
+     * kept ones by 1 / (1 - dropout_p). Which ones is a hash of (seed, row, key), the same on
+     * every device and thread count, so the backward pass recomputes the forward's mask. */
+    float dropout_p;
+    uint64_t seed;
+} it_attention_options;
 it_status it_attention_forward(it_device device, it_dtype dtype, void *out, float *lse,
                                const void *q, const void *k, const void *v, int64_t batch,
                                int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
-                               int64_t head_dim, float scale, int causal);
+                               int64_t head_dim, float scale, int causal,
+                               const it_attention_options *options);
 it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void *dk, void *dv,
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const void *out, const float *lse, int64_t batch,
                                 int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
-                                int64_t head_dim, float scale, int causal);
+                                int64_t head_dim, float scale, int causal,
+                                const it_attention_options *options);
 /* Merges a block's attention (block_out [G, Tb, D] of dtype, block_lse float32 [G, Tb]) into
  * a float32 running result (out [G, T, D], lse [G, T]) at rows [row_offset, row_offset + Tb)
  * of each of the G groups, by the log-sum-exp rule: lse' = log(e^lse + e^block_lse), out' =

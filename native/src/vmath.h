@@ -58,6 +58,8 @@ static inline float it_tanhf(float x) {
     return x < 0 ? -t : t;
 }
 #define IT_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define IT_SQRT1_2 0.7071067811865476f /* 1/sqrt(2) */
+#define IT_INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
 
 /* ---- row reductions ------------------------------------------------------------------- */
 /* Sums over a fixed 32 lanes: several independent vector accumulators hide the add latency,

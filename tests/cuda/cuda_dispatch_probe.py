@@ -27,6 +27,10 @@ def argument(decl: str, keep: list):
     if ctype.endswith("*const *"):  # a host array of device pointers
         keep.append(ffi.new("void *[1]", [ffi.cast("void *", 64)]))
         return keep[-1]
+    if ctype == "const it_attention_options *":  # host options: a device mask and dropout
+        keep.append(ffi.new("it_attention_options *", {"bias": ffi.cast("float *", 4096),
+                                                       "bias_stride_query": 2, "dropout_p": 0.1}))
+        return keep[-1]
     if "*" in ctype and HOST_ARRAYS.search(name):  # host metadata: one dimension of 2
         keep.append(ffi.new("int64_t[1]", [1 if "strides" in name else 2]))
         return keep[-1]

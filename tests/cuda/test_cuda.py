@@ -293,6 +293,36 @@ def test_attention_blocks_and_merge_against_the_cpu(dtype, causal, Tq, Tk):
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_masked_attention_with_dropout_against_the_cpu(dtype):
+    """General attention on the GPU: cross attention (L != S), a key-padding mask that masks one
+    sample's every key, an additive float mask, and dropout: the same hash of the same seed
+    drops the same probabilities on both devices, forward and backward."""
+    L, S = 6, 9
+    q, qg = _pair((2, 4, L, 16), dtype)
+    k, kg = _pair((2, 2, S, 16), dtype)
+    v, vg = _pair((2, 2, S, 16), dtype)
+    pad = RNG.random((2, 1, 1, S)) > 0.3
+    pad[1] = False  # sample 1: nothing to attend to (zeros out, no gradient)
+    additive = RNG.standard_normal((L, S)).astype(np.float32)
+    for mask in (pad, additive):
+        for t in (q, k, v, qg, kg, vg):
+            t.grad = None
+            t.requires_grad_()
+        ys = []
+        for qq, kk, vv, dev in ((q, k, v, "cpu"), (qg, kg, vg, "cuda")):
+            it.manual_seed(7)
+            y = nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=it.tensor(mask, device=dev),
+                                                           dropout_p=0.25, enable_gqa=True)
+            (y.float() ** 2).sum().backward()
+            ys.append(y)
+        tol = 1e-4 if dtype == "float32" else 3e-2
+        _same(ys[1], ys[0], dtype, rtol=tol)
+        for gg, gc in ((qg, q), (kg, k), (vg, v)):
+            _same(gg.grad, gc.grad, dtype, rtol=tol)
+
+
+@needs_gpu
 def test_tensors_made_from_data_on_cuda():
     a = it.tensor([[1.5, -2.0]], device="cuda")
     b = it.tensor(a, dtype=it.bfloat16)

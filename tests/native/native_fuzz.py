@@ -34,12 +34,19 @@ def draw(rng, n_sizes):
     return sizes
 
 
+def _options(**fields):
+    return ffi.new("it_attention_options *", dict(bias=BUF + 256, **fields))
+
+
 def calls(rng):
     f32 = lib.IT_FLOAT32
     b = BUF
     # (batch, heads, q_len, head_dim, kv_heads, kv_len)
     yield "attention", lambda s: lib.it_attention_forward(CPU, f32, b, b, b, b, b, s[0], s[1], s[4],
-                                                          s[2], s[5], s[3], 1.0, 1), 6
+                                                          s[2], s[5], s[3], 1.0, 1, ffi.NULL), 6
+    # a mask's row stride (the batch and head strides of a one-head batch of one reach nothing)
+    yield "attention_bias", lambda s: lib.it_attention_forward(CPU, f32, b, b, b, b, b, 1, 1, 1, 2, 2, 1, 1.0, 0,
+                                                               _options(bias_stride_query=s[0])), 1
     # (groups, rows, block_rows, head_dim)
     yield "attention_merge", lambda s: lib.it_attention_merge(CPU, f32, b, b, b, b, s[0], s[1], s[2], 0,
                                                               s[3]), 4
@@ -110,6 +117,11 @@ def main(cases: int) -> None:
         lambda: lib.it_layernorm_backward(CPU, lib.IT_FLOAT32, BUF, ffi.NULL, ffi.NULL, BUF, BUF + 64, ffi.NULL,
                                           BUF + 128, BUF + 132, 2, 4),
         lambda: lib.it_arange(CPU, lib.IT_FLOAT32, BUF, 0.0, NAN, 4),
+        lambda: lib.it_attention_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, BUF + 192, BUF + 256, 1, 1,
+                                         1, 2, 2, 4, 1.0, 0, _options(dropout_p=NAN)),
+        lambda: lib.it_attention_backward(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, BUF + 192, BUF + 256,
+                                          BUF + 320, BUF + 384, BUF + 448, BUF + 512, 1, 1, 1, 2, 2, 4, 1.0, 0,
+                                          _options(dropout_p=1.5)),
         lambda: lib.it_arange(CPU, lib.IT_FLOAT32, BUF, float("inf"), 1.0, 4),
         lambda: lib.it_adamw_step(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, BUF + 192, 4, 1e-3, 0.9, 0.99,
                                   NAN, 0.0, 1),

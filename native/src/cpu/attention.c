@@ -7,21 +7,46 @@
  * sequence). Causal masking is aligned to the bottom right: query row i sees key j when
  * j <= i + (Tk - Tq), so a query block that ends where the keys end is masked as one causal
  * sequence. The backward pass takes the log-sum-exp and output of the whole row, which may
- * span more keys than this block (ring attention): its gradients are then this block's part. */
+ * span more keys than this block (ring attention): its gradients are then this block's part.
+ *
+ * it_attention_options adds an additive bias to the scores (masks: -inf) and dropout on the
+ * probabilities; the dropout mask is a hash of (seed, row, key), recomputed by the backward
+ * pass, so neither is ever stored. */
 #include "common.h"
+#include "random_bits.h"
 
 /* The number of keys query row i sees. */
 static inline int64_t visible(int64_t i, int64_t Tq, int64_t Tk, int causal) {
     return causal ? i + (Tk - Tq) + 1 : Tk;
 }
 
-/* Masked softmax of scores s [Tq, Tk] in place; writes lse [Tq]. */
+/* Adds the bias rows of (b, h) to the visible part of scores s [Tq, Tk]. */
+IT_HOT static void add_bias(float *s, const float *bias, int64_t stride_query, int64_t Tq,
+                            int64_t Tk, int causal) {
+    for (int64_t i = 0; i < Tq; i++) {
+        float *row = s + i * Tk;
+        const float *brow = bias + i * stride_query;
+        int64_t n = visible(i, Tq, Tk, causal);
+        for (int64_t j = 0; j < n; j++) row[j] += brow[j];
+    }
+}
+
+/* exp(x - m), exactly 0 for a masked (-inf) score. */
+static inline float masked_exp(float x, float m) { return x == -INFINITY ? 0.0f : it_expf(x - m); }
+
+/* Masked softmax of scores s [Tq, Tk] in place; writes lse [Tq] (-inf for a row with every
+ * key masked out, whose probabilities are all 0). */
 IT_HOT static void masked_softmax(float *s, float *lse, int64_t Tq, int64_t Tk, int causal) {
     for (int64_t i = 0; i < Tq; i++) {
         float *row = s + i * Tk;
         int64_t n = visible(i, Tq, Tk, causal);
         float m = it_vmax(row, n);
-        for (int64_t j = 0; j < n; j++) row[j] = it_expf(row[j] - m);
+        if (m == -INFINITY) {
+            memset(row, 0, (size_t)Tk * 4);
+            lse[i] = -INFINITY;
+            continue;
+        }
+        for (int64_t j = 0; j < n; j++) row[j] = masked_exp(row[j], m);
         float sum = it_vsum(row, n);
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; j++) row[j] *= inv;
@@ -34,15 +59,39 @@ IT_HOT static void masked_softmax(float *s, float *lse, int64_t Tq, int64_t Tk, 
 IT_HOT static void masked_probs(float *s, const float *lse, int64_t Tq, int64_t Tk, int causal) {
     for (int64_t i = 0; i < Tq; i++) {
         float *row = s + i * Tk;
-        int64_t n = visible(i, Tq, Tk, causal);
-        for (int64_t j = 0; j < n; j++) row[j] = it_expf(row[j] - lse[i]);
+        int64_t n = lse[i] == -INFINITY ? 0 : visible(i, Tq, Tk, causal);
+        for (int64_t j = 0; j < n; j++) row[j] = masked_exp(row[j], lse[i]);
         for (int64_t j = n; j < Tk; j++) row[j] = 0.0f;
     }
 }
 
-/* dS = P * (dP - rowsum(dO * O)), in place in dp [Tq, Tk]. */
+/* The dropout of rows first_row.. of a [Tq, Tk] block: dst = src * keep / (1 - p). */
+typedef struct { uint64_t key, drop_below; float keep_scale; } dropout_plan;
+
+static dropout_plan plan_dropout(const it_attention_options *o) {
+    dropout_plan d = {0, 0, 1.0f};
+    if (!o || o->dropout_p <= 0.0f) return d;
+    d.key = attention_dropout_key(o->seed);
+    d.drop_below = (uint64_t)((double)o->dropout_p * 4294967296.0);
+    d.keep_scale = o->dropout_p < 1.0f ? 1.0f / (1.0f - o->dropout_p) : 0.0f;
+    return d;
+}
+
+IT_HOT static void apply_dropout(float *dst, const float *src, const dropout_plan *d,
+                                 uint64_t first_row, int64_t Tq, int64_t Tk) {
+    for (int64_t i = 0; i < Tq; i++)
+        for (int64_t j = 0; j < Tk; j++)
+            dst[i * Tk + j] = attention_keeps(d->key, first_row + (uint64_t)i, Tk, j, d->drop_below)
+                                  ? src[i * Tk + j] * d->keep_scale : 0.0f;
+}
+
+/* dS = P * (dP - rowsum(dO * O)), in place in dp [Tq, Tk]. With dropout, dp holds the
+ * gradient of the dropped probabilities P' and dP = dP' * keep / (1 - p); rowsum(dO * O) is
+ * still sum_j P'_ij dP'_ij, since O = P' V. */
 IT_HOT static void softmax_grad(float *dp, const float *p, const float *dout, const float *out,
-                                int64_t Tq, int64_t Tk, int64_t D) {
+                                int64_t Tq, int64_t Tk, int64_t D, const dropout_plan *drop,
+                                uint64_t first_row) {
+    if (drop->drop_below) apply_dropout(dp, dp, drop, first_row, Tq, Tk);
     for (int64_t i = 0; i < Tq; i++) {
         float di = it_vdot(dout + i * D, out + i * D, D);
         for (int64_t j = 0; j < Tk; j++) dp[i * Tk + j] = p[i * Tk + j] * (dp[i * Tk + j] - di);
@@ -50,7 +99,8 @@ IT_HOT static void softmax_grad(float *dp, const float *p, const float *dout, co
 }
 
 static it_status check_attention(const char *fn, it_dtype dtype, int64_t B, int64_t H,
-                                 int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D, int causal) {
+                                 int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D, int causal,
+                                 const it_attention_options *o) {
     IT_CHECK_FLOAT(dtype, fn);
     IT_CHECK_SIZE(B, fn);
     IT_CHECK_SIZE(Tq, fn);
@@ -65,24 +115,43 @@ static it_status check_attention(const char *fn, it_dtype dtype, int64_t B, int6
                  "sizes)", fn, (long long)Tq, (long long)Tk, (long long)D);
     IT_CHECK_PRODUCT(fn, B, H, Tq, D);
     IT_CHECK_PRODUCT(fn, B, Hkv, Tk, D);
-    IT_CHECK_PRODUCT(fn, 16, Tq + Tk, Tk + D);  /* a thread's scratch: 2 Tq x Tk, 4 Tq x D, 4 Tk x D */
+    IT_CHECK_PRODUCT(fn, 16, Tq + Tk, Tk + D);  /* a thread's scratch: 3 Tq x Tk, 4 Tq x D, 4 Tk x D */
+    if (o) {
+        IT_CHECK_ARG(o->dropout_p >= 0.0f && o->dropout_p <= 1.0f, "%s: dropout_p must be in "
+                     "[0, 1], got %g", fn, (double)o->dropout_p);
+        IT_CHECK_ARG(o->bias_stride_batch >= 0 && o->bias_stride_head >= 0 &&
+                     o->bias_stride_query >= 0, "%s: bias strides must be >= 0, got %lld, %lld, "
+                     "%lld", fn, (long long)o->bias_stride_batch, (long long)o->bias_stride_head,
+                     (long long)o->bias_stride_query);
+        /* the last element the bias strides reach stays within an addressable extent */
+        IT_CHECK_PRODUCT(fn, 4, B, o->bias_stride_batch + 1);
+        IT_CHECK_PRODUCT(fn, 4, H, o->bias_stride_head + 1);
+        IT_CHECK_PRODUCT(fn, 4, Tq + Tk, o->bias_stride_query + 1);
+    }
     return IT_OK;
+}
+
+/* The bias rows of (b, h), or NULL. */
+static inline const float *bias_of(const it_attention_options *o, int64_t b, int64_t h) {
+    return o && o->bias ? o->bias + b * o->bias_stride_batch + h * o->bias_stride_head : NULL;
 }
 
 it_status it_attention_forward(it_device device, it_dtype dtype, void *out, float *lse,
                                const void *q, const void *k, const void *v, int64_t batch,
                                int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
-                               int64_t head_dim, float scale, int causal) {
+                               int64_t head_dim, float scale, int causal,
+                               const it_attention_options *options) {
     IT_CHECK_DEVICE(device, "it_attention_forward");
     IT_TRY(check_attention("it_attention_forward", dtype, batch, heads, kv_heads, q_len, kv_len,
-                           head_dim, causal));
+                           head_dim, causal, options));
     if (batch * q_len == 0) return IT_OK;
     IT_CHECK_ARG(out && lse && q && k && v, "it_attention_forward: NULL pointer");
     IT_CHECK_ARG(kv_len > 0, "it_attention_forward: a query row needs at least one key");
     IT_DISPATCH(attention_forward, device, dtype, out, lse, q, k, v, batch, heads, kv_heads, q_len,
-                kv_len, head_dim, scale, causal);
+                kv_len, head_dim, scale, causal, options);
     const int64_t Tq = q_len, Tk = kv_len, D = head_dim, group = heads / kv_heads;
     const int64_t QD = Tq * D, KD = Tk * D;
+    const dropout_plan drop = plan_dropout(options);
     int failed = 0;
     int blas_threads = it_blas_set_threads_local(1);
 #pragma omp parallel
@@ -98,9 +167,12 @@ it_status it_attention_forward(it_device device, it_dtype dtype, void *out, floa
             const float *qf = it_row_load(dtype, q, bh * QD, QD, qb);
             const float *kf = it_row_load(dtype, k, kvh * KD, KD, kb);
             const float *vf = it_row_load(dtype, v, kvh * KD, KD, vb);
+            const float *bias = bias_of(options, b, h);
             float *of = it_row_dest(dtype, out, bh * QD, ob);
             it_sgemm(0, 1, Tq, Tk, D, scale, qf, D, kf, D, 0.0f, s, Tk);
+            if (bias) add_bias(s, bias, options->bias_stride_query, Tq, Tk, causal);
             masked_softmax(s, lse + bh * Tq, Tq, Tk, causal);
+            if (drop.drop_below) apply_dropout(s, s, &drop, (uint64_t)(bh * Tq), Tq, Tk);
             it_sgemm(0, 0, Tq, D, Tk, 1.0f, s, Tk, vf, D, 0.0f, of, D);
             it_row_store(dtype, out, bh * QD, of, QD);
         }
@@ -116,47 +188,55 @@ it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const void *out, const float *lse, int64_t batch,
                                 int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
-                                int64_t head_dim, float scale, int causal) {
+                                int64_t head_dim, float scale, int causal,
+                                const it_attention_options *options) {
     IT_CHECK_DEVICE(device, "it_attention_backward");
     IT_TRY(check_attention("it_attention_backward", dtype, batch, heads, kv_heads, q_len, kv_len,
-                           head_dim, causal));
+                           head_dim, causal, options));
     if (batch * q_len == 0 || kv_len == 0) return IT_OK;
     IT_CHECK_ARG(dq && dk && dv && dout && q && k && v && out && lse,
                  "it_attention_backward: NULL pointer");
     IT_DISPATCH(attention_backward, device, dtype, dq, dk, dv, dout, q, k, v, out, lse, batch,
-                heads, kv_heads, q_len, kv_len, head_dim, scale, causal);
+                heads, kv_heads, q_len, kv_len, head_dim, scale, causal, options);
     const int64_t Tq = q_len, Tk = kv_len, D = head_dim, group = heads / kv_heads;
     const int64_t QD = Tq * D, KD = Tk * D;
+    const dropout_plan drop = plan_dropout(options);
     int failed = 0;
     int blas_threads = it_blas_set_threads_local(1);
     /* One task per kv head: its group of query heads is walked in order, accumulating dK and
      * dV, so no two threads write the same memory and sums are ordered. */
 #pragma omp parallel
     {
-        /* p, dp [Tq,Tk]; q, do, o, dq [Tq,D] (converted when 16-bit); k, v, dk, dv [Tk,D] */
-        float *s = (float *)it_scratch_alloc((size_t)(2 * Tq * Tk + 4 * QD + 4 * KD) * 4);
+        /* p, dp [Tq,Tk] (and the dropped p' with dropout); q, do, o, dq [Tq,D] (converted
+         * when 16-bit); k, v, dk, dv [Tk,D] */
+        int64_t blocks = drop.drop_below ? 3 : 2;
+        float *s = (float *)it_scratch_alloc((size_t)(blocks * Tq * Tk + 4 * QD + 4 * KD) * 4);
         if (!s) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bg = 0; bg < batch * kv_heads; bg++) {
             if (!s) continue;
             float *p = s, *dp = p + Tq * Tk, *qb = dp + Tq * Tk, *gb = qb + QD, *ob = gb + QD;
             float *dqb = ob + QD, *kb = dqb + QD, *vb = kb + KD, *dkf = vb + KD, *dvf = dkf + KD;
+            float *pd = drop.drop_below ? dvf + KD : p;  /* the probabilities that reached V */
             int64_t b = bg / kv_heads;
             const float *kf = it_row_load(dtype, k, bg * KD, KD, kb);
             const float *vf = it_row_load(dtype, v, bg * KD, KD, vb);
             memset(dkf, 0, (size_t)KD * 4);
             memset(dvf, 0, (size_t)KD * 4);
             for (int64_t hh = 0; hh < group; hh++) {
-                int64_t bh = b * heads + (bg % kv_heads) * group + hh;
+                int64_t h = (bg % kv_heads) * group + hh, bh = b * heads + h;
                 const float *qf = it_row_load(dtype, q, bh * QD, QD, qb);
                 const float *gf = it_row_load(dtype, dout, bh * QD, QD, gb);
                 const float *of = it_row_load(dtype, out, bh * QD, QD, ob);
+                const float *bias = bias_of(options, b, h);
                 float *dqf = it_row_dest(dtype, dq, bh * QD, dqb);
                 it_sgemm(0, 1, Tq, Tk, D, scale, qf, D, kf, D, 0.0f, p, Tk);
+                if (bias) add_bias(p, bias, options->bias_stride_query, Tq, Tk, causal);
                 masked_probs(p, lse + bh * Tq, Tq, Tk, causal);
-                it_sgemm(1, 0, Tk, D, Tq, 1.0f, p, Tk, gf, D, 1.0f, dvf, D);   /* dV += P^T dO */
-                it_sgemm(0, 1, Tq, Tk, D, 1.0f, gf, D, vf, D, 0.0f, dp, Tk);   /* dP = dO V^T */
-                softmax_grad(dp, p, gf, of, Tq, Tk, D);                        /* dS */
+                if (drop.drop_below) apply_dropout(pd, p, &drop, (uint64_t)(bh * Tq), Tq, Tk);
+                it_sgemm(1, 0, Tk, D, Tq, 1.0f, pd, Tk, gf, D, 1.0f, dvf, D);  /* dV += P'^T dO */
+                it_sgemm(0, 1, Tq, Tk, D, 1.0f, gf, D, vf, D, 0.0f, dp, Tk);   /* dP' = dO V^T */
+                softmax_grad(dp, p, gf, of, Tq, Tk, D, &drop, (uint64_t)(bh * Tq)); /* dS */
                 it_sgemm(0, 0, Tq, D, Tk, scale, dp, Tk, kf, D, 0.0f, dqf, D); /* dQ = s dS K */
                 it_sgemm(1, 0, Tk, D, Tq, scale, dp, Tk, qf, D, 1.0f, dkf, D); /* dK += s dS^T Q */
                 it_row_store(dtype, dq, bh * QD, dqf, QD);
@@ -199,6 +279,7 @@ it_status it_attention_merge(it_device device, it_dtype dtype, float *out, float
     for (int64_t r = 0; r < groups * block_rows; r++) {
         int64_t g = r / block_rows, i = r % block_rows, at = g * rows + row_offset + i;
         float a = lse[at], b = block_lse[r];
+        if (b == -INFINITY) continue; /* every key of the block masked out: nothing to add */
         float m = a > b ? a : b;
         float wa = it_expf(a - m), wb = it_expf(b - m), sum = wa + wb;
         float *o = out + at * D;

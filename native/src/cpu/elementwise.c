@@ -27,6 +27,9 @@ IT_HOT static void unary_f32(it_unary_op op, float *y, const float *x, int64_t n
     case IT_COS: for (int64_t i = 0; i < n; i++) y[i] = cosf(x[i]); break;
     case IT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = x[i] * x[i]; break;
     case IT_RECIPROCAL: for (int64_t i = 0; i < n; i++) y[i] = 1.0f / x[i]; break;
+    case IT_GELU:
+        for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * IT_SQRT1_2));
+        break;
     }
 }
 
@@ -65,6 +68,12 @@ IT_HOT static void unary_backward_f32(it_unary_op op, float *dx, const float *dy
     case IT_COS: for (int64_t i = 0; i < n; i++) dx[i] = -dy[i] * sinf(s[i]); break;
     case IT_SQUARE: for (int64_t i = 0; i < n; i++) dx[i] = 2.0f * s[i] * dy[i]; break;
     case IT_RECIPROCAL: for (int64_t i = 0; i < n; i++) dx[i] = -dy[i] / (s[i] * s[i]); break;
+    case IT_GELU: /* Phi(x) + x phi(x) */
+        for (int64_t i = 0; i < n; i++) {
+            float v = s[i];
+            dx[i] = dy[i] * (0.5f * (1.0f + erff(v * IT_SQRT1_2)) + v * IT_INV_SQRT_2PI * expf(-0.5f * v * v));
+        }
+        break;
     }
 }
 
@@ -86,6 +95,7 @@ static double unary_f64(it_unary_op op, double x) {
     case IT_COS: return cos(x);
     case IT_SQUARE: return x * x;
     case IT_RECIPROCAL: return 1.0 / x;
+    case IT_GELU: return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
     }
     return 0;
 }
@@ -111,12 +121,13 @@ static double unary_backward_f64(it_unary_op op, double dy, double s) {
     case IT_COS: return -dy * sin(s);
     case IT_SQUARE: return 2.0 * s * dy;
     case IT_RECIPROCAL: return -dy / (s * s);
+    case IT_GELU: return dy * (0.5 * (1.0 + erf(s * 0.7071067811865476)) + s * 0.3989422804014327 * exp(-0.5 * s * s));
     }
     return 0;
 }
 
 static it_status check_unary_op(it_unary_op op, const char *fn) {
-    IT_CHECK_ARG(op >= IT_NEG && op <= IT_RECIPROCAL, "%s: unknown unary op %d", fn, (int)op);
+    IT_CHECK_ARG(op >= IT_NEG && op <= IT_GELU, "%s: unknown unary op %d", fn, (int)op);
     return IT_OK;
 }
 

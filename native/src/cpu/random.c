@@ -3,21 +3,7 @@
  * (seed, offset) to reproduce or resume a stream. */
 #define _GNU_SOURCE /* sincos */
 #include "common.h"
-
-static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static inline uint64_t random_bits(uint64_t seed_key, uint64_t counter) {
-    return mix64(mix64(counter * 0x9e3779b97f4a7c15ull + seed_key) ^ seed_key);
-}
-
-/* Uniform double in (0, 1], 53 random bits. */
-static inline double uniform_open0(uint64_t bits) {
-    return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
+#include "random_bits.h"
 
 typedef enum { UNIFORM, NORMAL } distribution;
 

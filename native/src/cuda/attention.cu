@@ -6,6 +6,10 @@
 // delta_i = dO_i . O_i; dq per query row; dk and dv per key row, summed over the query heads
 // that read it and the later positions, in a fixed order (no atomics).
 //
+// it_attention_options adds a bias to the scores (-inf masks a key out: skipped, and a row with
+// every key masked gives zeros) and dropout on the probabilities, whose mask is the CPU's hash
+// of (seed, row, key), recomputed in the backward pass.
+//
 // This is the correct floor the issue asks for, O(T^2 D) per head without tiling through
 // shared memory; a flash-style tiled kernel is the next step for speed.
 #include "common.cuh"
@@ -13,10 +17,42 @@
 namespace {
 constexpr int kMaxPerLane = 8;  // head_dim up to 256
 
+// it_attention_options as the kernels read it (passed by value)
+struct Extras {
+    const float *bias;
+    int64_t sb, sh, sq;
+    uint64_t key, drop_below;
+    float keep_scale;
+};
+
+Extras extras_of(const it_attention_options *o) {
+    Extras e = {nullptr, 0, 0, 0, 0, 0, 1.0f};
+    if (!o) return e;
+    e.bias = o->bias;
+    e.sb = o->bias_stride_batch, e.sh = o->bias_stride_head, e.sq = o->bias_stride_query;
+    if (o->dropout_p > 0.0f) {
+        e.key = attention_dropout_key(o->seed);
+        e.drop_below = (uint64_t)((double)o->dropout_p * 4294967296.0);
+        e.keep_scale = o->dropout_p < 1.0f ? 1.0f / (1.0f - o->dropout_p) : 0.0f;
+    }
+    return e;
+}
+
+// the bias of score (b, h, i, j)
+__device__ __forceinline__ float bias_at(const Extras &e, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return e.bias ? e.bias[b * e.sb + h * e.sh + i * e.sq + j] : 0.0f;
+}
+
+// what dropout multiplies probability j of query row `row` by: 0 or 1 / (1 - p)
+__device__ __forceinline__ float dropped(const Extras &e, int64_t row, int64_t Tk, int64_t j) {
+    if (!e.drop_below) return 1.0f;
+    return attention_keeps(e.key, (uint64_t)row, Tk, j, e.drop_below) ? e.keep_scale : 0.0f;
+}
+
 template <typename T>
 __global__ void attention_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int64_t BH,
                               int64_t H, int64_t group, int64_t Tq, int64_t Tk, int causal, int D,
-                              float scale) {
+                              float scale, Extras ex) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t)
     int lane = threadIdx.x & 31;
     if (row >= BH * Tq) return;
@@ -40,19 +76,22 @@ __global__ void attention_fwd(T *out, float *lse, const T *q, const T *k, const 
             if (d < D) dot += qv[j] * to_f(kb[s * D + d]);
         }
         for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot += bias_at(ex, b, h, t, s);
+        if (dot == -INFINITY) continue;  // masked out
         float m_new = fmaxf(m, dot), corr = expf(m - m_new), p = expf(dot - m_new);
         l = l * corr + p;
+        float pv = p * dropped(ex, row, Tk, s);  // l sums the probabilities before dropout
         for (int j = 0; j < per; j++) {
             int d = lane + 32 * j;
-            acc[j] = acc[j] * corr + (d < D ? p * to_f(vb[s * D + d]) : 0.0f);
+            acc[j] = acc[j] * corr + (d < D ? pv * to_f(vb[s * D + d]) : 0.0f);
         }
         m = m_new;
     }
     for (int j = 0; j < per; j++) {
         int d = lane + 32 * j;
-        if (d < D) out[row * D + d] = from_f<T>(acc[j] / l);
+        if (d < D) out[row * D + d] = from_f<T>(l > 0.0f ? acc[j] / l : 0.0f);
     }
-    if (lane == 0) lse[row] = m + logf(l);
+    if (lane == 0) lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 // delta[row] = dO . O
@@ -71,7 +110,7 @@ __global__ void attention_delta(float *delta, const T *dout, const T *out, int64
 template <typename T>
 __global__ void attention_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
                              const float *delta, int64_t BH, int64_t H, int64_t group, int64_t Tq,
-                             int64_t Tk, int causal, int D, float scale) {
+                             int64_t Tk, int causal, int D, float scale, Extras ex) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (row >= BH * Tq) return;
@@ -88,6 +127,7 @@ __global__ void attention_dq(T *dq, const T *dout, const T *q, const T *k, const
         acc[j] = 0.0f;
     }
     float l = lse[row], dl = delta[row];
+    if (l == -INFINITY) last = -1;  // every key masked out: no gradient
     for (int64_t s = 0; s <= last; s++) {
         float qk = 0.0f, dv = 0.0f;
         for (int j = 0; j < per; j++) {
@@ -101,7 +141,8 @@ __global__ void attention_dq(T *dq, const T *dout, const T *q, const T *k, const
             qk += __shfl_xor_sync(0xffffffffu, qk, o);
             dv += __shfl_xor_sync(0xffffffffu, dv, o);
         }
-        float ds = expf(qk * scale - l) * (dv - dl);
+        float sc = qk * scale + bias_at(ex, b, h, t, s);
+        float ds = sc == -INFINITY ? 0.0f : expf(sc - l) * (dv * dropped(ex, row, Tk, s) - dl);
         for (int j = 0; j < per; j++) {
             int d = lane + 32 * j;
             if (d < D) acc[j] += ds * to_f(kb[s * D + d]);
@@ -118,7 +159,7 @@ __global__ void attention_dq(T *dq, const T *dout, const T *q, const T *k, const
 template <typename T>
 __global__ void attention_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                               const float *lse, const float *delta, int64_t BKV, int64_t H, int64_t group,
-                              int64_t Tq, int64_t Tk, int causal, int D, float scale) {
+                              int64_t Tq, int64_t Tk, int causal, int D, float scale, Extras ex) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, g, s)
     int lane = threadIdx.x & 31;
     if (row >= BKV * Tk) return;
@@ -148,12 +189,15 @@ __global__ void attention_dkv(T *dk, T *dv, const T *dout, const T *q, const T *
                 qk += __shfl_xor_sync(0xffffffffu, qk, o);
                 dov += __shfl_xor_sync(0xffffffffu, dov, o);
             }
-            float p = expf(qk * scale - lse[qi]), ds = p * (dov - delta[qi]);
+            float sc = qk * scale + bias_at(ex, b, hq, i, s), l = lse[qi];
+            if (sc == -INFINITY || l == -INFINITY) continue;  // masked out
+            float p = expf(sc - l), keep = dropped(ex, qi, Tk, s);
+            float ds = p * (dov * keep - delta[qi]), pv = p * keep;
             for (int j = 0; j < per; j++) {
                 int d = lane + 32 * j;
                 if (d < D) {
                     ak[j] += ds * to_f(q[qi * D + d]);
-                    av[j] += p * to_f(dout[qi * D + d]);
+                    av[j] += pv * to_f(dout[qi * D + d]);
                 }
             }
         }
@@ -176,6 +220,7 @@ __global__ void attention_merge_kernel(float *out, float *lse, const T *bout, co
     if (idx >= groups * brows * D) return;
     int64_t r = idx / D, d = idx % D, g = r / brows, i = r % brows, at = g * rows + offset + i;
     float a = lse[at], b = blse[r], m = fmaxf(a, b);
+    if (b == -INFINITY) return;  // every key of the block masked out: nothing to add
     float wa = expf(a - m), wb = expf(b - m), sum = wa + wb;
     out[at * D + d] = (out[at * D + d] * wa + to_f(bout[idx]) * wb) / sum;
 }
@@ -187,6 +232,7 @@ __global__ void attention_merge_lse(float *lse, const float *blse, int64_t group
     if (r >= groups * brows) return;
     int64_t at = (r / brows) * rows + offset + r % brows;
     float a = lse[at], b = blse[r], m = fmaxf(a, b);
+    if (b == -INFINITY) return;
     lse[at] = m + logf(expf(a - m) + expf(b - m));
 }
 
@@ -207,7 +253,7 @@ extern "C" {
 it_status it_cuda_attention_forward(it_device device, it_dtype dtype, void *out, float *lse, const void *q,
                                     const void *k, const void *v, int64_t batch, int64_t heads,
                                     int64_t kv_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
-                                    float scale, int causal) {
+                                    float scale, int causal, const it_attention_options *options) {
     if (batch * q_len == 0) return IT_OK;
     int64_t rows = batch * heads * q_len;
     IT_CU_TRY(check_sizes(head_dim, rows, "it_attention_forward"));
@@ -217,7 +263,7 @@ it_status it_cuda_attention_forward(it_device device, it_dtype dtype, void *out,
     IT_FLOAT_SWITCH(dtype, "it_attention_forward",
                     attention_fwd<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
                         (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, batch * heads, heads, group,
-                        q_len, kv_len, causal, (int)head_dim, scale));
+                        q_len, kv_len, causal, (int)head_dim, scale, extras_of(options)));
     CU_LAUNCHED();
     return IT_OK;
 }
@@ -226,13 +272,14 @@ it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq,
                                      const void *dout, const void *q, const void *k, const void *v,
                                      const void *out, const float *lse, int64_t batch, int64_t heads,
                                      int64_t kv_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
-                                     float scale, int causal) {
+                                     float scale, int causal, const it_attention_options *options) {
     if (batch * q_len == 0 || kv_len == 0) return IT_OK;
     int64_t rows = batch * heads * q_len, kv_rows = batch * kv_heads * kv_len;
     IT_CU_TRY(check_sizes(head_dim, rows, "it_attention_backward"));
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
     int64_t group = heads / kv_heads;
+    Extras ex = extras_of(options);
     float *delta;
     CU_TRY(cudaMallocAsync((void **)&delta, (size_t)rows * sizeof(float), s));
     IT_FLOAT_SWITCH(dtype, "it_attention_backward", {
@@ -240,10 +287,10 @@ it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq,
             delta, (const T *)dout, (const T *)out, rows, (int)head_dim);
         attention_dq<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
             (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, batch * heads,
-            heads, group, q_len, kv_len, causal, (int)head_dim, scale);
+            heads, group, q_len, kv_len, causal, (int)head_dim, scale, ex);
         attention_dkv<T><<<warp_blocks(kv_rows), 32 * kWarpsPerBlock, 0, s>>>(
             (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta,
-            batch * kv_heads, heads, group, q_len, kv_len, causal, (int)head_dim, scale);
+            batch * kv_heads, heads, group, q_len, kv_len, causal, (int)head_dim, scale, ex);
     });
     cudaError_t launched = cudaPeekAtLastError();
     CU_TRY(cudaFreeAsync(delta, s));

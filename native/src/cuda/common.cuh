@@ -98,17 +98,8 @@ __device__ __forceinline__ double load_f64(int dtype, const void *p, int64_t i) 
 // ---- random numbers: the CPU's counter-based streams (src/cpu/random.c) -----------------------
 // Element `counter` of the stream `key` is a hash of the pair, so a seed draws the same numbers
 // on the CPU and on any GPU, whatever the launch configuration.
-__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-__device__ __forceinline__ uint64_t random_bits(uint64_t key, uint64_t counter) {
-    return mix64(mix64(counter * 0x9e3779b97f4a7c15ull + key) ^ key);
-}
-__device__ __forceinline__ double uniform_open0(uint64_t bits) {  // (0, 1], 53 bits
-    return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
+#define IT_RNG_FN __host__ __device__ __forceinline__
+#include "../random_bits.h"
 
 // The type a kernel computes in: float for float32/bfloat16/float16, double for float64;
 // load_acc/store_acc read and write an element through it (16-bit results rounded once).

@@ -23,6 +23,7 @@ template <typename C> __device__ C unary_op(int op, C x) {
     case IT_SIN: return sin(x);
     case IT_COS: return cos(x);
     case IT_SQUARE: return x * x;
+    case IT_GELU: return C(0.5) * x * (C(1) + erf(x * C(0.7071067811865476)));
     default: return C(1) / x;  // IT_RECIPROCAL
     }
 }
@@ -51,6 +52,8 @@ template <typename C> __device__ C unary_grad(int op, C dy, C s) {
     case IT_SIN: return dy * cos(s);
     case IT_COS: return -dy * sin(s);
     case IT_SQUARE: return C(2) * s * dy;
+    case IT_GELU:
+        return dy * (C(0.5) * (C(1) + erf(s * C(0.7071067811865476))) + s * C(0.3989422804014327) * exp(C(-0.5) * s * s));
     default: return -dy / (s * s);  // IT_RECIPROCAL
     }
 }

@@ -1,0 +1,305 @@
+"""The original Transformer's modules with PyTorch's names, arguments, parameter names and
+defaults: MultiheadAttention, TransformerEncoderLayer / TransformerDecoderLayer,
+TransformerEncoder / TransformerDecoder and Transformer. A state_dict moves between these and
+torch.nn's unchanged.
+
+Attention runs through the fused kernel (F.scaled_dot_product_attention) unless the caller asks
+for the weights (need_weights=True, MultiheadAttention's default), which PyTorch too computes
+as an explicit softmax."""
+from __future__ import annotations
+
+import copy
+import math
+
+from .. import creation
+from .. import dtypes as _dt
+from ..tensor import Tensor
+from . import functional as F
+from . import init
+from .module import Module
+from .modules import Dropout, LayerNorm, Linear, ModuleList
+from .parameter import Parameter
+
+
+def _padding_bias(key_padding_mask, batch: int, keys: int):
+    """A [N, S] key-padding mask (bool True = padding, or float added) as a [N, 1, 1, S] bias."""
+    if key_padding_mask.shape != (batch, keys):
+        raise ValueError(f"key_padding_mask must be [batch, source length] = [{batch}, {keys}], "
+                         f"got {list(key_padding_mask.shape)}")
+    return F.attention_bias(key_padding_mask, allowed=False).reshape(batch, 1, 1, keys)
+
+
+def _attn_mask_bias(attn_mask, batch: int, heads: int, queries: int, keys: int):
+    """A [L, S] or [N * H, L, S] mask (bool True = not allowed, or float added) as a bias that
+    broadcasts over [N, H, L, S]."""
+    if attn_mask.shape == (queries, keys):
+        return F.attention_bias(attn_mask, allowed=False)
+    if attn_mask.shape == (batch * heads, queries, keys):
+        return F.attention_bias(attn_mask, allowed=False).reshape(batch, heads, queries, keys)
+    raise ValueError(f"attn_mask must be [target length, source length] = [{queries}, {keys}] or "
+                     f"[batch * heads, L, S] = [{batch * heads}, {queries}, {keys}], got "
+                     f"{list(attn_mask.shape)}")
+
+
+class MultiheadAttention(Module):
+    """torch.nn.MultiheadAttention: in_proj_weight [3E, E] (q, k, v stacked), in_proj_bias,
+    out_proj. Inputs [L, N, E] (batch_first=False, PyTorch's default), [N, L, E] or unbatched
+    [L, E]; key_padding_mask [N, S] and attn_mask [L, S] or [N * H, L, S], bool True = masked
+    out (the opposite of F.scaled_dot_product_attention's bool) or float added. Returns
+    (output, weights averaged over heads or per head, or None when need_weights=False)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim=None, vdim=None,
+                 batch_first: bool = False, device=None, dtype=None):
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be a positive "
+                             f"multiple of num_heads ({num_heads})")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1], got {dropout}")
+        if add_bias_kv or add_zero_attn or kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
+            raise NotImplementedError("MultiheadAttention: add_bias_kv, add_zero_attn and kdim/vdim "
+                                      "other than embed_dim are not implemented")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.dropout, self.batch_first = dropout, batch_first
+        self.kdim = self.vdim = embed_dim
+        self.in_proj_weight = Parameter(creation.empty(3 * embed_dim, embed_dim, dtype=dtype, device=device))
+        self.in_proj_bias = Parameter(creation.zeros(3 * embed_dim, dtype=dtype, device=device)) if bias else None
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
+        init.xavier_uniform_(self.in_proj_weight)  # PyTorch's _reset_parameters
+        if bias:
+            init.zeros_(self.out_proj.bias)
+
+    def _project(self, x: Tensor, which: slice) -> Tensor:
+        b = None if self.in_proj_bias is None else self.in_proj_bias[which]
+        return F.linear(x, self.in_proj_weight[which], b)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None,
+                need_weights: bool = True, attn_mask=None, average_attn_weights: bool = True,
+                is_causal: bool = False):
+        if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
+            raise ValueError(f"MultiheadAttention: query, key and value must all be batched (3-D) or "
+                             f"all unbatched (2-D), got {tuple(query.shape)}, {tuple(key.shape)}, "
+                             f"{tuple(value.shape)}")
+        if query.shape[-1] != self.embed_dim or key.shape[-1] != self.embed_dim or value.shape[-1] != self.embed_dim:
+            raise ValueError(f"MultiheadAttention: the last dimension of query, key and value must be "
+                             f"embed_dim {self.embed_dim}")
+        if is_causal and attn_mask is None:
+            raise ValueError("MultiheadAttention: is_causal=True is a hint that attn_mask is the causal "
+                             "mask; pass that mask too (as PyTorch)")
+        unbatched = query.ndim == 2
+        if unbatched:  # [L, E] -> [1, L, E]
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:  # [L, N, E] -> [N, L, E]
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        N, L, E = query.shape
+        S, H, Dh = key.shape[1], self.num_heads, self.head_dim
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != N:
+            raise ValueError(f"MultiheadAttention: key {tuple(key.shape)} and value {tuple(value.shape)} "
+                             f"must have the same batch and length, and the query's batch {N}")
+        if query is key and key is value:  # self-attention: one product for q, k and v
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            q, k, v = (self._project(x, slice(i * E, (i + 1) * E)) for i, x in enumerate((query, key, value)))
+        q, k, v = (t.reshape(N, -1, H, Dh).transpose(1, 2) for t in (q, k, v))  # [N, H, T, Dh]
+        bias = None
+        if key_padding_mask is not None:
+            bias = _padding_bias(key_padding_mask, N, S)
+        if attn_mask is not None:
+            m = _attn_mask_bias(attn_mask, N, H, L, S)
+            bias = m if bias is None else bias + m
+        p = self.dropout if self.training else 0.0
+        if need_weights:  # the explicit softmax, as PyTorch's own path for weights
+            scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(Dh))
+            weights = (scores if bias is None else scores + bias).softmax(-1)
+            weights = F.dropout(weights, p, self.training)
+            out = weights @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+            weights = None
+        out = self.out_proj(out.transpose(1, 2).reshape(N, L, E))
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)
+        if unbatched:
+            return out.squeeze(0), None if weights is None else weights.squeeze(0)
+        return (out if self.batch_first else out.transpose(0, 1)), weights
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, " \
+               f"batch_first={self.batch_first}"
+
+
+def _activation(activation):
+    if callable(activation):
+        return activation
+    if activation == "relu":
+        return F.relu
+    if activation == "gelu":
+        return F.gelu
+    raise ValueError(f"activation must be 'relu', 'gelu' or a callable, got {activation!r}")
+
+
+class TransformerEncoderLayer(Module):
+    """torch.nn.TransformerEncoderLayer: self-attention and a position-wise feed-forward
+    network, each with dropout and a residual, LayerNorm after (norm_first=False, the paper)
+    or before each block."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first, **kw)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask))
+        return self.norm2(x + self._ff_block(x))
+
+    def _sa_block(self, x, attn_mask, key_padding_mask):
+        return self.dropout1(self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                            need_weights=False)[0])
+
+    def _ff_block(self, x):
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerDecoderLayer(Module):
+    """torch.nn.TransformerDecoderLayer: masked self-attention, cross-attention over the
+    encoder's memory, and the feed-forward network, each with dropout, a residual and a
+    LayerNorm (after, or before with norm_first=True)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first, **kw)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first, **kw)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask)
+            return x + self._ff_block(self.norm3(x))
+        x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask))
+        x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask))
+        return self.norm3(x + self._ff_block(x))
+
+    def _sa_block(self, x, attn_mask, key_padding_mask):
+        return self.dropout1(self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                            need_weights=False)[0])
+
+    def _mha_block(self, x, mem, attn_mask, key_padding_mask):
+        return self.dropout2(self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
+                                                 key_padding_mask=key_padding_mask, need_weights=False)[0])
+
+    def _ff_block(self, x):
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+def _clones(layer: Module, n: int) -> ModuleList:
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_layers must be a positive int, got {n!r}")
+    return ModuleList([copy.deepcopy(layer) for _ in range(n)])
+
+
+class TransformerEncoder(Module):
+    """torch.nn.TransformerEncoder: num_layers copies of encoder_layer (deep copies, so they
+    start equal, as PyTorch's), then norm if given."""
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm=None,
+                 enable_nested_tensor: bool = True, mask_check: bool = True):
+        super().__init__()
+        self.layers, self.num_layers, self.norm = _clones(encoder_layer, num_layers), num_layers, norm
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        x = src
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask)
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerDecoder(Module):
+    """torch.nn.TransformerDecoder: num_layers copies of decoder_layer, then norm if given."""
+
+    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm=None):
+        super().__init__()
+        self.layers, self.num_layers, self.norm = _clones(decoder_layer, num_layers), num_layers, norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal: bool = False):
+        x = tgt
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      tgt_key_padding_mask=tgt_key_padding_mask,
+                      memory_key_padding_mask=memory_key_padding_mask)
+        return x if self.norm is None else self.norm(x)
+
+
+class Transformer(Module):
+    """torch.nn.Transformer: an encoder and a decoder stack with final LayerNorms, every
+    matrix re-drawn xavier_uniform_ (as PyTorch). No embeddings or output layer: the model
+    around it brings them."""
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation="relu", custom_encoder=None, custom_decoder=None,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False,
+                 bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        layer = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                     activation=activation, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                     norm_first=norm_first, bias=bias, **kw)
+        self.encoder = custom_encoder or TransformerEncoder(
+            TransformerEncoderLayer(**layer), num_encoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
+        self.decoder = custom_decoder or TransformerDecoder(
+            TransformerDecoderLayer(**layer), num_decoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+                src_key_padding_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
+                src_is_causal=None, tgt_is_causal=None, memory_is_causal: bool = False):
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise ValueError(f"Transformer: the feature size of src and tgt must be d_model {self.d_model}, "
+                             f"got {src.shape[-1]} and {tgt.shape[-1]}")
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device=None, dtype=None) -> Tensor:
+        """The causal mask as PyTorch makes it: float, -inf above the diagonal, 0 elsewhere."""
+        mask = creation.full((sz, sz), float("-inf"), dtype=dtype or _dt.float32, device=device)
+        return mask.triu(diagonal=1)
