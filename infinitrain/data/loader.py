@@ -64,16 +64,29 @@ class DistributedSampler:
 
 class DataLoader:
     """Batches of a map-style dataset as tensors: seeded shuffling (a new order each epoch,
-    the same orders for the same seed), drop_last, and an optional sampler of indices."""
+    the same orders for the same seed), drop_last, an optional sampler of indices, and as in
+    PyTorch a collate_fn (a list of items -> numpy arrays; default: stack each field) run ahead
+    in num_workers processes. group_by_length (one length per item) batches items of similar
+    length together, as Hugging Face's LengthGroupedSampler: the order is cut into mega-batches
+    of 50 batches, each sorted by length, and the batches are shuffled, so padding is little
+    and every epoch still differs."""
 
     def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False,
-                 drop_last: bool = False, seed: int = 0, sampler=None):
+                 drop_last: bool = False, seed: int = 0, sampler=None, collate_fn=None,
+                 num_workers: int = 0, group_by_length=None):
         if batch_size <= 0:
             raise ValueError(f"DataLoader: batch_size must be > 0, got {batch_size}")
         if shuffle and sampler is not None:
             raise ValueError("DataLoader: shuffle and sampler are mutually exclusive")
+        if num_workers < 0:
+            raise ValueError(f"DataLoader: num_workers must be >= 0, got {num_workers}")
+        if group_by_length is not None and len(group_by_length) != len(dataset):
+            raise ValueError(f"DataLoader: group_by_length has {len(group_by_length)} lengths for "
+                             f"{len(dataset)} items")
         self.dataset, self.batch_size = dataset, batch_size
         self.shuffle, self.drop_last, self.seed, self.sampler = shuffle, drop_last, seed, sampler
+        self.collate_fn, self.num_workers = collate_fn, num_workers
+        self.lengths = None if group_by_length is None else np.asarray(group_by_length)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -87,23 +100,56 @@ class DataLoader:
             return np.random.default_rng((self.seed, self.epoch)).permutation(n)
         return np.arange(n)
 
+    def _batches(self, idx: np.ndarray) -> list:
+        B = self.batch_size
+        if self.lengths is not None:
+            mega = B * 50
+            idx = np.concatenate([chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+                                  for chunk in np.split(idx, range(mega, len(idx), mega))]) if len(idx) else idx
+        batches = [idx[i:i + B] for i in range(0, len(idx), B)]
+        if self.drop_last and batches and len(batches[-1]) < B:
+            batches.pop()
+        if self.lengths is not None:
+            order = np.random.default_rng((self.seed, self.epoch, 1)).permutation(len(batches))
+            batches = [batches[i] for i in order]
+        return batches
+
     def __len__(self) -> int:
         n = len(self._indices())
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self):
-        idx = self._indices()
+        batches = self._batches(self._indices())
         self.epoch += 1
-        for start in range(0, len(idx), self.batch_size):
-            batch = idx[start:start + self.batch_size]
-            if len(batch) < self.batch_size and self.drop_last:
-                return
-            if hasattr(self.dataset, "arrays"):  # vectorised gather for array datasets
-                items = [a[batch] for a in self.dataset.arrays]
-            else:
-                rows = [self.dataset[int(i)] for i in batch]
-                items = [np.stack([np.asarray(r[j]) for r in rows]) for j in range(len(rows[0]))]
-            yield tuple(from_numpy(np.ascontiguousarray(_tensor_dtype(a))) for a in items)
+        if self.num_workers == 0:
+            for batch in batches:
+                yield _as_tensors(self._collate(batch))
+            return
+        global _WORKER_LOADER
+        import multiprocessing
+        _WORKER_LOADER = self  # forked workers inherit it: no pickling of the dataset or collate_fn
+        with multiprocessing.get_context("fork").Pool(self.num_workers) as pool:
+            for arrays in pool.imap(_collate_in_worker, batches):  # runs ahead of the consumer
+                yield _as_tensors(arrays)
+
+    def _collate(self, batch) -> tuple:
+        if self.collate_fn is not None:
+            return tuple(self.collate_fn([self.dataset[int(i)] for i in batch]))
+        if hasattr(self.dataset, "arrays"):  # vectorised gather for array datasets
+            return tuple(a[batch] for a in self.dataset.arrays)
+        rows = [self.dataset[int(i)] for i in batch]
+        return tuple(np.stack([np.asarray(r[j]) for r in rows]) for j in range(len(rows[0])))
+
+
+_WORKER_LOADER = None
+
+
+def _collate_in_worker(batch):
+    return _WORKER_LOADER._collate(batch)
+
+
+def _as_tensors(arrays) -> tuple:
+    return tuple(from_numpy(np.ascontiguousarray(_tensor_dtype(np.asarray(a)))) for a in arrays)
 
 
 def _tensor_dtype(a: np.ndarray) -> np.ndarray:

