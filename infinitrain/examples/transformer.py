@@ -28,8 +28,8 @@ from infinitrain import profiler
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import DataLoader, DistributedSampler
-from infinitrain.data.prepare import on_every_node
-from infinitrain.data.translation import PAD, load_translation, pad_collate, translation_file
+from infinitrain.data.prepare import on_every_node, translation_file
+from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.examples.flags import (check_input_files, nonnegative_int, positive_float, positive_int,
                                         probability, refuse)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer

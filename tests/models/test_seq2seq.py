@@ -8,7 +8,8 @@ import pytest
 
 import infinitrain as it
 from infinitrain.data import DataLoader, DistributedSampler
-from infinitrain.data.translation import BOS, EOS, PAD, load_translation, pad_collate, parse_po, translation_file
+from infinitrain.data.prepare import translation_file
+from infinitrain.data.translation import BOS, EOS, PAD, load_translation, pad_collate, parse_po
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer, sinusoidal_positions
 from helpers import example
 
