@@ -48,9 +48,9 @@ def test_the_readme_has_example_commands():
 
 def _parse(module: str, flags: list):
     name = module.rsplit(".", 1)[-1]
-    if name == "mnist":
-        from infinitrain.examples.mnist import parse_args
-        return parse_args(flags)
+    if name in ("mnist", "transformer"):
+        from importlib import import_module
+        return import_module(module).parse_args(flags)
     from infinitrain.examples.lm_flags import parse_args
     from infinitrain.models import GPT2_PRESETS, LLAMA3_PRESETS
     presets, default = (GPT2_PRESETS, "gpt2") if name == "gpt2" else (LLAMA3_PRESETS, "llama3-8b")
@@ -102,6 +102,7 @@ def _runnable_lines():
 RUNNABLE = sorted(set(_runnable_lines()))
 # what keeps each run to a few seconds; argparse takes the last value of a flag
 SHORT = {"mnist": ["--epochs", "1", "--train_subset", "256"],
+         "transformer": ["--num_iteration", "2", "--batch_size", "8", "--translate", "2", "--beam", "2"],
          "lm": ["--num_iteration", "2", "--batch_size", "2", "--sequence_length", "32"]}
 
 
@@ -118,7 +119,8 @@ def test_every_training_command_in_the_readme_runs(line, tmp_path):
         if "--lora_load_path" in line:
             (saver,) = [ln for ln in RUNNABLE if "--lora_save_path" in ln]
             _run_as_written(saver, tmp_path, SHORT["lm"])
-    out = _run_as_written(line, tmp_path, SHORT["mnist" if "examples.mnist" in line else "lm"])
+    kind = re.search(r"examples\.(\w+)", line).group(1)
+    out = _run_as_written(line, tmp_path, SHORT.get(kind, SHORT["lm"]))
     assert re.search(r"step +2/2 .*train loss|epoch 1", out), out[-2000:]
     if "--profile" in line:
         assert (tmp_path / "trace.json").stat().st_size > 0
