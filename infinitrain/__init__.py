@@ -21,10 +21,11 @@ from .creation import (arange, empty, empty_like, from_numpy, full, full_like, o
                        rand, randn, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, initial_seed, manual_seed
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from .functions import (allclose, amax, amin, argmax, argmin, bmm, cat, clamp, cumsum, exp,
-                        gather, index_select, log, log_softmax, logsumexp, masked_fill, matmul,
-                        maximum, mean, minimum, mm, multinomial, softmax, sqrt, stack, sum, topk,
-                        tril, triu, where)
+from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort, bmm, cat, chunk, clamp,
+                        cumsum, div, exp, flatten, gather, index_select, log, log_softmax, logsumexp,
+                        masked_fill, matmul, max, maximum, mean, min, minimum, mm, mul, multinomial,
+                        permute, reshape, sigmoid, softmax, sort, split, sqrt, squeeze, stack, sub, sum,
+                        tanh, topk, transpose, tril, triu, unsqueeze, where)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
 
@@ -38,6 +39,8 @@ __all__ = [
     "empty_like", "zeros_like", "ones_like", "full_like", "manual_seed", "initial_seed",
     "default_generator", "matmul", "mm", "bmm", "cat", "stack", "tril", "triu", "where",
     "masked_fill", "gather", "index_select", "cumsum", "topk", "multinomial", "maximum",
+    "add", "sub", "mul", "div", "max", "min", "sort", "argsort", "split", "chunk", "flatten", "squeeze",
+    "unsqueeze", "transpose", "permute", "reshape", "abs", "tanh", "sigmoid",
     "minimum", "clamp", "sum", "mean", "amax", "amin", "argmax", "argmin", "softmax",
     "log_softmax", "logsumexp", "exp", "log", "sqrt", "allclose",
     "set_num_threads", "get_num_threads", "build_info", "memory_stats", "memory_allocated",

@@ -126,3 +126,92 @@ def allclose(a: Tensor, b: Tensor, rtol: float = 1e-5, atol: float = 1e-8) -> bo
     import numpy as np
     return bool(np.allclose(a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy(),
                             rtol=rtol, atol=atol))
+
+
+# ---- arithmetic, order and shape, as torch.add / torch.max / torch.reshape ... --------------
+
+def add(input, other, *, alpha=1) -> Tensor:
+    return input + (other if alpha == 1 else other * alpha)
+
+
+def sub(input, other, *, alpha=1) -> Tensor:
+    return input - (other if alpha == 1 else other * alpha)
+
+
+def mul(input, other) -> Tensor:
+    return input * other
+
+
+def div(input, other, *, rounding_mode=None) -> Tensor:
+    if rounding_mode is None:
+        return input / other
+    if rounding_mode == "floor":
+        return input // other
+    raise NotImplementedError(f"div: rounding_mode={rounding_mode!r} ('floor' and None are implemented)")
+
+
+def _max_or_min(which: str, input: Tensor, dim=None, keepdim: bool = False):
+    if isinstance(dim, Tensor):  # torch.max(a, b): elementwise
+        return maximum(input, dim) if which == "max" else minimum(input, dim)
+    return getattr(input, which)() if dim is None else getattr(input, which)(dim, keepdim)
+
+
+def max(input: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
+    """The largest value; with dim, (values, indices) along it; with a tensor, the elementwise maximum."""
+    return _max_or_min("max", input, dim, keepdim)
+
+
+def min(input: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
+    return _max_or_min("min", input, dim, keepdim)
+
+
+def sort(input: Tensor, dim: int = -1, descending: bool = False):
+    return input.sort(dim, descending)
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
+    return input.argsort(dim, descending)
+
+
+def split(tensor: Tensor, split_size_or_sections, dim: int = 0) -> tuple:
+    return tensor.split(split_size_or_sections, dim)
+
+
+def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
+    return input.chunk(chunks, dim)
+
+
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return input.flatten(start_dim, end_dim)
+
+
+def squeeze(input: Tensor, dim=None) -> Tensor:
+    return input.squeeze() if dim is None else input.squeeze(dim)
+
+
+def unsqueeze(input: Tensor, dim: int) -> Tensor:
+    return input.unsqueeze(dim)
+
+
+def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
+    return input.transpose(dim0, dim1)
+
+
+def permute(input: Tensor, dims) -> Tensor:
+    return input.permute(*dims)
+
+
+def reshape(input: Tensor, shape) -> Tensor:
+    return input.reshape(*shape)
+
+
+def abs(input: Tensor) -> Tensor:  # noqa: A001
+    return input.abs()
+
+
+def tanh(input: Tensor) -> Tensor:
+    return input.tanh()
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return input.sigmoid()

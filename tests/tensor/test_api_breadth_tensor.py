@@ -129,3 +129,26 @@ def test_in_place_draws_and_maths_and_the_module_options():
     ours = it.nn.CrossEntropyLoss(label_smoothing=0.1)(it.tensor([[1.0, 2.0]]), it.tensor([1])).item()
     theirs = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(torch.tensor([[1.0, 2.0]]), torch.tensor([1])).item()
     assert ours == pytest.approx(theirs, rel=1e-6)
+
+
+def test_top_level_functions_equal_torchs(rng):
+    """it.add/sub/mul/div/max/min/sort/argsort/split/chunk/flatten/squeeze/unsqueeze/transpose/
+    permute/reshape/abs/tanh/sigmoid, as torch.* with the same arguments."""
+    a = rng.standard_normal((3, 1, 4)).astype(np.float32)
+    b = rng.standard_normal((3, 1, 4)).astype(np.float32)
+    x, y, tx, ty = it.tensor(a), it.tensor(b), torch.tensor(a), torch.tensor(b)
+    cases = [("add", (x, y), {"alpha": 2}), ("sub", (x, y), {"alpha": 0.5}), ("mul", (x, 3.0), {}),
+             ("div", (x, y), {}), ("div", (x, 0.3), {"rounding_mode": "floor"}), ("max", (x,), {}),
+             ("max", (x, 2), {"keepdim": True}), ("max", (x, y), {}), ("min", (x, 0), {}),
+             ("sort", (x, 2), {"descending": True}), ("argsort", (x,), {}), ("split", (x, 3, 2), {}),
+             ("chunk", (x, 2, 2), {}), ("flatten", (x, 1), {}), ("squeeze", (x,), {}), ("squeeze", (x, 1), {}),
+             ("unsqueeze", (x, 0), {}), ("transpose", (x, 0, 2), {}), ("permute", (x, (2, 0, 1)), {}),
+             ("reshape", (x, (4, 3)), {}), ("abs", (x,), {}), ("tanh", (x,), {}), ("sigmoid", (x,), {})]
+    for name, args, kw in cases:
+        targs = [ty if v is y else tx if v is x else v for v in args]
+        ours, theirs = getattr(it, name)(*args, **kw), getattr(torch, name)(*targs, **kw)
+        ours = ours if isinstance(ours, (tuple, list)) else (ours,)
+        theirs = theirs if isinstance(theirs, (tuple, list)) else (theirs,)
+        assert len(ours) == len(theirs), name
+        for o, t in zip(ours, theirs):
+            np.testing.assert_allclose(o.numpy(), t.numpy(), rtol=1e-6, err_msg=name)
