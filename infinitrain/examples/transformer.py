@@ -12,7 +12,8 @@ search and scores them with BLEU (sacrebleu) against copying the source:
 The paper's recipe: AdamW (0.9, 0.98, eps 1e-9), the inverse-square-root schedule with linear
 warm-up (--learning_rate is its peak, reached at --warmup_iters), label smoothing 0.1, dropout
 0.1, a shared source/target vocabulary tied to the output layer. Batches are sentences grouped
-by length (--batch_size sentences over all ranks, padded to the longest in each). Needs
+by length (--batch_size sentences over all ranks, padded to the longest in each); the loss is
+the mean over the batch's target tokens, so a data-parallel run equals one process. Needs
 `pip install 'infinitrain[seq2seq]'` (sacrebleu) for the score.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import infinitrain as it
 from infinitrain import profiler
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import load_checkpoint, save_checkpoint
-from infinitrain.data import DataLoader, DistributedSampler
+from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.examples.flags import (check_input_files, nonnegative_int, positive_float, positive_int,
@@ -150,10 +151,13 @@ def main(argv=None) -> int:
         meta = load_checkpoint(args.load, model, trainer.optimizer)
         first = int(meta["step"]) + 1
         schedule.load_state_dict({"last_epoch": first - 1, "base_lrs": schedule.base_lrs})
-    sampler = DistributedSampler(train_set, dp, env.dp_rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=args.batch_size // dp, sampler=sampler,
-                        collate_fn=lambda b: pad_collate(b, args.max_len), group_by_length=train_set.lengths(),
-                        num_workers=args.num_workers)
+    # One global order of length-grouped batches, the same on every rank; each rank collates
+    # its share of each batch (every dp-th pair), so any DP layout trains on what one process
+    # does, step by step (DistributedSampler would shard the order first and group after).
+    rank = env.dp_rank
+    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed, drop_last=True,
+                        collate_fn=lambda items: pad_collate(items[rank::dp], args.max_len),
+                        group_by_length=train_set.lengths(), num_workers=args.num_workers)
     if env.is_main:
         print(f"Transformer {args.model}: {model.num_parameters():,} parameters | {len(train_set):,} training, "
               f"{len(val_set):,} validation pairs, vocabulary {len(vocab):,} | {env.layout.describe()}", flush=True)
@@ -165,26 +169,29 @@ def main(argv=None) -> int:
             src, tgt_in, tgt_out = next(batches)
         except StopIteration:
             epoch += 1
-            sampler.set_epoch(epoch)
+            loader.set_epoch(epoch)
             batches = iter(loader)
             continue
         if prof is not None and step == first + 1:
             prof.__enter__()
         t0 = time.perf_counter()
-        micro = [((src.to(env.device), tgt_in.to(env.device)), tgt_out.to(env.device))]
+        # the loss is the mean over the global batch's target tokens: this rank's token sum over
+        # its share of them (DDP and ZeRO then average the ranks' gradients)
+        mine = float((tgt_out.numpy() != PAD).sum())
+        tokens = trainer.dp_mean(mine) * dp
+        micro = [((src.to(env.device), tgt_in.to(env.device), mine * dp / tokens), tgt_out.to(env.device))]
         loss, _ = trainer.step(micro, lambda: autocast(args.dtype, enabled=args.dtype != "float32"),
                                args.grad_clip)
         lr = trainer.optimizer.param_groups[0]["lr"]
         schedule.step()
         ms = (time.perf_counter() - t0) * 1000
-        tokens = trainer.dp_mean(float((tgt_out.numpy() != PAD).sum())) * dp
         if prof is not None and step == first + 1:
             prof.__exit__(None, None, None)
             if env.is_main:
                 prof.export_chrome_trace(args.profile)
         curves["train"].append((step, loss))
         if env.is_main:
-            print(f"step {step:4d}/{args.num_iteration} | train loss {loss:.4f} | lr {lr:.2e} | "
+            print(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
                   f"({ms:.1f} ms | {tokens / ms * 1000:.0f} tok/s | DP={dp})", flush=True)
         if (args.val_loss_every and step % args.val_loss_every == 0) or step == args.num_iteration:
             with trainer.gathered_parameters():

@@ -86,15 +86,19 @@ class Seq2SeqTransformer(Module):
         return self.generator(h)
 
     def forward(self, inputs, targets=None, return_logits: bool = True):
-        """inputs = (src [B, S], tgt_in [B, T]); targets tgt_out [B, T] (PAD ignored). Returns
-        (logits or None, the label-smoothed mean cross-entropy or None), as the language models
-        do, so the trainer's TrainStep (DDP, ZeRO) takes it as it takes them."""
-        src, tgt_in = inputs
+        """inputs = (src [B, S], tgt_in [B, T]) or (src, tgt_in, weight); targets tgt_out [B, T]
+        (PAD ignored). Returns (logits or None, the label-smoothed mean cross-entropy times
+        weight, or None), as the language models do, so the trainer's TrainStep (DDP, ZeRO) takes
+        it as it takes them. weight: this batch's share of the tokens of a batch split over
+        data-parallel ranks, times their number (the ranks' mean is then the whole batch's)."""
+        src, tgt_in, *weight = inputs
         logits = self.decode(tgt_in, self.encode(src), src)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                    ignore_index=PAD, label_smoothing=self.config.label_smoothing)
+            if weight and weight[0] != 1.0:
+                loss = loss * weight[0]
         return (logits if return_logits else None), loss
 
     @no_grad()

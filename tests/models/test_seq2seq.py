@@ -132,13 +132,34 @@ def test_the_model_learns_pairs_and_decodes_them(corpus):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks,flags", [(1, ["--recompute"]), (2, ["--zero_stage", "1"])], ids=["one rank, recompute", "DP2 ZeRO-1"])
-def test_the_example_trains_translates_and_scores(corpus, ranks, flags, tmp_path):
-    out = example(ranks, "transformer", ["--model", "tiny", "--num_iteration", "60", "--batch_size", "32",
-                                         "--learning_rate", "3e-3", "--warmup_iters", "10", "--translate", "12",
-                                         "--beam", "2", "--save", str(tmp_path / "ckpt"), *flags], timeout=600)
+def test_the_example_trains_translates_and_scores(corpus, tmp_path):
+    out = example(1, "transformer", ["--model", "tiny", "--num_iteration", "60", "--batch_size", "32",
+                                     "--learning_rate", "3e-3", "--warmup_iters", "10", "--translate", "12",
+                                     "--beam", "2", "--recompute", "--save", str(tmp_path / "ckpt")], timeout=600)
     losses = [float(x) for x in re.findall(r"train loss ([\d.]+)", out)]
     assert len(losses) == 60 and np.mean(losses[-10:]) < 0.8 * np.mean(losses[:5]), losses
     m = re.search(r"BLEU on 12 validation pairs: greedy ([\d.]+), beam 2 ([\d.]+), copying the source ([\d.]+)", out)
     assert m and float(m.group(3)) > 0, out[-2000:]
     assert (tmp_path / "ckpt" / "latest").exists()
+
+
+def _losses(ranks, *flags):
+    out = example(ranks, "transformer", ["--model", "tiny", "--num_iteration", "4", "--batch_size", "16",
+                                         "--dropout", "0", "--learning_rate", "3e-3", "--warmup_iters", "2",
+                                         "--translate", "1", "--beam", "1", *flags], timeout=600)
+    return [float(x) for x in re.findall(r"train loss ([\d.]+)", out)]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_data_parallel_and_zero_train_as_one_process(corpus, dtype):
+    """Each step's global batch split over the ranks, its loss the mean over the whole batch's
+    tokens (dropout off): DP 2 with DDP and with ZeRO-2 print the one-process losses (fp32 1e-5
+    relative, bf16 1e-2 absolute)."""
+    one = _losses(1, "--dtype", dtype)
+    for flags in ([], ["--zero_stage", "2"]):
+        got = _losses(2, "--dtype", dtype, *flags)
+        assert len(got) == len(one) == 4
+        for a, b in zip(got, one):
+            assert abs(a - b) <= (1e-5 * abs(b) if dtype == "float32" else 1e-2), (flags, got, one)
