@@ -181,3 +181,76 @@ class SequentialLR(LRScheduler):
         self.last_epoch = int(state["last_epoch"])
         for s, st in zip(self.schedulers, state["schedulers"]):
             s.load_state_dict(st)
+
+
+class OneCycleLR(LRScheduler):
+    """torch.optim.lr_scheduler.OneCycleLR: the learning rate rises from max_lr / div_factor to
+    max_lr over pct_start of total_steps, then anneals to initial / final_div_factor (three_phase:
+    back down to the initial lr first, then to the minimum), cosine or linear; with
+    cycle_momentum the momentum (SGD's momentum, Adam's beta1) moves the opposite way between
+    max_momentum and base_momentum. Stepping past total_steps is an error, as in PyTorch."""
+
+    def __init__(self, optimizer, max_lr, total_steps: int | None = None, epochs: int | None = None,
+                 steps_per_epoch: int | None = None, pct_start: float = 0.3, anneal_strategy: str = "cos",
+                 cycle_momentum: bool = True, base_momentum: float = 0.85, max_momentum: float = 0.95,
+                 div_factor: float = 25.0, final_div_factor: float = 1e4, three_phase: bool = False,
+                 last_epoch: int = -1):
+        if total_steps is None:
+            if not epochs or not steps_per_epoch or epochs <= 0 or steps_per_epoch <= 0:
+                raise ValueError("OneCycleLR: give total_steps, or epochs and steps_per_epoch (all positive)")
+            total_steps = epochs * steps_per_epoch
+        if total_steps <= 0:
+            raise ValueError(f"OneCycleLR: total_steps must be positive, got {total_steps}")
+        if not 0 <= pct_start <= 1:
+            raise ValueError(f"OneCycleLR: pct_start must be in [0, 1], got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        groups = optimizer.param_groups
+        max_lrs = list(max_lr) if isinstance(max_lr, (list, tuple)) else [max_lr] * len(groups)
+        if len(max_lrs) != len(groups):
+            raise ValueError(f"OneCycleLR: {len(max_lrs)} max_lr values for {len(groups)} parameter groups")
+        self.total_steps, self.anneal = total_steps, anneal_strategy
+        T = float(total_steps)
+        # (the step a phase ends at, the group key it starts from, the key it ends at)
+        self.phases = [(pct_start * T - 1, "initial_lr", "max_lr"),
+                       (2 * pct_start * T - 2, "max_lr", "initial_lr"),
+                       (T - 1, "initial_lr", "min_lr")] if three_phase else \
+                      [(pct_start * T - 1, "initial_lr", "max_lr"), (T - 1, "max_lr", "min_lr")]
+        self.momentum_key = None
+        if cycle_momentum:
+            self.momentum_key = "betas" if "betas" in groups[0] else "momentum" if "momentum" in groups[0] else None
+            if self.momentum_key is None:
+                raise ValueError("OneCycleLR: the optimizer must have momentum or beta1 for cycle_momentum=True")
+        for g, m in zip(groups, max_lrs):
+            g["initial_lr"], g["max_lr"] = m / div_factor, m
+            g["min_lr"] = g["initial_lr"] / final_div_factor
+            if self.momentum_key:
+                g["max_momentum"], g["base_momentum"] = max_momentum, base_momentum
+        super().__init__(optimizer, last_epoch)
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.anneal == "linear":
+            return (end - start) * pct + start
+        return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise ValueError(f"OneCycleLR: tried to step {step} times, more than total_steps "
+                             f"{self.total_steps}")
+        momentum_of = {"initial_lr": "max_momentum", "max_lr": "base_momentum", "min_lr": "max_momentum"}
+        for g in self.optimizer.param_groups:
+            start = 0.0
+            for i, (end, a, b) in enumerate(self.phases):
+                if step <= end or i == len(self.phases) - 1:
+                    pct = (step - start) / (end - start)
+                    g["lr"] = self._anneal(g[a], g[b], pct)
+                    if self.momentum_key:
+                        m = self._anneal(g[momentum_of[a]], g[momentum_of[b]], pct)
+                        if self.momentum_key == "betas":
+                            g["betas"] = (m, *g["betas"][1:])
+                        else:
+                            g["momentum"] = m
+                    break
+                start = end

@@ -96,3 +96,26 @@ def test_sequential_schedules_give_pytorchs_learning_rates(build):
         return mod.SequentialLR(opt, [mod.StepLR(opt, 2, 0.5), mod.ExponentialLR(opt, 0.8)], milestones=[4])
     got, want = _learning_rates(lambda o: make(lr_scheduler, o), lambda o: make(torch.optim.lr_scheduler, o), 12)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind,kw", [("SGD", dict(pct_start=0.3)), ("AdamW", dict(anneal_strategy="linear")),
+                                     ("AdamW", dict(three_phase=True, pct_start=0.25)),
+                                     ("SGD", dict(epochs=2, steps_per_epoch=10, cycle_momentum=False))])
+def test_one_cycle_lr_follows_pytorchs_learning_rate_and_momentum(kind, kw):
+    ours_p, theirs_p = it.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    opt_kw = dict(lr=0.1, momentum=0.9) if kind == "SGD" else dict(lr=0.1)
+    ours_opt = getattr(it.optim, kind)([ours_p], **opt_kw)
+    theirs_opt = getattr(torch.optim, kind)([theirs_p], **opt_kw)
+    steps = {} if "epochs" in kw else {"total_steps": 20}
+    ours = lr_scheduler.OneCycleLR(ours_opt, max_lr=0.5, **steps, **kw)
+    theirs = torch.optim.lr_scheduler.OneCycleLR(theirs_opt, max_lr=0.5, **steps, **kw)
+    key = "momentum" if kind == "SGD" else "betas"
+    for _ in range(20):
+        g, t = ours_opt.param_groups[0], theirs_opt.param_groups[0]
+        assert g["lr"] == pytest.approx(t["lr"], rel=1e-12)
+        if key == "momentum" or kw.get("cycle_momentum", True):
+            assert np.allclose(np.ravel(g[key])[:1], np.ravel(t[key])[:1], rtol=1e-12)
+        ours_opt.step(), theirs_opt.step()
+        ours.step(), theirs.step()
+    with pytest.raises(ValueError, match="total_steps"):
+        ours.step()
