@@ -1,0 +1,104 @@
+"""Where a rank's memory goes under ZeRO 0/1/2/3: GPT-2 trained through the trainer's own step
+(nn.parallel.train_step) on DP ranks, one fresh job per stage. For rank 0 it prints, from the
+native allocator's counters, the persistent bytes by component (parameters, gradients, AdamW
+state: what the stage promises to shard), the activations one forward pass keeps for backward,
+the step's peak, and what the peak holds beyond those two (gradients of whole buckets and
+parameters in flight, the logits' gradient, gathered ZeRO-3 units), beside the theory:
+(4 + 4 + 8) bytes per parameter at stage 0, 4 + 4 + 8/DP at 1, 4 + (4 + 8)/DP at 2, 16/DP at 3.
+
+    python benchmarks/zero_memory.py                          # DP 4, GPT-2 4 layers x 256
+    python benchmarks/zero_memory.py --dp 2 --vocab 8192 --stages 0 2
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+MB = 2 ** 20
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dp", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--embd", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--batch", type=int, default=2, help="sequences per rank")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--stage", type=int, default=None, help=argparse.SUPPRESS)  # a job's own stage
+    return p.parse_args(argv)
+
+
+def _job(args) -> None:
+    """One stage, run on every rank of an MPI job; rank 0 prints one table row."""
+    import numpy as np
+
+    import infinitrain as it
+    from infinitrain.models import GPT2Config
+    from infinitrain.models.gpt2 import GPT2
+    from infinitrain.nn import parallel
+    from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
+    from infinitrain.optim import AdamW
+
+    env = parallel.init()
+    allocated = lambda: it.memory_stats()["allocated_bytes"]  # noqa: E731
+    it.manual_seed(0)
+    model = GPT2(GPT2Config(block_size=args.seq, vocab_size=args.vocab, n_layer=args.layers,
+                            n_head=max(1, args.embd // 64), n_embd=args.embd))
+    n_params = sum(p.numel() for p in model.parameters())
+    trainer = TrainStep(model, decay_groups(model, 0.0), AdamW, env.dp_group, zero_stage=args.stage, lr=1e-4)
+    rng = np.random.default_rng(env.dp_rank)
+    x = it.from_numpy(rng.integers(0, args.vocab, (args.batch, args.seq)))
+    y = it.from_numpy(rng.integers(0, args.vocab, (args.batch, args.seq)))
+    trainer.step([(x, y)])  # the first step creates AdamW's state
+    opt = trainer.optimizer.optimizer if trainer.zero else trainer.optimizer
+    state = sum(v.numel() * v.dtype.itemsize for s in (opt.state.values() if opt else ()) for v in s.values()
+                if isinstance(v, it.Tensor) and v.ndim > 0)
+    if trainer.zero:
+        buckets = trainer.optimizer.buckets
+        params = sum(b.piece if args.stage == 3 else b.padded for b in buckets) * 4
+        grads = sum(b.piece + (b.padded if args.stage == 1 else 0) for b in buckets) * 4
+    else:
+        params = n_params * 4
+        grads = sum(b.flat_grad.numel() for b in trainer.net.reducer.buffer) * 4 if env.layout.dp > 1 else n_params * 4
+    persistent = allocated()
+    it.reset_peak_memory_stats()
+    _, loss = trainer.net(x, y, return_logits=False)  # the activations kept for backward
+    activations = allocated() - persistent
+    loss.backward()
+    trainer.optimizer_step()
+    peak = it.memory_stats()["peak_allocated_bytes"]
+    dp = env.layout.dp
+    theory = {0: 16, 1: 8 + 8 / dp, 2: 4 + 12 / dp, 3: 16 / dp}[args.stage] * n_params
+    if env.is_main:
+        in_flight = peak - persistent - activations
+        print(f"{args.stage:5d} | {params / MB:7.1f} | {grads / MB:7.1f} | {state / MB:7.1f} | {persistent / MB:10.1f} "
+              f"| {theory / MB:7.1f} | {activations / MB:11.1f} | {peak / MB:7.1f} | {in_flight / MB:9.1f} "
+              f"| {peak / n_params:5.1f}", flush=True)
+
+
+def main() -> None:
+    args = _args()
+    if args.stage is not None:
+        return _job(args)
+    from mpi_launch import start
+    print(f"GPT-2 {args.layers} layers x {args.embd}, vocabulary {args.vocab}, DP {args.dp}, "
+          f"{args.batch} x {args.seq} tokens per rank, fp32 AdamW; rank 0's allocator, MB")
+    print("stage |  params |   grads |   AdamW | persistent |  theory | activations |    peak | in flight "
+          "| B/param")
+    for stage in args.stages:
+        cmd = [*start(args.dp), sys.executable, __file__, *sys.argv[1:], "--stage", str(stage)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if out.returncode:
+            raise SystemExit(f"stage {stage} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+        print("\n".join(ln.split("] ", 1)[-1] for ln in out.stdout.splitlines() if "|" in ln), flush=True)
+    print("persistent: what stays between steps (params + grads + AdamW + small buffers); theory: the "
+          "stage's promise for those; in flight: peak - persistent - activations")
+
+
+if __name__ == "__main__":
+    main()
