@@ -172,10 +172,15 @@ def check_memory(args, env, accum: int, log) -> None:
         check_sequence_length(args, known[0].block_size)
     plan = memory_plan(args, env, accum)
     if plan is not None:
-        need, have, text = plan
+        need, have, text, _ = plan
         log(text, flush=True)
         if need > have:
-            sys.exit(f"this job will not fit in memory: {text}. Use a smaller --model, fewer ranks "
+            ways = ""
+            if env.layout.dp * env.layout.cp > 1 and args.zero_stage < 3:
+                fitting = [s for s in range(args.zero_stage + 1, 4) if memory_plan(args, env, accum, s)[0] <= have]
+                if fitting:
+                    ways = f"--zero_stage {fitting[0]} (it would fit), "
+            sys.exit(f"this job will not fit in memory: {text}. Use {ways}a smaller --model, fewer ranks "
                      "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
                      "or a smaller --batch_size / --sequence_length")
 
@@ -551,13 +556,17 @@ def _config_of(args):
     return cfg, (GPT2 if isinstance(cfg, GPT2Config) else LLaMA3)
 
 
-def memory_plan(args, env, micro_batches: int):
-    """(bytes this node's ranks will need, bytes available, a line saying so), estimated before
-    anything is built: per parameter 4 bytes of weights, 4 of gradient and 8 of AdamW moments
-    (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP x CP; activations of the micro-batches a stage
-    holds (all M under GPipe, up to PP under 1F1B) at about 24 B T C floats per layer plus the
-    attention scores, the logits and their gradient on the last stage, and ~350 MB for the
-    process itself (Python, numpy, MPI, BLAS buffers, the data). None if unknown."""
+def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None):
+    """(bytes this node's ranks will need, bytes available, a line saying so, by component),
+    estimated before anything is built: per parameter 4 bytes of weights, 4 of gradient and 8
+    of AdamW moments (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP x
+    CP; at stages 2 and 3 the token embedding's gradient is whole during backward (a gradient is
+    reduce-scattered only once it is final: the tied embedding's at the very end) and two
+    buckets are in flight, at stage 3 the embedding's weights are gathered too; activations of the micro-batches a stage holds (all M under
+    GPipe, up to PP under 1F1B) at about 24 B T C floats per layer plus the attention scores,
+    the logits and their gradient on the last stage, and ~350 MB for the process itself (Python,
+    numpy, MPI, BLAS buffers, the data). zero_stage: another stage than the job's (to suggest
+    one). None if unknown."""
     known = _config_of(args)
     if known is None or env.device.type != "cpu":  # this is the host's memory
         return None
@@ -569,23 +578,32 @@ def memory_plan(args, env, micro_batches: int):
     cfg, cls = known
     L = env.layout
     params = cls._llmc_numel(cfg) / (L.tp * L.pp)
-    weights, grads, moments = 4, 4, (10 if args.dtype == "bfloat16" else 8)
+    moments = 10 if args.dtype == "bfloat16" else 8
     shards = L.dp * L.cp  # ZeRO shards over the DP x CP group
-    stage = args.zero_stage if shards > 1 else 0
-    state = params * (weights / (shards if stage >= 3 else 1) + grads / (shards if stage >= 2 else 1)
-                      + moments / (shards if stage >= 1 else 1))
+    stage = (args.zero_stage if zero_stage is None else zero_stage) if shards > 1 else 0
+    vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
+    embedding = 4 * vocab * cfg.n_embd / L.tp
+    parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
+             "gradients": params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0),
+             "AdamW state": params * moments / (shards if stage >= 1 else 1)}
+    if stage >= 3:
+        parts["parameters"] += embedding
+    if stage >= 2:  # a full-size bucket reducing while the next fills (the trainer's 25 MB buckets)
+        parts["buckets in flight"] = min(2 * 25 * 2**20, params * 4)
     # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
     B, T, C = args.batch_size, args.sequence_length // L.cp, cfg.n_embd
     held = micro_batches if L.pp == 1 or args.pipeline_schedule == "gpipe" else min(micro_batches, L.pp)
     per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (cfg.n_head / L.tp) * T * T)
-    vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
-    acts = held * per_layer * cfg.n_layer / L.pp + 2 * 4 * B * T * vocab / L.tp
-    per_rank = state + acts + 350 * 2**20
+    parts["activations"] = held * per_layer * cfg.n_layer / L.pp + 2 * 4 * B * T * vocab / L.tp
+    parts["process"] = 350 * 2**20
+    per_rank = sum(parts.values())
     need = per_rank * env.local_size
-    text = (f"memory: about {per_rank / 2**30:.2f} GB per rank ({params / 1e6:.1f}M parameters with "
-            f"gradients and AdamW state, activations of {held} micro-batch(es)) x {env.local_size} "
-            f"rank(s) on this node = {need / 2**30:.1f} GB of {available / 2**30:.1f} GB available")
-    return need, available, text
+    detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items())
+    text = (f"memory: about {per_rank / 2**30:.2f} GB per rank ({params / 1e6:.1f}M parameters"
+            f"{f', ZeRO-{stage} over {shards}' if stage else ''}; GB: {detail}; activations of {held} "
+            f"micro-batch(es)) x {env.local_size} rank(s) on this node = {need / 2**30:.1f} GB of "
+            f"{available / 2**30:.1f} GB available")
+    return need, available, text, parts
 
 
 @it.no_grad()

@@ -445,3 +445,42 @@ def test_numpy_of_a_tensor_that_requires_grad_is_refused():
         w.numpy()
     assert w.detach().numpy().tolist() == [1.0, 1.0, 1.0] and w.tolist() == [1.0, 1.0, 1.0]
     assert (w * 2).sum().item() == 6.0 and "Parameter containing" in repr(w)
+
+
+def test_the_memory_estimate_counts_each_component_as_zero_shards_it():
+    """memory_plan's components for GPT-2 124M at DP 4: ZeRO shards the AdamW state (stage 1),
+    the gradients (2, which keeps the embedding's whole gradient and two buckets in flight)
+    and the parameters (3, with the embedding gathered); activations and the process stay."""
+    from types import SimpleNamespace
+    from infinitrain.device import as_device
+    from infinitrain.examples.lm_flags import parse_args
+    from infinitrain.examples.lm_train import memory_plan
+    from infinitrain.models import GPT2_PRESETS
+    from infinitrain.nn.parallel.layout import Layout
+    args = parse_args(["--model", "gpt2", "--batch_size", "2", "--sequence_length", "128"], "", GPT2_PRESETS, "gpt2")
+    env = SimpleNamespace(layout=Layout(4), device=as_device("cpu"), local_size=4)
+    parts = {}
+    for stage in range(4):
+        parts[stage] = memory_plan(args, env, 1, zero_stage=stage)[3]
+    P, emb = 124_475_904, 4 * 50304 * 768  # llm.c's count, the padded embedding's bytes
+    assert abs(parts[0]["AdamW state"] - 8 * P) < 1e3 and abs(parts[1]["AdamW state"] - 2 * P) < 1e3
+    assert parts[1]["gradients"] == parts[0]["gradients"] and "buckets in flight" not in parts[1]
+    assert abs(parts[2]["gradients"] - (P + emb)) < 1e3 and parts[2]["buckets in flight"] == 50 * 2**20
+    assert abs(parts[3]["parameters"] - (P + emb)) < 1e3
+    assert all(parts[s]["activations"] == parts[0]["activations"] for s in range(4))
+    assert [sum(p.values()) for p in parts.values()] == sorted((sum(p.values()) for p in parts.values()), reverse=True)
+
+
+def test_a_refused_job_is_told_the_zero_stage_that_would_fit(monkeypatch):
+    from types import SimpleNamespace
+    from infinitrain.examples import lm_train
+    from infinitrain.nn.parallel.layout import Layout
+    need = {0: 30, 1: 25, 2: 18, 3: 12}  # GB; 20 available
+    monkeypatch.setattr(lm_train, "memory_plan", lambda args, env, accum, stage=None:
+                        (need[args.zero_stage if stage is None else stage], 20, "plan", {}))
+    monkeypatch.setattr(lm_train, "_config_of", lambda args: None)
+    env = SimpleNamespace(layout=Layout(4))
+    with pytest.raises(SystemExit, match=r"Use --zero_stage 2 \(it would fit\), a smaller --model"):
+        lm_train.check_memory(SimpleNamespace(zero_stage=0), env, 1, print)
+    with pytest.raises(SystemExit, match="Use a smaller --model"):
+        lm_train.check_memory(SimpleNamespace(zero_stage=0), SimpleNamespace(layout=Layout(1)), 1, print)
