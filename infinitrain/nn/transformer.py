@@ -89,6 +89,7 @@ class MultiheadAttention(Module):
         if is_causal and attn_mask is None:
             raise ValueError("MultiheadAttention: is_causal=True is a hint that attn_mask is the causal "
                              "mask; pass that mask too (as PyTorch)")
+        self_attention = query is key and key is value  # before the transposes make new objects
         unbatched = query.ndim == 2
         if unbatched:  # [L, E] -> [1, L, E]
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -101,7 +102,7 @@ class MultiheadAttention(Module):
         if key.shape[:2] != value.shape[:2] or key.shape[0] != N:
             raise ValueError(f"MultiheadAttention: key {tuple(key.shape)} and value {tuple(value.shape)} "
                              f"must have the same batch and length, and the query's batch {N}")
-        if query is key and key is value:  # self-attention: one product for q, k and v
+        if self_attention:  # one product for q, k and v
             q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         else:
             q, k, v = (self._project(x, slice(i * E, (i + 1) * E)) for i, x in enumerate((query, key, value)))
