@@ -199,10 +199,7 @@ def prepare_translation(out_dir: Path) -> Path:
             seqs = [[compact[t] for t in encoded[i][k]] for i in rows]
             arrays[f"{split}_{side}"] = np.array([t for s in seqs for t in s], np.int32)
             arrays[f"{split}_{side}_offsets"] = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path, tmp = out_dir / "translation_en_de.npz", out_dir / "translation_en_de.tmp.npz"
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
+    path = _write_npz(out_dir / "translation_en_de.npz", arrays)
     log(f"wrote {path}: {len(arrays['train_src_offsets']) - 1:,} training and "
         f"{len(arrays['val_src_offsets']) - 1:,} validation pairs, a shared vocabulary of "
         f"{len(token_bytes):,} tokens")
@@ -211,12 +208,7 @@ def prepare_translation(out_dir: Path) -> Path:
 
 def translation_file(out_dir: Path | None = None, prepare: bool = True) -> Path:
     """The prepared corpus, preparing it first if it is missing."""
-    path = (Path(out_dir) if out_dir else data_root() / "translation") / "translation_en_de.npz"
-    if path.is_file():
-        return path
-    if not prepare:
-        raise FileNotFoundError(f"{path} is missing; run python -m infinitrain.data.prepare translation")
-    return prepare_translation(path.parent)
+    return _prepared("translation", "translation_en_de.npz", out_dir, prepare, prepare_translation)
 
 
 class _ArraysOnly(pickle.Unpickler):
@@ -251,23 +243,33 @@ def prepare_mnist(out_dir: Path) -> Path:
         if pixels.shape[1:] != (784,) or len(pixels) != len(y):
             raise RuntimeError(f"unexpected MNIST {split} arrays: {pixels.shape}, {np.shape(y)}")
         arrays[f"{split}_images"], arrays[f"{split}_labels"] = pixels.reshape(-1, 28, 28), np.asarray(y, np.int64)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "mnist.npz"
-    tmp = out_dir / "mnist.tmp.npz"
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
+    path = _write_npz(out_dir / "mnist.npz", arrays)
     log(f"wrote {path}: " + ", ".join(f"{k} {v.shape}" for k, v in arrays.items() if k.endswith("images")))
     return path
 
 
 def mnist_file(out_dir: Path | None = None, prepare: bool = True) -> Path:
     """The prepared MNIST file, preparing it first if it is missing."""
-    path = (Path(out_dir) if out_dir else data_root() / "mnist") / "mnist.npz"
+    return _prepared("mnist", "mnist.npz", out_dir, prepare, prepare_mnist)
+
+
+def _prepared(dataset: str, name: str, out_dir, prepare: bool, make) -> Path:
+    """out_dir/name (default $INFINITRAIN_DATA/dataset/name), made by make(folder) if missing."""
+    path = (Path(out_dir) if out_dir else data_root() / dataset) / name
     if path.is_file():
         return path
     if not prepare:
-        raise FileNotFoundError(f"{path} is missing; run python -m infinitrain.data.prepare mnist")
-    return prepare_mnist(path.parent)
+        raise FileNotFoundError(f"{path} is missing; run python -m infinitrain.data.prepare {dataset}")
+    return make(path.parent)
+
+
+def _write_npz(path: Path, arrays: dict) -> Path:
+    """arrays compressed into path, atomically (a file that is there is whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
 
 
 _MNIST_SPLITS = {"train": 50000, "val": 10000, "test": 10000}

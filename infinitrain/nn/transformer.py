@@ -144,7 +144,34 @@ def _activation(activation):
     raise ValueError(f"activation must be 'relu', 'gelu' or a callable, got {activation!r}")
 
 
-class TransformerEncoderLayer(Module):
+class _TransformerLayer(Module):
+    """What the encoder and decoder layers share, under PyTorch's attribute names: self-attention,
+    the feed-forward network (linear1, activation, dropout, linear2), norm_first, and n norms
+    with a dropout after each block (norm1.., dropout1..)."""
+
+    def __init__(self, blocks: int, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                 batch_first, norm_first, bias, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first, **kw)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm_first = norm_first
+        for i in range(1, blocks + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
+            setattr(self, f"dropout{i}", Dropout(dropout))
+        self.activation = _activation(activation)
+
+    def _sa_block(self, x, attn_mask, key_padding_mask):
+        return self.dropout1(self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                            need_weights=False)[0])
+
+    def _feed_forward(self, x, out_dropout):
+        return out_dropout(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerEncoderLayer(_TransformerLayer):
     """torch.nn.TransformerEncoderLayer: self-attention and a position-wise feed-forward
     network, each with dropout and a residual, LayerNorm after (norm_first=False, the paper)
     or before each block."""
@@ -152,35 +179,19 @@ class TransformerEncoderLayer(Module):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device=None, dtype=None):
-        super().__init__()
-        kw = dict(device=device, dtype=dtype)
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first, **kw)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
-        self.activation = _activation(activation)
+        super().__init__(2, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, device, dtype)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         x = src
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask)
-            return x + self._ff_block(self.norm2(x))
+            return x + self._feed_forward(self.norm2(x), self.dropout2)
         x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask))
-        return self.norm2(x + self._ff_block(x))
-
-    def _sa_block(self, x, attn_mask, key_padding_mask):
-        return self.dropout1(self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                            need_weights=False)[0])
-
-    def _ff_block(self, x):
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        return self.norm2(x + self._feed_forward(x, self.dropout2))
 
 
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """torch.nn.TransformerDecoderLayer: masked self-attention, cross-attention over the
     encoder's memory, and the feed-forward network, each with dropout, a residual and a
     LayerNorm (after, or before with norm_first=True)."""
@@ -188,19 +199,10 @@ class TransformerDecoderLayer(Module):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device=None, dtype=None):
-        super().__init__()
-        kw = dict(device=device, dtype=dtype)
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first, **kw)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first, **kw)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
-        self.activation = _activation(activation)
+        super().__init__(3, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, device, dtype)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first,
+                                                 device=device, dtype=dtype)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
@@ -208,21 +210,14 @@ class TransformerDecoderLayer(Module):
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask)
             x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask)
-            return x + self._ff_block(self.norm3(x))
+            return x + self._feed_forward(self.norm3(x), self.dropout3)
         x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask))
         x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask))
-        return self.norm3(x + self._ff_block(x))
-
-    def _sa_block(self, x, attn_mask, key_padding_mask):
-        return self.dropout1(self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                            need_weights=False)[0])
+        return self.norm3(x + self._feed_forward(x, self.dropout3))
 
     def _mha_block(self, x, mem, attn_mask, key_padding_mask):
         return self.dropout2(self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
                                                  key_padding_mask=key_padding_mask, need_weights=False)[0])
-
-    def _ff_block(self, x):
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
 def _clones(layer: Module, n: int) -> ModuleList:
