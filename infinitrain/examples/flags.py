@@ -87,3 +87,34 @@ def refuse(message: str):
     else:
         time.sleep(2.0)
     sys.exit(1)
+
+
+def check_writable_file(flag: str, path) -> None:
+    """Exits with a message unless a file can be written at path (its folder must exist)."""
+    import os
+    if os.path.isdir(path):
+        sys.exit(f"{flag} {path} is a folder; give a file name (such as {os.path.join(path, 'trace.json' if flag == '--profile' else 'loss.png')})")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        sys.exit(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+
+
+def check_outputs(folders=(), files=(), plot=None) -> None:
+    """Every output a job will write, checked before it trains: (flag, folder) checkpoint folders
+    writable, (flag, path) files writable where named, matplotlib there for --plot."""
+    from ..checkpoint import CheckpointError, ensure_writable
+    for flag, folder in folders:
+        try:
+            if folder:
+                ensure_writable(folder)
+        except CheckpointError as e:
+            sys.exit(f"{flag}: {e}")
+    for flag, path in files:
+        if path:
+            check_writable_file(flag, path)
+    if plot:
+        from ..plot import pyplot
+        try:
+            pyplot()
+        except RuntimeError as e:
+            refuse(f"--plot: {e}")

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import infinitrain as it
 from infinitrain import profiler
-from infinitrain.plot import plot_losses, pyplot
+from infinitrain.plot import plot_losses
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 from infinitrain.amp import autocast
-from infinitrain.checkpoint import (CheckpointError, ensure_writable, load_checkpoint, load_lora,
+from infinitrain.checkpoint import (CheckpointError, load_checkpoint, load_lora,
                                     read_lora_config, resolve, save_checkpoint, save_checkpoint_async, save_lora)
 from infinitrain.data import DataFormatError, Tokenizer, TokenLoader, read_shard
-from infinitrain.examples.flags import check_input_files, refuse
+from infinitrain.examples.flags import check_input_files, check_outputs, refuse
 from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples import mfu
@@ -295,20 +295,8 @@ class TrainingLoop:
     def check_outputs(self) -> None:
         """Every output is checked before training, not after it."""
         args = self.args
-        for flag, folder in (("--save", args.save), ("--lora_save_path", args.lora_save_path)):
-            try:
-                if folder:
-                    ensure_writable(folder)
-            except CheckpointError as e:
-                sys.exit(f"{flag}: {e}")
-        for flag, path in (("--profile", args.profile), ("--plot", args.plot)):
-            if path:
-                check_writable_file(flag, path)
-        if args.plot:
-            try:
-                pyplot()
-            except RuntimeError as e:
-                refuse(f"--plot: {e}")
+        check_outputs(folders=[("--save", args.save), ("--lora_save_path", args.lora_save_path)],
+                      files=[("--profile", args.profile), ("--plot", args.plot)], plot=args.plot)
 
     def precision_checker(self):
         if not self.args.precision_check:
@@ -490,16 +478,6 @@ def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
         if how == "raise":
             raise RuntimeError(f"INFINITRAIN_FAIL_AT: rank {rank} fails at step {step}")
         os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
-
-
-def check_writable_file(flag: str, path) -> None:
-    """Exits with a message unless a file can be written at path (its folder must exist)."""
-    import os
-    if os.path.isdir(path):
-        sys.exit(f"{flag} {path} is a folder; give a file name (such as {os.path.join(path, 'trace.json' if flag == '--profile' else 'loss.png')})")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        sys.exit(f"{flag} {path}: the folder {folder} does not exist or is not writable")
 
 
 class ProfileWindow:

@@ -31,7 +31,8 @@ from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
-from infinitrain.examples.flags import (check_input_files, nonnegative_int, positive_float, positive_int,
+from infinitrain.examples.lm_train import ProfileWindow
+from infinitrain.examples.flags import (check_input_files, check_outputs, nonnegative_int, positive_float, positive_int,
                                         probability, refuse)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
@@ -69,7 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--translate", type=nonnegative_int, default=0,
                    help="translate this many validation pairs at the end (0 = all)")
     p.add_argument("--num_workers", type=nonnegative_int, default=0, help="processes that collate batches ahead")
-    p.add_argument("--profile", default=None, help="write a Chrome trace of step 2 to this file")
+    p.add_argument("--profile", default=None, help="profile the second step: a table and this Chrome trace")
     p.add_argument("--plot", default=None, help="draw the loss curves to this image")
     return p.parse_args(argv)
 
@@ -133,6 +134,8 @@ def main(argv=None) -> int:
     if args.data is None:
         args.data = on_every_node(env, translation_file)
     check_input_files(env, [("--data", args.data, load_translation)])
+    check_outputs(folders=[("--save", args.save)], files=[("--profile", args.profile), ("--plot", args.plot)],
+                  plot=args.plot)
     vocab, train_set, val_set = load_translation(args.data)
 
     it.manual_seed(args.seed)
@@ -163,7 +166,8 @@ def main(argv=None) -> int:
               f"{len(val_set):,} validation pairs, vocabulary {len(vocab):,} | {env.layout.describe()}", flush=True)
     curves = {"train": [], "val": []}
     step, epoch, batches = first, 0, iter(())
-    prof = profiler.profile() if args.profile else None
+    prof, profiling = profiler.profile(), ProfileWindow(args.profile, first, args.num_iteration, 1)
+    log = print if env.is_main else (lambda *a, **k: None)  # as the language models' trainer
     while step <= args.num_iteration:
         try:
             src, tgt_in, tgt_out = next(batches)
@@ -172,7 +176,7 @@ def main(argv=None) -> int:
             loader.set_epoch(epoch)
             batches = iter(loader)
             continue
-        if prof is not None and step == first + 1:
+        if profiling.starts(step):
             prof.__enter__()
         t0 = time.perf_counter()
         # the loss is the mean over the global batch's target tokens: this rank's token sum over
@@ -185,10 +189,9 @@ def main(argv=None) -> int:
         lr = trainer.optimizer.param_groups[0]["lr"]
         schedule.step()
         ms = (time.perf_counter() - t0) * 1000
-        if prof is not None and step == first + 1:
+        if profiling.ends(step):
             prof.__exit__(None, None, None)
-            if env.is_main:
-                prof.export_chrome_trace(args.profile)
+            profiling.report(prof, env, log)
         curves["train"].append((step, loss))
         if env.is_main:
             print(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "

@@ -163,3 +163,9 @@ def test_data_parallel_and_zero_train_as_one_process(corpus, dtype):
         assert len(got) == len(one) == 4
         for a, b in zip(got, one):
             assert abs(a - b) <= (1e-5 * abs(b) if dtype == "float32" else 1e-2), (flags, got, one)
+
+
+def test_the_example_checks_its_outputs_before_training(corpus, tmp_path):
+    out = example(1, "transformer", ["--model", "tiny", "--profile", str(tmp_path / "no" / "t.json")], check=False)
+    assert out.returncode != 0 and "--profile" in out.stderr and "does not exist" in out.stderr
+    assert "step" not in out.stdout
