@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-from ..autograd import no_grad
-from ..creation import zeros
 from ..kernels import optim as kopt
 from .optimizer import Optimizer
 
@@ -31,28 +29,17 @@ class AdamW(Optimizer):
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
             raise ValueError(f"{cls.__name__}: betas must be two numbers in [0, 1), got {betas!r}")
 
-    def _grad(self, p, group):
-        return p.grad
+    def update(self, param, grad, state: dict, group: dict, first: bool) -> None:
+        b1, b2 = group["betas"]
+        kopt.adamw_step(param, self._grad(param, grad, group), state["exp_avg"], state["exp_avg_sq"],
+                        lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
+                        weight_decay=self._decoupled_decay(group), step=state["step"])
+
+    def _grad(self, param, grad, group):
+        return grad
 
     def _decoupled_decay(self, group) -> float:
         return group["weight_decay"]
-
-    @no_grad()
-    def step(self) -> None:
-        for g in self.param_groups:
-            b1, b2 = g["betas"]
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state.setdefault(p, {})
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = zeros(*p.shape, device=p.device)
-                    state["exp_avg_sq"] = zeros(*p.shape, device=p.device)
-                state["step"] += 1
-                kopt.adamw_step(p, self._grad(p, g), state["exp_avg"], state["exp_avg_sq"],
-                                lr=g["lr"], beta1=b1, beta2=b2, eps=g["eps"],
-                                weight_decay=self._decoupled_decay(g), step=state["step"])
 
 
 class Adam(AdamW):
@@ -60,9 +47,9 @@ class Adam(AdamW):
                  weight_decay: float = 0.0):
         super().__init__(params, lr, betas, eps, weight_decay)
 
-    def _grad(self, p, group):
+    def _grad(self, param, grad, group):
         wd = group["weight_decay"]
-        return p.grad if wd == 0 else p.grad + p.detach() * wd
+        return grad if wd == 0 else grad + param.detach() * wd
 
     def _decoupled_decay(self, group) -> float:
         return 0.0

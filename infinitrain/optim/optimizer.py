@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import zero_grads
+from ..autograd import no_grad, zero_grads
+from ..creation import zeros
 from ..tensor import Tensor
 
 
@@ -45,8 +46,36 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grads((p for g in self.param_groups for p in g["params"]), set_to_none)
 
-    def step(self):
+    # ---- the step: one update per parameter, through three hooks a subclass defines ---------
+    # (OffloadOptimizer drives the same hooks chunk by chunk over state streamed from disk)
+    def tensor_keys(self, group: dict) -> tuple:
+        """The state entries of a parameter in this group that are float32 tensors of its shape."""
+        return tuple(k for k, kind in self.state_spec.items() if kind == "tensor")
+
+    def counters(self) -> dict:
+        """The state entries that are counts, as they are before the first step."""
+        return {k: 0 for k, kind in self.state_spec.items() if kind == "int"}
+
+    def update(self, param, grad, state: dict, group: dict, first: bool) -> None:
+        """One update of param (or a contiguous piece of it) from grad, with its state (the
+        counters already advanced for this step; the tensors of param's shape, zeros on the
+        first step, which first tells)."""
         raise NotImplementedError
+
+    @no_grad()
+    def step(self) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                first = p not in self.state
+                if first:
+                    self.state[p] = {**self.counters(),
+                                     **{k: zeros(*p.shape, device=p.device) for k in self.tensor_keys(g)}}
+                state = self.state[p]
+                for k in self.counters():
+                    state[k] += 1
+                self.update(p, p.grad, state, g, first)
 
     # ---- state_dict: parameters are numbered in group order, as in PyTorch ----------------
     def state_dict(self) -> dict:

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import math
 
-from ..autograd import no_grad
-from ..creation import zeros
 from ..kernels import optim as kopt
 from .optimizer import Optimizer
 
@@ -33,20 +31,10 @@ class SGD(Optimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: Nesterov momentum needs momentum > 0 and zero dampening")
 
-    @no_grad()
-    def step(self) -> None:
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state.setdefault(p, {})
-                buf = None
-                first = False
-                if g["momentum"] != 0:
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = state["momentum_buffer"] = zeros(*p.shape, device=p.device)
-                        first = True
-                kopt.sgd_step(p, p.grad, buf, lr=g["lr"], momentum=g["momentum"],
-                              dampening=g["dampening"], weight_decay=g["weight_decay"],
-                              nesterov=g["nesterov"], first_step=first)
+    def tensor_keys(self, group: dict) -> tuple:
+        return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def update(self, param, grad, state: dict, group: dict, first: bool) -> None:
+        kopt.sgd_step(param, grad, state.get("momentum_buffer"), lr=group["lr"], momentum=group["momentum"],
+                      dampening=group["dampening"], weight_decay=group["weight_decay"],
+                      nesterov=group["nesterov"], first_step=first)
