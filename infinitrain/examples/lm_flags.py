@@ -74,6 +74,12 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO over the data-parallel ranks (replaces DDP): 1 shards the optimizer "
                         "state, 2 also the gradients, 3 also the parameters (gathered per layer)")
+    p.add_argument("--offload_optimizer", default="none", choices=["none", "cpu", "nvme"],
+                   help="where the AdamW state (each rank's ZeRO shard of it) lives: cpu, in host memory "
+                        "(off the GPU, updated there); nvme, in a scratch file under --offload_path, "
+                        "streamed through in blocks by a background thread (off a CPU node's memory)")
+    p.add_argument("--offload_path", default=None, metavar="DIR",
+                   help="folder on a local disk for --offload_optimizer nvme (needs 8 bytes per parameter)")
     p.add_argument("--recompute", default="none", choices=["none", "full", "selective"],
                    help="activation recomputation: full keeps only each block's input and reruns "
                         "the block in backward; selective reruns the MLP's activation and down "

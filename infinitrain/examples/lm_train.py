@@ -29,6 +29,7 @@ from infinitrain.nn.lora import apply_lora
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
+from infinitrain.optim.offload import OffloadError
 from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
 
 
@@ -43,10 +44,17 @@ def train(args, build_model) -> int:
     check_inputs(args, env)
     check_memory(args, env, accum, log)
     model = build(args, env, tp, stage, env.context_parallel(args.cp_comm), build_model, layout, log)
-    trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_cp_group, env.pp_group,
-                        zero_stage=args.zero_stage, pipeline_schedule=schedule if stage else None,
-                        pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    offload = args.offload_optimizer if args.offload_optimizer != "none" else None
+    try:
+        trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_cp_group, env.pp_group,
+                            zero_stage=args.zero_stage, pipeline_schedule=schedule if stage else None,
+                            pipeline_timeout=args.pipeline_timeout, offload_optimizer=offload,
+                            offload_path=args.offload_path, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
+        sys.exit(f"rank {env.rank}: {e}")
     log_setup(args, env, model, accum, schedule, layout, log)
+    if offload:
+        log(f"offload: {trainer.optimizer.optimizer if trainer.zero else trainer.optimizer}", flush=True)
     loop = TrainingLoop(args, env, model, trainer, accum, layout, log)
     try:
         loop.run()
@@ -96,10 +104,28 @@ def setup_layout(args):
     if args.zero_stage and env.layout.dp * env.layout.cp == 1 and env.is_main:
         print(f"note: --zero_stage {args.zero_stage} has no effect with one data-parallel rank (there is nothing "
               "to shard the optimizer state over); it trains as without ZeRO", flush=True)
+    check_offload_flags(args, env)
     layout = env.layout.describe(sequence_parallel=tp is not None and tp.sequence_parallel)
     if args.virtual_pipeline_parallel > 1:
         layout += f", VPP={args.virtual_pipeline_parallel}"
     return env, tp, stage, schedule, layout
+
+
+def check_offload_flags(args, env) -> None:
+    """--offload_optimizer's flags, before anything is built (the disk's space: check_memory)."""
+    if args.offload_optimizer == "cpu" and env.device.type == "cpu":
+        refuse("--offload_optimizer cpu moves the AdamW state off the GPU; with --device cpu it is in host memory "
+               "already: use --offload_optimizer nvme --offload_path DIR to move it to disk")
+    if args.offload_optimizer == "nvme":
+        if not args.offload_path:
+            refuse("--offload_optimizer nvme needs --offload_path DIR, a folder on a local disk")
+        path = Path(args.offload_path)
+        if not path.is_dir():
+            refuse(f"--offload_path {path}: no such folder (make it, mkdir -p, or name another)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            refuse(f"--offload_path {path}: not writable by this user (name another folder)")
+    elif args.offload_path:
+        refuse("--offload_path is for --offload_optimizer nvme")
 
 
 def restart_count() -> int:
@@ -171,18 +197,30 @@ def check_memory(args, env, accum: int, log) -> None:
     if known is not None:
         check_sequence_length(args, known[0].block_size)
     plan = memory_plan(args, env, accum)
-    if plan is not None:
-        need, have, text, _ = plan
-        log(text, flush=True)
-        if need > have:
-            ways = ""
-            if env.layout.dp * env.layout.cp > 1 and args.zero_stage < 3:
-                fitting = [s for s in range(args.zero_stage + 1, 4) if memory_plan(args, env, accum, s)[0] <= have]
-                if fitting:
-                    ways = f"--zero_stage {fitting[0]} (it would fit), "
-            sys.exit(f"this job will not fit in memory: {text}. Use {ways}a smaller --model, fewer ranks "
-                     "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
-                     "or a smaller --batch_size / --sequence_length")
+    if plan is None:
+        return
+    need, have, text, parts = plan
+    log(text, flush=True)
+    if "on disk" in parts:  # the scratch files of this node's ranks, reserved when they are made
+        disk = parts["on disk"] * env.local_size
+        st = os.statvfs(args.offload_path)
+        if disk > st.f_bavail * st.f_frsize:
+            refuse(f"--offload_path {args.offload_path}: the AdamW state needs {disk / 2**30:.2f} GB there and "
+                   f"{st.f_bavail * st.f_frsize / 2**30:.2f} GB are free: free space or name a bigger disk")
+    if need > have:
+        ways = ""
+        if env.layout.dp * env.layout.cp > 1 and args.zero_stage < 3:
+            fitting = [s for s in range(args.zero_stage + 1, 4) if memory_plan(args, env, accum, s)[0] <= have]
+            if fitting:
+                ways = f"--zero_stage {fitting[0]} (it would fit), "
+        if not ways and "on disk" not in parts:
+            offloaded = memory_plan(args, env, accum, offload="nvme")
+            if offloaded[0] <= have:
+                ways = (f"--offload_optimizer nvme --offload_path DIR (it would fit, with "
+                        f"{offloaded[3]['on disk'] * env.local_size / 2**30:.1f} GB of AdamW state on that disk), ")
+        sys.exit(f"this job will not fit in memory: {text}. Use {ways}a smaller --model, fewer ranks "
+                 "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
+                 "or a smaller --batch_size / --sequence_length")
 
 
 def build(args, env, tp, stage, cp, build_model, layout: str, log):
@@ -534,7 +572,7 @@ def _config_of(args):
     return cfg, (GPT2 if isinstance(cfg, GPT2Config) else LLaMA3)
 
 
-def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None):
+def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, offload: str | None = None):
     """(bytes this node's ranks will need, bytes available, a line saying so, by component),
     estimated before anything is built: per parameter 4 bytes of weights, 4 of gradient and 8
     of AdamW moments (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP x
@@ -543,8 +581,9 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None):
     buckets are in flight, at stage 3 the embedding's weights are gathered too; activations of the micro-batches a stage holds (all M under
     GPipe, up to PP under 1F1B) at about 24 B T C floats per layer plus the attention scores,
     the logits and their gradient on the last stage, and ~350 MB for the process itself (Python,
-    numpy, MPI, BLAS buffers, the data). zero_stage: another stage than the job's (to suggest
-    one). None if unknown."""
+    numpy, MPI, BLAS buffers, the data). With --offload_optimizer nvme the moments are on disk
+    (parts["on disk"], not counted in the memory) and two 64 MB staging buffers stay. zero_stage,
+    offload: another stage or offload than the job's (to suggest one). None if unknown."""
     known = _config_of(args)
     if known is None or env.device.type != "cpu":  # this is the host's memory
         return None
@@ -561,9 +600,11 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None):
     stage = (args.zero_stage if zero_stage is None else zero_stage) if shards > 1 else 0
     vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
     embedding = 4 * vocab * cfg.n_embd / L.tp
+    offload = (args.offload_optimizer if args.offload_optimizer != "none" else None) if offload is None else offload
+    state = params * moments / (shards if stage >= 1 else 1)
     parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
              "gradients": params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0),
-             "AdamW state": params * moments / (shards if stage >= 1 else 1)}
+             "AdamW state": state if offload != "nvme" else min(state, 2 * 64 * 2**20)}
     if stage >= 3:
         parts["parameters"] += embedding
     if stage >= 2:  # a full-size bucket reducing while the next fills (the trainer's 25 MB buckets)
@@ -577,10 +618,14 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None):
     per_rank = sum(parts.values())
     need = per_rank * env.local_size
     detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items())
+    on_disk = ""
+    if offload == "nvme":
+        parts["on disk"] = state * 8 / moments  # the moments; bfloat16 copies are not state
+        on_disk = f"; {parts['on disk'] * env.local_size / 2**30:.2f} GB of AdamW moments on disk"
     text = (f"memory: about {per_rank / 2**30:.2f} GB per rank ({params / 1e6:.1f}M parameters"
             f"{f', ZeRO-{stage} over {shards}' if stage else ''}; GB: {detail}; activations of {held} "
             f"micro-batch(es)) x {env.local_size} rank(s) on this node = {need / 2**30:.1f} GB of "
-            f"{available / 2**30:.1f} GB available")
+            f"{available / 2**30:.1f} GB available{on_disk}")
     return need, available, text, parts
 
 

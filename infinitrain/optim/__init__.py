@@ -1,7 +1,8 @@
 """Optimizers and learning-rate schedules, named as in torch.optim."""
 from . import lr_scheduler
 from .adam import Adam, AdamW
+from .offload import OffloadError, OffloadOptimizer
 from .optimizer import Optimizer
 from .sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "OffloadOptimizer", "OffloadError", "lr_scheduler"]

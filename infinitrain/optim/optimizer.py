@@ -79,22 +79,10 @@ class Optimizer:
 
     # ---- state_dict: parameters are numbered in group order, as in PyTorch ----------------
     def state_dict(self) -> dict:
-        index, groups = 0, []
-        numbered = {}
-        for g in self.param_groups:
-            ids = []
-            for p in g["params"]:
-                numbered[id(p)] = index
-                ids.append(index)
-                index += 1
-            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": ids})
-        state = {}
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p in self.state:
-                    state[numbered[id(p)]] = {k: (v.clone() if isinstance(v, Tensor) else v)
-                                              for k, v in self.state[p].items()}
-        return {"state": state, "param_groups": groups}
+        params = [p for g in self.param_groups for p in g["params"]]
+        state = {i: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in self.state[p].items()}
+                 for i, p in enumerate(params) if p in self.state}
+        return {"state": state, "param_groups": self.numbered_groups()}
 
     @classmethod
     def check_hyperparameters(cls, group: dict) -> None:
@@ -123,6 +111,12 @@ class Optimizer:
                                  f"not {'a tensor' if kind == 'tensor' else 'a count >= 0'}")
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self.state = self.checked_state(state_dict)
+        self.load_hyperparameters(state_dict)
+
+    def checked_state(self, state_dict: dict) -> dict:
+        """state_dict's per-parameter state, checked against this optimizer's groups and state_spec,
+        as {parameter: state} with tensors where their parameter lives (ValueError otherwise)."""
         groups = state_dict["param_groups"]
         for saved in groups:
             self.check_hyperparameters({k: v for k, v in saved.items() if k != "params"})
@@ -135,7 +129,7 @@ class Optimizer:
                 raise ValueError(f"a parameter group has {len(own['params'])} parameters but the "
                                  f"saved one has {len(saved['params'])}")
             params += own["params"]
-        self.state = {}
+        state = {}
         for i, st in state_dict["state"].items():
             p = params[int(i)]
             self.check_state(i, st)
@@ -148,9 +142,22 @@ class Optimizer:
                                          f"{tuple(t.shape)}, the parameter {tuple(p.shape)}")
                     v = t.to(device=p.device, copy=True)  # the state lives where its parameter does
                 new[k] = v
-            self.state[p] = new
-        for saved, own in zip(groups, self.param_groups):
+            state[p] = new
+        return state
+
+    def load_hyperparameters(self, state_dict: dict) -> None:
+        """The saved groups' settings (lr, betas, ...) onto this optimizer's groups."""
+        for saved, own in zip(state_dict["param_groups"], self.param_groups):
             own.update({k: v for k, v in saved.items() if k != "params"})
+
+    def numbered_groups(self) -> list:
+        """param_groups as state_dict writes them: settings, and parameters numbered in order."""
+        groups, at = [], 0
+        for g in self.param_groups:
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(range(at, at + len(g["params"])))})
+            at += len(g["params"])
+        return groups
 
 
 def _from_array(a):

@@ -471,16 +471,25 @@ def test_the_memory_estimate_counts_each_component_as_zero_shards_it():
     assert [sum(p.values()) for p in parts.values()] == sorted((sum(p.values()) for p in parts.values()), reverse=True)
 
 
-def test_a_refused_job_is_told_the_zero_stage_that_would_fit(monkeypatch):
+def test_a_refused_job_is_told_the_zero_stage_or_the_offload_that_would_fit(monkeypatch):
     from types import SimpleNamespace
     from infinitrain.examples import lm_train
     from infinitrain.nn.parallel.layout import Layout
-    need = {0: 30, 1: 25, 2: 18, 3: 12}  # GB; 20 available
-    monkeypatch.setattr(lm_train, "memory_plan", lambda args, env, accum, stage=None:
-                        (need[args.zero_stage if stage is None else stage], 20, "plan", {}))
+    need = {0: 30, 1: 25, 2: 18, 3: 12}  # GB; 20 available; 19 with the moments on disk
+
+    def plan(args, env, accum, stage=None, offload=None):
+        if offload == "nvme":
+            return 19, 20, "plan", {"on disk": 8 * 2**30}
+        return need[args.zero_stage if stage is None else stage], 20, "plan", {}
+    monkeypatch.setattr(lm_train, "memory_plan", plan)
     monkeypatch.setattr(lm_train, "_config_of", lambda args: None)
-    env = SimpleNamespace(layout=Layout(4))
+    env = SimpleNamespace(layout=Layout(4), local_size=1)
     with pytest.raises(SystemExit, match=r"Use --zero_stage 2 \(it would fit\), a smaller --model"):
         lm_train.check_memory(SimpleNamespace(zero_stage=0), env, 1, print)
+    with pytest.raises(SystemExit, match=r"Use --offload_optimizer nvme --offload_path DIR \(it would fit, with "
+                                         r"8.0 GB of AdamW state on that disk\), a smaller --model"):
+        lm_train.check_memory(SimpleNamespace(zero_stage=0), SimpleNamespace(layout=Layout(1), local_size=1), 1, print)
+    need[0] = 40
+    monkeypatch.setattr(lm_train, "memory_plan", lambda *a, offload=None, **k: (40, 20, "plan", {}))
     with pytest.raises(SystemExit, match="Use a smaller --model"):
-        lm_train.check_memory(SimpleNamespace(zero_stage=0), SimpleNamespace(layout=Layout(1)), 1, print)
+        lm_train.check_memory(SimpleNamespace(zero_stage=0), SimpleNamespace(layout=Layout(1), local_size=1), 1, print)

@@ -17,6 +17,7 @@ from contextlib import nullcontext
 
 from ...creation import tensor
 from ...dtypes import float32
+from ...optim.offload import OffloadOptimizer
 from ...profiler import record_function
 from ..utils import clip_grad_norm_
 from .ddp import DistributedDataParallel
@@ -38,11 +39,14 @@ class TrainStep:
     """model: built for this rank's layout (tp=, pp=). dp_group, pp_group: the job's groups.
     pipeline_schedule: "gpipe", "1f1b" or "interleaved" to run the model through the pipeline
     engine (needed when it was built with pp=), None otherwise. The optimizer is
-    optimizer_class(param_groups, **optimizer_kwargs), sharded when zero_stage > 0."""
+    optimizer_class(param_groups, **optimizer_kwargs), sharded when zero_stage > 0, its state (each
+    rank's shard of it) in host memory or on disk under offload_path with offload_optimizer "cpu" or
+    "nvme" (OffloadOptimizer)."""
 
     def __init__(self, model, param_groups, optimizer_class, dp_group, pp_group=None, zero_stage: int = 0,
                  pipeline_schedule: str | None = None, pipeline_timeout: float = 300.0,
-                 bucket_cap_mb: float = 25.0, set_to_none: bool = True, **optimizer_kwargs):
+                 bucket_cap_mb: float = 25.0, set_to_none: bool = True, offload_optimizer: str | None = None,
+                 offload_path=None, **optimizer_kwargs):
         self.model, self.dp_group, self.pp_group = model, dp_group, pp_group
         self.dp = dp_group.size
         self.zero = zero_stage > 0 and self.dp > 1
@@ -54,9 +58,13 @@ class TrainStep:
             else model
         if self.zero:
             self.optimizer = ZeroOptimizer(param_groups, optimizer_class, dp_group, stage=zero_stage,
-                                           bucket_cap_mb=bucket_cap_mb, module=model, **optimizer_kwargs)
+                                           bucket_cap_mb=bucket_cap_mb, module=model,
+                                           offload_optimizer=offload_optimizer, offload_path=offload_path,
+                                           **optimizer_kwargs)
         else:
             self.optimizer = optimizer_class(param_groups, **optimizer_kwargs)
+            if offload_optimizer:
+                self.optimizer = OffloadOptimizer(self.optimizer, offload_optimizer, offload_path)
         self.set_to_none = set_to_none
 
     def step(self, micro_batches, forward_context=None, grad_clip: float = 0.0) -> tuple:

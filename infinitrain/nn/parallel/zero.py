@@ -31,6 +31,7 @@ import numpy as np
 from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ...creation import empty, from_numpy, zeros
+from ...optim.offload import OffloadOptimizer
 from ..parameter import Parameter
 from ..utils import scale_, total_norm
 from . import zero3
@@ -43,10 +44,13 @@ class ZeroOptimizer:
     """optimizer_class(param_groups, **defaults) runs on this rank's shard. params: parameters
     or param groups (dicts with "params" and per-group options such as weight_decay).
     Stage 3 also needs the model (module=), whose parameters it takes over: they exist in full
-    only while their module runs (see zero3.py)."""
+    only while their module runs (see zero3.py). offload_optimizer "cpu" or "nvme" (with
+    offload_path): this rank's shard of the optimizer state lives in host memory or on disk
+    (OffloadOptimizer)."""
 
     def __init__(self, params, optimizer_class, dp_group, stage: int = 1,
-                 bucket_cap_mb: float = 25.0, module=None, **defaults):
+                 bucket_cap_mb: float = 25.0, module=None, offload_optimizer: str | None = None,
+                 offload_path=None, **defaults):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
         if stage == 3 and module is None:
@@ -119,6 +123,8 @@ class ZeroOptimizer:
         self._inner_of = [gi for gi, g in enumerate(inner_groups) if g["params"]]
         inner_groups = [g for g in inner_groups if g["params"]]
         self.optimizer = optimizer_class(inner_groups, **defaults) if inner_groups else None
+        if offload_optimizer and self.optimizer is not None:
+            self.optimizer = OffloadOptimizer(self.optimizer, offload_optimizer, offload_path)
         self.optimizer_class = optimizer_class
         self.state_type = optimizer_class.__name__  # state_dict() is that optimizer's, whole
         # param_groups show the optimizer's settings (lr, ...), also for a group with no
@@ -269,11 +275,12 @@ class ZeroOptimizer:
         """The state one process's optimizer would have (per original parameter, full tensors),
         gathered from every rank's shard: collective over the DP group."""
         index = {id(p): i for i, p in enumerate(self._original_params())}
+        inner = self.optimizer.state_dict()["state"] if self.optimizer is not None else {}
+        mine_of = {id(shard): inner.get(k, {}) for k, shard in enumerate(self._inner_params())}
         keys, step = set(), 0
-        if self.optimizer is not None:
-            for st in self.optimizer.state.values():
-                keys |= {k for k, v in st.items() if hasattr(v, "numel") and v.ndim == 1}
-                step = max(step, int(st.get("step", 0)))
+        for st in inner.values():
+            keys |= {k for k, v in st.items() if hasattr(v, "numel") and v.ndim == 1}
+            step = max(step, int(st.get("step", 0)))
         t = from_numpy(np.array([step], dtype=np.int64)).to(self.buckets[0].device)
         self.group.all_reduce(t, ReduceOp.MAX)
         step = int(t.item())
@@ -283,8 +290,8 @@ class ZeroOptimizer:
             for key in keys:
                 mine = zeros(b.piece, dtype=b.dtype, device=b.device)
                 for shard, sbi, at, p, _ in self.segments:
-                    if sbi == bi and shard in self.state and key in self.state[shard]:
-                        mine[at:at + shard.numel()].copy_(self.state[shard][key])
+                    if sbi == bi and key in mine_of[id(shard)]:
+                        mine[at:at + shard.numel()].copy_(mine_of[id(shard)][key])
                 full = empty(b.padded, dtype=b.dtype, device=b.device)
                 self.group.all_gather(full, mine)
                 for j, p in enumerate(b.params):
@@ -296,6 +303,10 @@ class ZeroOptimizer:
                            "params": list(range(at, at + len(g["params"])))})
             at += len(g["params"])
         return {"state": state if step > 0 else {}, "param_groups": groups}
+
+    def _inner_params(self) -> list:
+        """The shard parameters in the order of the inner optimizer's state_dict."""
+        return [p for g in self.optimizer.param_groups for p in g["params"]] if self.optimizer is not None else []
 
     @no_grad()
     def load_state_dict(self, state_dict: dict) -> None:
@@ -313,7 +324,7 @@ class ZeroOptimizer:
         for saved, own in zip(groups, self.param_groups):
             own.update({k: v for k, v in saved.items() if k != "params"})
         index = {id(p): i for i, p in enumerate(params)}
-        inner = {}
+        inner = {}  # shard parameter -> its piece of the state
         for shard, _, _, p, off in self.segments:
             st = state_dict["state"].get(index[id(p)], state_dict["state"].get(str(index[id(p)])))
             if not st:
@@ -329,11 +340,9 @@ class ZeroOptimizer:
                     entry[k] = v.item() if hasattr(v, "item") else v
             inner[shard] = entry
         if self.optimizer is not None:
-            self.optimizer.state = inner
-
-    @property
-    def state(self):
-        return self.optimizer.state if self.optimizer is not None else {}
+            self.optimizer.load_state_dict({"state": {k: inner[shard] for k, shard in enumerate(self._inner_params())
+                                                      if shard in inner},
+                                            "param_groups": self.optimizer.numbered_groups()})
 
     def __repr__(self) -> str:
         n = sum(seg[0].numel() for seg in self.segments)

@@ -1,0 +1,359 @@
+"""OffloadOptimizer: an optimizer whose state lives off the training device, as DeepSpeed's
+ZeRO-Offload (device="cpu") and ZeRO-Infinity (device="nvme") keep it.
+
+device="cpu", for parameters on a GPU: the state and a float32 master copy of the parameters
+live in host memory; each step copies the gradients to the host, runs the optimizer's update
+there (the native CPU kernel, on every core) and copies the updated weights back. (The
+parameters are float32 here, so the host copy is refreshed from them each step rather than kept
+as a separate master: weights loaded behind the optimizer's back are never overwritten.)
+
+device="nvme": the state lives in a scratch file under `path`. On a CPU-only node this is what
+lets a model whose weights + gradients + AdamW moments exceed the memory train: the moments
+(8 of AdamW's 16 bytes per parameter) go to disk. The file is laid out in blocks of about
+buffer_mb, each holding every state entry of a run of parameters (or pieces of one), entry after
+entry, so that a block is one large sequential read and one write. A background thread reads a
+block ahead of the update and writes the previous one behind it, through two host buffers, so
+the step streams rather than waits. With direct I/O (O_DIRECT, where the filesystem takes it)
+the file never enters the page cache; elsewhere each written block is synced and dropped from
+it (posix_fadvise), so either way the state costs no memory beyond the buffers.
+
+The file is scratch, not a checkpoint: it is unlinked as soon as it is open, so it is freed when
+the process ends however it ends, and state_dict() reads the state back whole for checkpoints
+(which therefore resume with or without offload, under any layout). Its space is reserved when
+the optimizer is made (posix_fallocate): a disk that is too small is an error then, not in the
+middle of training.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..autograd import no_grad
+from ..creation import from_numpy, zeros
+
+_ALIGN = 4096  # direct I/O: file offsets, sizes and buffer addresses in multiples of this
+# A parameter split over two blocks is split at a multiple of this many elements from its start,
+# so that the elementwise kernels see the same vector/scalar boundaries as on the whole tensor
+# (the same bits as the optimizer without offload).
+_PIECE = 1024
+
+
+class OffloadError(RuntimeError):
+    """The offloaded state could not be kept: the folder is unusable, the disk too small, a read
+    or a write failed."""
+
+
+class _Block:
+    """A run of parameter pieces whose state is stored together: chunks are (parameter index,
+    first element, end element, where the piece starts in the block); entry k of the state of
+    every piece lies at k * numel + where."""
+    __slots__ = ("chunks", "numel", "offset", "nbytes")
+
+    def __init__(self, chunks: list, numel: int, offset: int, entries: int):
+        self.chunks, self.numel, self.offset = chunks, numel, offset
+        self.nbytes = -(-entries * numel * 4 // _ALIGN) * _ALIGN
+
+
+def _layout(numels: list, per_block: int, entries: int) -> list:
+    blocks, chunks, filled, offset = [], [], 0, 0
+
+    def close():
+        nonlocal chunks, filled, offset
+        if chunks:
+            blocks.append(_Block(chunks, filled, offset, entries))
+            offset += blocks[-1].nbytes
+        chunks, filled = [], 0
+
+    for i, n in enumerate(numels):
+        start = 0
+        while start < n:
+            take = min(n - start, per_block - filled)
+            if take < n - start:  # the parameter goes on in the next block
+                take = take // _PIECE * _PIECE
+                if take == 0:
+                    close()
+                    continue
+            chunks.append((i, start, start + take, filled))
+            filled += take
+            start += take
+            if filled >= per_block:
+                close()
+    close()
+    return blocks
+
+
+class _HostStore:
+    """device="cpu": every block's state in one host array; streaming is only slicing."""
+    direct, description = False, "host memory"
+
+    def __init__(self, blocks: list, entries: int):
+        self.array = np.zeros(sum(b.nbytes for b in blocks) // 4, dtype=np.float32)
+        self.entries = entries
+        self.bytes_read = self.bytes_written = 0
+        self.io_seconds = self.waited = 0.0
+
+    def stream(self, blocks: list, write: bool = True):
+        for b in blocks:
+            yield b, self.array[b.offset // 4:b.offset // 4 + self.entries * b.numel]
+
+    def close(self) -> None:
+        self.array = None
+
+
+class _FileStore:
+    """device="nvme": the blocks in an unlinked scratch file under folder, streamed through two
+    host buffers by one background thread (its queue keeps a buffer's write before the read
+    that reuses it)."""
+
+    def __init__(self, blocks: list, entries: int, folder, direct: bool | None):
+        folder = os.fspath(folder)
+        if not os.path.isdir(folder):
+            raise OffloadError(f"offload path {folder} is not a folder: make it (mkdir -p) or name another "
+                               "with --offload_path")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise OffloadError(f"offload path {folder} is not writable by this user: name another with "
+                               "--offload_path")
+        self.entries, self.folder = entries, folder
+        size = sum(b.nbytes for b in blocks)
+        fd, name = tempfile.mkstemp(dir=folder, prefix="infinitrain-offload-", suffix=".state")
+        self.direct = False
+        try:
+            if direct is not False and hasattr(os, "O_DIRECT"):
+                try:
+                    self.fd = os.open(name, os.O_RDWR | os.O_DIRECT)
+                    self.direct = True
+                    os.close(fd)
+                except OSError:
+                    if direct:
+                        raise OffloadError(f"offload path {folder}: its filesystem does not take direct I/O "
+                                           "(O_DIRECT); leave direct I/O to be chosen") from None
+                    self.fd = fd
+            else:
+                self.fd = fd
+        finally:
+            os.unlink(name)  # scratch: the space is freed when the file is closed, however the process ends
+        try:
+            os.posix_fallocate(self.fd, 0, max(size, 1))
+        except OSError as e:
+            os.close(self.fd)
+            free = os.statvfs(folder)
+            raise OffloadError(f"offload path {folder}: cannot reserve {size / 2**30:.2f} GB for the optimizer "
+                               f"state ({e.strerror}; {free.f_bavail * free.f_frsize / 2**30:.2f} GB free): free "
+                               "space there or name a bigger disk with --offload_path") from None
+        self.description = f"a scratch file in {folder} ({'direct' if self.direct else 'buffered'} I/O)"
+        # anonymous maps are page-aligned, as direct I/O needs
+        largest = max((b.nbytes for b in blocks), default=_ALIGN)
+        self.maps = [mmap.mmap(-1, largest) for _ in range(2)]
+        self.buffers = [np.frombuffer(m, dtype=np.float32) for m in self.maps]
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offload-io")
+        self.bytes_read = self.bytes_written = 0
+        self.io_seconds = self.waited = 0.0
+
+    def _size(self, b: _Block) -> int:
+        return b.nbytes if self.direct else self.entries * b.numel * 4
+
+    def _read(self, b: _Block, k: int) -> None:
+        t0, view, size, got = time.perf_counter(), memoryview(self.maps[k]), self._size(b), 0
+        try:
+            while got < size:
+                n = os.preadv(self.fd, [view[got:size]], b.offset + got)
+                if n == 0:
+                    raise OSError(errno.EIO, "the scratch file ends early")
+                got += n
+        except OSError as e:
+            raise OffloadError(f"offload: reading optimizer state from {self.folder} failed: {e.strerror}") from None
+        finally:
+            view.release()
+        self.bytes_read += size
+        self.io_seconds += time.perf_counter() - t0
+
+    def _write(self, b: _Block, k: int) -> None:
+        t0, view, size, done = time.perf_counter(), memoryview(self.maps[k]), self._size(b), 0
+        try:
+            while done < size:
+                done += os.pwritev(self.fd, [view[done:size]], b.offset + done)
+            if not self.direct:  # written out, then out of the page cache
+                os.fdatasync(self.fd)
+                os.posix_fadvise(self.fd, b.offset, size, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            raise OffloadError(f"offload: writing optimizer state to {self.folder} failed: {e.strerror}; the "
+                               "last checkpoint is intact: free space there and resume from it") from None
+        finally:
+            view.release()
+        self.bytes_written += size
+        self.io_seconds += time.perf_counter() - t0
+
+    def stream(self, blocks: list, write: bool = True):
+        """Yields (block, its state as a float32 array) in order; what the caller leaves in the
+        array is written back (write=True) while the next block is worked on."""
+        pending = []
+        try:
+            if blocks:
+                pending.append(self.pool.submit(self._read, blocks[0], 0))
+            for i, b in enumerate(blocks):
+                reading = pending[-1]
+                if i + 1 < len(blocks):  # read-ahead: queued behind the write of the buffer it reuses
+                    pending.append(self.pool.submit(self._read, blocks[i + 1], (i + 1) % 2))
+                t0 = time.perf_counter()
+                reading.result()
+                self.waited += time.perf_counter() - t0
+                yield b, self.buffers[i % 2][:self.entries * b.numel]
+                if write:  # write-behind
+                    pending.append(self.pool.submit(self._write, b, i % 2))
+            for f in pending:
+                f.result()
+        finally:  # also when the caller stopped early: no I/O may outlive the loop's buffers
+            for f in pending:
+                f.cancel()
+            for f in pending:
+                if not f.cancelled():
+                    f.exception()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.pool.shutdown(wait=True)
+            os.close(self.fd)
+            self.fd = None
+
+
+class OffloadOptimizer:
+    """Wraps optimizer (AdamW, Adam, SGD with momentum: any whose step is Optimizer's over
+    tensor_keys/counters/update) so that its state lives in host memory (device="cpu", for
+    parameters on a GPU) or in a scratch file under path (device="nvme"). param_groups are the
+    wrapped optimizer's (a scheduler works on either); state_dict() is the wrapped optimizer's,
+    whole, so checkpoints do not depend on offload. buffer_mb: the state streamed per block
+    (two such buffers are resident). direct: None tries direct I/O and falls back to buffered
+    I/O, True insists, False never tries."""
+
+    def __init__(self, optimizer, device: str = "nvme", path=None, buffer_mb: float = 64.0,
+                 direct: bool | None = None):
+        if device not in ("cpu", "nvme"):
+            raise ValueError(f"OffloadOptimizer: device must be 'cpu' or 'nvme', got {device!r}")
+        if not (isinstance(buffer_mb, (int, float)) and buffer_mb > 0):
+            raise ValueError(f"OffloadOptimizer: buffer_mb must be > 0, got {buffer_mb!r}")
+        self.optimizer, self.device = optimizer, device
+        self.param_groups = optimizer.param_groups
+        self.state_type = getattr(optimizer, "state_type", type(optimizer).__name__)
+        self.params = [p for g in self.param_groups for p in g["params"]]
+        self.group_of = [g for g in self.param_groups for _ in g["params"]]
+        kinds = {optimizer.tensor_keys(g) for g in self.param_groups}
+        if len(kinds) != 1:
+            raise ValueError(f"OffloadOptimizer: every parameter group must keep the same state, got "
+                             f"{sorted(kinds)}")
+        self.keys = kinds.pop()
+        if not self.keys:
+            raise ValueError(f"OffloadOptimizer: {type(optimizer).__name__} keeps no state here (SGD without "
+                             "momentum?): there is nothing to offload")
+        if any(p.dtype.name != "float32" for p in self.params):
+            raise ValueError("OffloadOptimizer: the parameters must be float32 (master weights); under "
+                             "bfloat16 training use autocast, which keeps them so")
+        on_gpu = [p.device.type != "cpu" for p in self.params]
+        if device == "cpu" and not any(on_gpu):
+            raise ValueError("OffloadOptimizer: device='cpu' moves the state off a GPU, and these parameters "
+                             "are in host memory already; device='nvme' with path= moves it to disk")
+        if device == "nvme" and path is None:
+            raise ValueError("OffloadOptimizer: device='nvme' needs path=, a folder on a local disk")
+        # a parameter on a GPU is updated through a float32 master copy in host memory
+        self.masters = [p.detach().to("cpu", copy=True) if gpu else None for p, gpu in zip(self.params, on_gpu)]
+        entries = len(self.keys)
+        per_block = max(_PIECE, int(buffer_mb * 2**20) // (4 * entries))
+        self.blocks = _layout([p.numel() for p in self.params], per_block, entries)
+        self.store = (_HostStore(self.blocks, entries) if device == "cpu"
+                      else _FileStore(self.blocks, entries, path, direct))
+        self.counts = {}  # parameter index -> its counters (AdamW's step), once it has been stepped
+
+    @property
+    def state_bytes(self) -> int:
+        """The bytes of state kept off the device."""
+        return sum(b.numel for b in self.blocks) * 4 * len(self.keys)
+
+    def __repr__(self) -> str:
+        return (f"OffloadOptimizer({type(self.optimizer).__name__}, {self.state_bytes / 2**20:.1f} MB of "
+                f"{'/'.join(self.keys)} in {self.store.description}, {len(self.blocks)} blocks)")
+
+    def numbered_groups(self) -> list:
+        return self.optimizer.numbered_groups()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def _flat(self, t):
+        return t.detach().reshape(-1)
+
+    @no_grad()
+    def step(self) -> None:
+        live = {i for i, p in enumerate(self.params) if p.grad is not None}
+        if not live:
+            return
+        first = {i: i not in self.counts for i in live}
+        for i in live:
+            counts = self.counts.setdefault(i, self.optimizer.counters())
+            for k in counts:
+                counts[k] += 1
+        grads = {i: self._flat(self.params[i].grad if self.masters[i] is None else self.params[i].grad.to("cpu"))
+                 for i in live}
+        for i in live:  # the weights as they are now (a checkpoint may have loaded them since)
+            if self.masters[i] is not None:
+                self.masters[i].copy_(self.params[i].detach())
+        targets = {i: self._flat(self.params[i] if self.masters[i] is None else self.masters[i]) for i in live}
+        blocks = [b for b in self.blocks if any(c[0] in live for c in b.chunks)]
+        for b, array in self.store.stream(blocks):
+            buffer = from_numpy(array)
+            for i, start, end, at in b.chunks:
+                if i not in live:
+                    continue
+                state = dict(self.counts[i])
+                for k, key in enumerate(self.keys):
+                    state[key] = buffer[k * b.numel + at:k * b.numel + at + end - start]
+                self.optimizer.update(targets[i][start:end], grads[i][start:end], state, self.group_of[i],
+                                      first[i])
+        for i in live:  # the updated weights back to the GPU
+            if self.masters[i] is not None:
+                self.params[i].detach().copy_(self.masters[i])
+
+    @no_grad()
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state_dict, whole (read back from where it is kept)."""
+        full = {i: {key: zeros(*self.params[i].shape) for key in self.keys} for i in self.counts}
+        blocks = [b for b in self.blocks if any(c[0] in full for c in b.chunks)]
+        for b, array in self.store.stream(blocks, write=False):
+            for i, start, end, at in b.chunks:
+                if i in full:
+                    for k, key in enumerate(self.keys):
+                        full[i][key].view(-1)[start:end].copy_(
+                            from_numpy(array[k * b.numel + at:k * b.numel + at + end - start]))
+        state = {i: {**self.counts[i], **{k: v.to(self.params[i].device) for k, v in full[i].items()}}
+                 for i in sorted(full)}
+        return {"state": state, "param_groups": self.numbered_groups()}
+
+    @no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Takes the wrapped optimizer's state_dict (checked as it would check it) into where the
+        state is kept."""
+        loaded = self.optimizer.checked_state(state_dict)
+        entries = {i: loaded[p] for i, p in enumerate(self.params) if loaded.get(p)}
+        for b, array in self.store.stream(self.blocks):
+            array[:] = 0
+            buffer = from_numpy(array)
+            for i, start, end, at in b.chunks:
+                if i in entries:
+                    for k, key in enumerate(self.keys):
+                        src = entries[i][key].detach().reshape(-1)[start:end]
+                        buffer[k * b.numel + at:k * b.numel + at + end - start].copy_(src.to("cpu"))
+        self.counts = {i: {k: int(entries[i][k]) for k in self.optimizer.counters()} for i in entries}
+        self.optimizer.load_hyperparameters(state_dict)
+
+    def close(self) -> None:
+        """Frees the offloaded state (its scratch file). The optimizer is unusable after."""
+        self.store.close()
+
+    def __del__(self):
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.close()

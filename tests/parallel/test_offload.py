@@ -1,0 +1,73 @@
+"""Offloaded optimizer state on several ranks: under DP 2 with ZeRO 0, 1, 2 and 3, GPT-2 and
+LLaMA-3 trained with each rank's (shard of the) AdamW state on disk give the same bits as the
+same run without offload (every step's loss and gradient norm, every parameter, the sample);
+a checkpoint of an offloaded run resumes without offload and the other way round, bit for bit;
+the example's flags refuse what cannot work before anything is built."""
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ENV, example, parallel_train
+
+COMMON = ["--batch", "8", "--steps", "4", "--micro", "2", "--clip", "0.5", "--lr", "3e-3"]
+
+
+def _result(stdout: str) -> list:
+    """Everything rank 0 prints that the training decides: the loss and norm lines, the digest of
+    every parameter, the sampled tokens."""
+    return re.findall(r"^(?:\[[^\]]*\] ?)?((?:loss|digest|sample) .*)$", stdout, re.M)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_offloaded_state_gives_the_same_bits_at_every_zero_stage(tmp_path, model, stage):
+    flags = ["--model", model, *COMMON, "--zero", str(stage)]
+    plain = _result(parallel_train(2, flags))
+    offloaded = _result(parallel_train(2, flags + ["--offload", "nvme", "--offload_path", str(tmp_path)]))
+    assert len(plain) == 6 and offloaded == plain
+    assert list(tmp_path.iterdir()) == []  # the scratch files went with the processes
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_checkpoints_resume_across_offload_both_ways(tmp_path, model):
+    common = ["--model", model, *COMMON[:-4], "--clip", "0.5", "--lr", "3e-3", "--micro", "2"]
+    whole = _result(parallel_train(2, common + ["--zero", "2", "--steps", "6"]))
+    offload = ["--offload", "nvme", "--offload_path", str(tmp_path)]
+    for first, second in ((offload, []), ([], offload)):
+        ck = tmp_path.parent / f"ck-{model}-{bool(first)}"
+        parallel_train(2, common + ["--zero", "2", "--steps", "3", "--save", str(ck)] + first)
+        resumed = _result(parallel_train(2, common + ["--zero", "2", "--steps", "6", "--first", "4",
+                                                      "--load", str(ck)] + second))
+        assert resumed[:3] == whole[3:6], (first, second)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,message", [
+    (["--offload_optimizer", "cpu"], "--offload_optimizer cpu moves the AdamW state off the GPU; with --device cpu"),
+    (["--offload_optimizer", "nvme"], "--offload_optimizer nvme needs --offload_path DIR"),
+    (["--offload_optimizer", "nvme", "--offload_path", "/nonexistent/dir"], "--offload_path /nonexistent/dir: no such"),
+    (["--offload_path", "/tmp"], "--offload_path is for --offload_optimizer nvme"),
+])
+def test_offload_flags_that_cannot_work_are_refused_before_anything_is_built(flags, message):
+    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--model", "tiny", "--num_iteration", "1",
+                          *flags], capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "memory:" not in out.stdout
+
+
+@pytest.mark.mpi
+def test_the_example_trains_with_offload_as_without(tmp_path):
+    """`mpirun -np 2 python -m infinitrain.examples.gpt2 --zero_stage 1 --offload_optimizer nvme`:
+    the same losses as without, the offload said at start-up, the disk figure in the estimate."""
+    args = ["--model", "tiny", "--num_iteration", "3", "--batch_size", "2", "--sequence_length", "32",
+            "--zero_stage", "1", "--learning_rate", "1e-3"]
+    plain = example(2, "gpt2", args)
+    offloaded = example(2, "gpt2", args + ["--offload_optimizer", "nvme", "--offload_path", str(tmp_path)])
+    losses = [re.findall(r"train loss (\S+)", out) for out in (plain, offloaded)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
+    assert "offload: OffloadOptimizer(AdamW" in offloaded and "direct I/O" in offloaded
+    assert re.search(r"GB of AdamW moments on disk", offloaded)
