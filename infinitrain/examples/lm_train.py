@@ -54,7 +54,7 @@ def train(args, build_model) -> int:
         sys.exit(f"rank {env.rank}: {e}")
     log_setup(args, env, model, accum, schedule, layout, log)
     if offload:
-        log(f"offload: {trainer.optimizer.optimizer if trainer.zero else trainer.optimizer}", flush=True)
+        log(f"offload: {trainer.offloaded} per rank", flush=True)
     loop = TrainingLoop(args, env, model, trainer, accum, layout, log)
     try:
         loop.run()
@@ -499,6 +499,11 @@ class TrainingLoop:
                 print(f"could not draw {args.plot}: {e}", file=sys.stderr, flush=True)
         if self.tokenizer is not None and args.sample_every:
             sample(model, self.tokenizer, args, env, self.pipe, every_dp_rank=self.every_dp_rank)
+        if self.trainer.offloaded is not None:
+            store = self.trainer.offloaded.store
+            self.log(f"offload (rank 0): read {store.bytes_read / 2**30:.2f} GB, wrote {store.bytes_written / 2**30:.2f} GB "
+                     f"in {store.io_seconds:.1f} s of background I/O; the optimizer waited {store.waited:.1f} s for it",
+                     flush=True)
 
 
 def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:

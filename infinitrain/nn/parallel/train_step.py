@@ -67,6 +67,12 @@ class TrainStep:
                 self.optimizer = OffloadOptimizer(self.optimizer, offload_optimizer, offload_path)
         self.set_to_none = set_to_none
 
+    @property
+    def offloaded(self):
+        """The OffloadOptimizer that keeps this rank's optimizer state, or None."""
+        inner = self.optimizer.optimizer if self.zero else self.optimizer
+        return inner if isinstance(inner, OffloadOptimizer) else None
+
     def step(self, micro_batches, forward_context=None, grad_clip: float = 0.0) -> tuple:
         """forward_backward, then optimizer_step: (the step's loss, the gradient norm)."""
         loss = self.forward_backward(micro_batches, forward_context)
