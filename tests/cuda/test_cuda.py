@@ -357,6 +357,39 @@ def test_tiny_gpt2_trains_on_cuda_as_on_the_cpu():
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)
 
 
+@needs_gpu
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_offloaded_optimizer_state_trains_a_gpu_model_as_the_gpu_optimizer(tmp_path, device):
+    """OffloadOptimizer on a GPU: the state in host memory (or on disk), the gradients copied to
+    the host, the CPU's AdamW kernel, the weights copied back: the same bits as the GPU's own
+    AdamW (the two kernels compute the same float32 expression)."""
+    from infinitrain.models import GPT2Config
+    from infinitrain.models.gpt2 import GPT2
+    from infinitrain.optim import AdamW, OffloadOptimizer
+    runs = {}
+    for offload in (None, device):
+        model = GPT2(GPT2Config(block_size=32, vocab_size=300, n_layer=2, n_head=4, n_embd=32), seed=3).to("cuda")
+        opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        if offload:
+            opt = OffloadOptimizer(opt, offload, path=tmp_path)
+        out = []
+        for step in range(5):
+            data = np.random.default_rng(step % 2).integers(0, 300, (4, 17))
+            x, y = (it.from_numpy(data[:, :-1].copy()).to("cuda"), it.from_numpy(data[:, 1:].copy()).to("cuda"))
+            _, loss = model(x, y, return_logits=False)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        runs[offload] = out, [p.detach().cpu().numpy() for p in model.parameters()]
+        if offload:
+            state = opt.state_dict()["state"][0]
+            assert state["step"] == 5 and state["exp_avg"].device.type == "cuda"
+    assert runs[device][0] == runs[None][0]
+    for a, b in zip(runs[device][1], runs[None][1]):
+        np.testing.assert_array_equal(a, b)
+
+
 # ---- NCCL -----------------------------------------------------------------------------------
 def test_communicator_arguments_are_checked_before_nccl():
     cpu = ffi.new("it_device *", [lib.IT_CPU, 0])[0]

@@ -1,5 +1,9 @@
 /* Fused optimizer updates: one pass over parameter, gradient and state. The arithmetic
- * follows torch.optim's single-tensor code path so that losses match PyTorch step by step. */
+ * follows torch.optim's single-tensor code path so that losses match PyTorch step by step.
+ * Every multiply-add is an explicit fmaf and no other product meets a sum, so the compiler has
+ * nothing to contract: the update gives the same bits on every CPU and as cuda/optim.cu on a GPU
+ * (which spells it the same way), so that an optimizer offloaded to the host updates a GPU's
+ * weights exactly as the GPU would. */
 #include "common.h"
 
 IT_HOT static void adamw_f32(float *p, const float *g, float *m, float *v, int64_t n, float lr,
@@ -8,10 +12,10 @@ IT_HOT static void adamw_f32(float *p, const float *g, float *m, float *v, int64
     float decay = 1.0f - lr * weight_decay;
     for (int64_t i = 0; i < n; i++) {
         float pi = p[i] * decay;
-        float mi = m[i] + (1.0f - beta1) * (g[i] - m[i]);
-        float vi = v[i] * beta2 + (1.0f - beta2) * g[i] * g[i];
+        float mi = fmaf(1.0f - beta1, g[i] - m[i], m[i]);
+        float vi = fmaf(v[i], beta2, (1.0f - beta2) * g[i] * g[i]);
         float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = pi - step_size * (mi / denom);
+        p[i] = fmaf(-step_size, mi / denom, pi);
         m[i] = mi;
         v[i] = vi;
     }
@@ -59,13 +63,13 @@ IT_HOT static void sgd_f32(float *p, const float *g, float *buf, int64_t n, floa
                            float momentum, float dampening, float weight_decay, int nesterov,
                            int first_step) {
     for (int64_t i = 0; i < n; i++) {
-        float d = g[i] + weight_decay * p[i];
+        float d = fmaf(weight_decay, p[i], g[i]);
         if (buf) {
-            float b = first_step ? d : momentum * buf[i] + (1.0f - dampening) * d;
+            float b = first_step ? d : fmaf(momentum, buf[i], (1.0f - dampening) * d);
             buf[i] = b;
-            d = nesterov ? d + momentum * b : b;
+            d = nesterov ? fmaf(momentum, b, d) : b;
         }
-        p[i] -= lr * d;
+        p[i] = fmaf(-lr, d, p[i]);
     }
 }
 

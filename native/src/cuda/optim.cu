@@ -10,9 +10,9 @@ __global__ void adamw_kernel(T *p, const T *g, float *m, float *v, int64_t n, fl
     GRID_STRIDE(i, n) {
         float gi = to_f(g[i]);
         float pi = to_f(p[i]) * decay;
-        float mi = m[i] + (1.0f - beta1) * (gi - m[i]);
-        float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
-        p[i] = from_f<T>(pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps)));
+        float mi = fmaf(1.0f - beta1, gi - m[i], m[i]);  // fmaf as cpu/optim.c spells it: the same bits
+        float vi = fmaf(v[i], beta2, (1.0f - beta2) * gi * gi);
+        p[i] = from_f<T>(fmaf(-step_size, mi / (sqrtf(vi) / bc2_sqrt + eps), pi));
         m[i] = mi;
         v[i] = vi;
     }
@@ -23,13 +23,13 @@ __global__ void sgd_kernel(T *p, const T *g, float *buf, int64_t n, float lr, fl
                            float dampening, float weight_decay, int nesterov, int first_step) {
     GRID_STRIDE(i, n) {
         float pi = to_f(p[i]);
-        float d = to_f(g[i]) + weight_decay * pi;
+        float d = fmaf(weight_decay, pi, to_f(g[i]));
         if (buf) {
-            float b = first_step ? d : momentum * buf[i] + (1.0f - dampening) * d;
+            float b = first_step ? d : fmaf(momentum, buf[i], (1.0f - dampening) * d);
             buf[i] = b;
-            d = nesterov ? d + momentum * b : b;
+            d = nesterov ? fmaf(momentum, b, d) : b;
         }
-        p[i] = from_f<T>(pi - lr * d);
+        p[i] = from_f<T>(fmaf(-lr, d, pi));
     }
 }
 
