@@ -178,10 +178,12 @@ class MPIProcessGroup(ProcessGroup):
     @traced_collective(1)
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM,
                        async_op: bool = False):
-        """out [n, ...] = this rank's block of the reduction of t [size * n, ...]."""
+        """out [n, ...] = this rank's block of the reduction of t [size * n, ...]. out may be
+        that block of t itself (in place, NCCL's convention; t's other blocks are left undefined)."""
         self._check_gathered("reduce_scatter", t, out)
+        in_place = out._storage is t._storage
         if not async_op and self._comm_thread is None and op is ReduceOp.SUM \
-                and t.dtype.name in _NATIVE:  # the common case, with the least Python
+                and t.dtype.name in _NATIVE and not in_place:  # the common case, with the least Python
             self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=_MPI["ops"][op])
             return None
         op = ReduceOp(op)
@@ -189,8 +191,24 @@ class MPIProcessGroup(ProcessGroup):
             wide_in, wide_out = t.float(), out.float()
             inner = self.reduce_scatter(wide_out, wide_in, op, async_op=True)
             return self._done(_then(inner, lambda: out.copy_(wide_out)), async_op)
-        src, dst, mop = _buffer(t), _buffer(out), _mpi_op(op)
         scale = 1.0 / self.size
+        if in_place:  # MPI's in-place form leaves this rank's block at the front of t
+            n = out.numel()
+            if not (t.is_contiguous() and out.is_contiguous() and out._offset == t._offset + self.rank * n):
+                raise ValueError("reduce_scatter in place: out must be this rank's block of t "
+                                 f"(elements {self.rank * n} to {(self.rank + 1) * n})")
+            MPI, buf, mop = _mpi()["MPI"], _buffer(t), _mpi_op(op)
+            front = t.view(-1)[:n].view(*out.shape)
+
+            def epilogue():
+                if self.rank:
+                    out.copy_(front)
+                if op is ReduceOp.AVG and self.size > 1:
+                    out.mul_(scale)
+            return self._collective(lambda: self.comm.Reduce_scatter_block(MPI.IN_PLACE, buf, op=mop),
+                                    lambda: self.comm.Ireduce_scatter_block(MPI.IN_PLACE, buf, op=mop),
+                                    epilogue, async_op)
+        src, dst, mop = _buffer(t), _buffer(out), _mpi_op(op)
         epilogue = (lambda: out.mul_(scale)) if op is ReduceOp.AVG and self.size > 1 else None
         return self._collective(lambda: self.comm.Reduce_scatter_block(src, dst, op=mop),
                                 lambda: self.comm.Ireduce_scatter_block(src, dst, op=mop),

@@ -11,8 +11,9 @@ of the parameter it is part of (so weight-decay masks come from the original par
 from the flat shard).
 
 Gradients. Stage 1 keeps full flat gradients: each .grad is a view into its bucket, so
-backward accumulates in place (micro-batches too), and step() reduce-scatters every bucket
-into this rank's shard. Stage 2 keeps only the shards: a post-accumulate-grad hook moves each
+backward accumulates in place (micro-batches too), and step() reduce-scatters every bucket in
+place: this rank's shard is its own piece of the bucket (no second copy; after the step the
+.grad views show the reduced piece here and what the reduction left elsewhere, until zero_grad). Stage 2 keeps only the shards: a post-accumulate-grad hook moves each
 gradient into its bucket (allocated when the bucket's first gradient lands) and drops .grad;
 the bucket is reduce-scattered as soon as its last gradient has landed (overlapped with the
 rest of backward), this rank's piece added into its shard and the full-size bucket freed;
@@ -94,16 +95,18 @@ class ZeroOptimizer:
                     p.grad = None
                     p.register_post_accumulate_grad_hook(self._on_grad)
                 broadcast_replicas([b.flat_param], self.group)
-                b.shard_grad = zeros(b.piece, dtype=b.dtype, device=b.device)
                 b.shard_param = b.shard(b.flat_param, self.rank)  # this rank's piece (stage 3: its own copy)
                 b.pending = len(b.params)
                 if stage == 3:  # the piece becomes the only copy, before the next bucket is packed
                     b.shard_param = b.shard_param.clone()
                     b.flat_param._storage.release(zero3.RELEASED)
-                if stage == 1:
+                if stage == 1:  # the shard is this rank's piece of the full gradient, reduced in place
                     b.flat_grad = b.new_flat()
+                    b.shard_grad = b.shard(b.flat_grad, self.rank)
                     for j, p in enumerate(b.params):
                         p.grad = b.grad_view(j)
+                else:
+                    b.shard_grad = zeros(b.piece, dtype=b.dtype, device=b.device)
         # stage 3: the gathering around each unit's forward and backward
         self.gatherer = zero3.Gatherer(dp_group, self.buckets, units, uses,
                                        {k: v[0] for k, v in self.buffer.where.items()}) if stage == 3 else None

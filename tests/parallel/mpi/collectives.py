@@ -44,6 +44,24 @@ for dtype in ("float32", "bfloat16", "int32", "int64"):
     g.broadcast(b, src=n - 1)
     assert np.array_equal(np.asarray(b.numpy(), np.float64), data(n - 1, dtype).astype(np.float64)), dtype
 
+# reduce_scatter in place (out is this rank's block of the input, as ZeRO-1 reduces its buckets):
+# the same bits as into a separate tensor, synchronous and not, SUM and AVG
+for op in (ReduceOp.SUM, ReduceOp.AVG):
+    for async_op in (False, True):
+        whole = it.tensor(np.concatenate([data(r * 100 + k, "float32") for k in range(n)]))
+        want = it.empty(5, 7)
+        g.reduce_scatter(want, whole.clone(), op)
+        mine = whole[r * 5:(r + 1) * 5]
+        work = g.reduce_scatter(mine, whole, op, async_op=async_op)
+        if async_op:
+            work.wait()
+        assert np.array_equal(mine.numpy(), want.numpy()), (op, async_op)
+try:
+    g.reduce_scatter(whole[((r + 1) % n) * 5:((r + 1) % n + 1) * 5], whole, ReduceOp.SUM)
+    assert n == 1, "another rank's block was taken for this rank's"
+except ValueError as e:
+    assert "must be this rank's block" in str(e)
+
 # async Works completing out of order
 ts = [it.full((1000,), float(r + i)) for i in range(4)]
 works = [g.all_reduce(t, ReduceOp.SUM, async_op=True) for t in ts]
