@@ -1,5 +1,6 @@
-"""Pipeline schedules compared on one job: GPipe, 1F1B and interleaved 1F1B training the same
-GPT-2 on the same global batch. Per schedule: tokens/s (median over the steps after the first),
+"""Pipeline schedules and layer splits compared on one job: GPipe, 1F1B and interleaved 1F1B, each
+with the even and the balanced split of the blocks (nn.parallel.pp.chunk_layers), training the
+same GPT-2 on the same global batch. Per schedule: tokens/s (median over the steps after the first),
 and per stage the measured bubble (the share of the step the stage sat blocked on a
 neighbour), the schedule's bubble on paper (`simulate`, forward 1 : backward 2), the peak
 tensor memory and the peak activation memory (what a step held above what it started with).
@@ -32,7 +33,7 @@ def child(args) -> None:
 
     env = parallel.init(pipeline_parallel=args.pp)
     V = 2 if args.schedule == "interleaved" else 1
-    model = gpt2(args.model, pp=env.pipeline_stage(V), n_layer=args.layers)
+    model = gpt2(args.model, pp=env.pipeline_stage(V, args.split), n_layer=args.layers)
     pipe = PipelineParallel(model, args.schedule)
     opt = AdamW(model.parameters(), lr=1e-4)
     rng = __import__("numpy").random.default_rng(0)
@@ -57,10 +58,13 @@ def child(args) -> None:
     mine = (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
             max(r[2] for r in rows), max(r[3] for r in rows))
     every = MPI.COMM_WORLD.gather(mine, root=0)
+    layers = MPI.COMM_WORLD.gather(model.stage_layers, root=0)
     if env.is_main:
         paper = simulate(args.schedule, args.pp, V, args.micro)["bubble"]
         step_s = max(r[0] for r in every)
-        print(f"{args.schedule:>11} | {args.batch * args.seq / step_s:7.0f} tok/s | bubble on paper "
+        blocks = [sum(map(len, c)) for c in layers]
+        print(f"{args.schedule:>11} {args.split:>8} {blocks} | {args.batch * args.seq / step_s:7.0f} tok/s | "
+              f"bubble on paper "
               f"{paper:4.0%} | per stage: " + ", ".join(
                   f"s{s} bubble {w:4.0%} peak {p / 2**20:6.1f} MB act {a / 2**20:6.1f} MB"
                   for s, (_, w, p, a) in enumerate(every)), flush=True)
@@ -77,6 +81,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per rank")
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved"])
+    p.add_argument("--splits", nargs="+", default=["even", "balanced"],
+                   help="how blocks are split over the stages (nn.parallel.pp.chunk_layers)")
+    p.add_argument("--split", default="balanced", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--schedule", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -87,10 +94,13 @@ def main() -> None:
     print(f"GPT-2 {args.model} with {args.layers} layers, PP {args.pp}, {args.micro} micro-batches of "
           f"{args.batch // args.micro} x {args.seq} tokens, fp32, {args.threads} thread(s) per rank, "
           f"{os.cpu_count()} cores")
-    for s in args.schedules:
+    print("   schedule    split blocks per stage | throughput | bubble on paper (an even split's work) | "
+          "per stage: measured bubble, peaks")
+    for s, split in ((s, split) for s in args.schedules for split in args.splits):
         cmd = [*start(int(str(args.pp))), sys.executable, __file__,
-               "--child", "--schedule", s] + [f"--{k}={v}" for k, v in vars(args).items()
-                                              if k in ("model", "layers", "pp", "micro", "batch", "seq", "steps")]
+               "--child", "--schedule", s, "--split", split] + [
+                   f"--{k}={v}" for k, v in vars(args).items()
+                   if k in ("model", "layers", "pp", "micro", "batch", "seq", "steps")]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                              env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
         if out.returncode:

@@ -69,6 +69,9 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--pipeline_schedule", default=None, choices=["gpipe", "1f1b", "interleaved"],
                    help="default: 1f1b, or interleaved with --virtual_pipeline_parallel > 1. "
                         "The micro-batches of a step are its gradient accumulation steps")
+    p.add_argument("--pipeline_split", default="balanced", choices=["balanced", "even"],
+                   help="balanced: the head counts as the blocks' worth of work it is, so the last stage gets "
+                        "fewer blocks; even: the same number of blocks on every stage")
     p.add_argument("--pipeline_timeout", type=positive_float, default=300.0,
                    help="seconds a stage waits for a neighbour before aborting the job")
     p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2, 3],

@@ -26,6 +26,7 @@ from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples import mfu
 from infinitrain.nn import parallel
 from infinitrain.nn.lora import apply_lora
+from infinitrain.nn.parallel.pp import chunk_layers
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
@@ -98,7 +99,7 @@ def setup_layout(args):
     tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
     if args.zero_stage == 3 and pipelined:
         refuse("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
-    stage = env.pipeline_stage(args.virtual_pipeline_parallel) if pipelined else None
+    stage = env.pipeline_stage(args.virtual_pipeline_parallel, args.pipeline_split) if pipelined else None
     if args.sequence_parallel and tp is None and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
     if args.zero_stage and env.layout.dp * env.layout.cp == 1 and env.is_main:
@@ -583,9 +584,11 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
     of AdamW moments (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP x
     CP; at stages 2 and 3 the token embedding's gradient is whole during backward (a gradient is
     reduce-scattered only once it is final: the tied embedding's at the very end) and two
-    buckets are in flight, at stage 3 the embedding's weights are gathered too; activations of the micro-batches a stage holds (all M under
-    GPipe, up to PP under 1F1B) at about 24 B T C floats per layer plus the attention scores,
-    the logits and their gradient on the last stage, and ~350 MB for the process itself (Python,
+    buckets are in flight, at stage 3 the embedding's weights are gathered too; activations of
+    the stage that holds the most: its blocks (the split the pipeline makes) times the
+    micro-batches in flight there (all M under GPipe, PP - stage under 1F1B, one without a
+    pipeline) at about 24 B T C floats per block plus the attention scores, the logits and their
+    gradient on the last stage, and ~350 MB for the process itself (Python,
     numpy, MPI, BLAS buffers, the data). With --offload_optimizer nvme the moments are on disk
     (parts["on disk"], not counted in the memory) and two 64 MB staging buffers stay. zero_stage,
     offload: another stage or offload than the job's (to suggest one). None if unknown."""
@@ -616,9 +619,15 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
         parts["buckets in flight"] = min(2 * 25 * 2**20, params * 4)
     # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
     B, T, C = args.batch_size, args.sequence_length // L.cp, cfg.n_embd
-    held = micro_batches if L.pp == 1 or args.pipeline_schedule == "gpipe" else min(micro_batches, L.pp)
     per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (cfg.n_head / L.tp) * T * T)
-    parts["activations"] = held * per_layer * cfg.n_layer / L.pp + 2 * 4 * B * T * vocab / L.tp
+    # the stage holding the most: its blocks times the micro-batches in flight there (1F1B: PP - stage)
+    V = args.virtual_pipeline_parallel
+    chunks = chunk_layers(cfg.n_layer, L.pp, V, cls.head_work(cfg) if args.pipeline_split == "balanced" else 0.0)
+    held = [1] if L.pp == 1 else [micro_batches if args.pipeline_schedule == "gpipe" else
+                                  min(micro_batches, L.pp - s) for s in range(L.pp)]
+    blocks = [sum(len(c) for g, c in enumerate(chunks) if g % L.pp == s) for s in range(L.pp)]
+    parts["activations"] = max(h * n for h, n in zip(held, blocks)) * per_layer + 2 * 4 * B * T * vocab / L.tp
+    held = held[0]
     parts["process"] = 350 * 2**20
     per_rank = sum(parts.values())
     need = per_rank * env.local_size

@@ -77,8 +77,17 @@ class CausalLM(Module):
         if self.pp is None:
             self.stage_layers = [list(range(L))]
             return list(range(L))
-        self.stage_layers = self.pp.layers(L)  # one list per local chunk
+        self.stage_layers = self.pp.layers(L, self.head_work(self.config))  # one list per local chunk
         return [i for chunk in self.stage_layers for i in chunk]
+
+    @classmethod
+    def head_work(cls, config) -> float:
+        """The output product's work in blocks' worth: multiply-adds per token of the V x C head
+        against those of one block's weight matrices (what a balanced pipeline split counts;
+        attention's T x T work and the norms are left out, as in the 6N estimate)."""
+        block = sum(int(np.prod(shape)) for name, shape, _ in cls._llmc_shapes(config)
+                    if name in cls._PER_LAYER and len(shape) == 2)
+        return getattr(config, "padded_vocab_size", config.vocab_size) * config.n_embd / block
 
     @property
     def has_embedding(self) -> bool:

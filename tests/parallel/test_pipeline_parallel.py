@@ -47,6 +47,35 @@ class _Group:  # a stand-in for a process group where no communication happens
         self.rank, self.size, self.ranks = rank, size, list(range(size))
 
 
+def test_a_balanced_split_gives_the_stage_with_the_head_fewer_blocks():
+    """GPT-2 124M's head is 5.5 blocks' worth (50304 x 768 against 12 x 768^2): the busiest stage
+    does as little as any split allows, at least one block per chunk."""
+    from infinitrain.models import GPT2_PRESETS
+
+    def work(chunks, P, head):
+        stages = [0.0] * P
+        for g, c in enumerate(chunks):
+            stages[g % P] += len(c)
+        stages[-1] += head
+        return max(stages)
+    head = GPT2.head_work(GPT2_PRESETS["gpt2"])
+    assert head == pytest.approx(50304 * 768 / (12 * 768 ** 2))
+    assert [len(c) for c in chunk_layers(12, 2, head=head)] == [9, 3]
+    assert [len(c) for c in chunk_layers(12, 4, head=head)] == [4, 4, 3, 1]
+    assert [len(c) for c in chunk_layers(4, 2, head=100.0)] == [3, 1]  # one block at least
+    assert chunk_layers(8, 3, head=0.0) == chunk_layers(8, 3)  # nothing to balance: even
+    for L, P, V in ((12, 2, 1), (12, 4, 1), (24, 4, 2), (48, 8, 1), (7, 3, 1)):
+        best = chunk_layers(L, P, V, head)
+        assert sum(map(len, best)) == L and work(best, P, head) <= work(chunk_layers(L, P, V), P, head)
+    cfg = GPT2Config(block_size=32, vocab_size=300, n_layer=6, n_head=2, n_embd=16)  # head ~2 blocks
+    parts = [GPT2(cfg, seed=1, pp=PipelineStage(_Group(s, 2))).stage_layers for s in range(2)]
+    assert parts == [[[0, 1, 2, 3]], [[4, 5]]]
+    assert [GPT2(cfg, seed=1, pp=PipelineStage(_Group(s, 2), split="even")).stage_layers for s in range(2)] == \
+        [[[0, 1, 2]], [[3, 4, 5]]]
+    with pytest.raises(ValueError, match="'balanced' or 'even'"):
+        PipelineStage(_Group(0, 2), split="uneven")
+
+
 def test_schedules_are_free_of_deadlock_and_1f1b_holds_less():
     for P in range(1, 9):
         for M in range(1, 17):
@@ -108,7 +137,7 @@ def test_every_stage_holds_the_whole_models_weights(cls, seed):
     seen = set()
     for s in range(2):
         it.manual_seed(11)
-        part = cls(cfg, seed=seed, pp=PipelineStage(_Group(s, 2), virtual=2))
+        part = cls(cfg, seed=seed, pp=PipelineStage(_Group(s, 2), virtual=2, split="even"))
         assert it.random.default_generator.get_state() == after
         assert part.stage_layers == [[0, 1], [3]] if s == 0 else [[2], [4]]
         for name, t in part.state_dict().items():

@@ -78,10 +78,10 @@ class GlobalEnv:
         from .context_parallel import ContextParallel
         return ContextParallel(self.cp_group, comm_type)
 
-    def pipeline_stage(self, virtual: int = 1):
+    def pipeline_stage(self, virtual: int = 1, split: str = "balanced"):
         """This rank's PipelineStage (what a model is built with under pipeline parallelism)."""
         from .pp.stage import PipelineStage
-        return PipelineStage(self.pp_group, virtual, self.embedding_group)
+        return PipelineStage(self.pp_group, virtual, self.embedding_group, split)
 
     @property
     def dp_rank(self) -> int:
