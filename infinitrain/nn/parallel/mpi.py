@@ -83,7 +83,8 @@ def _mpi_op(op: ReduceOp):
 
 def _buffer(t: Tensor):
     """[buffer over the tensor's own memory, MPI type]. Kept lean: tensor parallelism calls it
-    several times per layer on small tensors."""
+    several times per layer on small tensors (one pass over the shape finds both the size and
+    whether the tensor is contiguous)."""
     m = _MPI or _mpi()
     try:
         mpi_type = m["types"][t.dtype.name]
@@ -93,12 +94,13 @@ def _buffer(t: Tensor):
     if storage.device.type != "cpu":
         raise ValueError(f"the MPI process group works on CPU tensors, this one is on {t.device}; "
                          "CUDA tensors use the NCCL backend")
-    if not t.is_contiguous():
-        raise ValueError("collectives need contiguous tensors; call .contiguous() first")
-    size = t.dtype.itemsize
-    for n in t._shape:
-        size *= n
-    return [m["MPI"].buffer.fromaddress(storage.ptr + t._offset * t.dtype.itemsize, size), mpi_type]
+    itemsize = t.dtype.itemsize
+    numel = 1
+    for n, stride in zip(reversed(t._shape), reversed(t._strides)):
+        if n != 1 and stride != numel:
+            raise ValueError("collectives need contiguous tensors; call .contiguous() first")
+        numel *= n
+    return [m["MPI"].buffer.fromaddress(storage.ptr + t._offset * itemsize, numel * itemsize), mpi_type]
 
 
 # dtypes MPI reduces natively (16-bit floats go through a float32 copy)

@@ -33,11 +33,17 @@ class FlightRecorder:
         self.count = 0
 
     def start(self, group, op: str, nbytes: int) -> list:
-        key = (getattr(group, "name", "group"), tuple(group.ranks))
+        # on every collective's path: the group's key and its ranks (a list, as a dumped ring
+        # has them) are made once per group
+        cached = group.__dict__.get("_flight_key")
+        if cached is None:
+            cached = group.__dict__["_flight_key"] = ((getattr(group, "name", "group"), tuple(group.ranks)),
+                                                      list(group.ranks))
+        key, ranks = cached
         with self.lock:
             self.seq[key] += 1
             self.count += 1
-            rec = [self.count, key[0], list(key[1]), op, self.seq[key], int(nbytes), time.time(), None]
+            rec = [self.count, key[0], ranks, op, self.seq[key], nbytes, time.time(), None]
             self.ring.append(rec)
         return rec
 
