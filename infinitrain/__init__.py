@@ -22,7 +22,7 @@ from .creation import (arange, empty, empty_like, from_numpy, full, full_like, o
 from .random import Generator, default_generator, initial_seed, manual_seed
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort, bmm, cat, chunk, clamp,
-                        cumsum, div, exp, flatten, gather, index_select, log, log_softmax, logsumexp,
+                        cumsum, div, einsum, exp, flatten, gather, index_select, log, log_softmax, logsumexp,
                         masked_fill, matmul, max, maximum, mean, min, minimum, mm, mul, multinomial,
                         permute, reshape, sigmoid, softmax, sort, split, sqrt, squeeze, stack, sub, sum,
                         tanh, topk, transpose, tril, triu, unsqueeze, where)
@@ -37,7 +37,7 @@ __all__ = [
     "float16", "half", "int32", "int", "int64", "long", "uint8", "bool", "promote_types",
     "empty", "zeros", "ones", "full", "arange", "rand", "randn", "tensor", "from_numpy", "from_dlpack", "as_tensor",
     "empty_like", "zeros_like", "ones_like", "full_like", "manual_seed", "initial_seed",
-    "default_generator", "matmul", "mm", "bmm", "cat", "stack", "tril", "triu", "where",
+    "default_generator", "matmul", "mm", "bmm", "einsum", "cat", "stack", "tril", "triu", "where",
     "masked_fill", "gather", "index_select", "cumsum", "topk", "multinomial", "maximum",
     "add", "sub", "mul", "div", "max", "min", "sort", "argsort", "split", "chunk", "flatten", "squeeze",
     "unsqueeze", "transpose", "permute", "reshape", "abs", "tanh", "sigmoid",

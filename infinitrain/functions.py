@@ -22,6 +22,11 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
     return a.bmm(b)
 
 
+def einsum(equation: str, *operands) -> Tensor:
+    from .ops.einsum import einsum as _einsum
+    return _einsum(equation, *operands)
+
+
 def where(condition: Tensor, input, other) -> Tensor:
     return _idx.where(condition, input, other)
 

@@ -152,3 +152,40 @@ def test_top_level_functions_equal_torchs(rng):
         assert len(ours) == len(theirs), name
         for o, t in zip(ours, theirs):
             np.testing.assert_allclose(o.numpy(), t.numpy(), rtol=1e-6, err_msg=name)
+
+
+EINSUMS = [("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ij,jk", [(3, 4), (4, 5)]),
+           ("i,i->", [(5,), (5,)]), ("i,j->ij", [(3,), (4,)]), ("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)]),
+           ("ij->ji", [(3, 4)]), ("ij->", [(3, 4)]), ("ijk->j", [(2, 3, 4)]), ("ij", [(3, 4)]), ("ji", [(3, 4)]),
+           ("...ij,...jk->...ik", [(2, 3, 4, 5), (3, 5, 2)]), ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),
+           ("abc,cd,ae->bde", [(2, 3, 4), (4, 5), (2, 6)]), ("i...,i->...", [(3, 2, 2), (3,)]),
+           ("ij,ij->ij", [(3, 1), (1, 4)]), ("b i d, b j d -> b i j", [(2, 3, 4), (2, 5, 4)])]
+
+
+@pytest.mark.parametrize("equation,shapes", EINSUMS, ids=[e for e, _ in EINSUMS])
+def test_einsum_equals_torchs_with_gradients(equation, shapes, rng):
+    """Explicit and implicit outputs, '...', sums, outer products, chains of three, broadcast
+    letters of size 1: values and every operand's gradient as torch.einsum's."""
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    ours, theirs = zip(*(_both(a) for a in arrays))
+    got, want = it.einsum(equation, *ours), torch.einsum(equation, *theirs)
+    weight = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+    (got * it.tensor(weight)).sum().backward()
+    (want * torch.tensor(weight)).sum().backward()
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5)
+    assert tuple(it.einsum(equation, list(ours)).shape) == tuple(want.shape)  # operands as one list
+
+
+@pytest.mark.parametrize("equation,shapes,error,message", [
+    ("ij,jk->ik", [(3, 4), (5, 6)], ValueError, "subscript 'j' has size 4 in one operand and 5"),
+    ("ij,jk->ik", [(3, 4)], ValueError, "1 tensor"),
+    ("ijk->ik", [(3, 4)], ValueError, "names 3 dimension"),
+    ("ij->iz", [(3, 4)], ValueError, "in no operand"),
+    ("i1->i", [(3, 4)], ValueError, "is not a subscript"),
+    ("ii->i", [(3, 3)], NotImplementedError, "a diagonal"),
+])
+def test_einsum_errors_say_what_is_wrong(equation, shapes, error, message):
+    with pytest.raises(error, match=message):
+        it.einsum(equation, *[it.zeros(*s) for s in shapes])
