@@ -15,6 +15,7 @@ from .. import creation
 from .. import dtypes as _dt
 from ..autograd import is_grad_enabled
 from ..autograd.recompute import checkpoint
+from ..ops.shape import cat as _cat
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -44,8 +45,11 @@ def _attn_mask_bias(attn_mask, batch: int, heads: int, queries: int, keys: int):
 
 
 class MultiheadAttention(Module):
-    """torch.nn.MultiheadAttention: in_proj_weight [3E, E] (q, k, v stacked), in_proj_bias,
-    out_proj. Inputs [L, N, E] (batch_first=False, PyTorch's default), [N, L, E] or unbatched
+    """torch.nn.MultiheadAttention: in_proj_weight [3E, E] (q, k, v stacked), or with kdim/vdim
+    other than E q_proj_weight [E, E], k_proj_weight [E, kdim], v_proj_weight [E, vdim];
+    in_proj_bias [3E], out_proj; add_bias_kv: learned bias_k, bias_v [1, 1, E] appended to the
+    keys and values, add_zero_attn: a zero key and value appended (each a key every query may
+    attend to). Inputs [L, N, E] (batch_first=False, PyTorch's default), [N, L, E] or unbatched
     [L, E]; key_padding_mask [N, S] and attn_mask [L, S] or [N * H, L, S], bool True = masked
     out (the opposite of F.scaled_dot_product_attention's bool) or float added. Returns
     (output, weights averaged over heads or per head, or None when need_weights=False)."""
@@ -59,22 +63,42 @@ class MultiheadAttention(Module):
                              f"multiple of num_heads ({num_heads})")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"MultiheadAttention: dropout must be in [0, 1], got {dropout}")
-        if add_bias_kv or add_zero_attn or kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
-            raise NotImplementedError("MultiheadAttention: add_bias_kv, add_zero_attn and kdim/vdim "
-                                      "other than embed_dim are not implemented")
+        kdim, vdim = kdim or embed_dim, vdim or embed_dim
+        if kdim <= 0 or vdim <= 0:
+            raise ValueError(f"MultiheadAttention: kdim ({kdim}) and vdim ({vdim}) must be positive")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
-        self.dropout, self.batch_first = dropout, batch_first
-        self.kdim = self.vdim = embed_dim
-        self.in_proj_weight = Parameter(creation.empty(3 * embed_dim, embed_dim, dtype=dtype, device=device))
-        self.in_proj_bias = Parameter(creation.zeros(3 * embed_dim, dtype=dtype, device=device)) if bias else None
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
-        init.xavier_uniform_(self.in_proj_weight)  # PyTorch's _reset_parameters
+        self.dropout, self.batch_first, self.add_zero_attn = dropout, batch_first, add_zero_attn
+        self.kdim, self.vdim = kdim, vdim
+        self._qkv_same_embed_dim = kdim == embed_dim and vdim == embed_dim
+        E = embed_dim
+
+        def weight(*shape):
+            return Parameter(creation.empty(*shape, dtype=dtype, device=device))
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = weight(3 * E, E)
+            self.q_proj_weight = self.k_proj_weight = self.v_proj_weight = None
+        else:
+            self.in_proj_weight = None
+            self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = weight(E, E), weight(E, kdim), weight(E, vdim)
+        self.in_proj_bias = Parameter(creation.zeros(3 * E, dtype=dtype, device=device)) if bias else None
+        self.out_proj = Linear(E, E, bias=bias, device=device, dtype=dtype)
+        self.bias_k, self.bias_v = (weight(1, 1, E), weight(1, 1, E)) if add_bias_kv else (None, None)
+        # PyTorch's _reset_parameters
+        for w in ((self.in_proj_weight,) if self._qkv_same_embed_dim else
+                  (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)):
+            init.xavier_uniform_(w)
         if bias:
             init.zeros_(self.out_proj.bias)
+        if add_bias_kv:
+            init.xavier_normal_(self.bias_k)
+            init.xavier_normal_(self.bias_v)
 
-    def _project(self, x: Tensor, which: slice) -> Tensor:
-        b = None if self.in_proj_bias is None else self.in_proj_bias[which]
-        return F.linear(x, self.in_proj_weight[which], b)
+    def _project(self, x: Tensor, i: int) -> Tensor:
+        E = self.embed_dim
+        b = None if self.in_proj_bias is None else self.in_proj_bias[i * E:(i + 1) * E]
+        w = self.in_proj_weight[i * E:(i + 1) * E] if self._qkv_same_embed_dim else \
+            (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[i]
+        return F.linear(x, w, b)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None,
                 need_weights: bool = True, attn_mask=None, average_attn_weights: bool = True,
@@ -83,9 +107,10 @@ class MultiheadAttention(Module):
             raise ValueError(f"MultiheadAttention: query, key and value must all be batched (3-D) or "
                              f"all unbatched (2-D), got {tuple(query.shape)}, {tuple(key.shape)}, "
                              f"{tuple(value.shape)}")
-        if query.shape[-1] != self.embed_dim or key.shape[-1] != self.embed_dim or value.shape[-1] != self.embed_dim:
+        if query.shape[-1] != self.embed_dim or key.shape[-1] != self.kdim or value.shape[-1] != self.vdim:
             raise ValueError(f"MultiheadAttention: the last dimension of query, key and value must be "
-                             f"embed_dim {self.embed_dim}")
+                             f"embed_dim {self.embed_dim}, kdim {self.kdim} and vdim {self.vdim}, got "
+                             f"{query.shape[-1]}, {key.shape[-1]} and {value.shape[-1]}")
         if is_causal and attn_mask is None:
             raise ValueError("MultiheadAttention: is_causal=True is a hint that attn_mask is the causal "
                              "mask; pass that mask too (as PyTorch)")
@@ -102,10 +127,19 @@ class MultiheadAttention(Module):
         if key.shape[:2] != value.shape[:2] or key.shape[0] != N:
             raise ValueError(f"MultiheadAttention: key {tuple(key.shape)} and value {tuple(value.shape)} "
                              f"must have the same batch and length, and the query's batch {N}")
-        if self_attention:  # one product for q, k and v
+        if self_attention and self._qkv_same_embed_dim:  # one product for q, k and v
             q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         else:
-            q, k, v = (self._project(x, slice(i * E, (i + 1) * E)) for i, x in enumerate((query, key, value)))
+            q, k, v = (self._project(x, i) for i, x in enumerate((query, key, value)))
+        extra = []  # the keys (and values) appended, which every query may attend to
+        if self.bias_k is not None:
+            extra.append((self.bias_k.expand(N, 1, E), self.bias_v.expand(N, 1, E)))
+        if self.add_zero_attn:
+            zero = creation.zeros(N, 1, E, dtype=k.dtype, device=k.device)
+            extra.append((zero, zero))
+        if extra:
+            k = _cat([k] + [ek for ek, _ in extra], dim=1)
+            v = _cat([v] + [ev for _, ev in extra], dim=1)
         q, k, v = (t.reshape(N, -1, H, Dh).transpose(1, 2) for t in (q, k, v))  # [N, H, T, Dh]
         bias = None
         if key_padding_mask is not None:
@@ -113,6 +147,8 @@ class MultiheadAttention(Module):
         if attn_mask is not None:
             m = _attn_mask_bias(attn_mask, N, H, L, S)
             bias = m if bias is None else bias + m
+        if bias is not None and extra:  # the appended keys are allowed
+            bias = F.pad(bias, (0, len(extra)))
         p = self.dropout if self.training else 0.0
         if need_weights:  # the explicit softmax, as PyTorch's own path for weights
             scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(Dh))
@@ -130,8 +166,9 @@ class MultiheadAttention(Module):
         return (out if self.batch_first else out.transpose(0, 1)), weights
 
     def extra_repr(self):
+        dims = "" if self._qkv_same_embed_dim else f", kdim={self.kdim}, vdim={self.vdim}"
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, " \
-               f"batch_first={self.batch_first}"
+               f"batch_first={self.batch_first}{dims}"
 
 
 def _activation(activation):

@@ -279,3 +279,35 @@ def test_recomputed_layers_give_the_same_gradients(rng):
         if name.startswith("decoder"):
             assert np.array_equal(a, b), name
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("kdim,vdim,add_bias_kv,add_zero_attn", [
+    (12, 10, False, False), (None, None, True, False), (None, None, False, True), (12, 20, True, True)])
+def test_multihead_attention_options_equal_pytorchs(rng, kdim, vdim, add_bias_kv, add_zero_attn):
+    """kdim/vdim (separate q/k/v projection weights), add_bias_kv and add_zero_attn (a key each
+    query may attend to, the masks widened to match), under PyTorch's parameter names."""
+    E, H, L, S, N = 16, 4, 5, 7, 3
+    options = dict(kdim=kdim, vdim=vdim, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
+    torch.manual_seed(2)
+    theirs, ours = torch.nn.MultiheadAttention(E, H, **options), nn.MultiheadAttention(E, H, **options)
+    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in theirs.named_parameters())
+    _copy_weights(ours, theirs)
+    q = rng.standard_normal((L, N, E)).astype(np.float32)
+    k = rng.standard_normal((S, N, kdim or E)).astype(np.float32)
+    v = rng.standard_normal((S, N, vdim or E)).astype(np.float32)
+    pad = rng.random((N, S)) < 0.3
+    pad[:, 0] = False
+    mask = rng.standard_normal((L, S)).astype(np.float32)
+    (qi, qt), (ki, kt), (vi, vt) = _both(q), _both(k), _both(v)
+    oi, wi = ours(qi, ki, vi, key_padding_mask=it.tensor(pad), attn_mask=it.tensor(mask))
+    ot, wt = theirs(qt, kt, vt, key_padding_mask=torch.tensor(pad), attn_mask=torch.tensor(mask))
+    _close(oi, ot, 1e-5)
+    _close(wi, wt, 1e-5)
+    (oi ** 2).sum().backward()
+    (ot ** 2).sum().backward()
+    _grads_close(ours, theirs, 1e-4)
+    for a, b in ((qi, qt), (ki, kt), (vi, vt)):
+        _close(a.grad, b.grad, 1e-4)
+    if kdim:
+        with pytest.raises(ValueError, match="kdim 12"):
+            ours(qi, qi, vi)
