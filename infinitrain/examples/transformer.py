@@ -3,11 +3,11 @@ parallel text of Django's and Wagtail's German catalogs (prepared offline on fir
 infinitrain.data.translation), then translates the validation sentences with greedy and beam
 search and scores them with BLEU (sacrebleu) against copying the source:
 
-    python -m infinitrain.examples.transformer --model small --num_iteration 600
+    python -m infinitrain.examples.transformer --model small
     mpirun -np 2 python -m infinitrain.examples.transformer --zero_stage 1
 
-    step  100/600 | train loss 4.1234 | lr 1.00e-03 | (81.2 ms | 19876 tok/s | DP=2)
-    BLEU on 124 validation pairs: greedy 21.3, beam 4 23.0, copying the source 9.1
+    step 1500/1500 | train loss 1.279285 | lr 3.65e-04 | (202.7 ms | 2333 tok/s | DP=1)
+    BLEU on 124 validation pairs: greedy 50.2, beam 4 47.7, copying the source 41.8
 
 The paper's recipe: AdamW (0.9, 0.98, eps 1e-9), the inverse-square-root schedule with linear
 warm-up (--learning_rate is its peak, reached at --warmup_iters), label smoothing 0.1, dropout
@@ -48,9 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--model", default="small", choices=sorted(SEQ2SEQ_PRESETS))
     p.add_argument("--batch_size", type=positive_int, default=64, help="sentence pairs per step over all ranks")
     p.add_argument("--max_len", type=positive_int, default=64, help="longer sentences are cut to this many tokens")
-    p.add_argument("--num_iteration", type=positive_int, default=600)
+    p.add_argument("--num_iteration", type=positive_int, default=1500)
     p.add_argument("--learning_rate", type=positive_float, default=1e-3, help="the schedule's peak")
-    p.add_argument("--warmup_iters", type=nonnegative_int, default=100)
+    p.add_argument("--warmup_iters", type=nonnegative_int, default=200)
     p.add_argument("--weight_decay", type=float, default=0.0)
     p.add_argument("--grad_clip", type=float, default=1.0, help="max gradient norm (0 = no clipping)")
     p.add_argument("--dropout", type=probability, default=0.1)
