@@ -31,13 +31,14 @@ from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
-from infinitrain.examples.lm_train import ProfileWindow
+from infinitrain.examples.lm_train import ProfileWindow, check_offload_flags
 from infinitrain.examples.flags import (check_input_files, check_outputs, nonnegative_int, positive_float, positive_int,
                                         probability, refuse)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
+from infinitrain.optim.offload import OffloadError
 from infinitrain.optim import AdamW
 from infinitrain.optim.lr_scheduler import LambdaLR
 
@@ -61,6 +62,10 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2, 3])
+    p.add_argument("--offload_optimizer", default="none", choices=["none", "cpu", "nvme"],
+                   help="the AdamW state in host memory (cpu, off a GPU) or in a scratch file under "
+                        "--offload_path (nvme), as the language models' flag")
+    p.add_argument("--offload_path", default=None, metavar="DIR", help="folder on a local disk for nvme")
     p.add_argument("--tensor_parallel", type=positive_int, default=1)
     p.add_argument("--recompute", action="store_true", help="recompute each layer's activations in backward")
     p.add_argument("--val_loss_every", type=nonnegative_int, default=0, help="0 = only at the end")
@@ -127,6 +132,7 @@ def main(argv=None) -> int:
                "(tensor, pipeline and context parallelism are GPT-2's and LLaMA-3's)")
     if args.batch_size % dp:
         refuse(f"--batch_size {args.batch_size} must be a multiple of the {dp} data-parallel ranks")
+    check_offload_flags(args, env)
     try:
         import sacrebleu  # noqa: F401  (checked before training, not after)
     except ImportError:
@@ -146,8 +152,13 @@ def main(argv=None) -> int:
     if args.recompute:
         for layer in [*model.transformer.encoder.layers, *model.transformer.decoder.layers]:
             layer.recompute = True
-    trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_group,
-                        zero_stage=args.zero_stage, lr=args.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+    try:
+        trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_group,
+                            zero_stage=args.zero_stage, offload_optimizer=None if args.offload_optimizer == "none"
+                            else args.offload_optimizer, offload_path=args.offload_path,
+                            lr=args.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+    except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
+        sys.exit(f"rank {env.rank}: {e}")
     schedule = LambdaLR(trainer.optimizer, inverse_sqrt(max(args.warmup_iters, 1)))
     first = 1
     if args.load:
@@ -164,6 +175,8 @@ def main(argv=None) -> int:
     if env.is_main:
         print(f"Transformer {args.model}: {model.num_parameters():,} parameters | {len(train_set):,} training, "
               f"{len(val_set):,} validation pairs, vocabulary {len(vocab):,} | {env.layout.describe()}", flush=True)
+        if trainer.offloaded is not None:
+            print(f"offload: {trainer.offloaded} per rank", flush=True)
     curves = {"train": [], "val": []}
     step, epoch, batches = first, 0, iter(())
     prof, profiling = profiler.profile(), ProfileWindow(args.profile, first, args.num_iteration, 1)

@@ -143,11 +143,12 @@ def test_the_example_trains_translates_and_scores(corpus, tmp_path):
     assert (tmp_path / "ckpt" / "latest").exists()
 
 
-def _losses(ranks, *flags):
+def _losses(ranks, *flags, log=False):
     out = example(ranks, "transformer", ["--model", "tiny", "--num_iteration", "4", "--batch_size", "16",
                                          "--dropout", "0", "--learning_rate", "3e-3", "--warmup_iters", "2",
                                          "--translate", "1", "--beam", "1", *flags], timeout=600)
-    return [float(x) for x in re.findall(r"train loss ([\d.]+)", out)]
+    losses = [float(x) for x in re.findall(r"train loss ([\d.]+)", out)]
+    return (losses, out) if log else losses
 
 
 @pytest.mark.mpi
@@ -163,6 +164,15 @@ def test_data_parallel_and_zero_train_as_one_process(corpus, dtype):
         assert len(got) == len(one) == 4
         for a, b in zip(got, one):
             assert abs(a - b) <= (1e-5 * abs(b) if dtype == "float32" else 1e-2), (flags, got, one)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_offloaded_optimizer_state_trains_as_without(corpus, tmp_path):
+    """--offload_optimizer nvme under ZeRO-1 on DP 2: the same losses to the last digit."""
+    plain = _losses(2, "--zero_stage", "1")
+    got, out = _losses(2, "--zero_stage", "1", "--offload_optimizer", "nvme", "--offload_path", str(tmp_path), log=True)
+    assert len(got) == 4 and got == plain and "offload: OffloadOptimizer(AdamW" in out
 
 
 def test_the_example_checks_its_outputs_before_training(corpus, tmp_path):
