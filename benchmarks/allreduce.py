@@ -1,11 +1,14 @@
-"""All-reduce bandwidth through infinitrain's ProcessGroup against raw mpi4py on the same
-buffers, and how much of DDP's all-reduce time is hidden behind the backward pass.
+"""Collective bandwidth through infinitrain's ProcessGroup against raw mpi4py on the same
+buffers (algbw and busbw, as nccl-tests report them, for all_reduce, all_gather, reduce_scatter
+and broadcast), the per-call time of small collectives, and how much of DDP's all-reduce time is
+hidden behind the backward pass.
 
     python benchmarks/allreduce.py          # starts itself on 2 ranks with the venv's mpiexec
     mpiexec -n 4 python benchmarks/allreduce.py
     python benchmarks/allreduce.py --latency   # only the small-message table
 
-Bus bandwidth = 2 (n-1)/n * bytes / time, best of several runs. Overlap: how long DDP still
+algbw = size / time, busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather,
+reduce_scatter) or 1 (broadcast); best of several runs. Overlap: how long DDP still
 waits for its all-reduces when backward has finished (median over steps), against the time the
 same all-reduces take run alone; hidden share = 1 - wait / alone. Prints figures; asserts
 nothing.
@@ -31,29 +34,48 @@ def best(fn, repeat=10):
 
 
 def bandwidth(env):
+    """Every collective in nccl-tests' terms, through the ProcessGroup and through raw mpi4py on
+    the same memory: S is the collective's size (all_reduce and broadcast: the buffer; all_gather:
+    the gathered output; reduce_scatter: the input), algbw = S / time, busbw = algbw x the
+    factor that makes it comparable with the link's bandwidth (all_reduce 2(n-1)/n, all_gather
+    and reduce_scatter (n-1)/n, broadcast 1)."""
     from mpi4py import MPI
 
     import infinitrain as it
     comm, n = env.comm, env.world_size
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+              "broadcast": 1.0}
     if env.is_main:
-        print(f"== all-reduce (sum, float32) on {n} ranks: bus bandwidth GB/s ==")
-        print(f"  {'bytes':>12s} {'ProcessGroup':>13s} {'mpi4py':>9s} {'ratio':>7s}")
-    for nbytes in (4 << 10, 256 << 10, 4 << 20, 64 << 20):
-        t = it.ones(nbytes // 4)
-        arr = t.numpy()  # the same memory for both
-
-        def ours():
-            env.world.all_reduce(t)
-
-        def raw():
-            comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
-        comm.Barrier()
-        t_ours = comm.allreduce(best(ours), op=MPI.MAX)
-        comm.Barrier()
-        t_raw = comm.allreduce(best(raw), op=MPI.MAX)
-        bus = 2 * (n - 1) / n * nbytes / 1e9
-        if env.is_main:
-            print(f"  {nbytes:12d} {bus / t_ours:13.2f} {bus / t_raw:9.2f} {t_raw / t_ours:6.1%}")
+        print(f"== collectives (float32) on {n} ranks, nccl-tests' terms: GB/s, best of 10 ==")
+        print(f"  {'collective':>14s} {'bytes':>10s} | {'algbw':>7s} {'busbw':>7s} | {'mpi4py algbw':>12s} "
+              f"{'busbw':>7s} | {'ratio':>6s}")
+    for name in factor:
+        for nbytes in (256 << 10, 4 << 20, 64 << 20):
+            k = nbytes // 4
+            if name in ("all_gather", "reduce_scatter"):  # S is the whole: n pieces of k / n
+                k -= k % n
+                whole, piece = it.ones(k), it.ones(k // n)
+                a_whole, a_piece = whole.numpy(), piece.numpy()
+            else:
+                buf = it.ones(k)
+                arr = buf.numpy()
+            ours, raw = {
+                "all_reduce": (lambda: env.world.all_reduce(buf),
+                               lambda: comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)),
+                "all_gather": (lambda: env.world.all_gather(whole, piece),
+                               lambda: comm.Allgather(a_piece, a_whole)),
+                "reduce_scatter": (lambda: env.world.reduce_scatter(piece, whole),
+                                   lambda: comm.Reduce_scatter_block(a_whole, a_piece, op=MPI.SUM)),
+                "broadcast": (lambda: env.world.broadcast(buf, 0), lambda: comm.Bcast(arr, root=0)),
+            }[name]
+            comm.Barrier()
+            t_ours = comm.allreduce(best(ours), op=MPI.MAX)
+            comm.Barrier()
+            t_raw = comm.allreduce(best(raw), op=MPI.MAX)
+            size = k * 4 / 1e9
+            if env.is_main:
+                print(f"  {name:>14s} {k * 4:10d} | {size / t_ours:7.2f} {size / t_ours * factor[name]:7.2f} | "
+                      f"{size / t_raw:12.2f} {size / t_raw * factor[name]:7.2f} | {t_raw / t_ours:6.1%}")
 
 
 def latency(env):
@@ -119,7 +141,7 @@ def overlap(env, name, model, batch, loss_fn, steps=6):
         t_ddp.append(backward(True))
         waits.append(ddp.reducer.last_wait_s)
     t_ddp, t_wait = min(t_ddp), sorted(waits)[len(waits) // 2]
-    flats = [b.flat for b in ddp.reducer.buckets]
+    flats = [b.flat_grad for b in ddp.reducer.buckets]
 
     def alone():
         for f in flats:
