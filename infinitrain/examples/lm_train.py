@@ -30,7 +30,7 @@ from infinitrain.nn.parallel.pp import chunk_layers
 from infinitrain.nn.parallel.tensor_parallel import TensorParallel
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
-from infinitrain.optim.offload import OffloadError
+from infinitrain.optim.offload import OffloadError, staging_bytes
 from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
 
 
@@ -45,16 +45,15 @@ def train(args, build_model) -> int:
     check_inputs(args, env)
     check_memory(args, env, accum, log)
     model = build(args, env, tp, stage, env.context_parallel(args.cp_comm), build_model, layout, log)
-    offload = args.offload_optimizer if args.offload_optimizer != "none" else None
     try:
         trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_cp_group, env.pp_group,
                             zero_stage=args.zero_stage, pipeline_schedule=schedule if stage else None,
-                            pipeline_timeout=args.pipeline_timeout, offload_optimizer=offload,
+                            pipeline_timeout=args.pipeline_timeout, offload_optimizer=args.offload_optimizer,
                             offload_path=args.offload_path, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
     log_setup(args, env, model, accum, schedule, layout, log)
-    if offload:
+    if trainer.offloaded is not None:
         log(f"offload: {trainer.offloaded} per rank", flush=True)
     loop = TrainingLoop(args, env, model, trainer, accum, layout, log)
     try:
@@ -590,7 +589,7 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
     pipeline) at about 24 B T C floats per block plus the attention scores, the logits and their
     gradient on the last stage, and ~350 MB for the process itself (Python,
     numpy, MPI, BLAS buffers, the data). With --offload_optimizer nvme the moments are on disk
-    (parts["on disk"], not counted in the memory) and two 64 MB staging buffers stay. zero_stage,
+    (parts["on disk"], not counted in the memory) and the staging buffers stay. zero_stage,
     offload: another stage or offload than the job's (to suggest one). None if unknown."""
     known = _config_of(args)
     if known is None or env.device.type != "cpu":  # this is the host's memory
@@ -608,11 +607,11 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
     stage = (args.zero_stage if zero_stage is None else zero_stage) if shards > 1 else 0
     vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
     embedding = 4 * vocab * cfg.n_embd / L.tp
-    offload = (args.offload_optimizer if args.offload_optimizer != "none" else None) if offload is None else offload
+    offload = args.offload_optimizer if offload is None else offload
     state = params * moments / (shards if stage >= 1 else 1)
     parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
              "gradients": params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0),
-             "AdamW state": state if offload != "nvme" else min(state, 2 * 64 * 2**20)}
+             "AdamW state": state if offload != "nvme" else min(state, staging_bytes())}
     if stage >= 3:
         parts["parameters"] += embedding
     if stage >= 2:  # a full-size bucket reducing while the next fills (the trainer's 25 MB buckets)
@@ -623,11 +622,12 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
     # the stage holding the most: its blocks times the micro-batches in flight there (1F1B: PP - stage)
     V = args.virtual_pipeline_parallel
     chunks = chunk_layers(cfg.n_layer, L.pp, V, cls.head_work(cfg) if args.pipeline_split == "balanced" else 0.0)
-    held = [1] if L.pp == 1 else [micro_batches if args.pipeline_schedule == "gpipe" else
-                                  min(micro_batches, L.pp - s) for s in range(L.pp)]
+    in_flight = [1] if L.pp == 1 else [micro_batches if args.pipeline_schedule == "gpipe" else
+                                       min(micro_batches, L.pp - s) for s in range(L.pp)]
     blocks = [sum(len(c) for g, c in enumerate(chunks) if g % L.pp == s) for s in range(L.pp)]
-    parts["activations"] = max(h * n for h, n in zip(held, blocks)) * per_layer + 2 * 4 * B * T * vocab / L.tp
-    held = held[0]
+    busiest = max(range(L.pp), key=lambda s: in_flight[s] * blocks[s])
+    held = in_flight[busiest]
+    parts["activations"] = held * blocks[busiest] * per_layer + 2 * 4 * B * T * vocab / L.tp
     parts["process"] = 350 * 2**20
     per_rank = sum(parts.values())
     need = per_rank * env.local_size

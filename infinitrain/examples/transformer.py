@@ -154,8 +154,8 @@ def main(argv=None) -> int:
             layer.recompute = True
     try:
         trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_group,
-                            zero_stage=args.zero_stage, offload_optimizer=None if args.offload_optimizer == "none"
-                            else args.offload_optimizer, offload_path=args.offload_path,
+                            zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
+                            offload_path=args.offload_path,
                             lr=args.learning_rate, betas=(0.9, 0.98), eps=1e-9)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")

@@ -44,6 +44,21 @@ _ALIGN = 4096  # direct I/O: file offsets, sizes and buffer addresses in multipl
 _PIECE = 1024
 
 
+BUFFER_MB = 64.0  # the state streamed per block by default
+BUFFERS = 2  # staging buffers: the one the update works on, the one being read or written
+
+
+def staging_bytes(buffer_mb: float = BUFFER_MB) -> int:
+    """The host memory device="nvme" keeps for its buffers (what stays resident of the state)."""
+    return BUFFERS * int(buffer_mb * 2**20)
+
+
+def offloaded(optimizer, device: str | None, path=None):
+    """optimizer wrapped in an OffloadOptimizer when device is "cpu" or "nvme"; as it is when
+    device is None or "none" (DeepSpeed's word for no offload)."""
+    return optimizer if device in (None, "none") else OffloadOptimizer(optimizer, device, path)
+
+
 class OffloadError(RuntimeError):
     """The offloaded state could not be kept: the folder is unusable, the disk too small, a read
     or a write failed."""
@@ -149,7 +164,7 @@ class _FileStore:
         self.description = f"a scratch file in {folder} ({'direct' if self.direct else 'buffered'} I/O)"
         # anonymous maps are page-aligned, as direct I/O needs
         largest = max((b.nbytes for b in blocks), default=_ALIGN)
-        self.maps = [mmap.mmap(-1, largest) for _ in range(2)]
+        self.maps = [mmap.mmap(-1, largest) for _ in range(BUFFERS)]
         self.buffers = [np.frombuffer(m, dtype=np.float32) for m in self.maps]
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offload-io")
         self.bytes_read = self.bytes_written = 0
@@ -199,13 +214,13 @@ class _FileStore:
             for i, b in enumerate(blocks):
                 reading = pending[-1]
                 if i + 1 < len(blocks):  # read-ahead: queued behind the write of the buffer it reuses
-                    pending.append(self.pool.submit(self._read, blocks[i + 1], (i + 1) % 2))
+                    pending.append(self.pool.submit(self._read, blocks[i + 1], (i + 1) % BUFFERS))
                 t0 = time.perf_counter()
                 reading.result()
                 self.waited += time.perf_counter() - t0
-                yield b, self.buffers[i % 2][:self.entries * b.numel]
+                yield b, self.buffers[i % BUFFERS][:self.entries * b.numel]
                 if write:  # write-behind
-                    pending.append(self.pool.submit(self._write, b, i % 2))
+                    pending.append(self.pool.submit(self._write, b, i % BUFFERS))
             for f in pending:
                 f.result()
         finally:  # also when the caller stopped early: no I/O may outlive the loop's buffers
@@ -231,7 +246,7 @@ class OffloadOptimizer:
     (two such buffers are resident). direct: None tries direct I/O and falls back to buffered
     I/O, True insists, False never tries."""
 
-    def __init__(self, optimizer, device: str = "nvme", path=None, buffer_mb: float = 64.0,
+    def __init__(self, optimizer, device: str = "nvme", path=None, buffer_mb: float = BUFFER_MB,
                  direct: bool | None = None):
         if device not in ("cpu", "nvme"):
             raise ValueError(f"OffloadOptimizer: device must be 'cpu' or 'nvme', got {device!r}")

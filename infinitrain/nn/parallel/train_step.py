@@ -17,7 +17,7 @@ from contextlib import nullcontext
 
 from ...creation import tensor
 from ...dtypes import float32
-from ...optim.offload import OffloadOptimizer
+from ...optim.offload import OffloadOptimizer, offloaded
 from ...profiler import record_function
 from ..utils import clip_grad_norm_
 from .ddp import DistributedDataParallel
@@ -41,7 +41,7 @@ class TrainStep:
     engine (needed when it was built with pp=), None otherwise. The optimizer is
     optimizer_class(param_groups, **optimizer_kwargs), sharded when zero_stage > 0, its state (each
     rank's shard of it) in host memory or on disk under offload_path with offload_optimizer "cpu" or
-    "nvme" (OffloadOptimizer)."""
+    "nvme" (OffloadOptimizer; None or "none": no offload)."""
 
     def __init__(self, model, param_groups, optimizer_class, dp_group, pp_group=None, zero_stage: int = 0,
                  pipeline_schedule: str | None = None, pipeline_timeout: float = 300.0,
@@ -62,9 +62,8 @@ class TrainStep:
                                            offload_optimizer=offload_optimizer, offload_path=offload_path,
                                            **optimizer_kwargs)
         else:
-            self.optimizer = optimizer_class(param_groups, **optimizer_kwargs)
-            if offload_optimizer:
-                self.optimizer = OffloadOptimizer(self.optimizer, offload_optimizer, offload_path)
+            self.optimizer = offloaded(optimizer_class(param_groups, **optimizer_kwargs), offload_optimizer,
+                                       offload_path)
         self.set_to_none = set_to_none
 
     @property

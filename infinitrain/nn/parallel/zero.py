@@ -32,7 +32,7 @@ import numpy as np
 from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ...creation import empty, from_numpy, zeros
-from ...optim.offload import OffloadOptimizer
+from ...optim.offload import offloaded
 from ..parameter import Parameter
 from ..utils import scale_, total_norm
 from . import zero3
@@ -125,9 +125,8 @@ class ZeroOptimizer:
                     self.segments.append((shard, bi, s - lo, p, s - b.offsets[j]))
         self._inner_of = [gi for gi, g in enumerate(inner_groups) if g["params"]]
         inner_groups = [g for g in inner_groups if g["params"]]
-        self.optimizer = optimizer_class(inner_groups, **defaults) if inner_groups else None
-        if offload_optimizer and self.optimizer is not None:
-            self.optimizer = OffloadOptimizer(self.optimizer, offload_optimizer, offload_path)
+        self.optimizer = offloaded(optimizer_class(inner_groups, **defaults), offload_optimizer, offload_path) \
+            if inner_groups else None
         self.optimizer_class = optimizer_class
         self.state_type = optimizer_class.__name__  # state_dict() is that optimizer's, whole
         # param_groups show the optimizer's settings (lr, ...), also for a group with no
@@ -258,12 +257,12 @@ class ZeroOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the gradient shards (and, stage 1, the flat gradients the .grad views show)."""
         for b in self.buckets:
-            b.shard_grad.zero_()
-            if self.stage == 1:
+            if self.stage == 1:  # the shard is a piece of the flat gradient
                 b.flat_grad.zero_()
                 for j, p in enumerate(b.params):
                     p.grad = b.grad_view(j)
             else:
+                b.shard_grad.zero_()
                 b.flat_grad = None
                 for p in b.params:
                     p.grad = None
