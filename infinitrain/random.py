@@ -46,6 +46,39 @@ class Generator:
                                    mean, std, self.seed, self._take(t.numel())))
 
 
+class ForkedGenerator(Generator):
+    """A stream of its own that moves with its parent: it draws under a seed mixed from the
+    parent's and `salt`, at the parent's counters, and advances the parent as a draw from it
+    would. Ranks whose parents stay in step but who must draw different numbers fork it with
+    different salts: each tensor-parallel rank's dropout over its own heads and hidden units
+    (Megatron's model-parallel RNG), while dropout on replicated activations stays the same on
+    every rank. Saving or restoring the parent (activation recomputation) covers the fork."""
+
+    def __init__(self, parent: Generator, salt: int):
+        self.parent, self.salt = parent, int(salt)
+
+    @property
+    def seed(self) -> int:
+        return (self.parent.seed * 0x9E3779B97F4A7C15 + self.salt + 1) & 0xFFFFFFFFFFFFFFFF
+
+    @property
+    def offset(self) -> int:
+        return self.parent.offset
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        self.parent.offset = value
+
+    def manual_seed(self, seed: int):
+        raise TypeError("a ForkedGenerator follows its parent: seed the parent instead")
+
+    def get_state(self) -> tuple:
+        return self.parent.get_state()
+
+    def set_state(self, state) -> None:
+        self.parent.set_state(state)
+
+
 default_generator = Generator(0)
 
 

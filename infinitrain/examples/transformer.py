@@ -5,8 +5,9 @@ search and scores them with BLEU (sacrebleu) against copying the source:
 
     python -m infinitrain.examples.transformer --model small
     mpirun -np 2 python -m infinitrain.examples.transformer --zero_stage 1
+    mpirun -np 4 python -m infinitrain.examples.transformer --tensor_parallel 2
 
-    step 1500/1500 | train loss 1.279285 | lr 3.65e-04 | (202.7 ms | 2333 tok/s | DP=1)
+    step 1500/1500 | train loss 1.279285 | lr 3.65e-04 | (202.7 ms | 2333 tok/s | DP=1, TP=1)
     BLEU on 124 validation pairs: greedy 50.2, beam 4 47.7, copying the source 41.8
 
 The paper's recipe: AdamW (0.9, 0.98, eps 1e-9), the inverse-square-root schedule with linear
@@ -19,6 +20,7 @@ the mean over the batch's target tokens, so a data-parallel run equals one proce
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import time
@@ -37,6 +39,7 @@ from infinitrain.examples.flags import (check_input_files, check_outputs, nonneg
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
+from infinitrain.nn.parallel.tensor_parallel import TensorParallel
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim.offload import OffloadError
 from infinitrain.optim import AdamW
@@ -66,7 +69,8 @@ def parse_args(argv=None):
                    help="the AdamW state in host memory (cpu, off a GPU) or in a scratch file under "
                         "--offload_path (nvme), as the language models' flag")
     p.add_argument("--offload_path", default=None, metavar="DIR", help="folder on a local disk for nvme")
-    p.add_argument("--tensor_parallel", type=positive_int, default=1)
+    p.add_argument("--tensor_parallel", type=positive_int, default=1,
+                   help="split each layer's heads and feed-forward units, and the vocabulary, over this many ranks")
     p.add_argument("--recompute", action="store_true", help="recompute each layer's activations in backward")
     p.add_argument("--val_loss_every", type=nonnegative_int, default=0, help="0 = only at the end")
     p.add_argument("--save", default=None, help="folder for checkpoints (written at the end)")
@@ -125,11 +129,17 @@ def bleu_table(model, vocab, dataset, args) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    env = parallel.init(device=args.device)
+    try:
+        env = parallel.init(args.tensor_parallel, device=args.device)
+    except ValueError as e:
+        refuse(f"cannot lay out the job: {e}")
     dp = env.layout.dp
-    if args.tensor_parallel > 1 or env.layout.tp > 1:
-        refuse("--tensor_parallel: the encoder-decoder trains with data parallelism and ZeRO only "
-               "(tensor, pipeline and context parallelism are GPT-2's and LLaMA-3's)")
+    tp = TensorParallel(env.tp_group) if args.tensor_parallel > 1 else None
+    if tp is not None:  # before training, the sizes tensor parallelism splits
+        preset = SEQ2SEQ_PRESETS[args.model]
+        for what, n in (("the attention heads", preset["nhead"]), ("dim_feedforward", preset["dim_feedforward"])):
+            if n % tp.size:
+                refuse(f"--tensor_parallel {tp.size} does not divide {what} ({n}) of --model {args.model}")
     if args.batch_size % dp:
         refuse(f"--batch_size {args.batch_size} must be a multiple of the {dp} data-parallel ranks")
     check_offload_flags(args, env)
@@ -148,7 +158,7 @@ def main(argv=None) -> int:
     config = Seq2SeqConfig(vocab_size=len(vocab), dropout=args.dropout, max_len=args.max_len,
                            norm_first=args.norm_first, tie_embeddings=not args.no_tie_embeddings,
                            label_smoothing=args.label_smoothing, **SEQ2SEQ_PRESETS[args.model])
-    model = Seq2SeqTransformer(config).to(env.device)
+    model = Seq2SeqTransformer(config, tp=tp).to(env.device)
     if args.recompute:
         for layer in [*model.transformer.encoder.layers, *model.transformer.decoder.layers]:
             layer.recompute = True
@@ -173,12 +183,20 @@ def main(argv=None) -> int:
                         collate_fn=lambda items: pad_collate(items[rank::dp], args.max_len),
                         group_by_length=train_set.lengths(), num_workers=args.num_workers)
     if env.is_main:
-        print(f"Transformer {args.model}: {model.num_parameters():,} parameters | {len(train_set):,} training, "
+        print(f"Transformer {args.model}: {model.num_parameters():,} parameters{' on this rank' if tp else ''} | "
+              f"{len(train_set):,} training, "
               f"{len(val_set):,} validation pairs, vocabulary {len(vocab):,} | {env.layout.describe()}", flush=True)
         if trainer.offloaded is not None:
             print(f"offload: {trainer.offloaded} per rank", flush=True)
     curves = {"train": [], "val": []}
     step, epoch, batches = first, 0, iter(())
+    done, per_epoch = first - 1, len(loader)
+    if done % per_epoch:  # resumed within an epoch: its batches not yet trained on, in their order
+        epoch = done // per_epoch + 1
+        loader.set_epoch(epoch)
+        batches = itertools.islice(iter(loader), done % per_epoch, None)
+    else:
+        epoch = done // per_epoch
     prof, profiling = profiler.profile(), ProfileWindow(args.profile, first, args.num_iteration, 1)
     log = print if env.is_main else (lambda *a, **k: None)  # as the language models' trainer
     while step <= args.num_iteration:
@@ -208,7 +226,7 @@ def main(argv=None) -> int:
         curves["train"].append((step, loss))
         if env.is_main:
             print(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
-                  f"({ms:.1f} ms | {tokens / ms * 1000:.0f} tok/s | DP={dp})", flush=True)
+                  f"({ms:.1f} ms | {tokens / ms * 1000:.0f} tok/s | DP={dp}, TP={env.layout.tp})", flush=True)
         if (args.val_loss_every and step % args.val_loss_every == 0) or step == args.num_iteration:
             with trainer.gathered_parameters():
                 v = val_loss(model, val_set, args.max_len)
@@ -221,8 +239,10 @@ def main(argv=None) -> int:
         if env.is_main:
             print(f"saved {args.save}", flush=True)
     with trainer.gathered_parameters():
-        if env.is_main:
-            print(bleu_table(model, vocab, val_set, args), flush=True)
+        if env.dp_rank == 0:  # the first model replica (all its TP ranks decode together)
+            table = bleu_table(model, vocab, val_set, args)
+            if env.is_main:
+                print(table, flush=True)
     if args.plot and env.is_main:
         from infinitrain.plot import plot_losses
         plot_losses({"Transformer": curves}, args.plot, f"Transformer {args.model}")

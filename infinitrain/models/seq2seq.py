@@ -2,7 +2,13 @@
 token embedding shared by source and target (one joint BPE vocabulary) scaled by sqrt(d_model),
 sinusoidal positions as a buffer, dropout, nn.Transformer (post-LayerNorm as the paper, or
 norm_first), and an output projection tied to the embedding (tie_embeddings=True, the paper's)
-or its own. Greedy and beam-search decoding."""
+or its own. Greedy and beam-search decoding.
+
+Tensor parallelism (tp=): the model is built whole, as one process builds it, and each rank
+keeps its part: the embedding's vocabulary rows (and the tied output layer's), the attention
+heads and feed-forward units of every layer (nn.parallel.tensor_parallel.parallelize_transformer).
+The loss is the vocabulary-parallel cross-entropy, label smoothing included; decoding gathers
+the logits."""
 from __future__ import annotations
 
 import math
@@ -16,6 +22,7 @@ from ..autograd import no_grad
 from ..nn import Dropout, Embedding, Linear, Module, Transformer
 from ..nn import functional as F
 from ..nn import init
+from ..nn.parallel import tensor_parallel as tpl
 from ..data.translation import BOS, EOS, PAD
 
 
@@ -51,7 +58,7 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
 
 
 class Seq2SeqTransformer(Module):
-    def __init__(self, config: Seq2SeqConfig):
+    def __init__(self, config: Seq2SeqConfig, tp: tpl.TensorParallel | None = None):
         super().__init__()
         c = self.config = config
         self.embedding = Embedding(c.vocab_size, c.d_model, padding_idx=PAD)
@@ -66,6 +73,13 @@ class Seq2SeqTransformer(Module):
         self.generator = Linear(c.d_model, c.vocab_size, bias=not c.tie_embeddings)
         if c.tie_embeddings:  # one matrix, registered in both (as GPT-2's lm_head): ZeRO-3 gathers it for each
             self.generator.weight = self.embedding.weight
+        self.tp = tp
+        if tp is not None:  # this rank's part of what one process built (see the module's docstring)
+            tpl.parallelize_transformer(self.transformer, tp)
+            self.embedding = tpl.VocabParallelEmbedding.from_embedding(self.embedding, tp)
+            self.generator = tpl.ColumnParallelLinear.from_linear(self.generator, tp, pad=True)
+            if c.tie_embeddings:  # the same rows of the vocabulary on each rank
+                self.generator.weight = self.embedding.weight
 
     def _embed(self, ids):
         if ids.shape[1] > self.config.max_len:
@@ -77,13 +91,22 @@ class Seq2SeqTransformer(Module):
         """Memory [B, S, d] of source ids [B, S] (PAD-padded)."""
         return self.transformer.encoder(self._embed(src), src_key_padding_mask=src == PAD)
 
-    def decode(self, tgt_in, memory, src):
-        """Logits [B, T, V] of the next token after each prefix of tgt_in, attending to memory."""
+    def decode(self, tgt_in, memory, src, gather: bool = True):
+        """Logits [B, T, V] of the next token after each prefix of tgt_in, attending to memory
+        (under TP with gather=False: this rank's block of the padded vocabulary)."""
         T = tgt_in.shape[1]
         causal = creation.ones(T, T, dtype=_dt.bool, device=tgt_in.device).triu(1)  # True: not allowed
         h = self.transformer.decoder(self._embed(tgt_in), memory, tgt_mask=causal,
                                      tgt_key_padding_mask=tgt_in == PAD, memory_key_padding_mask=src == PAD)
-        return self.generator(h)
+        logits = self.generator(h)
+        return self._whole_vocabulary(logits) if gather else logits
+
+    def _whole_vocabulary(self, logits):
+        """Logits over the whole vocabulary from this rank's block of it (under TP)."""
+        if self.tp is None:
+            return logits
+        full = tpl.gather_from_tp(logits, self.tp.group)
+        return full[..., :self.config.vocab_size] if full.shape[-1] != self.config.vocab_size else full
 
     def forward(self, inputs, targets=None, return_logits: bool = True):
         """inputs = (src [B, S], tgt_in [B, T]) or (src, tgt_in, weight); targets tgt_out [B, T]
@@ -92,14 +115,18 @@ class Seq2SeqTransformer(Module):
         it as it takes them. weight: this batch's share of the tokens of a batch split over
         data-parallel ranks, times their number (the ranks' mean is then the whole batch's)."""
         src, tgt_in, *weight = inputs
-        logits = self.decode(tgt_in, self.encode(src), src)
+        logits = self.decode(tgt_in, self.encode(src), src, gather=False)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                   ignore_index=PAD, label_smoothing=self.config.label_smoothing)
+            flat, smoothing = logits.reshape(-1, logits.shape[-1]), self.config.label_smoothing
+            if self.tp is None:
+                loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=PAD, label_smoothing=smoothing)
+            else:
+                loss = tpl.vocab_parallel_cross_entropy(flat, targets.reshape(-1), self.config.vocab_size, self.tp,
+                                                        ignore_index=PAD, label_smoothing=smoothing)
             if weight and weight[0] != 1.0:
                 loss = loss * weight[0]
-        return (logits if return_logits else None), loss
+        return (self._whole_vocabulary(logits) if return_logits else None), loss
 
     @no_grad()
     def greedy(self, src, max_len: int = 64) -> list:

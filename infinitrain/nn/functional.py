@@ -114,12 +114,13 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
-                                 enable_gqa: bool = False) -> Tensor:
+                                 enable_gqa: bool = False, generator=None) -> Tensor:
     """PyTorch's: query [N, H, L, E] (or [N, L, E]), key/value [N, H_kv, S, E] (fewer heads with
     enable_gqa=True). attn_mask broadcasts to [N, H, L, S]: bool (True: takes part) or float
     (added to the scores). is_causal masks key j > query i (the top-left triangle when L != S,
     as PyTorch). A query whose every key is masked out gives zeros. Fused: no L x S matrix is
-    kept for the backward pass, the probabilities (and dropout's mask) are recomputed."""
+    kept for the backward pass, the probabilities (and dropout's mask) are recomputed. generator
+    (not PyTorch's, as F.dropout's): dropout's stream, the default one if None."""
     if not all(isinstance(t, Tensor) for t in (query, key, value)):
         raise TypeError("scaled_dot_product_attention: query, key and value must be tensors")
     if query.ndim not in (3, 4) or key.ndim != query.ndim or value.ndim != query.ndim:
@@ -149,7 +150,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         bias = attention_bias(attn_mask)
         if squeeze and bias.ndim == 3:  # [N, L, S] for [N, L, E] inputs
             bias = bias.unsqueeze(1)
-    out = _nn.attention(query, key, value, scale, causal, bias, dropout_p)
+    out = _nn.attention(query, key, value, scale, causal, bias, dropout_p, generator)
     return out.squeeze(1) if squeeze else out
 
 

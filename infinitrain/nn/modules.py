@@ -102,8 +102,10 @@ class Dropout(Module):
             raise ValueError(f"dropout probability must be in [0, 1], got {p}")
         self.p = p
 
+    generator = None  # the default one; tensor parallelism gives each rank's split activations a fork
+
     def forward(self, x):
-        return F.dropout(x, self.p, self.training)
+        return F.dropout(x, self.p, self.training, generator=self.generator)
 
     def extra_repr(self):
         return f"p={self.p}"

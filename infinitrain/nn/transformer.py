@@ -93,11 +93,29 @@ class MultiheadAttention(Module):
             init.xavier_normal_(self.bias_k)
             init.xavier_normal_(self.bias_v)
 
+    # What tensor parallelism (nn.parallel.tensor_parallel.ParallelMultiheadAttention) changes:
+    # the heads this module computes (a TP rank: its block of them), the stream of attention's
+    # dropout, how the inputs enter, and how per-head masks and weights are cut and joined.
+    local_heads = property(lambda self: self.num_heads)
+    generator = None
+
+    def _enter(self, x: Tensor) -> Tensor:
+        return x
+
+    def _local_mask(self, bias: Tensor) -> Tensor:
+        return bias
+
+    def _joined_weights(self, weights: Tensor, average: bool) -> Tensor:
+        return weights.mean(dim=1) if average else weights
+
     def _project(self, x: Tensor, i: int) -> Tensor:
-        E = self.embed_dim
-        b = None if self.in_proj_bias is None else self.in_proj_bias[i * E:(i + 1) * E]
-        w = self.in_proj_weight[i * E:(i + 1) * E] if self._qkv_same_embed_dim else \
-            (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[i]
+        if self._qkv_same_embed_dim:
+            n = self.in_proj_weight.shape[0] // 3  # E, or this rank's E / TP
+            w = self.in_proj_weight[i * n:(i + 1) * n]
+        else:
+            w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[i]
+            n = w.shape[0]
+        b = None if self.in_proj_bias is None else self.in_proj_bias[i * n:(i + 1) * n]
         return F.linear(x, w, b)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None,
@@ -122,20 +140,23 @@ class MultiheadAttention(Module):
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         elif not self.batch_first:  # [L, N, E] -> [N, L, E]
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        N, L, E = query.shape
-        S, H, Dh = key.shape[1], self.num_heads, self.head_dim
+        N, L, _ = query.shape
+        S, H, Dh = key.shape[1], self.local_heads, self.head_dim
         if key.shape[:2] != value.shape[:2] or key.shape[0] != N:
             raise ValueError(f"MultiheadAttention: key {tuple(key.shape)} and value {tuple(value.shape)} "
                              f"must have the same batch and length, and the query's batch {N}")
         if self_attention and self._qkv_same_embed_dim:  # one product for q, k and v
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+            q, k, v = F.linear(self._enter(query), self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         else:
+            query = self._enter(query)
+            key = self._enter(key)
+            value = key if value is key else self._enter(value)
             q, k, v = (self._project(x, i) for i, x in enumerate((query, key, value)))
         extra = []  # the keys (and values) appended, which every query may attend to
         if self.bias_k is not None:
-            extra.append((self.bias_k.expand(N, 1, E), self.bias_v.expand(N, 1, E)))
+            extra.append((self.bias_k.expand(N, 1, H * Dh), self.bias_v.expand(N, 1, H * Dh)))
         if self.add_zero_attn:
-            zero = creation.zeros(N, 1, E, dtype=k.dtype, device=k.device)
+            zero = creation.zeros(N, 1, H * Dh, dtype=k.dtype, device=k.device)
             extra.append((zero, zero))
         if extra:
             k = _cat([k] + [ek for ek, _ in extra], dim=1)
@@ -145,7 +166,7 @@ class MultiheadAttention(Module):
         if key_padding_mask is not None:
             bias = _padding_bias(key_padding_mask, N, S)
         if attn_mask is not None:
-            m = _attn_mask_bias(attn_mask, N, H, L, S)
+            m = self._local_mask(_attn_mask_bias(attn_mask, N, self.num_heads, L, S))
             bias = m if bias is None else bias + m
         if bias is not None and extra:  # the appended keys are allowed
             bias = F.pad(bias, (0, len(extra)))
@@ -153,14 +174,14 @@ class MultiheadAttention(Module):
         if need_weights:  # the explicit softmax, as PyTorch's own path for weights
             scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(Dh))
             weights = (scores if bias is None else scores + bias).softmax(-1)
-            weights = F.dropout(weights, p, self.training)
+            weights = F.dropout(weights, p, self.training, generator=self.generator)
             out = weights @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, generator=self.generator)
             weights = None
-        out = self.out_proj(out.transpose(1, 2).reshape(N, L, E))
-        if weights is not None and average_attn_weights:
-            weights = weights.mean(dim=1)
+        out = self.out_proj(out.transpose(1, 2).reshape(N, L, H * Dh))
+        if weights is not None:
+            weights = self._joined_weights(weights, average_attn_weights)
         if unbatched:
             return out.squeeze(0), None if weights is None else weights.squeeze(0)
         return (out if self.batch_first else out.transpose(0, 1)), weights

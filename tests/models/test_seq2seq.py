@@ -144,6 +144,7 @@ def test_the_example_trains_translates_and_scores(corpus, tmp_path):
 
 
 def _losses(ranks, *flags, log=False):
+    """The example's per-step losses: tiny, 4 steps (unless flags say otherwise), dropout off."""
     out = example(ranks, "transformer", ["--model", "tiny", "--num_iteration", "4", "--batch_size", "16",
                                          "--dropout", "0", "--learning_rate", "3e-3", "--warmup_iters", "2",
                                          "--translate", "1", "--beam", "1", *flags], timeout=600)
@@ -154,16 +155,34 @@ def _losses(ranks, *flags, log=False):
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_data_parallel_and_zero_train_as_one_process(corpus, dtype):
-    """Each step's global batch split over the ranks, its loss the mean over the whole batch's
-    tokens (dropout off): DP 2 with DDP and with ZeRO-2 print the one-process losses (fp32 1e-5
-    relative, bf16 1e-2 absolute)."""
+def test_data_and_tensor_parallel_and_zero_train_as_one_process(corpus, dtype):
+    """Each step's global batch split over the DP ranks, its loss the mean over the whole
+    batch's tokens (dropout off); heads, feed-forward units and vocabulary split over TP: DP 2
+    with DDP, ZeRO-2 and ZeRO-3, TP 2, and TP 2 x DP 2 under ZeRO-1 print the one-process
+    losses (fp32 1e-5 relative, bf16 1e-2 absolute)."""
     one = _losses(1, "--dtype", dtype)
-    for flags in ([], ["--zero_stage", "2"]):
-        got = _losses(2, "--dtype", dtype, *flags)
+    layouts = [(2, []), (2, ["--zero_stage", "2"]), (2, ["--zero_stage", "3"]), (2, ["--tensor_parallel", "2"])]
+    if dtype == "float32":
+        layouts.append((4, ["--tensor_parallel", "2", "--zero_stage", "1"]))
+    for ranks, flags in layouts:
+        got = _losses(ranks, "--dtype", dtype, *flags)
         assert len(got) == len(one) == 4
         for a, b in zip(got, one):
-            assert abs(a - b) <= (1e-5 * abs(b) if dtype == "float32" else 1e-2), (flags, got, one)
+            assert abs(a - b) <= (1e-5 * abs(b) if dtype == "float32" else 1e-2), (ranks, flags, got, one)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_tensor_parallel_checkpoint_resumes_exactly_in_one_process(corpus, tmp_path):
+    """4 steps on TP 2 saved, then resumed by one process to step 6: steps 5 and 6 print what
+    one process running 6 steps straight prints (the data resumes within its epoch, the
+    optimizer's state and the schedule where they were)."""
+    straight = _losses(1, "--num_iteration", "6")
+    first = _losses(2, "--tensor_parallel", "2", "--save", str(tmp_path / "ckpt"))
+    resumed = _losses(1, "--num_iteration", "6", "--load", str(tmp_path / "ckpt"))
+    assert len(straight) == 6 and len(first) == 4 and len(resumed) == 2
+    for a, b in zip(first + resumed, straight):
+        assert abs(a - b) <= 1e-5 * abs(b), (first + resumed, straight)
 
 
 @pytest.mark.mpi

@@ -1,16 +1,20 @@
 """Each tensor-parallel layer against its unsharded twin built from the same full weights:
 outputs, input gradients and weight gradients (the sharded gradient equals the matching block
 of the full one). Run under mpiexec -n TP; every rank checks its own part."""
+import copy
+
 import numpy as np
+from mpi4py import MPI
 
 import infinitrain as it
 from infinitrain.nn import Embedding, Linear
+from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
 from infinitrain.nn.parallel import tensor_parallel as tpm
 from infinitrain.nn.parallel.finalize import reduce_partial_grads
 from infinitrain.ops import layers as ops_layers
 
-env = parallel.init(tensor_parallel=int(__import__("mpi4py.MPI").MPI.COMM_WORLD.Get_size()))
+env = parallel.init(tensor_parallel=MPI.COMM_WORLD.Get_size())
 tp = tpm.TensorParallel(env.tp_group)
 tp_sp = tpm.TensorParallel(env.tp_group, sequence_parallel=True)
 R, N = tp.rank, tp.size
@@ -128,6 +132,100 @@ loss = tpm.vocab_parallel_cross_entropy(ll, it.from_numpy(targets), Vreal, tp)
 
 close(loss.item(), loss_ref.item(), "vocab-parallel CE loss", rtol=1e-6)
 close(ll.grad.detach().numpy(), 2 * lr.grad.detach().numpy()[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad", rtol=1e-5, atol=1e-7)
+
+# -- ... with label smoothing (PyTorch's, as F.cross_entropy's)
+lr = it.from_numpy(logits_np[:, :Vreal].copy()).requires_grad_()
+loss_ref = F.cross_entropy(lr, it.from_numpy(targets), label_smoothing=0.1)
+loss_ref.backward()
+ll = it.from_numpy(logits_np[:, R * vl:(R + 1) * vl].copy()).requires_grad_()
+loss = tpm.vocab_parallel_cross_entropy(ll, it.from_numpy(targets), Vreal, tp, label_smoothing=0.1)
+loss.backward()
+close(loss.item(), loss_ref.item(), "vocab-parallel CE loss, smoothed", rtol=1e-6)
+full_grad = np.zeros((rows, Vpad), np.float32)
+full_grad[:, :Vreal] = lr.grad.detach().numpy()
+close(ll.grad.detach().numpy(), full_grad[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad, smoothed", rtol=1e-5, atol=1e-7)
+
+
+def sharded_grads_match(whole, part, what):
+    """Every parameter of the parallel module has the matching part of the whole one's gradient."""
+    grads = dict(whole.named_parameters())
+    for name, p in part.named_parameters():
+        g = grads[name].grad
+        shard = getattr(p, "tp_shard", None)
+        expect = (shard.take(g) if shard is not None else g).detach().numpy()
+        # sums in another order: round-off relative to the gradient's scale
+        close(p.grad.detach().numpy(), expect, f"{what}: d{name}", rtol=1e-4, atol=1e-5 * np.abs(expect).max())
+
+
+# -- nn.MultiheadAttention with its heads split: self-attention (bias_kv, padding and per-head
+# masks) and cross-attention (kdim/vdim), the weights averaged or per head
+E, HEADS, L, S = 16, 4, 5, 7
+q_np = rng.standard_normal((B, L, E)).astype(np.float32)
+src_np = rng.standard_normal((B, S, E)).astype(np.float32)
+gq_np = rng.standard_normal((B, L, E)).astype(np.float32)  # not y * y: LayerNorm makes its sum constant
+m_np = rng.standard_normal((B, S, 12)).astype(np.float32)
+pad_np = np.zeros((B, S), bool)
+pad_np[1, -2:] = True
+head_mask = rng.random((B * HEADS, L, L)) < 0.3
+for i in range(L):
+    head_mask[:, i, i] = False
+for kw, cross in ((dict(add_bias_kv=True), False), (dict(kdim=12, vdim=12, add_zero_attn=True), True)):
+    it.manual_seed(5)
+    whole = it.nn.MultiheadAttention(E, HEADS, batch_first=True, **kw)
+    part = tpm.ParallelMultiheadAttention.from_module(whole, tp)
+    outs = []
+    for mha in (whole, part):
+        xq = it.from_numpy(q_np).requires_grad_()
+        if cross:
+            mem = it.from_numpy(m_np).requires_grad_()
+            y, w = mha(xq, mem, mem, key_padding_mask=it.from_numpy(pad_np), average_attn_weights=False)
+        else:
+            mem = None
+            y, w = mha(xq, xq, xq, attn_mask=it.from_numpy(head_mask))
+        (y * y).sum().backward()
+        outs.append((y, w, xq.grad, mem.grad if cross else None))
+    what = "cross-attention" if cross else "self-attention"
+    for a, b, name in zip(outs[0], outs[1], ("y", "weights", "dq", "dmemory")):
+        if a is not None:
+            close(b.detach().numpy(), a.detach().numpy(), f"{what} {name}", rtol=1e-4, atol=1e-6)
+    sharded_grads_match(whole, part, what)
+
+# -- a whole encoder-decoder nn.Transformer made tensor-parallel (post- and pre-LayerNorm)
+for norm_first in (False, True):
+    it.manual_seed(9)
+    whole = it.nn.Transformer(E, HEADS, 1, 1, 8 * N, dropout=0.0, batch_first=True, norm_first=norm_first)
+    part = tpm.parallelize_transformer(copy.deepcopy(whole), tp)
+    causal = it.ones(L, L, dtype=it.bool).triu(1)
+    outs = []
+    for net in (whole, part):
+        src = it.from_numpy(src_np).requires_grad_()
+        tgt = it.from_numpy(q_np).requires_grad_()
+        y = net(src, tgt, tgt_mask=causal, src_key_padding_mask=it.from_numpy(pad_np),
+                memory_key_padding_mask=it.from_numpy(pad_np))
+        (y * it.from_numpy(gq_np)).sum().backward()
+        outs.append((y, src.grad, tgt.grad))
+    for a, b, name in zip(outs[0], outs[1], ("y", "dsrc", "dtgt")):
+        close(b.detach().numpy(), a.detach().numpy(), f"Transformer norm_first={norm_first} {name}", rtol=1e-4, atol=1e-6)
+    sharded_grads_match(whole, part, f"Transformer norm_first={norm_first}")
+    assert isinstance(part.decoder.layers[0].multihead_attn, tpm.ParallelMultiheadAttention)
+
+# -- dropout under TP: split activations draw each rank's own mask, replicated ones the same
+# mask everywhere, so a parallelized model's whole activations stay equal on every rank
+def on_every_rank(a):
+    """[a of rank 0, a of rank 1, ...] (the TP group is the whole job here)."""
+    return np.stack(MPI.COMM_WORLD.allgather(a))
+
+
+it.manual_seed(11)
+ones = it.ones(64, 64)
+split = on_every_rank(F.dropout(ones, 0.5, generator=tp.generator).numpy())
+whole = on_every_rank(F.dropout(ones, 0.5).numpy())
+assert all(not np.array_equal(split[0], split[r]) for r in range(1, N)), "every TP rank drew the same split mask"
+assert all(np.array_equal(whole[0], whole[r]) for r in range(1, N)), "replicated dropout differs across ranks"
+it.manual_seed(9)
+net = tpm.parallelize_transformer(it.nn.Transformer(E, HEADS, 1, 1, 8 * N, dropout=0.3, batch_first=True), tp)
+ys = on_every_rank(net(it.from_numpy(src_np), it.from_numpy(q_np)).detach().numpy())
+assert all(np.array_equal(ys[0], y) for y in ys), "the output differs across TP ranks"
 
 # -- the collectives along the last dim round-trip
 z = it.from_numpy(rng.standard_normal((B, T, 2 * N)).astype(np.float32)).requires_grad_()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .... import amp, creation
+from ....autograd import no_grad
 from ... import functional as F
 from ... import init
 from ...module import Module
@@ -10,7 +11,18 @@ from ...modules import Linear
 from ...parameter import Parameter
 from .mappings import (copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
                        scatter_to_tp)
-from .shard import TensorParallel, TPShard, mark_sequence_parallel_param, shard_param
+from .shard import TensorParallel, TPShard, load_full, mark_sequence_parallel_param, shard_param
+
+
+def _sharded_from(cls, whole: Module, tp: TensorParallel, *args, **kwargs):
+    """cls(*args, tp, **kwargs) holding this rank's part of `whole`'s parameters (a layer one
+    process built and drew): built without drawing, then loaded by name."""
+    with init.deferred():
+        layer = cls(*args, tp, **kwargs)
+    with no_grad():
+        for name, p in layer.named_parameters(recurse=False):
+            load_full(p, getattr(whole, name).detach().to(device=p.device))
+    return layer
 
 
 # ---- layers ------------------------------------------------------------------------------
@@ -47,6 +59,14 @@ class ColumnParallelLinear(Module):
         init.kaiming_uniform_linear_(self.weight)
         if self.bias is not None:
             init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
+
+    @classmethod
+    def from_linear(cls, linear: Linear, tp: TensorParallel, blocks=None, pad: bool = False,
+                    **kwargs) -> "ColumnParallelLinear":
+        """This rank's rows of a whole Linear's weight and bias (the same layer as one process)."""
+        return _sharded_from(cls, linear, tp, linear.in_features, linear.out_features,
+                             bias=linear.bias is not None, blocks=blocks, pad=pad, dtype=linear.weight.dtype,
+                             **kwargs)
 
     lora_on = False  # nn.lora: lora_A whole, lora_B split as the weight's rows
 
@@ -86,6 +106,12 @@ class RowParallelLinear(Module):
             init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
             mark_sequence_parallel_param(self.bias, tp)
 
+    @classmethod
+    def from_linear(cls, linear: Linear, tp: TensorParallel, **kwargs) -> "RowParallelLinear":
+        """This rank's columns of a whole Linear's weight, and its whole bias."""
+        return _sharded_from(cls, linear, tp, linear.in_features, linear.out_features,
+                             bias=linear.bias is not None, dtype=linear.weight.dtype, **kwargs)
+
     lora_on = False  # nn.lora: lora_A split as the weight's columns, lora_B whole
 
     def forward(self, x):
@@ -123,23 +149,36 @@ class VocabParallelEmbedding(Module):
     """An embedding whose rows (the vocabulary) are split over TP: each rank looks up the ids in
     its range, zeros the others, and the partial rows are summed (all-reduced, or
     reduce-scattered along the sequence under SP). A vocabulary that TP does not divide is
-    padded with zero rows that no id reaches."""
+    padded with zero rows that no id reaches. padding_idx: the row that gets no gradient, as
+    nn.Embedding's (on the rank that holds it)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, tp: TensorParallel, dtype=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp: TensorParallel, padding_idx=None,
+                 dtype=None):
         super().__init__()
         self.tp, self.num_embeddings, self.embedding_dim = tp, num_embeddings, embedding_dim
         local = -(-num_embeddings // tp.size)
         self.vocab_start = tp.rank * local
         self.vocab_end = min(num_embeddings, self.vocab_start + local)
+        if padding_idx is not None and not -num_embeddings <= padding_idx < num_embeddings:
+            raise ValueError(f"VocabParallelEmbedding: padding_idx {padding_idx} is not a row of {num_embeddings}")
+        self.padding_idx = None if padding_idx is None else padding_idx % num_embeddings
+        mine = self.padding_idx is not None and self.vocab_start <= self.padding_idx < self.vocab_end
+        self._local_padding_idx = self.padding_idx - self.vocab_start if mine else None
         self.weight = shard_param((local, embedding_dim),
                                    TPShard(tp.group, 0, (local * tp.size,), full_size=num_embeddings),
                                    dtype)
         init.normal_(self.weight)
 
+    @classmethod
+    def from_embedding(cls, embedding, tp: TensorParallel) -> "VocabParallelEmbedding":
+        """This rank's rows of a whole nn.Embedding (padding_idx kept)."""
+        return _sharded_from(cls, embedding, tp, embedding.num_embeddings, embedding.embedding_dim,
+                             padding_idx=embedding.padding_idx, dtype=embedding.weight.dtype)
+
     def forward(self, ids):
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
-        y = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        y = F.embedding(local, self.weight, self._local_padding_idx).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.tp.sequence_parallel:
             return reduce_scatter_to_sp(y, self.tp.group)
         return reduce_from_tp(y, self.tp.group)

@@ -30,6 +30,14 @@ class TensorParallel:
     def rank(self) -> int:
         return self.group.rank
 
+    @property
+    def generator(self):
+        """Dropout's stream for activations split over TP (heads, hidden units): a fork of the
+        default generator salted with the TP rank (Megatron's seed + 2718 + rank), so each rank's
+        part draws its own mask while replicated activations draw the same one on every rank."""
+        from ....random import ForkedGenerator, default_generator
+        return ForkedGenerator(default_generator, 2718 + self.rank)
+
     def check_divisible(self, what: str, n: int) -> int:
         """n // TP, or a clear error naming the sizes."""
         if n % self.size:
