@@ -81,8 +81,13 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="where the AdamW state (each rank's ZeRO shard of it) lives: cpu, in host memory "
                         "(off the GPU, updated there); nvme, in a scratch file under --offload_path, "
                         "streamed through in blocks by a background thread (off a CPU node's memory)")
+    p.add_argument("--offload_param", default="none", choices=["none", "cpu", "nvme"],
+                   help="with --zero_stage 3: each rank's pieces of the parameters live with the AdamW state "
+                        "(the same place as --offload_optimizer), read back one layer ahead of use; also on "
+                        "one rank (ZeRO-Infinity)")
     p.add_argument("--offload_path", default=None, metavar="DIR",
-                   help="folder on a local disk for --offload_optimizer nvme (needs 8 bytes per parameter)")
+                   help="folder on a local disk for --offload_optimizer nvme (needs 8 bytes per parameter, "
+                        "12 with --offload_param nvme)")
     p.add_argument("--recompute", default="none", choices=["none", "full", "selective"],
                    help="activation recomputation: full keeps only each block's input and reruns "
                         "the block in backward; selective reruns the MLP's activation and down "

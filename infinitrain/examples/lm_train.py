@@ -49,7 +49,8 @@ def train(args, build_model) -> int:
         trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_cp_group, env.pp_group,
                             zero_stage=args.zero_stage, pipeline_schedule=schedule if stage else None,
                             pipeline_timeout=args.pipeline_timeout, offload_optimizer=args.offload_optimizer,
-                            offload_path=args.offload_path, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+                            offload_path=args.offload_path, offload_param=args.offload_param,
+                            lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
     log_setup(args, env, model, accum, schedule, layout, log)
@@ -101,7 +102,7 @@ def setup_layout(args):
     stage = env.pipeline_stage(args.virtual_pipeline_parallel, args.pipeline_split) if pipelined else None
     if args.sequence_parallel and tp is None and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
-    if args.zero_stage and env.layout.dp * env.layout.cp == 1 and env.is_main:
+    if args.zero_stage and env.layout.dp * env.layout.cp == 1 and args.offload_param == "none" and env.is_main:
         print(f"note: --zero_stage {args.zero_stage} has no effect with one data-parallel rank (there is nothing "
               "to shard the optimizer state over); it trains as without ZeRO", flush=True)
     check_offload_flags(args, env)
@@ -112,7 +113,16 @@ def setup_layout(args):
 
 
 def check_offload_flags(args, env) -> None:
-    """--offload_optimizer's flags, before anything is built (the disk's space: check_memory)."""
+    """--offload_optimizer's and --offload_param's flags, before anything is built (the disk's
+    space: check_memory)."""
+    param = getattr(args, "offload_param", "none")
+    if param != "none":
+        if args.zero_stage != 3:
+            refuse(f"--offload_param {param} offloads ZeRO-3's pieces of the parameters: add --zero_stage 3 "
+                   "(stages 1 and 2 keep every parameter whole on each rank)")
+        if args.offload_optimizer != param:
+            refuse(f"--offload_param {param} keeps the parameters with the AdamW state, which the step updates "
+                   f"together: add --offload_optimizer {param}")
     if args.offload_optimizer == "cpu" and env.device.type == "cpu":
         refuse("--offload_optimizer cpu moves the AdamW state off the GPU; with --device cpu it is in host memory "
                "already: use --offload_optimizer nvme --offload_path DIR to move it to disk")
@@ -213,11 +223,16 @@ def check_memory(args, env, accum: int, log) -> None:
             fitting = [s for s in range(args.zero_stage + 1, 4) if memory_plan(args, env, accum, s)[0] <= have]
             if fitting:
                 ways = f"--zero_stage {fitting[0]} (it would fit), "
-        if not ways and "on disk" not in parts:
+        if not ways and args.offload_param == "none":
             offloaded = memory_plan(args, env, accum, offload="nvme")
-            if offloaded[0] <= have:
+            both = memory_plan(args, env, accum, offload="nvme+param")
+            if "on disk" not in parts and offloaded[0] <= have:
                 ways = (f"--offload_optimizer nvme --offload_path DIR (it would fit, with "
                         f"{offloaded[3]['on disk'] * env.local_size / 2**30:.1f} GB of AdamW state on that disk), ")
+            elif both[0] <= have:
+                ways = (f"--zero_stage 3 --offload_optimizer nvme --offload_param nvme --offload_path DIR (it would "
+                        f"fit, with {both[3]['on disk'] * env.local_size / 2**30:.1f} GB of AdamW state and "
+                        "parameters on that disk), ")
         sys.exit(f"this job will not fit in memory: {text}. Use {ways}a smaller --model, fewer ranks "
                  "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
                  "or a smaller --batch_size / --sequence_length")
@@ -589,8 +604,11 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
     pipeline) at about 24 B T C floats per block plus the attention scores, the logits and their
     gradient on the last stage, and ~350 MB for the process itself (Python,
     numpy, MPI, BLAS buffers, the data). With --offload_optimizer nvme the moments are on disk
-    (parts["on disk"], not counted in the memory) and the staging buffers stay. zero_stage,
-    offload: another stage or offload than the job's (to suggest one). None if unknown."""
+    (parts["on disk"], not counted in the memory) and the staging buffers stay; with
+    --offload_param nvme (stage 3, also on one rank) the parameter pieces are there too, and what
+    stays of the parameters is the units gathered at a time (the embedding and two blocks).
+    zero_stage, offload: another stage or offload than the job's (to suggest one; offload
+    "nvme+param" for both). None if unknown."""
     known = _config_of(args)
     if known is None or env.device.type != "cpu":  # this is the host's memory
         return None
@@ -604,15 +622,20 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
     params = cls._llmc_numel(cfg) / (L.tp * L.pp)
     moments = 10 if args.dtype == "bfloat16" else 8
     shards = L.dp * L.cp  # ZeRO shards over the DP x CP group
-    stage = (args.zero_stage if zero_stage is None else zero_stage) if shards > 1 else 0
+    if offload is None:
+        offload = "nvme+param" if args.offload_param == "nvme" else args.offload_optimizer
+    offload_param = offload == "nvme+param"
+    offload = "nvme" if offload_param else offload
+    stage = 3 if offload_param else (args.zero_stage if zero_stage is None else zero_stage) if shards > 1 else 0
     vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
     embedding = 4 * vocab * cfg.n_embd / L.tp
-    offload = args.offload_optimizer if offload is None else offload
     state = params * moments / (shards if stage >= 1 else 1)
     parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
              "gradients": params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0),
              "AdamW state": state if offload != "nvme" else min(state, staging_bytes())}
-    if stage >= 3:
+    if offload_param:  # the gathered units only: the embedding and a block running with the next read
+        parts["parameters"] = embedding + 2 * 4 * max(0.0, params - embedding / 4) / max(1, cfg.n_layer / L.pp)
+    elif stage >= 3:
         parts["parameters"] += embedding
     if stage >= 2:  # a full-size bucket reducing while the next fills (the trainer's 25 MB buckets)
         parts["buckets in flight"] = min(2 * 25 * 2**20, params * 4)
@@ -635,7 +658,11 @@ def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, of
     on_disk = ""
     if offload == "nvme":
         parts["on disk"] = state * 8 / moments  # the moments; bfloat16 copies are not state
-        on_disk = f"; {parts['on disk'] * env.local_size / 2**30:.2f} GB of AdamW moments on disk"
+        what = "AdamW moments"
+        if offload_param:
+            parts["on disk"] += params * 4 / shards
+            what = "AdamW moments and parameters"
+        on_disk = f"; {parts['on disk'] * env.local_size / 2**30:.2f} GB of {what} on disk"
     text = (f"memory: about {per_rank / 2**30:.2f} GB per rank ({params / 1e6:.1f}M parameters"
             f"{f', ZeRO-{stage} over {shards}' if stage else ''}; GB: {detail}; activations of {held} "
             f"micro-batch(es)) x {env.local_size} rank(s) on this node = {need / 2**30:.1f} GB of "

@@ -68,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--offload_optimizer", default="none", choices=["none", "cpu", "nvme"],
                    help="the AdamW state in host memory (cpu, off a GPU) or in a scratch file under "
                         "--offload_path (nvme), as the language models' flag")
+    p.add_argument("--offload_param", default="none", choices=["none", "cpu", "nvme"],
+                   help="with --zero_stage 3: the parameters' pieces with the AdamW state, as the language models' flag")
     p.add_argument("--offload_path", default=None, metavar="DIR", help="folder on a local disk for nvme")
     p.add_argument("--tensor_parallel", type=positive_int, default=1,
                    help="split each layer's heads and feed-forward units, and the vocabulary, over this many ranks")
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
     try:
         trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_group,
                             zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
-                            offload_path=args.offload_path,
+                            offload_path=args.offload_path, offload_param=args.offload_param,
                             lr=args.learning_rate, betas=(0.9, 0.98), eps=1e-9)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")

@@ -17,6 +17,12 @@ the step streams rather than waits. With direct I/O (O_DIRECT, where the filesys
 the file never enters the page cache; elsewhere each written block is synced and dropped from
 it (posix_fadvise), so either way the state costs no memory beyond the buffers.
 
+offload_params=True (ZeRO-3's --offload_param): the parameters themselves (this rank's float32
+pieces, the only copy ZeRO-3 keeps) live there too, as one more entry of each block, so the step
+updates them where they lie and the model's memory holds none of them: whoever needs them whole
+reads them (`read_params`, one unit of the model at a time, ahead of use), or writes new values
+(`write_params`, a loaded checkpoint).
+
 The file is scratch, not a checkpoint: it is unlinked as soon as it is open, so it is freed when
 the process ends however it ends, and state_dict() reads the state back whole for checkpoints
 (which therefore resume with or without offload, under any layout). Its space is reserved when
@@ -53,10 +59,12 @@ def staging_bytes(buffer_mb: float = BUFFER_MB) -> int:
     return BUFFERS * int(buffer_mb * 2**20)
 
 
-def offloaded(optimizer, device: str | None, path=None):
+def offloaded(optimizer, device: str | None, path=None, offload_params: bool = False):
     """optimizer wrapped in an OffloadOptimizer when device is "cpu" or "nvme"; as it is when
     device is None or "none" (DeepSpeed's word for no offload)."""
-    return optimizer if device in (None, "none") else OffloadOptimizer(optimizer, device, path)
+    if device in (None, "none"):
+        return optimizer
+    return OffloadOptimizer(optimizer, device, path, offload_params=offload_params)
 
 
 class OffloadError(RuntimeError):
@@ -116,6 +124,19 @@ class _HostStore:
     def stream(self, blocks: list, write: bool = True):
         for b in blocks:
             yield b, self.array[b.offset // 4:b.offset // 4 + self.entries * b.numel]
+
+    def read_range(self, offset: int, out: np.ndarray, k: int = 0) -> None:
+        out[:] = self.array[offset // 4:offset // 4 + out.size]
+
+    def submit(self, fn):
+        """fn() now (host memory has nothing to overlap), as a finished future."""
+        from concurrent.futures import Future
+        done = Future()
+        try:
+            done.set_result(fn())
+        except Exception as e:  # noqa: BLE001 - raised where the future is read, as the thread's
+            done.set_exception(e)
+        return done
 
     def close(self) -> None:
         self.array = None
@@ -204,6 +225,37 @@ class _FileStore:
         self.bytes_written += size
         self.io_seconds += time.perf_counter() - t0
 
+    def submit(self, fn):
+        """fn() on the I/O thread, after what is queued there (its buffers are that thread's)."""
+        return self.pool.submit(fn)
+
+    def read_range(self, offset: int, out: np.ndarray, k: int = 0) -> None:
+        """out.nbytes bytes of the file from offset into out (float32), through buffer k: an
+        aligned superset of the range is read (direct I/O reads whole 4 KB pages)."""
+        lo = offset // _ALIGN * _ALIGN
+        hi = -(-(offset + out.nbytes) // _ALIGN) * _ALIGN
+        at = 0
+        while lo + at < hi:  # a range longer than a buffer (a parameter over many blocks) in parts
+            size = min(hi - lo - at, len(self.maps[k]))
+            t0, view, got = time.perf_counter(), memoryview(self.maps[k]), 0
+            try:
+                while got < size:
+                    n = os.preadv(self.fd, [view[got:size]], lo + at + got)
+                    if n == 0:
+                        raise OSError(errno.EIO, "the scratch file ends early")
+                    got += n
+            except OSError as e:
+                raise OffloadError(f"offload: reading parameters from {self.folder} failed: {e.strerror}") from None
+            finally:
+                view.release()
+            self.bytes_read += size
+            self.io_seconds += time.perf_counter() - t0
+            # the bytes of this window that belong to the range
+            first, last = max(offset, lo + at), min(offset + out.nbytes, lo + at + size)
+            raw = out.view(np.uint8)
+            raw[first - offset:last - offset] = self.buffers[k].view(np.uint8)[first - lo - at:last - lo - at]
+            at += size
+
     def stream(self, blocks: list, write: bool = True):
         """Yields (block, its state as a float32 array) in order; what the caller leaves in the
         array is written back (write=True) while the next block is worked on."""
@@ -247,7 +299,7 @@ class OffloadOptimizer:
     I/O, True insists, False never tries."""
 
     def __init__(self, optimizer, device: str = "nvme", path=None, buffer_mb: float = BUFFER_MB,
-                 direct: bool | None = None):
+                 direct: bool | None = None, offload_params: bool = False):
         if device not in ("cpu", "nvme"):
             raise ValueError(f"OffloadOptimizer: device must be 'cpu' or 'nvme', got {device!r}")
         if not (isinstance(buffer_mb, (int, float)) and buffer_mb > 0):
@@ -274,23 +326,61 @@ class OffloadOptimizer:
                              "are in host memory already; device='nvme' with path= moves it to disk")
         if device == "nvme" and path is None:
             raise ValueError("OffloadOptimizer: device='nvme' needs path=, a folder on a local disk")
-        # a parameter on a GPU is updated through a float32 master copy in host memory
-        self.masters = [p.detach().to("cpu", copy=True) if gpu else None for p, gpu in zip(self.params, on_gpu)]
-        entries = len(self.keys)
+        self.offload_params, self.on_gpu = offload_params, on_gpu
+        # a parameter on a GPU is updated through a float32 master copy in host memory (unless
+        # the parameters are offloaded: then the store's copy is the master)
+        self.masters = [p.detach().to("cpu", copy=True) if gpu and not offload_params else None
+                        for p, gpu in zip(self.params, on_gpu)]
+        entries = len(self.keys) + (1 if offload_params else 0)  # the parameter last
         per_block = max(_PIECE, int(buffer_mb * 2**20) // (4 * entries))
         self.blocks = _layout([p.numel() for p in self.params], per_block, entries)
+        self.chunks_of = {}  # parameter index -> [(block, start, end, where in the block)]
+        for b in self.blocks:
+            for i, start, end, at in b.chunks:
+                self.chunks_of.setdefault(i, []).append((b, start, end, at))
         self.store = (_HostStore(self.blocks, entries) if device == "cpu"
                       else _FileStore(self.blocks, entries, path, direct))
         self.counts = {}  # parameter index -> its counters (AdamW's step), once it has been stepped
+        if offload_params:  # the parameters' values as they are now, into the store
+            self.write_params({i: p for i, p in enumerate(self.params)})
 
     @property
     def state_bytes(self) -> int:
-        """The bytes of state kept off the device."""
-        return sum(b.numel for b in self.blocks) * 4 * len(self.keys)
+        """The bytes of state kept off the device (with offload_params, the parameters too)."""
+        return sum(b.numel for b in self.blocks) * 4 * (len(self.keys) + self.offload_params)
+
+    # ---- the parameters, when they are offloaded too ---------------------------------------
+    def _param_entry(self, b: _Block) -> int:
+        return len(self.keys) * b.numel
+
+    def read_params(self, items, out: np.ndarray, wait: bool = True):
+        """The values of parameters [(index, where in out)] into out (a float32 host array),
+        read by the background thread; wait=False returns its future (read-ahead)."""
+        def read():
+            for i, at in items:
+                for b, start, end, where in self.chunks_of[i]:
+                    offset = b.offset + (self._param_entry(b) + where) * 4
+                    self.store.read_range(offset, out[at + start:at + end])
+        future = self.store.submit(read)
+        return future.result() if wait else future
+
+    @no_grad()
+    def write_params(self, values: dict) -> None:
+        """New values {parameter index: tensor of its shape} into the store (a pass over the
+        blocks that hold them)."""
+        flat = {i: v.detach().reshape(-1).to("cpu") for i, v in values.items()}
+        blocks = [b for b in self.blocks if any(c[0] in flat for c in b.chunks)]
+        for b, array in self.store.stream(blocks):
+            buffer = from_numpy(array)
+            base = self._param_entry(b)
+            for i, start, end, at in b.chunks:
+                if i in flat:
+                    buffer[base + at:base + at + end - start].copy_(flat[i][start:end])
 
     def __repr__(self) -> str:
+        what = "/".join(self.keys + (("parameters",) if self.offload_params else ()))
         return (f"OffloadOptimizer({type(self.optimizer).__name__}, {self.state_bytes / 2**20:.1f} MB of "
-                f"{'/'.join(self.keys)} in {self.store.description}, {len(self.blocks)} blocks)")
+                f"{what} in {self.store.description}, {len(self.blocks)} blocks)")
 
     def numbered_groups(self) -> list:
         return self.optimizer.numbered_groups()
@@ -311,12 +401,13 @@ class OffloadOptimizer:
             counts = self.counts.setdefault(i, self.optimizer.counters())
             for k in counts:
                 counts[k] += 1
-        grads = {i: self._flat(self.params[i].grad if self.masters[i] is None else self.params[i].grad.to("cpu"))
+        grads = {i: self._flat(self.params[i].grad.to("cpu") if self.on_gpu[i] else self.params[i].grad)
                  for i in live}
         for i in live:  # the weights as they are now (a checkpoint may have loaded them since)
             if self.masters[i] is not None:
                 self.masters[i].copy_(self.params[i].detach())
-        targets = {i: self._flat(self.params[i] if self.masters[i] is None else self.masters[i]) for i in live}
+        targets = {} if self.offload_params else \
+            {i: self._flat(self.params[i] if self.masters[i] is None else self.masters[i]) for i in live}
         blocks = [b for b in self.blocks if any(c[0] in live for c in b.chunks)]
         for b, array in self.store.stream(blocks):
             buffer = from_numpy(array)
@@ -326,8 +417,12 @@ class OffloadOptimizer:
                 state = dict(self.counts[i])
                 for k, key in enumerate(self.keys):
                     state[key] = buffer[k * b.numel + at:k * b.numel + at + end - start]
-                self.optimizer.update(targets[i][start:end], grads[i][start:end], state, self.group_of[i],
-                                      first[i])
+                if self.offload_params:  # the parameter is updated where it lies
+                    base = self._param_entry(b)
+                    target = buffer[base + at:base + at + end - start]
+                else:
+                    target = targets[i][start:end]
+                self.optimizer.update(target, grads[i][start:end], state, self.group_of[i], first[i])
         for i in live:  # the updated weights back to the GPU
             if self.masters[i] is not None:
                 self.params[i].detach().copy_(self.masters[i])
@@ -354,7 +449,7 @@ class OffloadOptimizer:
         loaded = self.optimizer.checked_state(state_dict)
         entries = {i: loaded[p] for i, p in enumerate(self.params) if loaded.get(p)}
         for b, array in self.store.stream(self.blocks):
-            array[:] = 0
+            array[:len(self.keys) * b.numel] = 0  # the state (the parameters, if here, stay)
             buffer = from_numpy(array)
             for i, start, end, at in b.chunks:
                 if i in entries:

@@ -41,15 +41,18 @@ class TrainStep:
     engine (needed when it was built with pp=), None otherwise. The optimizer is
     optimizer_class(param_groups, **optimizer_kwargs), sharded when zero_stage > 0, its state (each
     rank's shard of it) in host memory or on disk under offload_path with offload_optimizer "cpu" or
-    "nvme" (OffloadOptimizer; None or "none": no offload)."""
+    "nvme" (OffloadOptimizer; None or "none": no offload); offload_param (stage 3, the same place
+    as the state) puts this rank's pieces of the parameters there too, also on one DP rank."""
 
     def __init__(self, model, param_groups, optimizer_class, dp_group, pp_group=None, zero_stage: int = 0,
                  pipeline_schedule: str | None = None, pipeline_timeout: float = 300.0,
                  bucket_cap_mb: float = 25.0, set_to_none: bool = True, offload_optimizer: str | None = None,
-                 offload_path=None, **optimizer_kwargs):
+                 offload_path=None, offload_param: str | None = None, **optimizer_kwargs):
         self.model, self.dp_group, self.pp_group = model, dp_group, pp_group
         self.dp = dp_group.size
-        self.zero = zero_stage > 0 and self.dp > 1
+        # ZeRO on one rank only offloads: stage 3's parameters go where offload_param puts them
+        # (ZeRO-Infinity on one GPU, or one CPU node's disk)
+        self.zero = zero_stage > 0 and (self.dp > 1 or (zero_stage == 3 and offload_param not in (None, "none")))
         if self.zero and zero_stage == 3 and pipeline_schedule is not None:
             raise ValueError("ZeRO stage 3 does not compose with pipeline parallelism yet (stages 1 and 2 do)")
         self.pipe = PipelineParallel(model, pipeline_schedule, None if self.zero else dp_group, pipeline_timeout) \
@@ -60,7 +63,7 @@ class TrainStep:
             self.optimizer = ZeroOptimizer(param_groups, optimizer_class, dp_group, stage=zero_stage,
                                            bucket_cap_mb=bucket_cap_mb, module=model,
                                            offload_optimizer=offload_optimizer, offload_path=offload_path,
-                                           **optimizer_kwargs)
+                                           offload_param=offload_param, **optimizer_kwargs)
         else:
             self.optimizer = offloaded(optimizer_class(param_groups, **optimizer_kwargs), offload_optimizer,
                                        offload_path)

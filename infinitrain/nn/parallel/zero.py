@@ -21,7 +21,10 @@ with gradient accumulation every micro-batch is reduced so (DeepSpeed's way).
 
 Stage 3 reduces gradients as stage 2 does, with one bucket per unit of the model (zero3.py):
 this rank's pieces are the only persistent copy of the parameters, gathered around each unit's
-forward and backward, so the step updates the pieces and gathers nothing.
+forward and backward, so the step updates the pieces and gathers nothing. With offload_param
+(ZeRO-Infinity's), the pieces too live where the optimizer state is offloaded (OffloadPieces):
+a unit's piece is read just ahead of its gather and dropped once gathered, and the step updates
+the pieces there, so no parameter stays in memory between uses.
 """
 from __future__ import annotations
 
@@ -51,9 +54,17 @@ class ZeroOptimizer:
 
     def __init__(self, params, optimizer_class, dp_group, stage: int = 1,
                  bucket_cap_mb: float = 25.0, module=None, offload_optimizer: str | None = None,
-                 offload_path=None, **defaults):
+                 offload_path=None, offload_param: str | None = None, **defaults):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+        offload_param = None if offload_param in (None, "none") else offload_param
+        if offload_param is not None:
+            if stage != 3:
+                raise ValueError(f"offload_param is for ZeRO stage 3, which shards the parameters (this is stage "
+                                 f"{stage}); offload_optimizer offloads the optimizer state at any stage")
+            if offload_param != offload_optimizer:
+                raise ValueError(f"offload_param {offload_param!r} keeps the parameters with the optimizer state, "
+                                 f"which the step updates together: pass offload_optimizer={offload_param!r} too")
         if stage == 3 and module is None:
             raise ValueError("ZeRO-3 shards the parameters of a model: pass it, "
                              "ZeroOptimizer(..., stage=3, module=model)")
@@ -125,8 +136,13 @@ class ZeroOptimizer:
                     self.segments.append((shard, bi, s - lo, p, s - b.offsets[j]))
         self._inner_of = [gi for gi, g in enumerate(inner_groups) if g["params"]]
         inner_groups = [g for g in inner_groups if g["params"]]
-        self.optimizer = offloaded(optimizer_class(inner_groups, **defaults), offload_optimizer, offload_path) \
-            if inner_groups else None
+        self.optimizer = offloaded(optimizer_class(inner_groups, **defaults), offload_optimizer, offload_path,
+                                   offload_params=offload_param is not None) if inner_groups else None
+        # offload_param: the store holds the pieces now (a rank without any keeps its padding)
+        self.offloaded_pieces = OffloadPieces(self.optimizer, self.buckets, self.segments, self._inner_params()) \
+            if offload_param is not None and self.optimizer is not None else None
+        if self.gatherer is not None:
+            self.gatherer.pieces = self.offloaded_pieces
         self.optimizer_class = optimizer_class
         self.state_type = optimizer_class.__name__  # state_dict() is that optimizer's, whole
         # param_groups show the optimizer's settings (lr, ...), also for a group with no
@@ -237,6 +253,8 @@ class ZeroOptimizer:
     @no_grad()
     def step(self) -> None:
         self.finish_gradients()
+        if self.offloaded_pieces is not None:  # a read ahead of the step would be stale after it
+            self.offloaded_pieces.discard()
         if self.optimizer is not None:
             for k, gi in enumerate(self._inner_of):  # a scheduler sets lr on param_groups
                 inner = self.optimizer.param_groups[k]
@@ -350,3 +368,74 @@ class ZeroOptimizer:
         n = sum(seg[0].numel() for seg in self.segments)
         return (f"ZeroOptimizer(stage {self.stage}, rank {self.rank} of {self.world}, "
                 f"{len(self.buckets)} buckets, {n} elements of optimizer state here)")
+
+
+class OffloadPieces:
+    """ZeRO-3 with offload_param: this rank's piece of every bucket lives in the OffloadOptimizer's
+    store (host memory or the scratch file), not in memory. The gatherer asks for a piece just
+    before its all-gather (`load`: a read-ahead started one unit earlier, or a read now), and
+    drops it once the gather is done (`unload`); the step updates the pieces in the store."""
+
+    def __init__(self, optimizer, buckets, segments, inner_params):
+        self.optimizer, self.buckets = optimizer, buckets
+        index = {id(p): i for i, p in enumerate(inner_params)}
+        self.items = [[] for _ in buckets]  # per bucket: (the store's parameter index, where in the piece)
+        for shard, bi, at, _, _ in segments:
+            self.items[bi].append((index[id(shard)], at))
+        self.pending = {}  # bucket -> (read-ahead future, the array it reads into)
+        for b in buckets:
+            b.shard_param._storage.release(_OFFLOADED)
+
+    def _target(self, b):
+        """Where a piece is read to: its own memory on the CPU, a host array for a GPU."""
+        b.shard_param._storage.allocate(b.piece * b.shard_param.itemsize)
+        host = b.shard_param.detach().numpy() if b.device.type == "cpu" else np.empty(b.piece, np.float32)
+        host[:] = 0  # the padding past the last parameter
+        return host
+
+    def read_ahead(self, bi: int) -> None:
+        b = self.buckets[bi]
+        if bi not in self.pending and b.shard_param._storage.is_released:
+            host = self._target(b)
+            self.pending[bi] = (self.optimizer.read_params(self.items[bi], host, wait=False), host)
+
+    def load(self, bi: int) -> None:
+        """Bucket bi's piece in b.shard_param, for its all-gather."""
+        b = self.buckets[bi]
+        if bi in self.pending:
+            future, host = self.pending.pop(bi)
+            future.result()
+        elif b.shard_param._storage.is_released:
+            host = self._target(b)
+            self.optimizer.read_params(self.items[bi], host)
+        else:
+            return
+        if b.device.type != "cpu":
+            b.shard_param.copy_(from_numpy(host))
+
+    def unload(self, bi: int) -> None:
+        b = self.buckets[bi]
+        if bi not in self.pending and not b.shard_param._storage.is_released:
+            b.shard_param._storage.release(_OFFLOADED)
+
+    def discard(self) -> None:
+        """Drops the reads ahead (before the step changes what they read)."""
+        for bi, (future, _) in list(self.pending.items()):
+            future.result()
+            self.buckets[bi].shard_param._storage.release(_OFFLOADED)
+        self.pending = {}
+
+    def write(self, pieces: dict) -> None:
+        """New values for the pieces {bucket: this rank's piece} (a loaded checkpoint)."""
+        self.discard()
+        values = {}
+        for bi, piece in pieces.items():
+            for i, at in self.items[bi]:
+                n = self.optimizer.params[i].numel()
+                values[i] = piece[at:at + n]
+        self.optimizer.write_params(values)
+
+
+_OFFLOADED = ("this rank's piece of a ZeRO-3 parameter is offloaded (offload_param): it is read back only "
+              "for its module's gather; read the parameters inside `with optimizer.gathered_parameters():`")
+

@@ -91,12 +91,14 @@ class Gatherer:
         self.group, self.buckets, self.units = group, buckets, units
         for b in buckets:
             b.work, b.users, b.held = None, 0, False
+        self.bucket_index = {id(b): i for i, b in enumerate(buckets)}
         self.needs = {id(u): sorted({bucket_of[id(p)] for p in used}) for u, used in zip(units, uses)}
         self.index = {id(u): k for k, u in enumerate(units)}
         self.handles = [h for u in units for h in (u.register_forward_pre_hook(self._pre_forward),
                                                    u.register_forward_hook(self._post_forward))]
         self.order, self.position, self.verified = [], {}, False
         self._callback_queued = False
+        self.pieces = None  # ZeroOptimizer's OffloadPieces under offload_param: the pieces are read, not kept
 
     # ---- one bucket ---------------------------------------------------------------------
     def _gather(self, bi: int, wait: bool) -> None:
@@ -104,16 +106,23 @@ class Gatherer:
         if b.flat_param._storage.is_released:
             if not self.verified:
                 self._check_same_bucket(bi)
+            if self.pieces is not None:
+                self.pieces.load(bi)
             b.flat_param._storage.allocate(b.padded * b.flat_param.itemsize)
             b.work = self.group.all_gather(b.flat_param, b.shard_param, async_op=True)
-        if wait and b.work is not None:
+        if wait:
+            self._wait(b)
+
+    def _wait(self, b) -> None:
+        """The bucket's gather done (an offloaded piece is dropped then)."""
+        if b.work is not None:
             b.work.wait()
             b.work = None
+            if self.pieces is not None:
+                self.pieces.unload(self.bucket_index[id(b)])
 
     def _free(self, b) -> None:
-        if b.work is not None:  # never free memory a collective is writing
-            b.work.wait()
-            b.work = None
+        self._wait(b)  # never free memory a collective is writing
         b.flat_param._storage.release(RELEASED)
 
     def _maybe_free(self, b) -> None:
@@ -153,7 +162,10 @@ class Gatherer:
         k = self.position.get(id(module))
         if k is not None and 0 <= k + step < len(self.order):
             for bi in self.needs[id(self.order[k + step])]:
-                self._gather(bi, wait=False)
+                if self.pieces is None:
+                    self._gather(bi, wait=False)
+                elif self.buckets[bi].flat_param._storage.is_released:  # its piece read while this unit runs
+                    self.pieces.read_ahead(bi)
 
     # ---- hooks ------------------------------------------------------------------------------
     def _pre_forward(self, module, args):
@@ -214,9 +226,13 @@ class Gatherer:
         try:
             yield
             if write:
-                for b in self.buckets:
-                    r = self.group.rank
-                    b.shard_param.copy_(b.flat_param[r * b.piece:(r + 1) * b.piece])
+                r = self.group.rank
+                pieces = {bi: b.flat_param[r * b.piece:(r + 1) * b.piece] for bi, b in enumerate(self.buckets)}
+                if self.pieces is not None:
+                    self.pieces.write(pieces)
+                else:
+                    for bi, b in enumerate(self.buckets):
+                        b.shard_param.copy_(pieces[bi])
         finally:
             for b in self.buckets:
                 b.users -= 1

@@ -50,6 +50,7 @@ p.add_argument("--load", default=None)
 p.add_argument("--zero", type=int, default=0, help="ZeRO stage over DP (replaces DDP)")
 p.add_argument("--offload", default=None, help="cpu | nvme: the optimizer state offloaded (OffloadOptimizer)")
 p.add_argument("--offload_path", default=None)
+p.add_argument("--offload_param", default=None, help="cpu | nvme: ZeRO-3's parameter pieces offloaded with the state")
 p.add_argument("--recompute", default="none", help="activation recomputation: none | full | selective")
 p.add_argument("--lora", type=int, default=0, help="LoRA rank on the default targets (0 = off)")
 p.add_argument("--lora_save", default=None, help="save the adapters alone to this folder at the end")
@@ -84,7 +85,7 @@ if args.zero == 3 and args.pp > 1:
 trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_cp_group, env.pp_group, zero_stage=args.zero,
                     pipeline_schedule=(args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")) if stage else None,
                     pipeline_timeout=args.pipeline_timeout, bucket_cap_mb=0.25,
-                    offload_optimizer=args.offload, offload_path=args.offload_path,
+                    offload_optimizer=args.offload, offload_path=args.offload_path, offload_param=args.offload_param,
                     set_to_none=False,  # gradients stay allocated: a step's peak above its start is activations
                     lr=args.lr, betas=(0.9, 0.95))
 opt, pipe = trainer.optimizer, trainer.pipe
