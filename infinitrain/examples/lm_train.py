@@ -215,7 +215,8 @@ def check_memory(args, env, accum: int, log) -> None:
         disk = parts["on disk"] * env.local_size
         st = os.statvfs(args.offload_path)
         if disk > st.f_bavail * st.f_frsize:
-            refuse(f"--offload_path {args.offload_path}: the AdamW state needs {disk / 2**30:.2f} GB there and "
+            what = "the AdamW state and the parameters need" if args.offload_param != "none" else "the AdamW state needs"
+            refuse(f"--offload_path {args.offload_path}: {what} {disk / 2**30:.2f} GB there and "
                    f"{st.f_bavail * st.f_frsize / 2**30:.2f} GB are free: free space or name a bigger disk")
     if need > have:
         ways = ""

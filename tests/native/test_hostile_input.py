@@ -476,20 +476,28 @@ def test_a_refused_job_is_told_the_zero_stage_or_the_offload_that_would_fit(monk
     from infinitrain.examples import lm_train
     from infinitrain.nn.parallel.layout import Layout
     need = {0: 30, 1: 25, 2: 18, 3: 12}  # GB; 20 available; 19 with the moments on disk
+    offloaded = {"nvme": 19, "nvme+param": 15}
 
     def plan(args, env, accum, stage=None, offload=None):
-        if offload == "nvme":
-            return 19, 20, "plan", {"on disk": 8 * 2**30}
+        if offload is not None:
+            return offloaded[offload], 20, "plan", {"on disk": (8 if offload == "nvme" else 12) * 2**30}
         return need[args.zero_stage if stage is None else stage], 20, "plan", {}
     monkeypatch.setattr(lm_train, "memory_plan", plan)
     monkeypatch.setattr(lm_train, "_config_of", lambda args: None)
     env = SimpleNamespace(layout=Layout(4), local_size=1)
+    job = lambda: SimpleNamespace(zero_stage=0, offload_param="none")  # noqa: E731
+    one = SimpleNamespace(layout=Layout(1), local_size=1)
     with pytest.raises(SystemExit, match=r"Use --zero_stage 2 \(it would fit\), a smaller --model"):
-        lm_train.check_memory(SimpleNamespace(zero_stage=0), env, 1, print)
+        lm_train.check_memory(job(), env, 1, print)
     with pytest.raises(SystemExit, match=r"Use --offload_optimizer nvme --offload_path DIR \(it would fit, with "
                                          r"8.0 GB of AdamW state on that disk\), a smaller --model"):
-        lm_train.check_memory(SimpleNamespace(zero_stage=0), SimpleNamespace(layout=Layout(1), local_size=1), 1, print)
+        lm_train.check_memory(job(), one, 1, print)
+    offloaded["nvme"] = 22  # the moments on disk are not enough; the parameters there too are
+    with pytest.raises(SystemExit, match=r"Use --zero_stage 3 --offload_optimizer nvme --offload_param nvme "
+                                         r"--offload_path DIR \(it would fit, with 12.0 GB of AdamW state and "
+                                         r"parameters on that disk\), a smaller --model"):
+        lm_train.check_memory(job(), one, 1, print)
     need[0] = 40
     monkeypatch.setattr(lm_train, "memory_plan", lambda *a, offload=None, **k: (40, 20, "plan", {}))
     with pytest.raises(SystemExit, match="Use a smaller --model"):
-        lm_train.check_memory(SimpleNamespace(zero_stage=0), SimpleNamespace(layout=Layout(1), local_size=1), 1, print)
+        lm_train.check_memory(job(), one, 1, print)
