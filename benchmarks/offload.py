@@ -4,8 +4,9 @@
    a plain sequential copy), against OffloadOptimizer streaming the same bytes through its
    blocks (read-ahead and write-behind), with direct and with buffered I/O, and how much page
    cache each leaves behind;
-2. GPT-2 124M trained through the trainer's own step, one fresh process each, without offload
-   and with --offload_optimizer nvme: step time, the process's peak RSS, the allocator's
+2. GPT-2 124M trained through the trainer's own step, one fresh process each, without offload,
+   with --offload_optimizer nvme, and with ZeRO-3's parameters offloaded too (--zero_stage 3
+   --offload_param nvme, on one process): step time, the process's peak RSS, the allocator's
    persistent bytes, the disk traffic per step and how long the optimizer waited for it.
 
     python benchmarks/offload.py --path /var/tmp            # 124M, 4 steps of 1 x 64 tokens
@@ -34,7 +35,7 @@ def _args(argv=None):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--steps", type=int, default=4, help="timed steps (after one untimed)")
     p.add_argument("--skip_dd", action="store_true")
-    p.add_argument("--job", default=None, help=argparse.SUPPRESS)  # none | nvme: one training process
+    p.add_argument("--job", default=None, help=argparse.SUPPRESS)  # none | nvme | nvme+param: one process
     return p.parse_args(argv)
 
 
@@ -95,9 +96,10 @@ def _job(args) -> None:
     it.manual_seed(0)
     model = GPT2(GPT2Config(block_size=max(args.seq, 64), vocab_size=50257, n_layer=args.layers,
                             n_head=max(1, args.embd // 64), n_embd=args.embd))
-    offload = None if args.job == "none" else args.job
-    trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, lr=1e-4,
-                        offload_optimizer=offload, offload_path=args.path)
+    offload = None if args.job == "none" else "nvme"
+    param = "nvme" if args.job == "nvme+param" else None
+    trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, lr=1e-4, zero_stage=3 if param else 0,
+                        offload_optimizer=offload, offload_path=args.path, offload_param=param)
     rng = np.random.default_rng(0)
     batch = [(it.from_numpy(rng.integers(0, 50257, (args.batch, args.seq))),
               it.from_numpy(rng.integers(0, 50257, (args.batch, args.seq))))]
@@ -127,7 +129,7 @@ def main() -> None:
         return _job(args)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count())))
     rows = {}
-    for kind in ("none", "nvme"):
+    for kind in ("none", "nvme", "nvme+param"):
         out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--job", kind], capture_output=True,
                              text=True, timeout=3600, env=env)
         if out.returncode:
@@ -144,9 +146,9 @@ def main() -> None:
             rate, grown, seconds = _stream(args.path, P, direct)
             print(f"OffloadOptimizer step alone, {'direct' if direct else 'buffered'} I/O: {seconds:.2f} s for "
                   f"{2 * state / MB:.0f} MB read + written = {rate:.2f} GB/s; page cache grew {grown:.0f} MB")
-    print("offload | step ms | optimizer ms | peak RSS MB | persistent MB | disk MB/step | waited ms/step")
+    print("offload    | step ms | optimizer ms | peak RSS MB | persistent MB | disk MB/step | waited ms/step")
     for kind, r in rows.items():
-        print(f"{kind:7s} | {r['step'] * 1e3:7.0f} | {r['optimizer'] * 1e3:12.0f} | {r['rss'] / MB:11.0f} | "
+        print(f"{kind:10s} | {r['step'] * 1e3:7.0f} | {r['optimizer'] * 1e3:12.0f} | {r['rss'] / MB:11.0f} | "
               f"{r['persistent'] / MB:13.0f} | {r['moved'] / MB:12.0f} | {r['waited'] * 1e3:14.0f}")
     same = rows["none"]["losses"] == rows["nvme"]["losses"]
     print(f"peak RSS fell by {(rows['none']['rss'] - rows['nvme']['rss']) / MB:.0f} MB (the state is "

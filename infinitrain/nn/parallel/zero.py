@@ -139,8 +139,8 @@ class ZeroOptimizer:
         self.optimizer = offloaded(optimizer_class(inner_groups, **defaults), offload_optimizer, offload_path,
                                    offload_params=offload_param is not None) if inner_groups else None
         # offload_param: the store holds the pieces now (a rank without any keeps its padding)
-        self.offloaded_pieces = OffloadPieces(self.optimizer, self.buckets, self.segments, self._inner_params()) \
-            if offload_param is not None and self.optimizer is not None else None
+        self.offloaded_pieces = OffloadPieces(self.optimizer, self.buckets, self.segments, self._inner_params(),
+                                              self.world) if offload_param is not None and self.optimizer is not None else None
         if self.gatherer is not None:
             self.gatherer.pieces = self.offloaded_pieces
         self.optimizer_class = optimizer_class
@@ -192,7 +192,12 @@ class ZeroOptimizer:
 
     def _reduce(self, b) -> None:
         """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
-        it is done (at the end of backward)."""
+        it is done (at the end of backward). One rank (offload_param's ZeRO-3): the gradient
+        is the shard's, added now."""
+        if self.world == 1:
+            b.shard_grad.add_(b.flat_grad)
+            b.flat_grad, b.pending = None, -1
+            return
         out = empty(b.piece, dtype=b.dtype, device=b.device)
         self._works.append((b, out, self.group.reduce_scatter(out, b.flat_grad, ReduceOp.AVG, async_op=True)))
         b.pending = -1  # launched
@@ -374,10 +379,11 @@ class OffloadPieces:
     """ZeRO-3 with offload_param: this rank's piece of every bucket lives in the OffloadOptimizer's
     store (host memory or the scratch file), not in memory. The gatherer asks for a piece just
     before its all-gather (`load`: a read-ahead started one unit earlier, or a read now), and
-    drops it once the gather is done (`unload`); the step updates the pieces in the store."""
+    drops it once the gather is done (`unload`); the step updates the pieces in the store. On one
+    rank the piece is the whole bucket: it is read straight into the bucket, nothing gathered."""
 
-    def __init__(self, optimizer, buckets, segments, inner_params):
-        self.optimizer, self.buckets = optimizer, buckets
+    def __init__(self, optimizer, buckets, segments, inner_params, world: int):
+        self.optimizer, self.buckets, self.whole = optimizer, buckets, world == 1
         index = {id(p): i for i, p in enumerate(inner_params)}
         self.items = [[] for _ in buckets]  # per bucket: (the store's parameter index, where in the piece)
         for shard, bi, at, _, _ in segments:
@@ -386,43 +392,49 @@ class OffloadPieces:
         for b in buckets:
             b.shard_param._storage.release(_OFFLOADED)
 
+    def _tensor(self, b):
+        """What a piece is read into: the bucket itself on one rank, else its piece."""
+        return b.flat_param if self.whole else b.shard_param
+
     def _target(self, b):
-        """Where a piece is read to: its own memory on the CPU, a host array for a GPU."""
-        b.shard_param._storage.allocate(b.piece * b.shard_param.itemsize)
-        host = b.shard_param.detach().numpy() if b.device.type == "cpu" else np.empty(b.piece, np.float32)
+        """Memory for the piece, and the host array it is read to: that memory on the CPU, a
+        host array for a GPU."""
+        t = self._tensor(b)
+        t._storage.allocate(b.piece * t.itemsize)
+        host = t.detach().numpy() if b.device.type == "cpu" else np.empty(b.piece, np.float32)
         host[:] = 0  # the padding past the last parameter
         return host
 
     def read_ahead(self, bi: int) -> None:
         b = self.buckets[bi]
-        if bi not in self.pending and b.shard_param._storage.is_released:
+        if bi not in self.pending and self._tensor(b)._storage.is_released:
             host = self._target(b)
             self.pending[bi] = (self.optimizer.read_params(self.items[bi], host, wait=False), host)
 
     def load(self, bi: int) -> None:
-        """Bucket bi's piece in b.shard_param, for its all-gather."""
+        """Bucket bi's piece in b.shard_param for its all-gather (one rank: in b.flat_param)."""
         b = self.buckets[bi]
         if bi in self.pending:
             future, host = self.pending.pop(bi)
             future.result()
-        elif b.shard_param._storage.is_released:
+        elif self._tensor(b)._storage.is_released:
             host = self._target(b)
             self.optimizer.read_params(self.items[bi], host)
         else:
             return
         if b.device.type != "cpu":
-            b.shard_param.copy_(from_numpy(host))
+            self._tensor(b).copy_(from_numpy(host))
 
     def unload(self, bi: int) -> None:
         b = self.buckets[bi]
-        if bi not in self.pending and not b.shard_param._storage.is_released:
+        if not self.whole and bi not in self.pending and not b.shard_param._storage.is_released:
             b.shard_param._storage.release(_OFFLOADED)
 
     def discard(self) -> None:
         """Drops the reads ahead (before the step changes what they read)."""
         for bi, (future, _) in list(self.pending.items()):
             future.result()
-            self.buckets[bi].shard_param._storage.release(_OFFLOADED)
+            self._tensor(self.buckets[bi])._storage.release(_OFFLOADED)
         self.pending = {}
 
     def write(self, pieces: dict) -> None:

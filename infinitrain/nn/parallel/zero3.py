@@ -103,6 +103,9 @@ class Gatherer:
     # ---- one bucket ---------------------------------------------------------------------
     def _gather(self, bi: int, wait: bool) -> None:
         b = self.buckets[bi]
+        if self.pieces is not None and self.pieces.whole:  # one rank: the bucket is read, not gathered
+            self.pieces.load(bi)
+            return
         if b.flat_param._storage.is_released:
             if not self.verified:
                 self._check_same_bucket(bi)
