@@ -11,6 +11,9 @@
  * on the large activations that dominate memory).
  */
 #include <pthread.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "device.h"
 #include "status.h"
@@ -235,6 +238,10 @@ it_status it_memory_empty_cache(it_device device) {
     pthread_mutex_lock(&cpu_cache.lock);
     release_all_cached();
     pthread_mutex_unlock(&cpu_cache.lock);
+#ifdef __GLIBC__
+    /* blocks below glibc's mmap threshold went back to its heap, not to the system: trim it */
+    malloc_trim(0);
+#endif
     return IT_OK;
 }
 

@@ -36,6 +36,7 @@ from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ...creation import empty, from_numpy, zeros
 from ...optim.offload import offloaded
+from ...runtime import empty_cache
 from ..parameter import Parameter
 from ..utils import scale_, total_norm
 from . import zero3
@@ -111,6 +112,11 @@ class ZeroOptimizer:
                 if stage == 3:  # the piece becomes the only copy, before the next bucket is packed
                     b.shard_param = b.shard_param.clone()
                     b.flat_param._storage.release(zero3.RELEASED)
+                # the parameters' storage before they moved into the bucket (and what stage 3 just
+                # released) back to the system as each bucket is packed: the allocator would keep
+                # it cached for sizes no step asks for again, and a big model would hold twice
+                # its weights while it is packed
+                empty_cache(b.device)
                 if stage == 1:  # the shard is this rank's piece of the full gradient, reduced in place
                     b.flat_grad = b.new_flat()
                     b.shard_grad = b.shard(b.flat_grad, self.rank)
@@ -118,6 +124,8 @@ class ZeroOptimizer:
                         p.grad = b.grad_view(j)
                 else:
                     b.shard_grad = zeros(b.piece, dtype=b.dtype, device=b.device)
+                    if offload_param is not None:  # made once the pieces are gone (below): half the peak
+                        b.shard_grad._storage.release("ZeRO-3's gradient shard before its memory is made")
         # stage 3: the gathering around each unit's forward and backward
         self.gatherer = zero3.Gatherer(dp_group, self.buckets, units, uses,
                                        {k: v[0] for k, v in self.buffer.where.items()}) if stage == 3 else None
@@ -143,6 +151,11 @@ class ZeroOptimizer:
                                               self.world) if offload_param is not None and self.optimizer is not None else None
         if self.gatherer is not None:
             self.gatherer.pieces = self.offloaded_pieces
+        empty_cache(self.buckets[0].device)  # the pieces offload_param released
+        if offload_param is not None:
+            for b in self.buckets:
+                b.shard_grad._storage.allocate(b.piece * b.shard_grad.itemsize)
+                b.shard_grad.zero_()
         self.optimizer_class = optimizer_class
         self.state_type = optimizer_class.__name__  # state_dict() is that optimizer's, whole
         # param_groups show the optimizer's settings (lr, ...), also for a group with no

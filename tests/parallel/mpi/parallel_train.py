@@ -51,6 +51,7 @@ p.add_argument("--zero", type=int, default=0, help="ZeRO stage over DP (replaces
 p.add_argument("--offload", default=None, help="cpu | nvme: the optimizer state offloaded (OffloadOptimizer)")
 p.add_argument("--offload_path", default=None)
 p.add_argument("--offload_param", default=None, help="cpu | nvme: ZeRO-3's parameter pieces offloaded with the state")
+p.add_argument("--offload_buffer_mb", type=float, default=None, help="the offload's block size (small: many blocks)")
 p.add_argument("--recompute", default="none", help="activation recomputation: none | full | selective")
 p.add_argument("--lora", type=int, default=0, help="LoRA rank on the default targets (0 = off)")
 p.add_argument("--lora_save", default=None, help="save the adapters alone to this folder at the end")
@@ -60,6 +61,9 @@ p.add_argument("--hang_stage", type=int, default=None, help="this stage stops an
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
 p.add_argument("--hf", default=None, help="start from this transformers folder (save_pretrained; each rank its slice)")
 args = p.parse_args()
+if args.offload_buffer_mb is not None:
+    import infinitrain.optim.offload
+    infinitrain.optim.offload.BUFFER_MB = args.offload_buffer_mb
 
 env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, context_parallel=args.cp)
 cp = env.context_parallel(args.cp_comm)
