@@ -150,7 +150,7 @@ def main() -> None:
     for kind, r in rows.items():
         print(f"{kind:10s} | {r['step'] * 1e3:7.0f} | {r['optimizer'] * 1e3:12.0f} | {r['rss'] / MB:11.0f} | "
               f"{r['persistent'] / MB:13.0f} | {r['moved'] / MB:12.0f} | {r['waited'] * 1e3:14.0f}")
-    same = rows["none"]["losses"] == rows["nvme"]["losses"]
+    same = all(r["losses"] == rows["none"]["losses"] for r in rows.values())
     print(f"peak RSS fell by {(rows['none']['rss'] - rows['nvme']['rss']) / MB:.0f} MB (the state is "
           f"{state / MB:.0f} MB, the two staging buffers 128 MB); losses {'bit-identical' if same else 'DIFFER'}")
 
