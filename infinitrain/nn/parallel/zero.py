@@ -22,7 +22,7 @@ with gradient accumulation every micro-batch is reduced so (DeepSpeed's way).
 Stage 3 reduces gradients as stage 2 does, with one bucket per unit of the model (zero3.py):
 this rank's pieces are the only persistent copy of the parameters, gathered around each unit's
 forward and backward, so the step updates the pieces and gathers nothing. With offload_param
-(ZeRO-Infinity's), the pieces too live where the optimizer state is offloaded (OffloadPieces):
+(ZeRO-Infinity's), the pieces too live where the optimizer state is offloaded (zero3.OffloadPieces):
 a unit's piece is read just ahead of its gather and dropped once gathered, and the step updates
 the pieces there, so no parameter stays in memory between uses.
 """
@@ -147,7 +147,7 @@ class ZeroOptimizer:
         self.optimizer = offloaded(optimizer_class(inner_groups, **defaults), offload_optimizer, offload_path,
                                    offload_params=offload_param is not None) if inner_groups else None
         # offload_param: the store holds the pieces now (a rank without any keeps its padding)
-        self.offloaded_pieces = OffloadPieces(self.optimizer, self.buckets, self.segments, self._inner_params(),
+        self.offloaded_pieces = zero3.OffloadPieces(self.optimizer, self.buckets, self.segments, self._inner_params(),
                                               self.world) if offload_param is not None and self.optimizer is not None else None
         if self.gatherer is not None:
             self.gatherer.pieces = self.offloaded_pieces
@@ -386,81 +386,3 @@ class ZeroOptimizer:
         n = sum(seg[0].numel() for seg in self.segments)
         return (f"ZeroOptimizer(stage {self.stage}, rank {self.rank} of {self.world}, "
                 f"{len(self.buckets)} buckets, {n} elements of optimizer state here)")
-
-
-class OffloadPieces:
-    """ZeRO-3 with offload_param: this rank's piece of every bucket lives in the OffloadOptimizer's
-    store (host memory or the scratch file), not in memory. The gatherer asks for a piece just
-    before its all-gather (`load`: a read-ahead started one unit earlier, or a read now), and
-    drops it once the gather is done (`unload`); the step updates the pieces in the store. On one
-    rank the piece is the whole bucket: it is read straight into the bucket, nothing gathered."""
-
-    def __init__(self, optimizer, buckets, segments, inner_params, world: int):
-        self.optimizer, self.buckets, self.whole = optimizer, buckets, world == 1
-        index = {id(p): i for i, p in enumerate(inner_params)}
-        self.items = [[] for _ in buckets]  # per bucket: (the store's parameter index, where in the piece)
-        for shard, bi, at, _, _ in segments:
-            self.items[bi].append((index[id(shard)], at))
-        self.pending = {}  # bucket -> (read-ahead future, the array it reads into)
-        for b in buckets:
-            b.shard_param._storage.release(_OFFLOADED)
-
-    def _tensor(self, b):
-        """What a piece is read into: the bucket itself on one rank, else its piece."""
-        return b.flat_param if self.whole else b.shard_param
-
-    def _target(self, b):
-        """Memory for the piece, and the host array it is read to: that memory on the CPU, a
-        host array for a GPU."""
-        t = self._tensor(b)
-        t._storage.allocate(b.piece * t.itemsize)
-        host = t.detach().numpy() if b.device.type == "cpu" else np.empty(b.piece, np.float32)
-        host[:] = 0  # the padding past the last parameter
-        return host
-
-    def read_ahead(self, bi: int) -> None:
-        b = self.buckets[bi]
-        if bi not in self.pending and self._tensor(b)._storage.is_released:
-            host = self._target(b)
-            self.pending[bi] = (self.optimizer.read_params(self.items[bi], host, wait=False), host)
-
-    def load(self, bi: int) -> None:
-        """Bucket bi's piece in b.shard_param for its all-gather (one rank: in b.flat_param)."""
-        b = self.buckets[bi]
-        if bi in self.pending:
-            future, host = self.pending.pop(bi)
-            future.result()
-        elif self._tensor(b)._storage.is_released:
-            host = self._target(b)
-            self.optimizer.read_params(self.items[bi], host)
-        else:
-            return
-        if b.device.type != "cpu":
-            self._tensor(b).copy_(from_numpy(host))
-
-    def unload(self, bi: int) -> None:
-        b = self.buckets[bi]
-        if not self.whole and bi not in self.pending and not b.shard_param._storage.is_released:
-            b.shard_param._storage.release(_OFFLOADED)
-
-    def discard(self) -> None:
-        """Drops the reads ahead (before the step changes what they read)."""
-        for bi, (future, _) in list(self.pending.items()):
-            future.result()
-            self._tensor(self.buckets[bi])._storage.release(_OFFLOADED)
-        self.pending = {}
-
-    def write(self, pieces: dict) -> None:
-        """New values for the pieces {bucket: this rank's piece} (a loaded checkpoint)."""
-        self.discard()
-        values = {}
-        for bi, piece in pieces.items():
-            for i, at in self.items[bi]:
-                n = self.optimizer.params[i].numel()
-                values[i] = piece[at:at + n]
-        self.optimizer.write_params(values)
-
-
-_OFFLOADED = ("this rank's piece of a ZeRO-3 parameter is offloaded (offload_param): it is read back only "
-              "for its module's gather; read the parameters inside `with optimizer.gathered_parameters():`")
-

@@ -18,6 +18,10 @@ Order. The first forward records the order units run in; while it is recorded, e
 checks before each gather that all ranks gather the same unit (a rank that runs other modules
 gets an error naming both units, not a hang or silent garbage), and once the order is known
 each gather starts the next unit's gather (backward: the previous unit's) ahead of use.
+
+Offload (offload_param). The pieces themselves can live with the offloaded optimizer state
+(OffloadPieces): then a gather first reads its piece, which the unit before started reading, and
+the piece is dropped as soon as the all-gather is done.
 """
 from __future__ import annotations
 
@@ -240,3 +244,80 @@ class Gatherer:
             for b in self.buckets:
                 b.users -= 1
                 self._maybe_free(b)
+
+
+class OffloadPieces:
+    """ZeRO-3 with offload_param: this rank's piece of every bucket lives in the OffloadOptimizer's
+    store (host memory or the scratch file), not in memory. The gatherer asks for a piece just
+    before its all-gather (`load`: a read-ahead started one unit earlier, or a read now), and
+    drops it once the gather is done (`unload`); the step updates the pieces in the store. On one
+    rank the piece is the whole bucket: it is read straight into the bucket, nothing gathered."""
+
+    def __init__(self, optimizer, buckets, segments, inner_params, world: int):
+        self.optimizer, self.buckets, self.whole = optimizer, buckets, world == 1
+        index = {id(p): i for i, p in enumerate(inner_params)}
+        self.items = [[] for _ in buckets]  # per bucket: (the store's parameter index, where in the piece)
+        for shard, bi, at, _, _ in segments:
+            self.items[bi].append((index[id(shard)], at))
+        self.pending = {}  # bucket -> (read-ahead future, the array it reads into)
+        for b in buckets:
+            b.shard_param._storage.release(_OFFLOADED)
+
+    def _tensor(self, b):
+        """What a piece is read into: the bucket itself on one rank, else its piece."""
+        return b.flat_param if self.whole else b.shard_param
+
+    def _target(self, b):
+        """Memory for the piece, and the host array it is read to: that memory on the CPU, a
+        host array for a GPU."""
+        t = self._tensor(b)
+        t._storage.allocate(b.piece * t.itemsize)
+        host = t.detach().numpy() if b.device.type == "cpu" else np.empty(b.piece, np.float32)
+        host[:] = 0  # the padding past the last parameter
+        return host
+
+    def read_ahead(self, bi: int) -> None:
+        b = self.buckets[bi]
+        if bi not in self.pending and self._tensor(b)._storage.is_released:
+            host = self._target(b)
+            self.pending[bi] = (self.optimizer.read_params(self.items[bi], host, wait=False), host)
+
+    def load(self, bi: int) -> None:
+        """Bucket bi's piece in b.shard_param for its all-gather (one rank: in b.flat_param)."""
+        b = self.buckets[bi]
+        if bi in self.pending:
+            future, host = self.pending.pop(bi)
+            future.result()
+        elif self._tensor(b)._storage.is_released:
+            host = self._target(b)
+            self.optimizer.read_params(self.items[bi], host)
+        else:
+            return
+        if b.device.type != "cpu":
+            self._tensor(b).copy_(from_numpy(host))
+
+    def unload(self, bi: int) -> None:
+        b = self.buckets[bi]
+        if not self.whole and bi not in self.pending and not b.shard_param._storage.is_released:
+            b.shard_param._storage.release(_OFFLOADED)
+
+    def discard(self) -> None:
+        """Drops the reads ahead (before the step changes what they read)."""
+        for bi, (future, _) in list(self.pending.items()):
+            future.result()
+            self._tensor(self.buckets[bi])._storage.release(_OFFLOADED)
+        self.pending = {}
+
+    def write(self, pieces: dict) -> None:
+        """New values for the pieces {bucket: this rank's piece} (a loaded checkpoint)."""
+        self.discard()
+        values = {}
+        for bi, piece in pieces.items():
+            for i, at in self.items[bi]:
+                n = self.optimizer.params[i].numel()
+                values[i] = piece[at:at + n]
+        self.optimizer.write_params(values)
+
+
+_OFFLOADED = ("this rank's piece of a ZeRO-3 parameter is offloaded (offload_param): it is read back only "
+              "for its module's gather; read the parameters inside `with optimizer.gathered_parameters():`")
