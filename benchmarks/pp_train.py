@@ -34,7 +34,7 @@ def child(args) -> None:
     env = parallel.init(pipeline_parallel=args.pp)
     V = 2 if args.schedule == "interleaved" else 1
     model = gpt2(args.model, pp=env.pipeline_stage(V, args.split), n_layer=args.layers)
-    pipe = PipelineParallel(model, args.schedule)
+    pipe = PipelineParallel(model, args.schedule, deallocate_outputs=args.outputs[0] == "freed")
     opt = AdamW(model.parameters(), lr=1e-4)
     rng = __import__("numpy").random.default_rng(0)
     b = args.batch // args.micro
@@ -63,7 +63,7 @@ def child(args) -> None:
         paper = simulate(args.schedule, args.pp, V, args.micro)["bubble"]
         step_s = max(r[0] for r in every)
         blocks = [sum(map(len, c)) for c in layers]
-        print(f"{args.schedule:>11} {args.split:>8} {blocks} | {args.batch * args.seq / step_s:7.0f} tok/s | "
+        print(f"{args.schedule:>11} {args.split:>8} {args.outputs[0]:>5} {blocks} | {args.batch * args.seq / step_s:7.0f} tok/s | "
               f"bubble on paper "
               f"{paper:4.0%} | per stage: " + ", ".join(
                   f"s{s} bubble {w:4.0%} peak {p / 2**20:6.1f} MB act {a / 2**20:6.1f} MB"
@@ -83,6 +83,9 @@ def main() -> None:
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved"])
     p.add_argument("--splits", nargs="+", default=["even", "balanced"],
                    help="how blocks are split over the stages (nn.parallel.pp.chunk_layers)")
+    p.add_argument("--outputs", nargs="+", default=["freed"], choices=["freed", "kept"],
+                   help="a chunk's sent output: its memory given back once sent (the default), or kept "
+                        "until its backward (to measure what freeing saves: --outputs kept freed)")
     p.add_argument("--split", default="balanced", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--schedule", default=None, help=argparse.SUPPRESS)
@@ -94,11 +97,11 @@ def main() -> None:
     print(f"GPT-2 {args.model} with {args.layers} layers, PP {args.pp}, {args.micro} micro-batches of "
           f"{args.batch // args.micro} x {args.seq} tokens, fp32, {args.threads} thread(s) per rank, "
           f"{os.cpu_count()} cores")
-    print("   schedule    split blocks per stage | throughput | bubble on paper (an even split's work) | "
+    print("   schedule    split outputs blocks per stage | throughput | bubble on paper (an even split's work) | "
           "per stage: measured bubble, peaks")
-    for s, split in ((s, split) for s in args.schedules for split in args.splits):
+    for s, split, outputs in ((s, split, o) for s in args.schedules for split in args.splits for o in args.outputs):
         cmd = [*start(int(str(args.pp))), sys.executable, __file__,
-               "--child", "--schedule", s, "--split", split] + [
+               "--child", "--schedule", s, "--split", split, "--outputs", outputs] + [
                    f"--{k}={v}" for k, v in vars(args).items()
                    if k in ("model", "layers", "pp", "micro", "batch", "seq", "steps")]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,

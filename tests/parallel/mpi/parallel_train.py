@@ -34,6 +34,7 @@ p.add_argument("--cp", type=int, default=1)
 p.add_argument("--cp_comm", default="p2p")
 p.add_argument("--vpp", type=int, default=1)
 p.add_argument("--schedule", default=None, help="gpipe | 1f1b | interleaved (default by --vpp)")
+p.add_argument("--keep_sent", action="store_true", help="a stage keeps its sent outputs' memory until backward")
 p.add_argument("--micro", type=int, default=1, help="micro-batches per step (per DP rank)")
 p.add_argument("--layers", type=int, default=2)
 p.add_argument("--vocab", type=int, default=50257)
@@ -93,6 +94,8 @@ trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_cp_group, env
                     set_to_none=False,  # gradients stay allocated: a step's peak above its start is activations
                     lr=args.lr, betas=(0.9, 0.95))
 opt, pipe = trainer.optimizer, trainer.pipe
+if pipe is not None and args.keep_sent:
+    pipe.deallocate_outputs = False
 if args.load:
     load_checkpoint(args.load, model, opt)
 

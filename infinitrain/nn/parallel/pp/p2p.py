@@ -39,12 +39,15 @@ class P2P:
         self.stage, self.group, self.timeout = stage, stage.group, float(timeout)
         self.device = device
         self.group.open_p2p_links(links(stage.size, stage.virtual))
-        self.pending = []  # (work, tensor): sends in flight and the memory they read
+        self.pending = []  # (work, tensor, release): sends in flight and the memory they read
         self.wait_s = 0.0  # time spent blocked on neighbours: this stage's share of the bubble
 
-    def send(self, t, to_stage: int, backward: bool) -> None:
+    def send(self, t, to_stage: int, backward: bool, release: bool = False) -> None:
+        """release: once sent, t's memory is given back while t itself stays (Megatron's
+        deallocate_output_tensor: a chunk's output is kept for its backward only as the root
+        of the graph, whose shape is all the backward reads)."""
         work = self.group.isend(t, to_stage, int(backward))
-        self.pending.append((work, t))
+        self.pending.append((work, t, release))
 
     def recv(self, shape, dtype, from_stage: int, backward: bool, micro: int, chunk: int):
         """chunk: the global chunk (on this stage) that needs the tensor."""
@@ -53,15 +56,24 @@ class P2P:
         what = "gradient" if backward else "activation"
         self._wait(work, lambda: f"the {what} of micro-batch {micro} for chunk {chunk} from "
                                  f"stage {from_stage} (rank {self.group.ranks[from_stage]})")
+        self.poll()  # what the neighbour took while this stage waited goes before the pass allocates
         return t
 
     def poll(self) -> None:
         """Lets finished sends go (MPI moves messages along inside such calls)."""
-        self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
+        still = []
+        for work, t, release in self.pending:
+            if not work.is_completed():
+                still.append((work, t, release))
+            elif release:
+                t._storage.release(_SENT)
+        self.pending = still
 
     def flush(self) -> None:
-        for work, _ in self.pending:
+        for work, t, release in self.pending:
             self._wait(work, lambda: "a send to a neighbouring stage to be received")
+            if release:
+                t._storage.release(_SENT)
         self.pending = []
 
     def _wait(self, work, describe) -> None:
@@ -88,3 +100,7 @@ class P2P:
             time.sleep(pause)
             pause = min(max(2 * pause, 1e-5), 1e-3)
         self.wait_s += time.monotonic() - start
+
+
+_SENT = ("this activation was sent to the next pipeline stage and its memory given back (the "
+         "pipeline keeps it only as the root of its backward)")

@@ -36,10 +36,13 @@ class _SingleStage:
 class PipelineParallel:
     """model: a CausalLM built with pp=PipelineStage (or a whole one: a pipeline of one
     stage). schedule: "gpipe", "1f1b" or "interleaved" (needs virtual >= 2). dp_group: the
-    data-parallel group of this stage's replicas (gradients averaged over it)."""
+    data-parallel group of this stage's replicas (gradients averaged over it).
+    deallocate_outputs: a chunk's output gives its memory back once it is sent (Megatron's
+    deallocate_pipeline_outputs; the backward needs only its shape)."""
 
-    def __init__(self, model, schedule: str = "1f1b", dp_group=None, timeout: float = 300.0):
-        self.model = model
+    def __init__(self, model, schedule: str = "1f1b", dp_group=None, timeout: float = 300.0,
+                 deallocate_outputs: bool = True):
+        self.model, self.deallocate_outputs = model, deallocate_outputs
         self.stage = model.pp if model.pp is not None else _SingleStage()
         self.schedule = schedule
         s = self.stage
@@ -124,7 +127,7 @@ class PipelineParallel:
             self._outputs[(micro, chunk)] = loss * scale
             return loss.detach().double()  # read once per step, not per micro-batch
         self._check_spec(x, idx, "the activation it sends on")
-        self.p2p.send(x, self._neighbour(g + 1), backward=False)
+        self.p2p.send(x, self._neighbour(g + 1), backward=False, release=self.deallocate_outputs)
         self._outputs[(micro, chunk)] = x
         return None
 
