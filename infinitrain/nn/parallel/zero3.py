@@ -130,6 +130,8 @@ class Gatherer:
 
     def _free(self, b) -> None:
         self._wait(b)  # never free memory a collective is writing
+        if self.pieces is not None:  # ... or a read ahead (one rank: it reads into the bucket)
+            self.pieces.settle(self.bucket_index[id(b)])
         b.flat_param._storage.release(RELEASED)
 
     def _maybe_free(self, b) -> None:
@@ -301,12 +303,22 @@ class OffloadPieces:
         if not self.whole and bi not in self.pending and not b.shard_param._storage.is_released:
             b.shard_param._storage.release(_OFFLOADED)
 
-    def discard(self) -> None:
-        """Drops the reads ahead (before the step changes what they read)."""
-        for bi, (future, _) in list(self.pending.items()):
+    def settle(self, bi: int) -> None:
+        """A read ahead into bucket bi finished and dropped (before its memory is freed)."""
+        if bi in self.pending:
+            future, _ = self.pending.pop(bi)
             future.result()
             self._tensor(self.buckets[bi])._storage.release(_OFFLOADED)
-        self.pending = {}
+
+    def discard(self) -> None:
+        """Drops every copy read from the store (before the step changes what they hold): the
+        reads ahead, and on one rank any bucket still whole."""
+        for bi in list(self.pending):
+            self.settle(bi)
+        if self.whole:
+            for b in self.buckets:
+                if not b.flat_param._storage.is_released:
+                    b.flat_param._storage.release(RELEASED)
 
     def write(self, pieces: dict) -> None:
         """New values for the pieces {bucket: this rank's piece} (a loaded checkpoint)."""
