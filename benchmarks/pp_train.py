@@ -34,7 +34,8 @@ def child(args) -> None:
     env = parallel.init(pipeline_parallel=args.pp)
     V = 2 if args.schedule == "interleaved" else 1
     model = gpt2(args.model, pp=env.pipeline_stage(V, args.split), n_layer=args.layers)
-    pipe = PipelineParallel(model, args.schedule, deallocate_outputs=args.outputs[0] == "freed")
+    pipe = PipelineParallel(model, args.schedule, deallocate_outputs=args.outputs[0] == "freed",
+                            post_receives=args.receives[0] == "ahead")
     opt = AdamW(model.parameters(), lr=1e-4)
     rng = __import__("numpy").random.default_rng(0)
     b = args.batch // args.micro
@@ -63,7 +64,7 @@ def child(args) -> None:
         paper = simulate(args.schedule, args.pp, V, args.micro)["bubble"]
         step_s = max(r[0] for r in every)
         blocks = [sum(map(len, c)) for c in layers]
-        print(f"{args.schedule:>11} {args.split:>8} {args.outputs[0]:>5} {blocks} | {args.batch * args.seq / step_s:7.0f} tok/s | "
+        print(f"{args.schedule:>11} {args.split:>8} {args.outputs[0]:>5} {args.receives[0]:>9} {blocks} | {args.batch * args.seq / step_s:7.0f} tok/s | "
               f"bubble on paper "
               f"{paper:4.0%} | per stage: " + ", ".join(
                   f"s{s} bubble {w:4.0%} peak {p / 2**20:6.1f} MB act {a / 2**20:6.1f} MB"
@@ -86,6 +87,9 @@ def main() -> None:
     p.add_argument("--outputs", nargs="+", default=["freed"], choices=["freed", "kept"],
                    help="a chunk's sent output: its memory given back once sent (the default), or kept "
                         "until its backward (to measure what freeing saves: --outputs kept freed)")
+    p.add_argument("--receives", nargs="+", default=["ahead"], choices=["ahead", "on_demand"],
+                   help="each pass posting the next pass's receive before it computes (the default), or "
+                        "receives posted when needed (to compare: --receives on_demand ahead)")
     p.add_argument("--split", default="balanced", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--schedule", default=None, help=argparse.SUPPRESS)
@@ -97,11 +101,13 @@ def main() -> None:
     print(f"GPT-2 {args.model} with {args.layers} layers, PP {args.pp}, {args.micro} micro-batches of "
           f"{args.batch // args.micro} x {args.seq} tokens, fp32, {args.threads} thread(s) per rank, "
           f"{os.cpu_count()} cores")
-    print("   schedule    split outputs blocks per stage | throughput | bubble on paper (an even split's work) | "
+    print("   schedule    split outputs receives blocks per stage | throughput | bubble on paper (an even split's work) | "
           "per stage: measured bubble, peaks")
-    for s, split, outputs in ((s, split, o) for s in args.schedules for split in args.splits for o in args.outputs):
+    runs = [(s, split, o, r) for s in args.schedules for split in args.splits for o in args.outputs
+            for r in args.receives]
+    for s, split, outputs, receives in runs:
         cmd = [*start(int(str(args.pp))), sys.executable, __file__,
-               "--child", "--schedule", s, "--split", split, "--outputs", outputs] + [
+               "--child", "--schedule", s, "--split", split, "--outputs", outputs, "--receives", receives] + [
                    f"--{k}={v}" for k, v in vars(args).items()
                    if k in ("model", "layers", "pp", "micro", "batch", "seq", "steps")]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,

@@ -40,6 +40,7 @@ class P2P:
         self.device = device
         self.group.open_p2p_links(links(stage.size, stage.virtual))
         self.pending = []  # (work, tensor, release): sends in flight and the memory they read
+        self.posted = {}  # (from stage, backward) -> [(work, tensor)]: receives posted ahead, in order
         self.wait_s = 0.0  # time spent blocked on neighbours: this stage's share of the bubble
 
     def send(self, t, to_stage: int, backward: bool, release: bool = False) -> None:
@@ -49,10 +50,23 @@ class P2P:
         work = self.group.isend(t, to_stage, int(backward))
         self.pending.append((work, t, release))
 
+    def post(self, shape, dtype, from_stage: int, backward: bool) -> None:
+        """Posts the next receive on a link ahead of the pass that needs it, so that the
+        neighbour's send can complete while this stage computes (MPI; NCCL's receives wait on
+        the device anyway). Receives on a link are posted and taken in order."""
+        if self.group.waits_on_host:
+            t = empty(*shape, dtype=dtype, device=self.device)
+            self.posted.setdefault((from_stage, backward), []).append(
+                (self.group.irecv(t, from_stage, int(backward)), t))
+
     def recv(self, shape, dtype, from_stage: int, backward: bool, micro: int, chunk: int):
         """chunk: the global chunk (on this stage) that needs the tensor."""
-        t = empty(*shape, dtype=dtype, device=self.device)
-        work = self.group.irecv(t, from_stage, int(backward))
+        ahead = self.posted.get((from_stage, backward))
+        if ahead:
+            work, t = ahead.pop(0)
+        else:
+            t = empty(*shape, dtype=dtype, device=self.device)
+            work = self.group.irecv(t, from_stage, int(backward))
         what = "gradient" if backward else "activation"
         self._wait(work, lambda: f"the {what} of micro-batch {micro} for chunk {chunk} from "
                                  f"stage {from_stage} (rank {self.group.ranks[from_stage]})")

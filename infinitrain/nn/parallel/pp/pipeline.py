@@ -38,11 +38,12 @@ class PipelineParallel:
     stage). schedule: "gpipe", "1f1b" or "interleaved" (needs virtual >= 2). dp_group: the
     data-parallel group of this stage's replicas (gradients averaged over it).
     deallocate_outputs: a chunk's output gives its memory back once it is sent (Megatron's
-    deallocate_pipeline_outputs; the backward needs only its shape)."""
+    deallocate_pipeline_outputs; the backward needs only its shape). post_receives: each pass
+    posts the next pass's receive before it computes, so a neighbour's send can land meanwhile."""
 
     def __init__(self, model, schedule: str = "1f1b", dp_group=None, timeout: float = 300.0,
-                 deallocate_outputs: bool = True):
-        self.model, self.deallocate_outputs = model, deallocate_outputs
+                 deallocate_outputs: bool = True, post_receives: bool = True):
+        self.model, self.deallocate_outputs, self.post_receives = model, deallocate_outputs, post_receives
         self.stage = model.pp if model.pp is not None else _SingleStage()
         self.schedule = schedule
         s = self.stage
@@ -93,7 +94,12 @@ class PipelineParallel:
         self._inputs, self._outputs = {}, {}
         context = forward_context or nullcontext
         loss_sum = None  # the last chunk's losses, summed on the device
+        posted = -1  # the last pass whose receive is posted
         for i, (kind, micro, chunk) in enumerate(plan):
+            if self.p2p is not None and self.post_receives:  # this pass's receive and the next's
+                for j in range(max(i, posted + 1), min(i + 2, len(plan))):
+                    self._post(micro_batches, *plan[j])
+                posted = max(posted, i + 1)
             if kind == "F":
                 with context():
                     loss = self._forward(micro_batches, micro, chunk, scale=1.0 / M)
@@ -142,6 +148,15 @@ class PipelineParallel:
             autograd_backward(out, grad)
         if g > 0:
             self.p2p.send(x.grad, self._neighbour(g - 1), backward=True)
+
+    def _post(self, batches, kind: str, micro: int, chunk: int) -> None:
+        """Posts the receive pass (kind, micro, chunk) will need, if it needs one."""
+        g = self._global(chunk)
+        backward = kind == "B"
+        if (g == self.last_chunk) if backward else g == 0:
+            return
+        shape, dtype = self.model.hidden_spec(*batches[micro][0].shape)
+        self.p2p.post(shape, dtype, self._neighbour(g + 1 if backward else g - 1), backward)
 
     def _recv(self, idx, backward: bool, micro: int, g: int):
         shape, dtype = self.model.hidden_spec(*idx.shape)
