@@ -194,20 +194,24 @@ class _FileStore:
     def _size(self, b: _Block) -> int:
         return b.nbytes if self.direct else self.entries * b.numel * 4
 
-    def _read(self, b: _Block, k: int) -> None:
-        t0, view, size, got = time.perf_counter(), memoryview(self.maps[k]), self._size(b), 0
+    def _pread(self, k: int, size: int, offset: int, what: str) -> None:
+        """size bytes of the file from offset into buffer k (the one way this store reads)."""
+        t0, view, got = time.perf_counter(), memoryview(self.maps[k]), 0
         try:
             while got < size:
-                n = os.preadv(self.fd, [view[got:size]], b.offset + got)
+                n = os.preadv(self.fd, [view[got:size]], offset + got)
                 if n == 0:
                     raise OSError(errno.EIO, "the scratch file ends early")
                 got += n
         except OSError as e:
-            raise OffloadError(f"offload: reading optimizer state from {self.folder} failed: {e.strerror}") from None
+            raise OffloadError(f"offload: reading {what} from {self.folder} failed: {e.strerror}") from None
         finally:
             view.release()
         self.bytes_read += size
         self.io_seconds += time.perf_counter() - t0
+
+    def _read(self, b: _Block, k: int) -> None:
+        self._pread(k, self._size(b), b.offset, "optimizer state")
 
     def _write(self, b: _Block, k: int) -> None:
         t0, view, size, done = time.perf_counter(), memoryview(self.maps[k]), self._size(b), 0
@@ -237,19 +241,7 @@ class _FileStore:
         at = 0
         while lo + at < hi:  # a range longer than a buffer (a parameter over many blocks) in parts
             size = min(hi - lo - at, len(self.maps[k]))
-            t0, view, got = time.perf_counter(), memoryview(self.maps[k]), 0
-            try:
-                while got < size:
-                    n = os.preadv(self.fd, [view[got:size]], lo + at + got)
-                    if n == 0:
-                        raise OSError(errno.EIO, "the scratch file ends early")
-                    got += n
-            except OSError as e:
-                raise OffloadError(f"offload: reading parameters from {self.folder} failed: {e.strerror}") from None
-            finally:
-                view.release()
-            self.bytes_read += size
-            self.io_seconds += time.perf_counter() - t0
+            self._pread(k, size, lo + at, "parameters")
             # the bytes of this window that belong to the range
             first, last = max(offset, lo + at), min(offset + out.nbytes, lo + at + size)
             raw = out.view(np.uint8)
