@@ -31,15 +31,16 @@ class FlightRecorder:
         self.seq = collections.Counter()  # group key -> operations started on it
         self.lock = threading.Lock()
         self.count = 0
+        # on every collective's path: each group's key and its ranks (a list, as a dumped ring
+        # has them), made once per group (kept here: the groups are the recorder's to read only)
+        self.keys = {}
 
     def start(self, group, op: str, nbytes: int) -> list:
-        # on every collective's path: the group's key and its ranks (a list, as a dumped ring
-        # has them) are made once per group
-        cached = group.__dict__.get("_flight_key")
+        cached = self.keys.get(id(group))
         if cached is None:
-            cached = group.__dict__["_flight_key"] = ((getattr(group, "name", "group"), tuple(group.ranks)),
-                                                      list(group.ranks))
-        key, ranks = cached
+            cached = self.keys[id(group)] = ((getattr(group, "name", "group"), tuple(group.ranks)),
+                                             list(group.ranks), group)  # the group kept: its id stays its own
+        key, ranks, _ = cached
         with self.lock:
             self.seq[key] += 1
             self.count += 1
