@@ -15,7 +15,7 @@ static const char *it_simd_level(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-        return it_amx_ready() ? "x86-64-v4 (AVX-512), AMX-BF16 for bfloat16 products" : "x86-64-v4 (AVX-512)";
+        return "x86-64-v4 (AVX-512)";
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return "x86-64-v3 (AVX2+FMA)";
     return "x86-64 baseline (SSE2)";
@@ -26,7 +26,9 @@ static const char *it_simd_level(void) {
 
 const char *it_build_info(void) {
     static _Thread_local char info[1024];
-    snprintf(info, sizeof info, "infinitrain %s; BLAS: %s; SIMD: %s; OpenMP: %d threads; CUDA: %s",
-             it_version(), IT_BLAS_DESC, it_simd_level(), omp_get_max_threads(), it_cuda_describe());
+    snprintf(info, sizeof info,
+             "infinitrain %s; BLAS: %s; SIMD: %s; bfloat16 products: %s; OpenMP: %d threads; CUDA: %s",
+             it_version(), IT_BLAS_DESC, it_simd_level(), it_bf16_path_name(it_bf16_matmul_path()),
+             omp_get_max_threads(), it_cuda_describe());
     return info;
 }

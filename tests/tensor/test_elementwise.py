@@ -239,15 +239,13 @@ def test_matmul_accumulate_native(m, n, k, dtype, rng):
     np.testing.assert_allclose(to_np(c), ref, **tol(dtype, (1e-5, 1e-5 * max(1.0, k / 100))))
 
 
-AMX = "AMX-BF16" in it.build_info()
+BF16_PATHS = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16"}
 
 
-@pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX tiles: one bfloat16 path")
-def test_bfloat16_products_on_amx_equal_the_sgemm_path(tmp_path):
-    """Where bfloat16 products run on AMX tiles, the fallback (converted to float32 around
-    sgemm, INFINITRAIN_AMX=0) gives the same numbers: the same exact products summed in float32
-    in another order (K = 5000 takes three chunks), so at most one bfloat16 step apart, and
-    almost always equal."""
+def _bf16_products(tmp_path, path):
+    """Four bfloat16 products (every transpose, odd K, edges, K = 5000) in a fresh process
+    whose bf16 matmul path is capped at `path`: the products, and the path it reports."""
+    import os
     import subprocess
     import sys
     code = ("import numpy as np, infinitrain as it\n"
@@ -260,19 +258,28 @@ def test_bfloat16_products_on_amx_equal_the_sgemm_path(tmp_path):
             "    out[str(i)] = ((a.t() if ta else a) @ (b.t() if tb else b)).float().numpy()\n"
             "np.savez(__import__('sys').argv[1], **out)\n"
             "print(it.build_info())\n")
-    runs = {}
-    for amx in ("1", "0"):
-        path = tmp_path / f"amx{amx}.npz"
-        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                              env={**__import__("os").environ, "INFINITRAIN_AMX": amx}, timeout=120)
-        assert done.returncode == 0, done.stderr
-        assert ("AMX-BF16" in done.stdout) == (amx == "1")
-        runs[amx] = np.load(path)
-    for key in runs["1"].files:
-        tiles, sgemm = runs["1"][key], runs["0"][key]
+    file = tmp_path / f"{path}.npz"
+    done = subprocess.run([sys.executable, "-c", code, str(file)], capture_output=True, text=True,
+                          env={**os.environ, "INFINITRAIN_BF16_MATMUL": path}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return np.load(file), done.stdout
+
+
+@pytest.mark.parametrize("path", BF16_PATHS)
+def test_bfloat16_products_on_bf16_instructions_equal_the_sgemm_path(tmp_path, path):
+    """Where bfloat16 products run on the CPU's bf16 instructions (AMX tiles, AVX512-BF16's
+    VDPBF16PS), the fallback (converted to float32 around sgemm) gives the same numbers: the
+    same exact products summed in float32 in another order, so at most one bfloat16 step
+    apart, and almost always equal."""
+    fast, info = _bf16_products(tmp_path, path)
+    if f"bfloat16 products: {BF16_PATHS[path]}" not in info:
+        pytest.skip(f"this CPU (or kernel) has no {BF16_PATHS[path]}")
+    sgemm, info = _bf16_products(tmp_path, "sgemm")
+    assert "bfloat16 products: float32 sgemm" in info
+    for key in fast.files:
         # near-zero sums of large terms differ by float32 round-off, relative to the largest
-        np.testing.assert_allclose(tiles, sgemm, rtol=2 ** -7, atol=1e-6 * np.abs(sgemm).max())
-        assert np.mean(tiles == sgemm) > 0.97, key
+        np.testing.assert_allclose(fast[key], sgemm[key], rtol=2 ** -7, atol=1e-6 * np.abs(sgemm[key]).max())
+        assert np.mean(fast[key] == sgemm[key]) > 0.97, key
 
 
 def test_matmul_shape_errors():

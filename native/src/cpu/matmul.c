@@ -1,7 +1,28 @@
-/* Batched matrix products through BLAS sgemm; bfloat16 through AMX's tile products where the
- * CPU has them (matmul_amx.c), other 16-bit products converted to float32 around sgemm
- * (accumulation is always float32). */
+/* Batched matrix products through BLAS sgemm; bfloat16 through the CPU's own bf16 products
+ * where it has them (AMX tiles: matmul_amx.c; AVX512-BF16: matmul_avx512_bf16.c), other 16-bit
+ * products converted to float32 around sgemm (accumulation is always float32). */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
 #include "common.h"
+
+/* The best bf16 path this CPU has, chosen once. INFINITRAIN_BF16_MATMUL=sgemm|avx512_bf16|amx
+ * caps it (for comparisons: each path below the best stays reachable). */
+it_bf16_path it_bf16_matmul_path(void) {
+    static int path = -1;
+    if (path >= 0) return (it_bf16_path)path;  /* a race only repeats the same answer */
+    const char *env = getenv("INFINITRAIN_BF16_MATMUL");
+    it_bf16_path cap = !env ? IT_BF16_AMX : !strcasecmp(env, "sgemm") ? IT_BF16_SGEMM
+                     : !strcasecmp(env, "avx512_bf16") ? IT_BF16_AVX512 : IT_BF16_AMX;
+    path = cap >= IT_BF16_AMX && it_amx_ready() ? IT_BF16_AMX
+         : cap >= IT_BF16_AVX512 && it_avx512_bf16_ready() ? IT_BF16_AVX512 : IT_BF16_SGEMM;
+    return (it_bf16_path)path;
+}
+
+const char *it_bf16_path_name(it_bf16_path p) {
+    return p == IT_BF16_AMX ? "AMX tiles" : p == IT_BF16_AVX512 ? "AVX512-BF16" : "float32 sgemm";
+}
 
 /* rows [r0, r0+nr) x cols [c0, c0+nc) of a row-major 16-bit matrix (leading dimension ld)
  * to a contiguous float32 block, and back. */
@@ -118,15 +139,16 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
                      (const float *)b + i * stride_b, ldb, beta, (float *)c + i * stride_c, n);
         return IT_OK;
     }
-    int amx = dtype == IT_BFLOAT16 && k > 0 && it_amx_ready();
+    it_bf16_path path = dtype == IT_BFLOAT16 && k > 0 ? it_bf16_matmul_path() : IT_BF16_SGEMM;
     for (int64_t i = 0; i < batch; i++) {
-        if (amx) {
-            IT_TRY(it_matmul_bf16_amx((uint16_t *)c + i * stride_c, (const uint16_t *)a + i * stride_a,
-                                      (const uint16_t *)b + i * stride_b, m, n, k, trans_a, trans_b, alpha, beta));
-            continue;
-        }
-        IT_TRY(matmul_16bit(dtype, (uint16_t *)c + i * stride_c, (const uint16_t *)a + i * stride_a,
-                            (const uint16_t *)b + i * stride_b, m, n, k, trans_a, trans_b, alpha, beta));
+        uint16_t *ci = (uint16_t *)c + i * stride_c;
+        const uint16_t *ai = (const uint16_t *)a + i * stride_a, *bi = (const uint16_t *)b + i * stride_b;
+        if (path == IT_BF16_AMX)
+            IT_TRY(it_matmul_bf16_amx(ci, ai, bi, m, n, k, trans_a, trans_b, alpha, beta));
+        else if (path == IT_BF16_AVX512)
+            IT_TRY(it_matmul_bf16_avx512(ci, ai, bi, m, n, k, trans_a, trans_b, alpha, beta));
+        else
+            IT_TRY(matmul_16bit(dtype, ci, ai, bi, m, n, k, trans_a, trans_b, alpha, beta));
     }
     return IT_OK;
 }

@@ -11,7 +11,7 @@
  *
  * Linux hands out AMX's 8 KB of tile state only to a process that asks for it
  * (arch_prctl ARCH_REQ_XCOMP_PERM); it_amx_ready() asks once and says whether this CPU and
- * kernel allow it. INFINITRAIN_AMX=0 turns the path off (for comparisons). */
+ * kernel allow it. */
 #include "common.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__linux__)
@@ -30,9 +30,8 @@
 int it_amx_ready(void) {
     static int ready = -1;
     if (ready >= 0) return ready;  /* a race only repeats the same answer */
-    const char *env = getenv("INFINITRAIN_AMX");
     unsigned eax, ebx, ecx, edx;
-    int ok = !(env && env[0] == '0') && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
+    int ok = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
              (edx >> 22 & 1) /* AMX-BF16 */ && (edx >> 24 & 1) /* AMX-TILE */ &&
              syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
     ready = ok;
