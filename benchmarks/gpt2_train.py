@@ -3,11 +3,15 @@ configuration, threads and data, each run in a fresh process; on a GPU also MFU.
 
     python benchmarks/gpt2_train.py                      # CPU: small and 124M, 1 and 2 threads
     python benchmarks/gpt2_train.py --configs small --threads 2 --steps 5
+    python benchmarks/gpt2_train.py --threads 2 --torch stock tuned compiled   # against the best
     python benchmarks/gpt2_train.py --device cuda --dtype bfloat16 --configs 124M   # a GPU
 
 Configurations: small = 4 layers, 256 wide, seq 256, batch 8; 124M = GPT-2 (d12), seq 256,
 batch 4; vocab 50257 (infinitrain pads it to 50304 as llm.c does), AdamW; --dtype bfloat16 is
-autocast in both. Prints median tok/s over the measured steps (after warm-up), peak memory
+autocast in both. PyTorch runs as configured by --torch: `stock`; `tuned` (glibc malloc told
+never to give memory back or map it afresh: MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_ huge);
+`compiled` (tuned, plus torch.compile of the model and AdamW(fused=True)); the ratio is taken
+against the fastest. Prints median tok/s over the measured steps (after warm-up), peak memory
 (RSS of the process on the CPU, the allocator's peak on a GPU), the ratios, and with
 --device cuda the model FLOPs utilisation (llm.c's count) against --peak_tflops (default 989,
 an H100 SXM's dense bf16). Needs PyTorch (`pip install '.[compare]'`; a CUDA build of it for
@@ -23,6 +27,10 @@ import sys
 from pathlib import Path
 
 CONFIGS = {"small": dict(model="small", B=8, T=256), "124M": dict(model="gpt2", B=4, T=256)}
+
+
+TORCH_VARIANTS = ("stock", "tuned", "compiled")
+TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 
 def child(framework: str, config: str, threads: int, steps: int, warmup: int, device: str, dtype: str) -> dict:
@@ -61,7 +69,11 @@ def child(framework: str, config: str, threads: int, steps: int, warmup: int, de
         torch.manual_seed(0)
         # the unpadded vocabulary, as a PyTorch user would write it (padding only adds work there)
         model = TorchGPT2(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size, c.vocab_size).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+        compiled = framework == "torch-compiled"
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0,
+                                **({"fused": True} if compiled else {}))
+        if compiled:
+            model = torch.compile(model)  # compiles during the warm-up steps
         for b in batches:
             x, y = torch.from_numpy(b[:, :-1].copy()).to(device), torch.from_numpy(b[:, 1:].copy()).to(device)
             t0 = time.perf_counter()
@@ -92,6 +104,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--peak_tflops", type=float, default=989.0, help="the GPU's peak for MFU")
+    p.add_argument("--torch", nargs="*", default=["stock"], choices=TORCH_VARIANTS,
+                   help="PyTorch configurations to run; the ratio is against the fastest")
     p.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "CONFIG", "THREADS"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -104,13 +118,16 @@ def main() -> None:
             sys.exit(f"--device {a.device}: no CUDA device here ({it.build_info().split('CUDA: ', 1)[-1]})")
         a.threads = [1]  # the host threads hardly matter on a GPU
     print(f"{a.device}, {a.dtype}")
-    print(f"{'config':7s} {'threads':>7s} | {'infinitrain tok/s':>17s} {'peak mem':>9s} | "
-          f"{'PyTorch tok/s':>13s} {'peak mem':>9s} | {'speed':>6s} {'memory':>6s}" + (" | MFU it / torch" if gpu else ""))
+    torch_cols = "".join(f" {v + ' tok/s':>14s}" for v in a.torch)
+    print(f"{'config':7s} {'threads':>7s} | {'infinitrain tok/s':>17s} {'peak mem':>9s} | PyTorch"
+          f"{torch_cols} {'peak mem':>9s} | {'speed':>6s} {'memory':>6s}" + (" | MFU it / torch" if gpu else ""))
     for config in a.configs:
         for n in a.threads:
             res = {}
-            for fw in ("infinitrain", "torch"):
+            for fw in ["infinitrain"] + [f"torch-{v}" for v in a.torch]:
                 env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n))
+                if fw in ("torch-tuned", "torch-compiled"):
+                    env.update(TUNED_MALLOC)
                 out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--warmup",
                                       str(a.warmup), "--device", a.device, "--dtype", a.dtype,
                                       "--child", fw, config, str(n)],
@@ -118,7 +135,9 @@ def main() -> None:
                 if out.returncode != 0:
                     sys.exit(f"{fw} {config} failed:\n{out.stderr[-2000:]}")
                 res[fw] = json.loads(out.stdout.strip().splitlines()[-1])
-            i, t = res["infinitrain"], res["torch"]
+            i = res["infinitrain"]
+            t = max((res[f"torch-{v}"] for v in a.torch), key=lambda r: r["tok_s"])
+            cols = "".join(f" {res[f'torch-{v}']['tok_s']:14.0f}" for v in a.torch)
             mfu = ""
             if gpu:
                 from infinitrain.examples.mfu import flops_per_token
@@ -126,7 +145,7 @@ def main() -> None:
                 c = GPT2_PRESETS[CONFIGS[config]["model"]]
                 f = flops_per_token(GPT2._llmc_numel(c), c.n_layer, c.n_embd, CONFIGS[config]["T"])
                 mfu = f" | {100 * f * i['tok_s'] / (a.peak_tflops * 1e12):5.1f}% / {100 * f * t['tok_s'] / (a.peak_tflops * 1e12):5.1f}%"
-            print(f"{config:7s} {n:7d} | {i['tok_s']:17.0f} {i['rss_mb']:7.0f}MB | {t['tok_s']:13.0f} "
+            print(f"{config:7s} {n:7d} | {i['tok_s']:17.0f} {i['rss_mb']:7.0f}MB |        {cols} "
                   f"{t['rss_mb']:7.0f}MB | {i['tok_s'] / t['tok_s']:5.2f}x {i['rss_mb'] / t['rss_mb']:5.2f}x{mfu}",
                   flush=True)
 
