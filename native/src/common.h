@@ -29,18 +29,21 @@ static inline int64_t it_row_offset(int64_t r, const int64_t *shape, const int64
 }
 #define IT_MAX_DIMS 16
 
-/* bfloat16 products with bf16 instructions: on Intel AMX tiles (cpu/matmul_amx.c) and with
- * AVX512-BF16's VDPBF16PS (cpu/matmul_avx512_bf16.c). *_ready() says whether this CPU (and,
- * for AMX, the kernel) allows them, asked once; each computes C = alpha op(A) op(B) + beta C
- * for one row-major problem. it_bf16_matmul_path() is the one the products take
- * (cpu/matmul.c). */
+/* bfloat16 products without sgemm: on Intel AMX tiles (cpu/matmul_amx.c), with AVX512-BF16's
+ * VDPBF16PS, and with AVX2 FMAs on operands widened while packed (both cpu/matmul_bf16.c).
+ * *_ready() says whether this CPU (and, for AMX, the kernel) allows them; each computes
+ * C = alpha op(A) op(B) + beta C for one row-major problem. it_bf16_matmul_path() is the one
+ * the products take (cpu/matmul.c). */
 int it_amx_ready(void);
 it_status it_matmul_bf16_amx(uint16_t *c, const uint16_t *a, const uint16_t *b, int64_t m, int64_t n,
                              int64_t k, int trans_a, int trans_b, float alpha, float beta);
 int it_avx512_bf16_ready(void);
+int it_avx2_fma_ready(void);
+it_status it_matmul_bf16_avx2(uint16_t *c, const uint16_t *a, const uint16_t *b, int64_t m, int64_t n,
+                              int64_t k, int trans_a, int trans_b, float alpha, float beta);
 it_status it_matmul_bf16_avx512(uint16_t *c, const uint16_t *a, const uint16_t *b, int64_t m, int64_t n,
                                 int64_t k, int trans_a, int trans_b, float alpha, float beta);
-typedef enum { IT_BF16_SGEMM, IT_BF16_AVX512, IT_BF16_AMX } it_bf16_path;
+typedef enum { IT_BF16_SGEMM, IT_BF16_AVX2, IT_BF16_AVX512, IT_BF16_AMX } it_bf16_path;
 it_bf16_path it_bf16_matmul_path(void);
 const char *it_bf16_path_name(it_bf16_path path);
 

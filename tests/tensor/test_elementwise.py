@@ -239,7 +239,7 @@ def test_matmul_accumulate_native(m, n, k, dtype, rng):
     np.testing.assert_allclose(to_np(c), ref, **tol(dtype, (1e-5, 1e-5 * max(1.0, k / 100))))
 
 
-BF16_PATHS = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16"}
+BF16_PATHS = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx2": "AVX2 FMA on widened operands"}
 
 
 def _bf16_products(tmp_path, path):
@@ -268,9 +268,10 @@ def _bf16_products(tmp_path, path):
 @pytest.mark.parametrize("path", BF16_PATHS)
 def test_bfloat16_products_on_bf16_instructions_equal_the_sgemm_path(tmp_path, path):
     """Where bfloat16 products run on the CPU's bf16 instructions (AMX tiles, AVX512-BF16's
-    VDPBF16PS), the fallback (converted to float32 around sgemm) gives the same numbers: the
-    same exact products summed in float32 in another order, so at most one bfloat16 step
-    apart, and almost always equal."""
+    VDPBF16PS) or on our AVX2 kernel (bf16 widened while packed), the fallback (converted to
+    float32 around sgemm) gives the same numbers: the same exact products summed in float32
+    in another order, so at most one bfloat16 step apart, and almost always equal. The shapes
+    cover every transpose, odd K, edge tiles, and K in several chunks (5000)."""
     fast, info = _bf16_products(tmp_path, path)
     if f"bfloat16 products: {BF16_PATHS[path]}" not in info:
         pytest.skip(f"this CPU (or kernel) has no {BF16_PATHS[path]}")

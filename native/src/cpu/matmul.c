@@ -1,5 +1,6 @@
 /* Batched matrix products through BLAS sgemm; bfloat16 through the CPU's own bf16 products
- * where it has them (AMX tiles: matmul_amx.c; AVX512-BF16: matmul_avx512_bf16.c), other 16-bit
+ * where it has them (AMX tiles: matmul_amx.c; AVX512-BF16: matmul_bf16.c), on CPUs with only
+ * AVX2 through our own FMA kernel on operands widened while packed (matmul_bf16.c), other 16-bit
  * products converted to float32 around sgemm (accumulation is always float32). */
 #include <stdlib.h>
 #include <string.h>
@@ -7,21 +8,32 @@
 
 #include "common.h"
 
-/* The best bf16 path this CPU has, chosen once. INFINITRAIN_BF16_MATMUL=sgemm|avx512_bf16|amx
- * caps it (for comparisons: each path below the best stays reachable). */
+/* The best bf16 path this CPU has, chosen once. The AVX2 kernel only where there is no
+ * AVX-512: there sgemm's own AVX-512 kernel outruns it. INFINITRAIN_BF16_MATMUL=sgemm|avx2|
+ * avx512_bf16|amx caps the choice (for comparisons: each path below the best stays reachable;
+ * avx2 picks the AVX2 kernel even beside AVX-512). */
 it_bf16_path it_bf16_matmul_path(void) {
     static int path = -1;
     if (path >= 0) return (it_bf16_path)path;  /* a race only repeats the same answer */
     const char *env = getenv("INFINITRAIN_BF16_MATMUL");
     it_bf16_path cap = !env ? IT_BF16_AMX : !strcasecmp(env, "sgemm") ? IT_BF16_SGEMM
+                     : !strcasecmp(env, "avx2") ? IT_BF16_AVX2
                      : !strcasecmp(env, "avx512_bf16") ? IT_BF16_AVX512 : IT_BF16_AMX;
+    int avx512 = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    avx512 = __builtin_cpu_supports("avx512f");
+#endif
     path = cap >= IT_BF16_AMX && it_amx_ready() ? IT_BF16_AMX
-         : cap >= IT_BF16_AVX512 && it_avx512_bf16_ready() ? IT_BF16_AVX512 : IT_BF16_SGEMM;
+         : cap >= IT_BF16_AVX512 && it_avx512_bf16_ready() ? IT_BF16_AVX512
+         : cap >= IT_BF16_AVX2 && it_avx2_fma_ready() && (cap == IT_BF16_AVX2 || !avx512) ? IT_BF16_AVX2
+         : IT_BF16_SGEMM;
     return (it_bf16_path)path;
 }
 
 const char *it_bf16_path_name(it_bf16_path p) {
-    return p == IT_BF16_AMX ? "AMX tiles" : p == IT_BF16_AVX512 ? "AVX512-BF16" : "float32 sgemm";
+    return p == IT_BF16_AMX ? "AMX tiles" : p == IT_BF16_AVX512 ? "AVX512-BF16"
+         : p == IT_BF16_AVX2 ? "AVX2 FMA on widened operands" : "float32 sgemm";
 }
 
 /* rows [r0, r0+nr) x cols [c0, c0+nc) of a row-major 16-bit matrix (leading dimension ld)
@@ -147,6 +159,8 @@ it_status it_matmul(it_device device, it_dtype dtype, void *c, const void *a, co
             IT_TRY(it_matmul_bf16_amx(ci, ai, bi, m, n, k, trans_a, trans_b, alpha, beta));
         else if (path == IT_BF16_AVX512)
             IT_TRY(it_matmul_bf16_avx512(ci, ai, bi, m, n, k, trans_a, trans_b, alpha, beta));
+        else if (path == IT_BF16_AVX2)
+            IT_TRY(it_matmul_bf16_avx2(ci, ai, bi, m, n, k, trans_a, trans_b, alpha, beta));
         else
             IT_TRY(matmul_16bit(dtype, ci, ai, bi, m, n, k, trans_a, trans_b, alpha, beta));
     }
