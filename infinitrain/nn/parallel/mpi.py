@@ -86,22 +86,29 @@ def _buffer(t: Tensor):
     several times per layer on small tensors (one pass over the shape finds both the size and
     whether the tensor is contiguous)."""
     m = _MPI or _mpi()
-    try:
-        mpi_type = m["types"][t.dtype.name]
-    except KeyError:
-        raise TypeError(f"the MPI process group cannot communicate {t.dtype.name} tensors") from None
+    mpi_type = m["types"].get(t.dtype.name)
+    if mpi_type is None:
+        raise TypeError(f"the MPI process group cannot communicate {t.dtype.name} tensors")
     storage = t._storage
     if storage.device.type != "cpu":
         raise ValueError(f"the MPI process group works on CPU tensors, this one is on {t.device}; "
                          "CUDA tensors use the NCCL backend")
-    itemsize = t.dtype.itemsize
-    numel = 1
-    for n, stride in zip(reversed(t._shape), reversed(t._strides)):
-        if n != 1 and stride != numel:
+    shape, strides = t._shape, t._strides
+    if len(shape) == 1:  # the common case, without the loop
+        numel = shape[0]
+        if numel != 1 and strides[0] != 1:
             raise ValueError("collectives need contiguous tensors; call .contiguous() first")
-        numel *= n
+    else:
+        numel = 1
+        for n, stride in zip(reversed(shape), reversed(strides)):
+            if n != 1 and stride != numel:
+                raise ValueError("collectives need contiguous tensors; call .contiguous() first")
+            numel *= n
+    itemsize = t.dtype.itemsize
     return [m["MPI"].buffer.fromaddress(storage.ptr + t._offset * itemsize, numel * itemsize), mpi_type]
 
+
+_SUM = ReduceOp.SUM
 
 # dtypes MPI reduces natively (16-bit floats go through a float32 copy)
 _NATIVE = frozenset(("float32", "float64", "int32", "int64"))
@@ -130,6 +137,10 @@ class MPIProcessGroup(ProcessGroup):
 
     @traced_collective(0)
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
+        if op is _SUM and not async_op and self._comm_thread is None and t.dtype.name in _NATIVE:
+            MPI = (_MPI or _mpi())["MPI"]  # the commonest call, with the least Python of all
+            self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=MPI.SUM)
+            return None
         MPI = _mpi()["MPI"]
         if not isinstance(op, ReduceOp):
             op = ReduceOp(op)

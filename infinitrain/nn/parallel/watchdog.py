@@ -13,6 +13,7 @@ working directory, or a shared folder on several nodes).
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import sys
@@ -24,28 +25,29 @@ recorder = None  # the FlightRecorder of this process while a watchdog runs, els
 
 
 class FlightRecorder:
-    """The last `size` operations: [id, group name, group ranks, op, seq, bytes, start, end]."""
+    """The last `size` operations: [id, group name, group ranks, op, seq, bytes, start, end].
+
+    start() is on every collective's path, so it takes no lock: appending to a bounded deque
+    and next() on a counter are atomic under the GIL, and the watchdog thread reads the ring
+    through list(), one C-level copy that no append interleaves with."""
 
     def __init__(self, size: int = 2000):
         self.ring = collections.deque(maxlen=size)
-        self.seq = collections.Counter()  # group key -> operations started on it
-        self.lock = threading.Lock()
-        self.count = 0
-        # on every collective's path: each group's key and its ranks (a list, as a dumped ring
-        # has them), made once per group (kept here: the groups are the recorder's to read only)
-        self.keys = {}
+        self.ids = itertools.count(1)
+        self.started = {}  # (group name, ranks) -> [operations started on it]
+        # per group object: (name, ranks (a list, as a dumped ring has them), its counter in
+        # `started`, the group (kept: its id stays its own)), made once (the groups are the
+        # recorder's to read only)
+        self.groups = {}
 
     def start(self, group, op: str, nbytes: int) -> list:
-        cached = self.keys.get(id(group))
-        if cached is None:
-            cached = self.keys[id(group)] = ((getattr(group, "name", "group"), tuple(group.ranks)),
-                                             list(group.ranks), group)  # the group kept: its id stays its own
-        key, ranks, _ = cached
-        with self.lock:
-            self.seq[key] += 1
-            self.count += 1
-            rec = [self.count, key[0], ranks, op, self.seq[key], nbytes, time.time(), None]
-            self.ring.append(rec)
+        g = self.groups.get(id(group))
+        if g is None:
+            name, ranks = getattr(group, "name", "group"), list(group.ranks)
+            g = self.groups[id(group)] = (name, ranks, self.started.setdefault((name, tuple(ranks)), [0]), group)
+        g[2][0] += 1
+        rec = [next(self.ids), g[0], g[1], op, g[2][0], nbytes, time.time(), None]
+        self.ring.append(rec)
         return rec
 
     @staticmethod
@@ -53,12 +55,10 @@ class FlightRecorder:
         rec[7] = time.time()
 
     def in_flight(self) -> list:
-        with self.lock:
-            return [r for r in self.ring if r[7] is None]
+        return [r for r in list(self.ring) if r[7] is None]
 
     def dump(self, path: Path, rank: int, job: str, reason: str) -> None:
-        with self.lock:
-            ops = [dict(zip(("id", "group", "ranks", "op", "seq", "bytes", "start", "end"), r)) for r in self.ring]
+        ops = [dict(zip(("id", "group", "ranks", "op", "seq", "bytes", "start", "end"), r)) for r in list(self.ring)]
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"job": job, "rank": rank, "pid": os.getpid(), "time": time.time(),
                                    "reason": reason, "ops": ops}, indent=1))
