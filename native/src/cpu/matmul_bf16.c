@@ -14,7 +14,7 @@
  * - AVX2 + FMA (CPUs without bf16 instructions): the packing converts bf16 to float32 as it
  *   copies, so the products run at float32's FMA rate with no conversion pass of their own
  *   (the sgemm path converts the operands and C around sgemm, which packs them again): a
- *   6 x 16 tile in 12 ymm accumulators, K in chunks of 256 that stay in L1.
+ *   6 x 16 tile in 12 ymm accumulators, K in chunks of 384 (a 24 KB panel of B stays in L1).
  *
  * Either way the products of two bf16 are exact in float32 and the sums are float32, as the
  * sgemm path's are; only the order of the sums differs. */
