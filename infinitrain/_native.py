@@ -66,8 +66,8 @@ HEADER_PATH = _find("INFINITRAIN_HEADER", "include/infinitrain.h",
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The same the other way round: OpenBLAS's workers spin for 2^28 cycles (~0.1 s) after each
 # product unless told otherwise, through the OpenMP kernels between products (attention, GELU,
-# LayerNorm, AdamW), which then run at about half speed. 2^4 cycles: a GPT-2 124M step on 2
-# threads ~9% faster. OpenBLAS reads this when it loads, with this library, just below.
+# LayerNorm, AdamW), which then run at about half speed. 2^4 cycles: GPT-2 fp32 steps on 2
+# threads 5-9% faster. OpenBLAS reads this when it loads, with this library, just below.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 ffi = cffi.FFI()
