@@ -1,8 +1,10 @@
 """Multi-process tests: each starts `mpiexec -n N` (oversubscribed on small machines) and fails
 with the ranks' output when a rank fails."""
+import contextlib
 import re
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -25,6 +27,39 @@ def test_layout_unit():
         Layout(6, tp=4)
     with pytest.raises(ValueError, match="= 12 ranks, but the world has 8"):
         Layout(8, tp=2, dp=6)
+
+
+@pytest.mark.parametrize("profiling", [False, True])
+def test_the_flight_recorder_closes_what_completes_or_fails_and_keeps_what_is_in_flight(profiling):
+    """A collective that raised failed (its error says so): left open, the watchdog would later
+    call it a hang."""
+    from infinitrain import profiler
+    from infinitrain.nn.parallel import watchdog
+    from infinitrain.nn.parallel.process_group import ProcessGroup, Work, traced_collective
+
+    class Group(ProcessGroup):
+        ranks, rank, size = [0], 0, 1
+
+        @traced_collective(0)
+        def all_reduce(self, t, fail=False, async_op=False):
+            if fail:
+                raise ValueError("wrong size")
+            return Work(event=threading.Event()) if async_op else None
+
+    g, t = Group(), np.zeros(4, np.float32)
+    saved, watchdog.recorder = watchdog.recorder, watchdog.FlightRecorder()
+    try:
+        with profiler.profile() if profiling else contextlib.nullcontext():
+            g.all_reduce(t)
+            with pytest.raises(ValueError, match="wrong size"):
+                g.all_reduce(t, fail=True)
+            work = g.all_reduce(t, async_op=True)
+            assert [r[3] for r in watchdog.recorder.in_flight()] == ["all_reduce"]
+            work._event.set()
+            work.wait()
+        assert watchdog.recorder.in_flight() == [] and len(watchdog.recorder.ring) == 3
+    finally:
+        watchdog.recorder = saved
 
 
 @pytest.mark.mpi

@@ -108,8 +108,6 @@ def _buffer(t: Tensor):
     return [m["MPI"].buffer.fromaddress(storage.ptr + t._offset * itemsize, numel * itemsize), mpi_type]
 
 
-_SUM = ReduceOp.SUM
-
 # dtypes MPI reduces natively (16-bit floats go through a float32 copy)
 _NATIVE = frozenset(("float32", "float64", "int32", "int64"))
 
@@ -137,17 +135,14 @@ class MPIProcessGroup(ProcessGroup):
 
     @traced_collective(0)
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
-        if op is _SUM and not async_op and self._comm_thread is None and t.dtype.name in _NATIVE:
-            MPI = (_MPI or _mpi())["MPI"]  # the commonest call, with the least Python of all
-            self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=MPI.SUM)
-            return None
-        MPI = _mpi()["MPI"]
-        if not isinstance(op, ReduceOp):
+        if op.__class__ is not ReduceOp:
             op = ReduceOp(op)
+        m = _MPI or _mpi()
         if not async_op and self._comm_thread is None and t.dtype.name in _NATIVE \
-                and op is not ReduceOp.AVG:  # the common synchronous case, with the least Python
-            self.comm.Allreduce(MPI.IN_PLACE, _buffer(t), op=_MPI["ops"][op])
+                and op is not ReduceOp.AVG:  # the commonest call, with the least Python of all
+            self.comm.Allreduce(m["MPI"].IN_PLACE, _buffer(t), op=m["ops"][op])
             return None
+        MPI = m["MPI"]
         if t.dtype.name in ("bfloat16", "float16"):
             # not MPI types: reduce a float32 copy, write back once it is done
             wide = t.float()

@@ -23,24 +23,16 @@ def traced_collective(payload: int | None):
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
             rec, flight = _trace.active, watchdog.recorder
-            if rec is None:
-                if flight is None:
-                    return fn(self, *args, **kwargs)
-                # the flight recorder alone (a multi-rank job's default): the lean path
-                entry = flight.start(self, name, args[payload].nbytes if payload is not None else 0)
-                result = fn(self, *args, **kwargs)  # raising: failed, not hung, as below
-                if result is None or not isinstance(result, Work) or result._done:
-                    flight.done(entry)
-                else:
-                    result._flight = entry
-                return result
+            if rec is None and flight is None:
+                return fn(self, *args, **kwargs)
             nbytes = args[payload].nbytes if payload is not None else 0
             entry = flight.start(self, name, nbytes) if flight is not None else None
-            t0 = _trace.now()
+            t0 = _trace.now() if rec is not None else 0.0
             try:
                 result = fn(self, *args, **kwargs)
             except BaseException:
-                entry = None  # failed, not hung
+                if entry is not None:  # failed, not hung: the error tells, the watchdog must not
+                    flight.done(entry)
                 raise
             finally:
                 if rec is not None:
