@@ -1,7 +1,10 @@
 """Tensor-parallel training throughput and per-rank peak memory: GPT-2 small trained through
 the example's front door at TP 1, 2, 4 (± SP, × DP) on the same global batch, each a fresh
 `mpiexec` job. Prints the median tokens/s over the steps after the first and the largest
-per-rank `peak used` of the log line (the native allocator's peak of tensor memory).
+per-rank `peak used` of the log line (the native allocator's peak of tensor memory). Each
+layout with TP > 1 runs twice: with backward's TP collectives beside its products (the default)
+and one after the other (--no_async_tensor_model_parallel_allreduce); the last column is their
+ratio.
 
     python benchmarks/tp_train.py                                 # default layouts
     python benchmarks/tp_train.py --layouts 1x1 2x1 2x1sp --steps 6 --model small
@@ -22,7 +25,7 @@ import sys
 from mpi_launch import start
 
 
-def run(layout: str, args) -> tuple:
+def run(layout: str, args, overlap: bool = True) -> tuple:
     m = re.fullmatch(r"(\d+)x(\d+)(sp)?", layout)
     if not m:
         raise SystemExit(f"layout {layout!r} is not TPxDP[sp], e.g. 2x1sp")
@@ -33,7 +36,8 @@ def run(layout: str, args) -> tuple:
     cmd = [*start(int(str(n))), sys.executable, "-m",
            "infinitrain.examples.gpt2", "--model", args.model, "--batch_size", str(args.batch // dp),
            "--sequence_length", str(args.seq), "--num_iteration", str(args.steps),
-           "--tensor_parallel", str(tp)] + (["--sequence_parallel"] if sp else [])
+           "--tensor_parallel", str(tp)] + (["--sequence_parallel"] if sp else []) \
+        + ([] if overlap else ["--no_async_tensor_model_parallel_allreduce"])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode:
@@ -54,10 +58,15 @@ def main() -> None:
     args = p.parse_args()
     print(f"GPT-2 {args.model}, global batch {args.batch} x {args.seq} tokens, fp32 AdamW, "
           f"{args.threads} thread(s) per rank, {os.cpu_count()} cores")
-    print(f"{'TP':>3} {'DP':>3} {'SP':>3} | {'tok/s':>8} | {'peak MB/rank':>12}")
+    print(f"{'TP':>3} {'DP':>3} {'SP':>3} | {'tok/s':>8} | {'peak MB/rank':>12} | "
+          f"{'not overlapped: tok/s':>21} | {'peak MB':>7} | overlap gain")
     for layout in args.layouts:
         tp, dp, sp, toks, mb = run(layout, args)
-        print(f"{tp:3d} {dp:3d} {'yes' if sp else 'no':>3} | {toks:8.0f} | {mb:12d}", flush=True)
+        line = f"{tp:3d} {dp:3d} {'yes' if sp else 'no':>3} | {toks:8.0f} | {mb:12d}"
+        if tp > 1:
+            *_, toks_plain, mb_plain = run(layout, args, overlap=False)
+            line += f" | {toks_plain:21.0f} | {mb_plain:7d} | {toks / toks_plain:.3f}x"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

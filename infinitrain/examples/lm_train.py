@@ -96,7 +96,8 @@ def setup_layout(args):
         refuse(f"cannot lay out the job: {e}")
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
         refuse(f"--device {args.device}: {e}")
-    tp = TensorParallel(env.tp_group, args.sequence_parallel) if args.tensor_parallel > 1 else None
+    tp = TensorParallel(env.tp_group, args.sequence_parallel, not args.no_async_tensor_model_parallel_allreduce) \
+        if args.tensor_parallel > 1 else None
     if args.zero_stage == 3 and pipelined:
         refuse("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
     stage = env.pipeline_stage(args.virtual_pipeline_parallel, args.pipeline_split) if pipelined else None

@@ -23,10 +23,13 @@ def reference(model, dtype, steps=10):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 4])
-def test_each_layer_matches_its_unsharded_twin(n):
+@pytest.mark.parametrize("n, comm_thread", [(2, "0"), (4, "0"), (2, "1")])
+def test_each_layer_matches_its_unsharded_twin(n, comm_thread):
+    """comm_thread: the MPI group's asynchronous collectives on a thread of their own (as with
+    two or more cores per rank) rather than MPI's non-blocking calls."""
     out = subprocess.run([*launch(n), sys.executable, str(MPI_SCRIPTS / "tp_layers.py")],
-                         capture_output=True, text=True, timeout=300, env=ENV)
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(ENV, INFINITRAIN_COMM_THREAD=comm_thread))
     assert out.returncode == 0 and out.stdout.count("OK") == n, out.stdout + out.stderr
 
 

@@ -69,6 +69,34 @@ for sp in (False, True):
         close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), "column dW")
         close(layer.bias.grad.detach().numpy(), layer.bias.tp_shard.take(ref.bias.grad).detach().numpy(), "column db")
 
+# -- ... whose backward overlaps its collectives with its products (async_comm, the default)
+# gives the same bits as the plain composition gather_from_sp / copy_to_tp + F.linear, in
+# float32 and under bf16 autocast, and issues backward's collectives asynchronously
+from infinitrain import profiler  # noqa: E402
+
+for sp in (False, True):
+    for low in (None, it.bfloat16):
+        got = []
+        for overlap in (True, False):
+            layer = tpm.ColumnParallelLinear(C, OUT, tpm.TensorParallel(env.tp_group, sp, async_comm=overlap),
+                                             blocks=(8, 8, 8))
+            load(layer.weight, w_full)
+            load(layer.bias, b_full)
+            xin = it.from_numpy(seq_slice(x_np).copy() if sp else x_np).requires_grad_()
+            with it.autocast(dtype=low, enabled=low is not None):
+                y = layer(xin)
+            with profiler.profile() as prof:
+                (y.float() * it.from_numpy(gy_big[..., :OUT // N].copy())).sum().backward()
+            issued = {(e[0], e[5]["async"]) for e in prof.events if e[1] == "comm" and e[5] and "async" in e[5]}
+            if overlap:  # under SP x is gathered again, beside grad_x's product
+                expected = {("all_gather", True), ("reduce_scatter", True)} if sp else {("all_reduce", True)}
+            else:  # the plain composition keeps the gathered x
+                expected = {("reduce_scatter", False)} if sp else {("all_reduce", False)}
+            assert issued == expected, (sp, overlap, issued)
+            got.append([t.detach().float().numpy() for t in (y, xin.grad, layer.weight.grad, layer.bias.grad)])
+        for name, a, b in zip(("y", "dx", "dW", "db"), *got):
+            assert np.array_equal(a, b), f"column {name} sp={sp} autocast={low}: async_comm changed the bits"
+
 # -- RowParallelLinear: input split along features (or scattered by the layer)
 IN = 4 * N
 xrow = rng.standard_normal((B, T, IN)).astype(np.float32)

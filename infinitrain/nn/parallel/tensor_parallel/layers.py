@@ -9,6 +9,7 @@ from ... import init
 from ...module import Module
 from ...modules import Linear
 from ...parameter import Parameter
+from .async_linear import linear_with_async_comm
 from .mappings import (copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
                        scatter_to_tp)
 from .shard import TensorParallel, TPShard, load_full, mark_sequence_parallel_param, shard_param
@@ -71,8 +72,12 @@ class ColumnParallelLinear(Module):
     lora_on = False  # nn.lora: lora_A whole, lora_B split as the weight's rows
 
     def forward(self, x):
-        group = self.tp.group
-        if self.tp.sequence_parallel:
+        group, sp = self.tp.group, self.tp.sequence_parallel
+        if self.tp.async_comm and (sp or not self.input_is_parallel) and not self.lora_on \
+                and group.size > 1:  # backward's collectives beside its products
+            y = linear_with_async_comm(x, self.weight, self.bias, group, sp)
+            return gather_from_tp(y, group) if self.gather_output else y
+        if sp:
             x = gather_from_sp(x, group)
         elif not self.input_is_parallel:
             x = copy_to_tp(x, group)

@@ -21,22 +21,27 @@ from ..process_group import ProcessGroup, ReduceOp
 
 # ---- collectives along a dimension (no autograd) ------------------------------------------
 
-def _all_gather_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
-    """Concatenation along dim of every rank's x, in rank order."""
+def _all_gather_dim(x: Tensor, group: ProcessGroup, dim: int, async_op: bool = False):
+    """Concatenation along dim of every rank's x, in rank order. async_op: (Work, result), where
+    result() gives the concatenation once the Work is done."""
     dim %= x.ndim
     src = x.contiguous()
     buf = creation.empty(group.size, *src.shape, dtype=src.dtype, device=src.device)
-    group.all_gather(buf, src)
-    if dim == 0:
-        return buf.reshape(group.size * src.shape[0], *src.shape[1:])
-    order = list(range(1, dim + 1)) + [0] + list(range(dim + 1, src.ndim + 1))
-    shape = list(src.shape)
-    shape[dim] *= group.size
-    return buf.permute(*order).contiguous().reshape(*shape)
+    work = group.all_gather(buf, src, async_op=async_op)
+
+    def result() -> Tensor:
+        if dim == 0:
+            return buf.reshape(group.size * src.shape[0], *src.shape[1:])
+        order = list(range(1, dim + 1)) + [0] + list(range(dim + 1, src.ndim + 1))
+        shape = list(src.shape)
+        shape[dim] *= group.size
+        return buf.permute(*order).contiguous().reshape(*shape)
+    return (work, result) if async_op else result()
 
 
-def _reduce_scatter_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
-    """This rank's block along dim of the sum over ranks of x."""
+def _reduce_scatter_dim(x: Tensor, group: ProcessGroup, dim: int, async_op: bool = False):
+    """This rank's block along dim of the sum over ranks of x (async_op: (Work, block), the
+    block filled once the Work is done)."""
     dim %= x.ndim
     n = x.shape[dim] // group.size
     shape = list(x.shape)
@@ -48,8 +53,8 @@ def _reduce_scatter_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
         order = [dim] + [i for i in range(len(split)) if i != dim]
         src = x.reshape(*split).permute(*order).contiguous()
     out = creation.empty(*shape, dtype=x.dtype, device=x.device)
-    group.reduce_scatter(out, src, ReduceOp.SUM)
-    return out
+    work = group.reduce_scatter(out, src, ReduceOp.SUM, async_op=async_op)
+    return (work, out) if async_op else out
 
 
 def _split_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
@@ -60,10 +65,11 @@ def _split_dim(x: Tensor, group: ProcessGroup, dim: int) -> Tensor:
     return x[tuple(index)].contiguous()
 
 
-def _all_reduce(x: Tensor, group: ProcessGroup) -> Tensor:
+def _all_reduce(x: Tensor, group: ProcessGroup, async_op: bool = False):
+    """The sum over ranks of x, in a new tensor (async_op: (Work, sum), filled once it is done)."""
     out = x.contiguous().clone()
-    group.all_reduce(out, ReduceOp.SUM)
-    return out
+    work = group.all_reduce(out, ReduceOp.SUM, async_op=async_op)
+    return (work, out) if async_op else out
 
 
 def _check_split(x: Tensor, group: ProcessGroup, dim: int, what: str) -> None:

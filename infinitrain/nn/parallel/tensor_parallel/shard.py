@@ -17,10 +17,13 @@ from ..process_group import ProcessGroup
 
 @dataclass(frozen=True)
 class TensorParallel:
-    """What a model needs to know to build its layers tensor-parallel: the TP group and
-    whether activations between TP regions are split along the sequence."""
+    """What a model needs to know to build its layers tensor-parallel: the TP group, whether
+    activations between TP regions are split along the sequence, and whether column-parallel
+    layers overlap backward's collectives with its products (async_comm, Megatron's
+    async_tensor_model_parallel_allreduce; the same results either way)."""
     group: ProcessGroup
     sequence_parallel: bool = False
+    async_comm: bool = True
 
     @property
     def size(self) -> int:
