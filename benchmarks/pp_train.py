@@ -2,8 +2,12 @@
 with the even and the balanced split of the blocks (nn.parallel.pp.chunk_layers), training the
 same GPT-2 on the same global batch. Per schedule: tokens/s (median over the steps after the first),
 and per stage the measured bubble (the share of the step the stage sat blocked on a
-neighbour), the schedule's bubble on paper (`simulate`, forward 1 : backward 2), the peak
-tensor memory and the peak activation memory (what a step held above what it started with).
+neighbour), the peak tensor memory and the peak activation memory (what a step held above what
+it started with). On paper (`simulate`, forward 1 : backward 2): the bubble of the split's
+estimated work (each chunk's blocks, the head's blocks' worth on the last chunk, as the balanced
+split counts them), and the step and each stage's bubble with the work each stage measured
+(its step less its waits): the distance between that and the measured bubble is what the
+engine adds (messages, waits, start-up), the rest is the split and the schedule.
 
     python benchmarks/pp_train.py                          # PP 4, 8 micro-batches, GPT-2 small
     python benchmarks/pp_train.py --pp 2 --micro 8 --layers 8 --seq 128
@@ -61,14 +65,29 @@ def child(args) -> None:
     every = MPI.COMM_WORLD.gather(mine, root=0)
     layers = MPI.COMM_WORLD.gather(model.stage_layers, root=0)
     if env.is_main:
-        paper = simulate(args.schedule, args.pp, V, args.micro)["bubble"]
+        P, M = args.pp, args.micro
+        # the split's work on paper: each global chunk's blocks, the head's blocks' worth on the last
+        est = [0.0] * (P * V)
+        for s, chunks in enumerate(layers):
+            for v, c in enumerate(chunks):
+                est[v * P + s] = len(c)
+        est[-1] += type(model).head_work(model.config)
+        estimated = simulate(args.schedule, P, V, M, chunk_work=est)
+        # the work each stage measured (its step less its waits), shared over its chunks as
+        # estimated, in seconds per forward (a backward 2 forwards)
+        measured = [0.0] * (P * V)
+        for s, (elapsed, wait, _, _) in enumerate(every):
+            mine = est[s::P]
+            for v, e in enumerate(mine):
+                measured[v * P + s] = elapsed * (1 - wait) * e / sum(mine) / (3 * M)
+        paper = simulate(args.schedule, P, V, M, chunk_work=measured)
         step_s = max(r[0] for r in every)
         blocks = [sum(map(len, c)) for c in layers]
-        print(f"{args.schedule:>11} {args.split:>8} {args.outputs[0]:>5} {args.receives[0]:>9} {blocks} | {args.batch * args.seq / step_s:7.0f} tok/s | "
-              f"bubble on paper "
-              f"{paper:4.0%} | per stage: " + ", ".join(
-                  f"s{s} bubble {w:4.0%} peak {p / 2**20:6.1f} MB act {a / 2**20:6.1f} MB"
-                  for s, (_, w, p, a) in enumerate(every)), flush=True)
+        print(f"{args.schedule:>11} {args.split:>8} {args.outputs[0]:>5} {args.receives[0]:>9} {str(blocks):>8} | "
+              f"{args.batch * args.seq / step_s:6.0f} tok/s | {estimated['bubble']:4.0%} | "
+              f"step {step_s * 1e3:6.0f} ms, on paper {paper['time'] * 1e3:6.0f} | " + ", ".join(
+                  f"s{s} bubble {w:4.0%} (paper {pb:4.0%}) peak {p / 2**20:6.1f} MB act {a / 2**20:6.1f} MB"
+                  for s, ((_, w, p, a), pb) in enumerate(zip(every, paper["stage_bubbles"]))), flush=True)
 
 
 def main() -> None:
@@ -101,8 +120,9 @@ def main() -> None:
     print(f"GPT-2 {args.model} with {args.layers} layers, PP {args.pp}, {args.micro} micro-batches of "
           f"{args.batch // args.micro} x {args.seq} tokens, fp32, {args.threads} thread(s) per rank, "
           f"{os.cpu_count()} cores")
-    print("   schedule    split outputs receives blocks per stage | throughput | bubble on paper (an even split's work) | "
-          "per stage: measured bubble, peaks")
+    print("   schedule    split outputs receives   blocks | throughput | bubble on paper, the split's estimated "
+          "work | step measured, and on paper with the work each stage measured | per stage: measured "
+          "bubble (on paper with the measured work), peaks")
     runs = [(s, split, o, r) for s in args.schedules for split in args.splits for o in args.outputs
             for r in args.receives]
     for s, split, outputs, receives in runs:

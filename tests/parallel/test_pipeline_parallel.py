@@ -92,6 +92,14 @@ def test_schedules_are_free_of_deadlock_and_1f1b_holds_less():
     # bubble (P - 1) / (M + P - 1) for GPipe and 1F1B, less when interleaved
     assert simulate("1f1b", 4, 1, 8)["bubble"] == pytest.approx(3 / 11)
     assert simulate("interleaved", 4, 2, 8)["bubble"] == pytest.approx(3 / 19)
+    # an uneven split: the last stage does 3 times the first's work and sets the pace (by hand:
+    # stage 1 waits only for the first forward, stage 0 finishes the last backward after it)
+    uneven = simulate("1f1b", 2, 1, 4, chunk_work=[1, 3])
+    assert uneven["time"] == 39 and uneven["stage_bubbles"] == pytest.approx([27 / 39, 3 / 39])
+    assert uneven["bubble"] == pytest.approx(30 / 78)
+    assert simulate("interleaved", 4, 2, 8, chunk_work=[0.5] * 8)["bubble"] == pytest.approx(3 / 19)
+    with pytest.raises(ValueError, match="chunk_work gives 3 chunks' work, the pipeline has 2 x 1"):
+        simulate("1f1b", 2, 1, 4, chunk_work=[1, 1, 1])
     for P, M in ((2, 4), (4, 8), (8, 16)):
         gpipe, ofob = simulate("gpipe", P, 1, M), simulate("1f1b", P, 1, M)
         assert gpipe["peak_in_flight"][0] == M and ofob["peak_in_flight"][0] == P

@@ -108,12 +108,18 @@ def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
 
 
 def simulate(name: str, stages: int, virtual: int, micro: int,
-             forward_cost: float = 1.0, backward_cost: float = 2.0) -> dict:
+             forward_cost: float = 1.0, backward_cost: float = 2.0, chunk_work=None) -> dict:
     """Runs the schedule of every stage on paper, with the engine's rule (a pass waits for
     its input, sends never wait). Raises RuntimeError on a deadlock; returns the step's
-    length, the idle share of it (the pipeline bubble) and each stage's peak count of chunk
-    activations held (forward done, backward not yet)."""
+    length, the idle share of it (the pipeline bubble: `bubble` over all stages, and each
+    stage's in `stage_bubbles`) and each stage's peak count of chunk activations held (forward
+    done, backward not yet). chunk_work: the work of each of the P x V global chunks, as a
+    multiple of forward_cost / backward_cost (an uneven split: blocks per chunk, the head's
+    blocks' worth on the last); by default every chunk does 1/V of a stage's equal share."""
     P, V, last = stages, virtual, stages * virtual - 1
+    work = [1.0 / V] * (P * V) if chunk_work is None else [float(w) for w in chunk_work]
+    if len(work) != P * V:
+        raise ValueError(f"chunk_work gives {len(work)} chunks' work, the pipeline has {P} x {V}")
     plans = [schedule(name, P, V, micro, s) for s in range(P)]
     _check_link_order(name, plans, P, last)
     at, clock = [0] * P, [0.0] * P
@@ -140,8 +146,9 @@ def simulate(name: str, stages: int, virtual: int, micro: int,
                 if t is None:
                     break
                 start = max(clock[s], t)
-                clock[s] = start + (forward_cost if a.kind == "F" else backward_cost) / V
-                done[(a.kind, a.micro, a.chunk * P + s)] = clock[s]
+                g = a.chunk * P + s
+                clock[s] = start + (forward_cost if a.kind == "F" else backward_cost) * work[g]
+                done[(a.kind, a.micro, g)] = clock[s]
                 held[s] += 1 if a.kind == "F" else -1
                 peak[s] = max(peak[s], held[s])
                 at[s] += 1
@@ -152,6 +159,6 @@ def simulate(name: str, stages: int, virtual: int, micro: int,
             raise RuntimeError(f"schedule {name} deadlocks at P={P}, V={V}, M={micro}: "
                                f"stages wait on {stuck}")
     span = max(clock)
-    busy = micro * (forward_cost + backward_cost)  # a chunk costs 1/V of a stage's layers
-    return {"time": span, "bubble": 1.0 - busy / span,
-            "peak_in_flight": peak}
+    busy = [micro * (forward_cost + backward_cost) * sum(work[s::P]) for s in range(P)]
+    return {"time": span, "bubble": 1.0 - sum(busy) / (P * span),
+            "stage_bubbles": [1.0 - b / span for b in busy], "peak_in_flight": peak}
