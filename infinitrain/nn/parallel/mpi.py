@@ -72,13 +72,13 @@ def _mpi():
         _MPI.update(MPI=MPI, types={"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "float16": MPI.UINT16_T,
                                     "int32": MPI.INT32_T, "int64": MPI.INT64_T, "uint8": MPI.UINT8_T,
                                     "bfloat16": MPI.UINT16_T},
-                    ops={ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MAX: MPI.MAX,
-                         ReduceOp.MIN: MPI.MIN})
+                    # by ReduceOp's value: a str hashes in C, an Enum member in Python
+                    ops={"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN})
     return _MPI
 
 
 def _mpi_op(op: ReduceOp):
-    return _mpi()["ops"][op]
+    return _mpi()["ops"][op._value_]
 
 
 def _buffer(t: Tensor):
@@ -107,6 +107,8 @@ def _buffer(t: Tensor):
     itemsize = t.dtype.itemsize
     return [m["MPI"].buffer.fromaddress(storage.ptr + t._offset * itemsize, numel * itemsize), mpi_type]
 
+
+_AVG = ReduceOp.AVG  # module constants: an Enum's class attribute costs a lookup per call
 
 # dtypes MPI reduces natively (16-bit floats go through a float32 copy)
 _NATIVE = frozenset(("float32", "float64", "int32", "int64"))
@@ -138,9 +140,9 @@ class MPIProcessGroup(ProcessGroup):
         if op.__class__ is not ReduceOp:
             op = ReduceOp(op)
         m = _MPI or _mpi()
-        if not async_op and self._comm_thread is None and t.dtype.name in _NATIVE \
-                and op is not ReduceOp.AVG:  # the commonest call, with the least Python of all
-            self.comm.Allreduce(m["MPI"].IN_PLACE, _buffer(t), op=m["ops"][op])
+        if not async_op and self._comm_thread is None and op is not _AVG \
+                and t.dtype.name in _NATIVE:  # the commonest call, with the least Python of all
+            self.comm.Allreduce(m["MPI"].IN_PLACE, _buffer(t), op=m["ops"][op._value_])
             return None
         MPI = m["MPI"]
         if t.dtype.name in ("bfloat16", "float16"):
@@ -192,7 +194,7 @@ class MPIProcessGroup(ProcessGroup):
         in_place = out._storage is t._storage
         if not async_op and self._comm_thread is None and op is ReduceOp.SUM \
                 and t.dtype.name in _NATIVE and not in_place:  # the common case, with the least Python
-            self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=_MPI["ops"][op])
+            self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=_MPI["ops"]["sum"])
             return None
         op = ReduceOp(op)
         if t.dtype.name in ("bfloat16", "float16"):
