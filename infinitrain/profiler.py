@@ -4,6 +4,7 @@
         ...train a few steps...
     print(prof.table())                      # by total time: calls, total, self, mean, % of wall
     prof.export_chrome_trace("trace.json")   # chrome://tracing or ui.perfetto.dev
+    prof.communication_overlap()             # how much communication ran beside kernels
 
 Recorded while it runs: every autograd op's forward (category "op") and backward ("backward"),
 every native kernel call ("kernel"), every collective with the bytes it moves and waits on
@@ -102,6 +103,32 @@ class profile:
                      f"({len(rows)} distinct)")
         return "\n".join(lines)
 
+    # ---- communication hidden behind computation ----------------------------------------------
+    def communication_overlap(self) -> dict:
+        """How much of this rank's communication ran while it computed (the communication /
+        computation overlap of Holistic Trace Analysis, from the trace): `comm_ns` is the time
+        during which bytes were moving (a synchronous collective's call, a wait on an
+        asynchronous one, a transfer on the communication thread's track), `hidden_ns` the part
+        of it during which a kernel ran on another thread, `share` their ratio (None without
+        communication). An asynchronous call only queues its collective and is not counted."""
+        comm, compute = [], []
+        for name, cat, _tid, t0, t1, args in self.events:
+            if cat == "kernel":
+                compute.append((t0, t1))
+            elif cat == "comm" and not (args and args.get("async")):
+                comm.append((t0, t1))
+        comm, compute = _union(comm), _union(compute)
+        comm_ns = sum(t1 - t0 for t0, t1 in comm)
+        hidden, i, j = 0, 0, 0
+        while i < len(comm) and j < len(compute):  # the two sorted unions, side by side
+            lo, hi = max(comm[i][0], compute[j][0]), min(comm[i][1], compute[j][1])
+            hidden += max(0, hi - lo)
+            if comm[i][1] < compute[j][1]:
+                i += 1
+            else:
+                j += 1
+        return {"comm_ns": comm_ns, "hidden_ns": hidden, "share": hidden / comm_ns if comm_ns else None}
+
     # ---- the Chrome trace ---------------------------------------------------------------------
     def _trace_events(self, rank: int) -> list:
         rec = self._rec
@@ -130,3 +157,15 @@ class profile:
             events = [e for part in gathered for e in part]
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+
+def _union(spans: list) -> list:
+    """Sorted, non-overlapping intervals covering the same time as `spans`."""
+    out = []
+    for t0, t1 in sorted(spans):
+        if out and t0 <= out[-1][1]:
+            if t1 > out[-1][1]:
+                out[-1][1] = t1
+        else:
+            out.append([t0, t1])
+    return out

@@ -559,6 +559,10 @@ class ProfileWindow:
         steps = self.stop - self.start + 1
         log(f"---- profile of steps {self.start}-{self.stop} (rank 0; {steps} step(s), "
             f"{prof.wall_ns / 1e6 / steps:.1f} ms per step) ----\n{prof.table()}", flush=True)
+        overlap = prof.communication_overlap()
+        if overlap["share"] is not None:
+            log(f"communication: {overlap['comm_ns'] / 1e6:.1f} ms on rank 0, {overlap['share']:.0%} of it "
+                "hidden behind computation (the rest the step waited for)", flush=True)
         prof.export_chrome_trace(self.path, group=env.world)
         log(f"wrote the Chrome trace of every rank to {self.path} (open it in ui.perfetto.dev "
             "or chrome://tracing)", flush=True)

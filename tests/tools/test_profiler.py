@@ -3,6 +3,7 @@ user regions; the table's self times add up; the Chrome trace is valid and, unde
 ranks, holds every rank's tracks (with a communication thread, its own); nothing is recorded
 while no profiler runs."""
 import json
+import re
 import subprocess
 import sys
 
@@ -60,6 +61,20 @@ def test_self_time_is_total_less_nested_spans():
     assert self_ns == {"outer": 60, "a": 20, "k": 10, "b": 10, "other thread": 70}
 
 
+def test_communication_overlap_counts_the_comm_time_during_which_kernels_ran():
+    with profiler.profile() as prof:
+        pass
+    assert prof.communication_overlap() == {"comm_ns": 0, "hidden_ns": 0, "share": None}
+    prof._rec.events += [
+        ("matmul", "kernel", 1, 0, 100, None), ("matmul", "kernel", 1, 150, 200, None),
+        ("all_reduce", "comm", 1, 100, 101, {"async": True}),  # only queued: not counted
+        ("collective", "comm", 2, 90, 170, None),   # the transfer, on another thread
+        ("collective", "comm", 2, 160, 180, None),  # overlaps the one before: 90-180 beside kernels 10 + 30 ns
+        ("wait", "comm", 1, 200, 230, None),        # exposed: nothing computes meanwhile
+        ("all_gather", "comm", 1, 240, 250, {"async": False})]
+    assert prof.communication_overlap() == {"comm_ns": 90 + 30 + 10, "hidden_ns": 40, "share": 40 / 130}
+
+
 @pytest.mark.mpi
 def test_chrome_trace_of_every_rank_with_the_communication_thread(tmp_path):
     """`mpiexec -n 2 python -m infinitrain.examples.gpt2 --profile PATH` under DP 2 with a
@@ -75,6 +90,7 @@ def test_chrome_trace_of_every_rank_with_the_communication_thread(tmp_path):
                          capture_output=True, text=True, timeout=300, env=dict(ENV, INFINITRAIN_COMM_THREAD="1"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "---- profile of steps 2-3" in out.stdout and "all_reduce" in out.stdout, out.stdout
+    assert re.search(r"communication: [\d.]+ ms on rank 0, \d+% of it hidden behind computation", out.stdout), out.stdout
     events = json.loads(trace.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["pid"] for e in spans} == {0, 1}
