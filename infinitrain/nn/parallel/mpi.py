@@ -108,7 +108,7 @@ def _buffer(t: Tensor):
     return [m["MPI"].buffer.fromaddress(storage.ptr + t._offset * itemsize, numel * itemsize), mpi_type]
 
 
-_AVG = ReduceOp.AVG  # module constants: an Enum's class attribute costs a lookup per call
+_SUM, _AVG = ReduceOp.SUM, ReduceOp.AVG  # an Enum's class attribute costs a lookup per call
 
 # dtypes MPI reduces natively (16-bit floats go through a float32 copy)
 _NATIVE = frozenset(("float32", "float64", "int32", "int64"))
@@ -150,11 +150,11 @@ class MPIProcessGroup(ProcessGroup):
             wide = t.float()
             inner = self.all_reduce(wide, op, async_op=True)
             return self._done(_then(inner, lambda: t.copy_(wide)), async_op)
-        if op is ReduceOp.AVG and not t.dtype.is_floating_point:
+        if op is _AVG and not t.dtype.is_floating_point:
             raise TypeError(f"all_reduce AVG of {t.dtype.name} tensors is not defined; use SUM")
         buf, mop = _buffer(t), _mpi_op(op)
         scale = 1.0 / self.size
-        epilogue = (lambda: t.mul_(scale)) if op is ReduceOp.AVG and self.size > 1 else None
+        epilogue = (lambda: t.mul_(scale)) if op is _AVG and self.size > 1 else None
         return self._collective(lambda: self.comm.Allreduce(MPI.IN_PLACE, buf, op=mop),
                                 lambda: self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mop),
                                 epilogue, async_op)
@@ -192,7 +192,7 @@ class MPIProcessGroup(ProcessGroup):
         that block of t itself (in place, NCCL's convention; t's other blocks are left undefined)."""
         self._check_gathered("reduce_scatter", t, out)
         in_place = out._storage is t._storage
-        if not async_op and self._comm_thread is None and op is ReduceOp.SUM \
+        if not async_op and self._comm_thread is None and op is _SUM \
                 and t.dtype.name in _NATIVE and not in_place:  # the common case, with the least Python
             self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=_MPI["ops"]["sum"])
             return None
@@ -213,13 +213,13 @@ class MPIProcessGroup(ProcessGroup):
             def epilogue():
                 if self.rank:
                     out.copy_(front)
-                if op is ReduceOp.AVG and self.size > 1:
+                if op is _AVG and self.size > 1:
                     out.mul_(scale)
             return self._collective(lambda: self.comm.Reduce_scatter_block(MPI.IN_PLACE, buf, op=mop),
                                     lambda: self.comm.Ireduce_scatter_block(MPI.IN_PLACE, buf, op=mop),
                                     epilogue, async_op)
         src, dst, mop = _buffer(t), _buffer(out), _mpi_op(op)
-        epilogue = (lambda: out.mul_(scale)) if op is ReduceOp.AVG and self.size > 1 else None
+        epilogue = (lambda: out.mul_(scale)) if op is _AVG and self.size > 1 else None
         return self._collective(lambda: self.comm.Reduce_scatter_block(src, dst, op=mop),
                                 lambda: self.comm.Ireduce_scatter_block(src, dst, op=mop),
                                 epilogue, async_op)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from enum import Enum
+from math import prod
 
 from ... import _trace
 from ...tensor import Tensor
@@ -147,7 +148,7 @@ class ProcessGroup:
 
     def _check_gathered(self, what: str, whole: Tensor, piece: Tensor) -> None:
         """all_gather's out and reduce_scatter's input hold `size` pieces of the other's shape."""
-        if whole.numel() != piece.numel() * self.size or whole.dtype is not piece.dtype:
+        if prod(whole._shape) != prod(piece._shape) * self.size or whole.dtype is not piece.dtype:
             raise ValueError(f"{what}: the whole tensor must hold {self.size} x {tuple(piece.shape)} "
                              f"{piece.dtype.name}, got {tuple(whole.shape)} {whole.dtype.name}")
 
