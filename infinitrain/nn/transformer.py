@@ -102,21 +102,25 @@ class MultiheadAttention(Module):
     def _enter(self, x: Tensor) -> Tensor:
         return x
 
+    def _in_linear(self, x: Tensor, weight: Tensor, bias) -> Tensor:
+        """An input's projection, the input entering as _enter has it (one input, one product)."""
+        return F.linear(self._enter(x), weight, bias)
+
     def _local_mask(self, bias: Tensor) -> Tensor:
         return bias
 
     def _joined_weights(self, weights: Tensor, average: bool) -> Tensor:
         return weights.mean(dim=1) if average else weights
 
-    def _project(self, x: Tensor, i: int) -> Tensor:
+    def _projection(self, i: int) -> tuple:
+        """(weight, bias) of q (i = 0), k (1) or v (2)."""
         if self._qkv_same_embed_dim:
             n = self.in_proj_weight.shape[0] // 3  # E, or this rank's E / TP
             w = self.in_proj_weight[i * n:(i + 1) * n]
         else:
             w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[i]
             n = w.shape[0]
-        b = None if self.in_proj_bias is None else self.in_proj_bias[i * n:(i + 1) * n]
-        return F.linear(x, w, b)
+        return w, None if self.in_proj_bias is None else self.in_proj_bias[i * n:(i + 1) * n]
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None,
                 need_weights: bool = True, attn_mask=None, average_attn_weights: bool = True,
@@ -146,12 +150,13 @@ class MultiheadAttention(Module):
             raise ValueError(f"MultiheadAttention: key {tuple(key.shape)} and value {tuple(value.shape)} "
                              f"must have the same batch and length, and the query's batch {N}")
         if self_attention and self._qkv_same_embed_dim:  # one product for q, k and v
-            q, k, v = F.linear(self._enter(query), self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-        else:
-            query = self._enter(query)
+            q, k, v = self._in_linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        elif value is key:  # one input, two products: it enters once, its gradient summed once
+            q = self._in_linear(query, *self._projection(0))
             key = self._enter(key)
-            value = key if value is key else self._enter(value)
-            q, k, v = (self._project(x, i) for i, x in enumerate((query, key, value)))
+            k, v = F.linear(key, *self._projection(1)), F.linear(key, *self._projection(2))
+        else:
+            q, k, v = (self._in_linear(x, *self._projection(i)) for i, x in enumerate((query, key, value)))
         extra = []  # the keys (and values) appended, which every query may attend to
         if self.bias_k is not None:
             extra.append((self.bias_k.expand(N, 1, H * Dh), self.bias_v.expand(N, 1, H * Dh)))

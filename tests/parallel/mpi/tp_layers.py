@@ -197,26 +197,33 @@ pad_np[1, -2:] = True
 head_mask = rng.random((B * HEADS, L, L)) < 0.3
 for i in range(L):
     head_mask[:, i, i] = False
-for kw, cross in ((dict(add_bias_kv=True), False), (dict(kdim=12, vdim=12, add_zero_attn=True), True)):
+for kw, cross in ((dict(add_bias_kv=True), None), (dict(kdim=12, vdim=12, add_zero_attn=True), "shared"),
+                  (dict(kdim=12, vdim=12), "distinct")):
     it.manual_seed(5)
     whole = it.nn.MultiheadAttention(E, HEADS, batch_first=True, **kw)
     part = tpm.ParallelMultiheadAttention.from_module(whole, tp)
+    # the same with backward's all-reduces after the products: the same bits
+    plain = tpm.ParallelMultiheadAttention.from_module(whole, tpm.TensorParallel(env.tp_group, async_comm=False))
     outs = []
-    for mha in (whole, part):
+    for mha in (whole, part, plain):
         xq = it.from_numpy(q_np).requires_grad_()
         if cross:
             mem = it.from_numpy(m_np).requires_grad_()
-            y, w = mha(xq, mem, mem, key_padding_mask=it.from_numpy(pad_np), average_attn_weights=False)
+            val = mem if cross == "shared" else it.from_numpy(m_np[:, ::-1].copy())
+            y, w = mha(xq, mem, val, key_padding_mask=it.from_numpy(pad_np), average_attn_weights=False)
         else:
             mem = None
             y, w = mha(xq, xq, xq, attn_mask=it.from_numpy(head_mask))
         (y * y).sum().backward()
         outs.append((y, w, xq.grad, mem.grad if cross else None))
-    what = "cross-attention" if cross else "self-attention"
-    for a, b, name in zip(outs[0], outs[1], ("y", "weights", "dq", "dmemory")):
+    what = f"{cross or 'self'} attention"
+    for a, b, c, name in zip(*outs, ("y", "weights", "dq", "dmemory")):
         if a is not None:
             close(b.detach().numpy(), a.detach().numpy(), f"{what} {name}", rtol=1e-4, atol=1e-6)
+            assert np.array_equal(b.detach().numpy(), c.detach().numpy()), f"{what} {name}: async_comm changed the bits"
     sharded_grads_match(whole, part, what)
+    for (name, p), q in zip(part.named_parameters(), plain.parameters()):
+        assert np.array_equal(p.grad.numpy(), q.grad.numpy()), f"{what} d{name}: async_comm changed the bits"
 
 # -- a whole encoder-decoder nn.Transformer made tensor-parallel (post- and pre-LayerNorm)
 for norm_first in (False, True):

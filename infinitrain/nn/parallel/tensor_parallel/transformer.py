@@ -13,6 +13,7 @@ from __future__ import annotations
 from ....autograd import no_grad
 from ...module import Module
 from ...transformer import MultiheadAttention, TransformerDecoderLayer, TransformerEncoderLayer
+from .async_linear import linear_with_async_comm
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .mappings import copy_to_tp, gather_from_tp, reduce_from_tp
 from .shard import TensorParallel, TPShard, load_full, shard_param
@@ -67,6 +68,13 @@ class ParallelMultiheadAttention(MultiheadAttention):
 
     def _enter(self, x):
         return copy_to_tp(x, self.tp.group)
+
+    def _in_linear(self, x, weight, bias):
+        """A column-parallel product: backward's all-reduce of x's gradient beside the weight
+        gradient's product (as ColumnParallelLinear)."""
+        if self.tp.async_comm and self.tp.size > 1:
+            return linear_with_async_comm(x, weight, bias, self.tp.group, False)
+        return super()._in_linear(x, weight, bias)
 
     def _local_mask(self, bias):
         if bias.ndim == 4 and bias.shape[1] == self.num_heads:  # a mask per head: this rank's heads
