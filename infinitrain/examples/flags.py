@@ -31,6 +31,13 @@ nonnegative_float = _number(float, 0.0, True, "0 or a positive number")
 unit_interval = _number(float, 0.0, True, "in [0, 1)")
 
 
+def add_async_tp_flag(p: argparse.ArgumentParser) -> None:
+    """Megatron's switch for the column-parallel backward's overlap (both examples take it)."""
+    p.add_argument("--no_async_tensor_model_parallel_allreduce", action="store_true",
+                   help="with --tensor_parallel > 1: run backward's TP collectives after the products "
+                        "instead of beside them (Megatron's flag; the results are the same bits)")
+
+
 def probability(text: str) -> float:
     value = unit_interval(text)
     if value >= 1.0:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_float, positive_int
+from infinitrain.examples.flags import (add_async_tp_flag, nonnegative_float, nonnegative_int, positive_float,
+                                       positive_int)
 from infinitrain.nn.lora import DEFAULT_TARGETS
 
 
@@ -56,9 +57,7 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="ranks that split each layer's weights (Megatron-style); DP = world / (TP * CP * PP)")
     p.add_argument("--sequence_parallel", action="store_true",
                    help="with --tensor_parallel > 1: split activations between TP regions along the sequence")
-    p.add_argument("--no_async_tensor_model_parallel_allreduce", action="store_true",
-                   help="with --tensor_parallel > 1: run backward's TP collectives after the products "
-                        "instead of beside them (Megatron's flag; the results are the same bits)")
+    add_async_tp_flag(p)
     p.add_argument("--context_parallel", type=positive_int, default=1,
                    help="ranks that split every sequence (context parallelism: each holds T/CP tokens, "
                         "attention passes K/V between them)")

@@ -34,8 +34,8 @@ from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.examples.lm_train import ProfileWindow, check_offload_flags
-from infinitrain.examples.flags import (check_input_files, check_outputs, nonnegative_int, positive_float, positive_int,
-                                        probability, refuse)
+from infinitrain.examples.flags import (add_async_tp_flag, check_input_files, check_outputs, nonnegative_int,
+                                        positive_float, positive_int, probability, refuse)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
@@ -73,6 +73,7 @@ def parse_args(argv=None):
     p.add_argument("--offload_path", default=None, metavar="DIR", help="folder on a local disk for nvme")
     p.add_argument("--tensor_parallel", type=positive_int, default=1,
                    help="split each layer's heads and feed-forward units, and the vocabulary, over this many ranks")
+    add_async_tp_flag(p)
     p.add_argument("--recompute", action="store_true", help="recompute each layer's activations in backward")
     p.add_argument("--val_loss_every", type=nonnegative_int, default=0, help="0 = only at the end")
     p.add_argument("--save", default=None, help="folder for checkpoints (written at the end)")
@@ -136,7 +137,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         refuse(f"cannot lay out the job: {e}")
     dp = env.layout.dp
-    tp = TensorParallel(env.tp_group) if args.tensor_parallel > 1 else None
+    tp = TensorParallel(env.tp_group, async_comm=not args.no_async_tensor_model_parallel_allreduce) \
+        if args.tensor_parallel > 1 else None
     if tp is not None:  # before training, the sizes tensor parallelism splits
         preset = SEQ2SEQ_PRESETS[args.model]
         for what, n in (("the attention heads", preset["nhead"]), ("dim_feedforward", preset["dim_feedforward"])):
