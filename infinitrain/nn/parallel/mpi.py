@@ -14,8 +14,8 @@ from .process_group import ProcessGroup, ReduceOp, Work, _then, traced_collectiv
 class MPIWork(Work):
     """Completes when its MPI requests have."""
 
-    def __init__(self, requests, epilogue=None):
-        super().__init__(epilogue=epilogue)
+    def __init__(self, requests, epilogue=None, keep=()):
+        super().__init__(epilogue=epilogue, keep=keep)
         self._requests = list(requests)
 
     def _test(self) -> bool:
@@ -56,9 +56,9 @@ class _CommThread:
         """Returns once everything queued so far has run."""
         self._queue.join()
 
-    def submit(self, fn, epilogue=None) -> Work:
+    def submit(self, fn, epilogue=None, keep=()) -> Work:
         import threading
-        work = Work(epilogue=epilogue, event=threading.Event())
+        work = Work(epilogue=epilogue, event=threading.Event(), keep=keep)
         self._queue.put((fn, work))
         return work
 
@@ -157,12 +157,14 @@ class MPIProcessGroup(ProcessGroup):
         epilogue = (lambda: t.mul_(scale)) if op is _AVG and self.size > 1 else None
         return self._collective(lambda: self.comm.Allreduce(MPI.IN_PLACE, buf, op=mop),
                                 lambda: self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mop),
-                                epilogue, async_op)
+                                epilogue, async_op, (t,))
 
-    def _collective(self, blocking, nonblocking, epilogue, async_op: bool):
+    def _collective(self, blocking, nonblocking, epilogue, async_op: bool, keep=()):
         """Synchronous calls block (cheapest when the caller waits anyway), after whatever the
         communication thread still has queued, so that every rank sees one order; asynchronous
-        ones go to the communication thread, or else to MPI's non-blocking call."""
+        ones go to the communication thread, or else to MPI's non-blocking call. keep: the
+        tensors whose memory the call reads or writes (MPI sees only addresses), held by the
+        Work until it is done, so that a temporary the caller drops is not reused meanwhile."""
         if not async_op:
             if self._comm_thread is not None:
                 self._comm_thread.drain()
@@ -171,8 +173,8 @@ class MPIProcessGroup(ProcessGroup):
                 epilogue()
             return None
         if self._comm_thread is not None:
-            return self._comm_thread.submit(blocking, epilogue)
-        return MPIWork([nonblocking()], epilogue)
+            return self._comm_thread.submit(blocking, epilogue, keep)
+        return MPIWork([nonblocking()], epilogue, keep)
 
     @traced_collective(0)
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
@@ -183,7 +185,7 @@ class MPIProcessGroup(ProcessGroup):
             self.comm.Allgather(src, dst)
             return None
         return self._collective(lambda: self.comm.Allgather(src, dst),
-                                lambda: self.comm.Iallgather(src, dst), None, async_op)
+                                lambda: self.comm.Iallgather(src, dst), None, async_op, (out, t))
 
     @traced_collective(1)
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM,
@@ -217,27 +219,27 @@ class MPIProcessGroup(ProcessGroup):
                     out.mul_(scale)
             return self._collective(lambda: self.comm.Reduce_scatter_block(MPI.IN_PLACE, buf, op=mop),
                                     lambda: self.comm.Ireduce_scatter_block(MPI.IN_PLACE, buf, op=mop),
-                                    epilogue, async_op)
+                                    epilogue, async_op, (out, t))
         src, dst, mop = _buffer(t), _buffer(out), _mpi_op(op)
         epilogue = (lambda: out.mul_(scale)) if op is _AVG and self.size > 1 else None
         return self._collective(lambda: self.comm.Reduce_scatter_block(src, dst, op=mop),
                                 lambda: self.comm.Ireduce_scatter_block(src, dst, op=mop),
-                                epilogue, async_op)
+                                epilogue, async_op, (out, t))
 
     @traced_collective(0)
     def broadcast(self, t: Tensor, src: int = 0, async_op: bool = False):
         """src is an index into this group's ranks."""
         buf = _buffer(t)
         return self._collective(lambda: self.comm.Bcast(buf, root=src),
-                                lambda: self.comm.Ibcast(buf, root=src), None, async_op)
+                                lambda: self.comm.Ibcast(buf, root=src), None, async_op, (t,))
 
     @traced_collective(0)
     def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
-        return MPIWork([self.comm.Isend(_buffer(t), dest=dst, tag=tag)])
+        return MPIWork([self.comm.Isend(_buffer(t), dest=dst, tag=tag)], keep=(t,))
 
     @traced_collective(0)
     def irecv(self, t: Tensor, src: int, tag: int = 0) -> Work:
-        return MPIWork([self.comm.Irecv(_buffer(t), source=src, tag=tag)])
+        return MPIWork([self.comm.Irecv(_buffer(t), source=src, tag=tag)], keep=(t,))
 
     def send(self, t: Tensor, dst: int, tag: int = 0) -> None:
         self.isend(t, dst, tag).wait()

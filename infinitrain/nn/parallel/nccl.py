@@ -24,15 +24,14 @@ _OPS = {ReduceOp.SUM: lib.IT_COMM_SUM, ReduceOp.AVG: lib.IT_COMM_AVG, ReduceOp.M
 
 class NCCLWork(Work):
     def __init__(self, done: cuda.Event, keep: tuple):
-        super().__init__()
-        self._event, self._keep = done, keep
+        super().__init__(keep=keep)
+        self._event = done
 
     def _test(self) -> bool:
         return self._event.query()
 
     def _block(self) -> None:
         self._event.wait()  # the caller's current stream waits; the host goes on
-        self._keep = ()
 
 
 class NCCLProcessGroup(ProcessGroup):

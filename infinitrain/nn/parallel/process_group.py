@@ -64,11 +64,12 @@ class Work:
 
     _flight = None  # its flight-recorder entry, while a watchdog runs
 
-    def __init__(self, epilogue=None, event=None):
+    def __init__(self, epilogue=None, event=None, keep=()):
         self._epilogue = epilogue
         self._event = event
         self._error = None
         self._done = False
+        self._keep = keep  # tensors the operation still uses: alive until it is done
 
     def is_completed(self) -> bool:
         if self._done:
@@ -93,6 +94,7 @@ class Work:
 
     def _finish(self) -> None:
         self._done = True
+        self._keep = ()
         if self._flight is not None:
             watchdog.FlightRecorder.done(self._flight)
         if self._error is not None:

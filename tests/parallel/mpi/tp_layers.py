@@ -97,6 +97,20 @@ for sp in (False, True):
         for name, a, b in zip(("y", "dx", "dW", "db"), *got):
             assert np.array_equal(a, b), f"column {name} sp={sp} autocast={low}: async_comm changed the bits"
 
+# -- an asynchronous collective keeps the tensors it reads alive until it is done: the
+# reduce-scatter's send buffer is a temporary the caller drops at once, and a new tensor of its
+# size (which the allocator would hand the same memory) must not change the sum
+from infinitrain.nn.parallel.tensor_parallel.mappings import _reduce_scatter_dim  # noqa: E402
+
+for trial in range(5):
+    xs = np.random.default_rng(trial).standard_normal((4, 64 * N, 512)).astype(np.float32)
+    work, block = _reduce_scatter_dim(it.from_numpy(xs), env.tp_group, 1, async_op=True)
+    junk = it.full((N, 4, 64, 512), 7.0)
+    work.wait()
+    del junk
+    assert np.allclose(block.numpy(), N * xs[:, R * 64:(R + 1) * 64], rtol=1e-6, atol=1e-6), \
+        "a reduce-scatter read freed memory"
+
 # -- RowParallelLinear: input split along features (or scattered by the layer)
 IN = 4 * N
 xrow = rng.standard_normal((B, T, IN)).astype(np.float32)
