@@ -112,7 +112,7 @@ class profile:
         of it during which a kernel ran on another thread, `share` their ratio (None without
         communication). An asynchronous call only queues its collective and is not counted."""
         comm, compute = [], []
-        for name, cat, _tid, t0, t1, args in self.events:
+        for _name, cat, _tid, t0, t1, args in self.events:
             if cat == "kernel":
                 compute.append((t0, t1))
             elif cat == "comm" and not (args and args.get("async")):

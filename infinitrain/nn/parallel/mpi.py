@@ -196,7 +196,7 @@ class MPIProcessGroup(ProcessGroup):
         in_place = out._storage is t._storage
         if not async_op and self._comm_thread is None and op is _SUM \
                 and t.dtype.name in _NATIVE and not in_place:  # the common case, with the least Python
-            self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=_MPI["ops"]["sum"])
+            self.comm.Reduce_scatter_block(_buffer(t), _buffer(out), op=(_MPI or _mpi())["ops"]["sum"])
             return None
         op = ReduceOp(op)
         if t.dtype.name in ("bfloat16", "float16"):
