@@ -39,6 +39,20 @@ class Storage:
         return isinstance(self.ptr, _Released)
 
     @classmethod
+    def pinned(cls, nbytes: int) -> "Storage":
+        """Page-locked host memory (a CPU storage the GPUs' copy engines reach directly, so that
+        a non_blocking copy to or from it runs beside kernels). Needs a CUDA device."""
+        out = ffi.new("it_storage **")
+        check(lib.it_storage_new_pinned(nbytes, out))
+        self = cls.__new__(cls)
+        self._init(out[0], nbytes, Device("cpu"), None)
+        return self
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.handle is not None and bool(lib.it_storage_is_pinned(self.handle))
+
+    @classmethod
     def wrap(cls, address: int, nbytes: int, device: Device, keepalive) -> "Storage":
         """Memory at `address` owned by `keepalive` (never freed by the library)."""
         out = ffi.new("it_storage **")

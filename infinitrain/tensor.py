@@ -407,8 +407,9 @@ def _float_formatter(values: np.ndarray):
     return lambda v: f"{v:.4f}" if np.isfinite(v) else special(v)
 
 
-def _empty(shape: Iterable[int], dtype: _dt.dtype, device: Device) -> Tensor:
-    """A new contiguous tensor with uninitialised memory."""
+def _empty(shape: Iterable[int], dtype: _dt.dtype, device: Device, pinned: bool = False) -> Tensor:
+    """A new contiguous tensor with uninitialised memory (pinned: in page-locked host memory)."""
     shape = tuple(shape)
-    storage = Storage(math.prod(shape) * dtype.itemsize, device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    storage = Storage.pinned(nbytes) if pinned else Storage(nbytes, device)
     return Tensor._make(storage, shape, _contiguous_strides(shape), 0, dtype)

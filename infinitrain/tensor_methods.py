@@ -16,7 +16,7 @@ from .kernels import memory
 from .ops import index as _idx
 from .ops import math as _ops
 from .ops import shape as _shape
-from .tensor import Tensor, _wrap_dim
+from .tensor import Tensor, _empty, _wrap_dim
 
 
 def _advanced_index(x, key):
@@ -253,11 +253,28 @@ class TensorMethods:
                                "to a single memory location (an expanded view); call .clone() "
                                "first")
 
-    def copy_(self, src) -> Tensor:
-        """Copies src into this tensor (broadcasting src, converting its dtype)."""
+    def copy_(self, src, non_blocking: builtins.bool = False) -> Tensor:
+        """Copies src into this tensor (broadcasting src, converting its dtype). non_blocking, as
+        PyTorch's: a copy between pinned host memory and a GPU of the same dtype and layout is
+        queued on the current stream and returns at once (the host side must not be read or
+        changed until the stream has passed it); any other copy is made as without it."""
         self._check_inplace("copy_()")
-        memory.copy_into(self, src)
+        memory.copy_into(self, src, non_blocking)
         return self
+
+    def pin_memory(self) -> Tensor:
+        """A copy of this CPU tensor in pinned (page-locked) host memory, or itself when it is
+        pinned already (PyTorch's): what a non_blocking copy to or from a GPU needs."""
+        if self.device.type != "cpu":
+            raise RuntimeError(f"pin_memory(): the tensor is on {self.device}; only host memory is pinned")
+        if self.is_pinned():
+            return self
+        out = _empty(self.shape, self.dtype, self.device, pinned=True)
+        memory.copy_into(out, self)
+        return out
+
+    def is_pinned(self) -> builtins.bool:
+        return self._storage.is_pinned
 
     def fill_(self, value) -> Tensor:
         self._check_inplace("fill_()")

@@ -11,8 +11,14 @@ from . import _checks
 
 
 @_trace.traced("kernel")
-def copy_into(dst: Tensor, src) -> None:
-    """dst[...] = src, broadcasting src and converting its dtype."""
+def copy_into(dst: Tensor, src, non_blocking: bool = False) -> None:
+    """dst[...] = src, broadcasting src and converting its dtype. non_blocking: a plain copy
+    between pinned host memory and a GPU (same dtype and shape, both contiguous) is queued on
+    the current stream (it_memcpy_async); any other is made at once."""
+    if non_blocking and isinstance(src, Tensor) and _queues(dst, src):
+        check(lib.it_memcpy_async(dst.device.native, dst._ptr(), src.device.native, src._ptr(), dst.nbytes,
+                                  ffi.NULL))
+        return
     if isinstance(src, numbers.Number):
         if dst.is_contiguous():
             check(lib.it_fill(dst.device.native, dst.dtype.native, dst._ptr(), float(src),
@@ -35,6 +41,19 @@ def copy_into(dst: Tensor, src) -> None:
     check(lib.it_copy_strided(dst.device.native, dst.dtype.native, dst._ptr(),
                               int64_array(dst.stride()), src._ptr(), int64_array(src.stride()),
                               int64_array(dst.shape), dst.ndim))
+
+
+def _queues(dst: Tensor, src: Tensor) -> bool:
+    """Whether copying src into dst can be queued without the host: one side a GPU, the other
+    pinned host memory (pageable memory CUDA would stage, so the copy would not overlap), or
+    both the same GPU."""
+    if src.dtype is not dst.dtype or src.shape != dst.shape or not (src.is_contiguous() and dst.is_contiguous()):
+        return False
+    kinds = {dst.device.type, src.device.type}
+    if kinds == {"cuda"}:
+        return dst.device == src.device
+    host = dst if dst.device.type == "cpu" else src
+    return "cuda" in kinds and host.is_pinned()
 
 
 @_trace.traced("kernel")

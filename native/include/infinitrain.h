@@ -127,6 +127,18 @@ it_status it_memory_empty_cache(it_device device);  /* return cached blocks to t
 
 it_status it_memcpy(it_device dst_device, void *dst, it_device src_device, const void *src,
                     size_t nbytes);
+/* Pinned (page-locked) host memory: a CPU storage the GPUs' copy engines read and write
+ * directly, so that it_memcpy_async to or from it runs beside kernels. Needs a CUDA device
+ * (IT_ERR_NO_CUDA otherwise). It is not cached: each one is the system's until freed. */
+it_status it_storage_new_pinned(size_t nbytes, it_storage **out);
+int32_t it_storage_is_pinned(const it_storage *storage);
+/* A copy queued on `stream` (NULL: the calling thread's current stream of the GPU side) that
+ * returns at once, between host memory and a GPU or within one GPU. The host memory must not be
+ * read (to the host) or changed (from the host) until an event recorded on the stream after it
+ * has completed; with host memory that is not pinned CUDA stages it, and the copy does not run
+ * beside kernels. Between two CPU buffers it is it_memcpy (done when it returns). */
+it_status it_memcpy_async(it_device dst_device, void *dst, it_device src_device, const void *src,
+                          size_t nbytes, it_stream *stream);
 
 /* ---- creation, copies and casts ------------------------------------------------------- */
 it_status it_fill(it_device device, it_dtype dtype, void *out, double value, int64_t n);

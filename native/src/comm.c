@@ -10,9 +10,6 @@ struct it_comm {
     void *handle; /* ncclComm_t */
 };
 
-void *it_stream_handle(const it_stream *stream); /* device.c */
-it_device it_stream_device(const it_stream *stream);
-
 static it_status check_cuda_device(it_device device, const char *fn) {
     IT_CHECK_DEVICE(device, fn);
     IT_REQUIRE(device.type == IT_CUDA, IT_ERR_NOT_SUPPORTED,

@@ -22,6 +22,10 @@ it_status it_cuda_memory_reset_peak(it_device device);
 it_status it_cuda_memory_empty_cache(it_device device);
 it_status it_cuda_memcpy(it_device dst_device, void *dst, it_device src_device, const void *src,
                          size_t nbytes);
+it_status it_cuda_memcpy_async(it_device dst_device, void *dst, it_device src_device, const void *src,
+                               size_t nbytes, void *stream);
+it_status it_cuda_host_alloc(size_t nbytes, void **out);
+it_status it_cuda_host_free(void *ptr);
 
 it_status it_cuda_stream_create(it_device device, void **out);
 it_status it_cuda_stream_destroy(it_device device, void *stream);

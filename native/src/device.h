@@ -35,6 +35,10 @@ it_status it_cuda_failed(it_status status, const char *fn);
         }                                                                                    \
     } while (0)
 
+/* A stream's CUDA handle (NULL stands for the current stream) and its device. */
+void *it_stream_handle(const it_stream *stream);
+it_device it_stream_device(const it_stream *stream);
+
 /* What CUDA this library can reach, for it_build_info(). */
 const char *it_cuda_describe(void);
 

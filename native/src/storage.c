@@ -22,12 +22,14 @@
 #define IT_ALIGNMENT 64
 #define IT_NUM_BINS (64 * 16 + 1)
 
+enum { BORROWED = 0, CACHED = 1, PINNED = 2 };  /* whose the memory is, and how it goes back */
+
 struct it_storage {
     void *data;
     size_t nbytes;    /* what was asked for */
     size_t capacity;  /* the size class actually held */
     it_device device;
-    int owns_data;
+    int owns_data;    /* one of the above */
 };
 
 typedef struct it_free_block {
@@ -110,7 +112,7 @@ it_status it_storage_new(it_device device, size_t nbytes, it_storage **out) {
             return st;
         }
         *s = (it_storage){.data = p, .nbytes = nbytes, .capacity = nbytes, .device = device,
-                          .owns_data = 1};
+                          .owns_data = CACHED};
         *out = s;
         return IT_OK;
     }
@@ -143,7 +145,7 @@ it_status it_storage_new(it_device device, size_t nbytes, it_storage **out) {
                             "in use by tensors)", nbytes, (unsigned long long)in_use);
     }
     *s = (it_storage){.data = p, .nbytes = nbytes, .capacity = cap, .device = device,
-                      .owns_data = 1};
+                      .owns_data = CACHED};
     *out = s;
     return IT_OK;
 }
@@ -164,13 +166,43 @@ it_status it_storage_wrap(it_device device, void *data, size_t nbytes, it_storag
     it_storage *s = (it_storage *)malloc(sizeof *s);
     IT_REQUIRE(s, IT_ERR_OUT_OF_MEMORY, "it_storage_wrap: out of host memory");
     *s = (it_storage){.data = data, .nbytes = nbytes, .capacity = nbytes, .device = device,
-                      .owns_data = 0};
+                      .owns_data = BORROWED};
     *out = s;
     return IT_OK;
 }
 
+static it_status pinned_new(size_t nbytes, void **out) {
+    IT_CUDA_CALL("it_storage_new_pinned", it_cuda_host_alloc, nbytes, out);
+    return IT_OK;
+}
+
+it_status it_storage_new_pinned(size_t nbytes, it_storage **out) {
+    IT_CHECK_PTR(out, "it_storage_new_pinned");
+    *out = NULL;
+    IT_CHECK_ARG(nbytes < ((size_t)1 << 50), "it_storage_new_pinned: %zu bytes is not a sane size", nbytes);
+    it_storage *s = (it_storage *)malloc(sizeof *s);
+    IT_REQUIRE(s, IT_ERR_OUT_OF_MEMORY, "it_storage_new_pinned: out of host memory");
+    void *p = NULL;
+    it_status st = pinned_new(nbytes, &p);
+    if (st != IT_OK) {
+        free(s);
+        return st;
+    }
+    it_device cpu = {IT_CPU, 0};
+    *s = (it_storage){.data = p, .nbytes = nbytes, .capacity = nbytes, .device = cpu, .owns_data = PINNED};
+    *out = s;
+    return IT_OK;
+}
+
+int32_t it_storage_is_pinned(const it_storage *s) { return s && s->owns_data == PINNED; }
+
 it_status it_storage_free(it_storage *s) {
     if (!s) return IT_OK;
+    if (s->owns_data == PINNED) {
+        IT_CUDA_CALL("it_storage_free", it_cuda_host_free, s->data);
+        free(s);
+        return IT_OK;
+    }
     if (s->owns_data && s->device.type == IT_CUDA) {
         it_status st = it_storage_free_cuda(s);
         free(s);
@@ -260,5 +292,27 @@ it_status it_memcpy(it_device dst_device, void *dst, it_device src_device, const
     /* One call: glibc uses non-temporal stores for large copies, which a split into
      * per-thread pieces measured no faster than on this kind of machine. */
     memmove(dst, src, nbytes);
+    return IT_OK;
+}
+
+it_status it_memcpy_async(it_device dst_device, void *dst, it_device src_device, const void *src,
+                          size_t nbytes, it_stream *stream) {
+    IT_CHECK_DEVICE(dst_device, "it_memcpy_async");
+    IT_CHECK_DEVICE(src_device, "it_memcpy_async");
+    IT_CHECK_BYTES(nbytes, "it_memcpy_async");
+    if (nbytes == 0) return IT_OK;
+    IT_CHECK_PTR(dst, "it_memcpy_async");
+    IT_CHECK_PTR(src, "it_memcpy_async");
+    if (dst_device.type != IT_CUDA && src_device.type != IT_CUDA)
+        return it_memcpy(dst_device, dst, src_device, src, nbytes);
+    IT_CHECK_ARG(dst_device.type != IT_CUDA || src_device.type != IT_CUDA || dst_device.index == src_device.index,
+                 "it_memcpy_async: between two GPUs (cuda:%d to cuda:%d) use it_memcpy, which orders "
+                 "both devices' streams", (int)src_device.index, (int)dst_device.index);
+    it_device gpu = dst_device.type == IT_CUDA ? dst_device : src_device;
+    IT_CHECK_ARG(!stream || (it_stream_device(stream).type == IT_CUDA &&
+                             it_stream_device(stream).index == gpu.index),
+                 "it_memcpy_async: the stream is not one of cuda:%d's", (int)gpu.index);
+    IT_CUDA_CALL("it_memcpy_async", it_cuda_memcpy_async, dst_device, dst, src_device, src, nbytes,
+                 it_stream_handle(stream));
     return IT_OK;
 }

@@ -31,6 +31,7 @@ def test_without_a_gpu_every_cuda_call_is_a_clear_error():
     assert not it.cuda.is_available() and it.cuda.device_count() == 0
     reason = "no CUDA device" if CUDA_LIB.is_file() else "no CUDA support"
     for call in (lambda: it.zeros(2, device="cuda"), lambda: it.ones(3).to("cuda:1"), it.cuda.Stream,
+                 lambda: it.ones(2).pin_memory(),
                  lambda: it.tensor([1.0], device="cuda"), lambda: it.tensor(it.ones(2), device="cuda"),
                  it.cuda.synchronize, it.cuda.memory_stats):
         with pytest.raises(it.NoCudaError, match=reason):
@@ -333,6 +334,44 @@ def test_tensors_made_from_data_on_cuda():
     for layer in (nn.Linear(4, 3, device="cuda"), nn.Embedding(5, 4, device="cuda"), nn.LayerNorm(4, device="cuda"),
                   nn.RMSNorm(4, device="cuda", dtype=it.bfloat16)):  # PyTorch's factory keywords
         assert all(p.device == "cuda:0" for p in layer.parameters()), layer
+
+
+@needs_gpu
+def test_non_blocking_copies_between_pinned_memory_and_a_gpu_are_queued_on_the_stream():
+    """pin_memory() and copy_(non_blocking=True), as PyTorch's: between pinned host memory and a
+    GPU the copy is queued on the current stream (the host must wait for the stream before it
+    reads the result or reuses the source); pageable memory, another dtype or a strided view
+    copies at once; the arguments are checked before CUDA sees them."""
+    g = it.arange(6.0).to("cuda")
+    host = it.zeros(6).pin_memory()
+    assert host.is_pinned() and host.pin_memory() is host and not it.zeros(6).is_pinned()
+    assert host.device == "cpu" and host.tolist() == [0.0] * 6
+    stream, written = it.cuda.Stream(), it.cuda.Event()
+    written.record()  # g as the current stream leaves it
+    stream.wait_event(written)
+    with it.cuda.stream(stream):
+        host.copy_(g, non_blocking=True)
+    done = stream.record_event()
+    done.synchronize()
+    assert host.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    up = it.full((6,), 7.0).pin_memory()
+    g.copy_(up, non_blocking=True)
+    it.cuda.synchronize()
+    assert g.tolist() == [7.0] * 6
+    pageable = it.zeros(6)
+    pageable.copy_(g, non_blocking=True)  # not pinned: copied at once, readable now
+    assert pageable.tolist() == [7.0] * 6
+    halves = it.zeros(6, dtype=it.bfloat16).pin_memory()
+    halves.copy_(g, non_blocking=True)  # a cast: made at once
+    assert halves.float().tolist() == [7.0] * 6
+    with pytest.raises(RuntimeError, match="only host memory is pinned"):
+        g.pin_memory()
+    cpu0, cuda0 = ffi.new("it_device *", [lib.IT_CPU, 0])[0], ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
+    p = ffi.cast("void *", host.data_ptr())
+    assert lib.it_memcpy_async(cuda0, ffi.NULL, cpu0, p, 8, ffi.NULL) == lib.IT_ERR_INVALID_ARGUMENT
+    cuda1 = ffi.new("it_device *", [lib.IT_CUDA, 1])[0]
+    assert lib.it_memcpy_async(cuda1, p, cuda0, p, 8, ffi.NULL) == lib.IT_ERR_INVALID_ARGUMENT
+    assert "use it_memcpy" in ffi.string(lib.it_last_error()).decode()
 
 
 @needs_gpu

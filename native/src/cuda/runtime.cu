@@ -310,6 +310,37 @@ extern "C" it_status it_cuda_memcpy(it_device dst_device, void *dst, it_device s
     return IT_OK;
 }
 
+// Queued on `stream` (NULL: the current stream of the CUDA side) and returns at once: the copy
+// runs beside kernels of other streams. Host memory it touches must be pinned
+// (it_cuda_host_alloc) to be copied by the copy engine without the runtime staging it, and must
+// not be read (D2H) or overwritten (H2D) until an event recorded after the copy is complete.
+extern "C" it_status it_cuda_memcpy_async(it_device dst_device, void *dst, it_device src_device,
+                                          const void *src, size_t nbytes, void *stream) {
+    it_device on = dst_device.type == IT_CUDA ? dst_device : src_device;
+    IT_CU_TRY(it_cuda_use(on));
+    CU_TRY(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
+                           stream ? (cudaStream_t)stream : it_cuda_stream(on)));
+    return IT_OK;
+}
+
+// ---- pinned host memory ---------------------------------------------------------------------
+// Page-locked, and portable: every device's copy engine reaches it.
+extern "C" it_status it_cuda_host_alloc(size_t nbytes, void **out) {
+    IT_CU_TRY(it_cuda_use(it_device{IT_CUDA, 0}));
+    if (cudaHostAlloc(out, nbytes ? nbytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        *out = nullptr;
+        return it_cuda_error(IT_ERR_OUT_OF_MEMORY, "cannot pin %zu bytes of host memory (cudaHostAlloc): "
+                             "the system's locked-memory limit or its free memory is too small", nbytes);
+    }
+    return IT_OK;
+}
+
+extern "C" it_status it_cuda_host_free(void *ptr) {
+    CU_TRY(cudaFreeHost(ptr));
+    return IT_OK;
+}
+
 // ---- description ------------------------------------------------------------------------------
 const char *it_cuda_blas_status(void);  // matmul.cu
 const char *it_cuda_nccl_status(void);  // nccl.cu

@@ -276,8 +276,37 @@ extern "C" cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
     return cudaSuccess;
 }
 
-// Copies and fills are queued like kernels; what a copy reads from host memory is taken at the
-// call, as the runtime stages pageable memory before it returns.
+// Pinned host memory: the copy engine reads and writes it when the copy runs, not at the call.
+static std::map<uintptr_t, size_t> pinned;  // by address
+
+static bool pinned_range(const void *p, size_t n) {
+    auto it = pinned.upper_bound((uintptr_t)p);
+    if (it == pinned.begin()) return false;
+    --it;
+    return (uintptr_t)p + n <= it->first + it->second;
+}
+
+extern "C" cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int) {
+    LOCKED;
+    if (!(*p = malloc(n ? n : 1))) return fail(cudaErrorMemoryAllocation);
+    memset(*p, 0xff, n);  // NaN: as uninitialised as any new memory
+    pinned[(uintptr_t)*p] = n;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaFreeHost(void *p) {
+    LOCKED;
+    auto it = pinned.find((uintptr_t)p);
+    if (it == pinned.end()) return fail(cudaErrorInvalidValue);
+    // a copy still queued to or from it would touch freed memory, as on a GPU: make it show
+    for (size_t i = 0; i < streams.size(); i++) run_all(streams[i]);
+    pinned.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+// Copies and fills are queued like kernels. What a copy reads from pageable host memory is taken
+// at the call, as the runtime stages it before it returns; pinned host memory is read (and
+// written) only when the copy runs, so a host that reuses it too early sees the race.
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind, cudaStream_t s) {
     LOCKED;
     if (!n) return cudaSuccess;
@@ -285,6 +314,10 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cud
     if (tracing) fprintf(stderr, "emulated CUDA: copy %zu bytes %p%s -> %p%s on stream %p\n", n, src,
                          src_dev ? " (device)" : "", dst, dst_dev ? " (device)" : "", (void *)resolve(s));
     if (sticky_error != cudaSuccess) return fail(sticky_error);
+    if (!src_dev && pinned_range(src, n) && dst_dev) {
+        enqueue(s, [dst, src, n] { memcpy(dst, src, n); });
+        return cudaSuccess;
+    }
     if (!src_dev) {
         if (!dst_dev) {
             memcpy(dst, src, n);

@@ -184,6 +184,7 @@ enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4, cudaMemPoolAttrReser
 enum cudaDataType { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDisableTiming 0x02
+#define cudaHostAllocPortable 0x01
 struct cudaDeviceProp {
     char name[256];
     int major, minor;
@@ -213,6 +214,8 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags);
+cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void *value);
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void *value);
