@@ -28,7 +28,12 @@ def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
-def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
+    """Uninitialised memory; pin_memory: page-locked host memory (Tensor.pin_memory())."""
+    if pin_memory:
+        if as_device(device).type != "cpu":
+            raise RuntimeError(f"empty(pin_memory=True): only host memory is pinned, not {as_device(device)}")
+        return _leaf(_empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), CPU, pinned=True), requires_grad)
     return _leaf(_new(size, dtype, device), requires_grad)
 
 

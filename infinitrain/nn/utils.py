@@ -86,10 +86,17 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     return total
 
 
+def clip_coef(max_norm: float, total: float) -> float | None:
+    """The factor clipping multiplies the gradients by (max_norm / total), or None when the norm
+    is within max_norm and they stay as they are."""
+    coef = max_norm / (total + 1e-6)
+    return coef if coef < 1.0 else None
+
+
 @no_grad()
 def scale_(grads, max_norm: float, total: float) -> None:
     """Scales grads by max_norm / total when the norm exceeds max_norm (clipping's last step)."""
-    coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
+    coef = clip_coef(max_norm, total)
+    if coef is not None:
         for g in grads:
             g.mul_(coef)

@@ -2,10 +2,22 @@
 ZeRO-Offload (device="cpu") and ZeRO-Infinity (device="nvme") keep it.
 
 device="cpu", for parameters on a GPU: the state and a float32 master copy of the parameters
-live in host memory; each step copies the gradients to the host, runs the optimizer's update
-there (the native CPU kernel, on every core) and copies the updated weights back. (The
-parameters are float32 here, so the host copy is refreshed from them each step rather than kept
-as a separate master: weights loaded behind the optimizer's back are never overwritten.)
+live in host memory, the masters and the gradients' host copies pinned (page-locked); each step
+runs the optimizer's update on the host (the native CPU kernel, on every core) and copies the
+updated weights back, queued on the GPU's stream. (The parameters are float32 here, so the host
+copy is refreshed from them each step rather than kept as a separate master: weights loaded
+behind the optimizer's back are never overwritten.)
+
+Gradients streamed during backward (ZeRO-Offload's schedule): whoever knows that a gradient is
+final for the step (DDP's reducer when its bucket's all-reduce is queued, ZeRO when a bucket's
+reduce-scatter has landed in the shard, a parameter's own hook on one rank; TrainStep wires
+them for the step's last backward) calls grads_ready(params), and their copies to the host are
+queued on a copy stream of their own, after that reduction on the device, while the GPU goes on
+with backward. The step waits only for what is still in flight. A gradient changed after it was
+streamed must be announced first (grads_changed, grads_scaled for clipping's factor, which the
+host copy then follows) so that its host copy is the one the step would have copied. A
+gradient nobody streamed is copied when the step runs, as without streaming: the same bits
+either way.
 
 device="nvme": the state lives in a scratch file under `path`. On a CPU-only node this is what
 lets a model whose weights + gradients + AdamW moments exceed the memory train: the moments
@@ -36,12 +48,14 @@ import mmap
 import os
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import _trace
 from ..autograd import no_grad
-from ..creation import from_numpy, zeros
+from ..creation import empty, from_numpy, zeros
 
 _ALIGN = 4096  # direct I/O: file offsets, sizes and buffer addresses in multiples of this
 # A parameter split over two blocks is split at a multiple of this many elements from its start,
@@ -281,6 +295,68 @@ class _FileStore:
             self.fd = None
 
 
+def _host_views(params: list) -> list:
+    """For each parameter (None: none wanted) a float32 tensor of its shape in one block of
+    pinned host memory (pageable, with a warning, where pinning is refused)."""
+    sizes = [p.numel() if p is not None else 0 for p in params]
+    if not any(sizes):
+        return [None] * len(params)
+    try:
+        flat = empty(sum(sizes), pin_memory=True)
+    except (RuntimeError, MemoryError) as e:
+        warnings.warn(f"OffloadOptimizer: host memory could not be pinned ({e}); the copies to and from "
+                      "the GPU will not overlap its work", RuntimeWarning, stacklevel=3)
+        flat = empty(sum(sizes))
+    out, at = [], 0
+    for p, n in zip(params, sizes):
+        out.append(flat[at:at + n].view(*p.shape) if p is not None else None)
+        at += n
+    return out
+
+
+class _GradCopies:
+    """Gradient copies to the host queued on a stream of their own, and what the step must know
+    of them: which parameters were streamed (`streamed`), the events that mark them done and the
+    device gradients they read (kept alive until then), a clipping factor to apply after."""
+
+    def __init__(self, params):
+        from .. import cuda
+        self.cuda = cuda
+        self.device = next(p.device for p in params if p.device.type != "cpu")
+        self.stream = cuda.Stream(self.device)
+        self.clear()
+
+    def clear(self) -> None:
+        self.armed, self.streamed, self.pending, self.factor, self.bytes = False, set(), [], None, 0
+
+    def queue(self, items, after=None) -> None:
+        """items: (host tensor, parameter index, device gradient); after: a cuda.Event the copies
+        follow (None: the current stream as it stands)."""
+        if after is None:
+            after = self.cuda.Event(self.device)
+            after.record()
+        self.stream.wait_event(after)
+        with self.cuda.stream(self.stream), _trace.span("offload gradients", "memcpy",
+                                                         {"bytes": sum(g.nbytes for _, _, g in items)}):
+            for host, i, g in items:
+                host.copy_(g, non_blocking=True)
+                self.streamed.add(i)
+                self.bytes += g.nbytes
+        self.pending.append((self.stream.record_event(), [g for _, _, g in items]))
+
+    def wait(self) -> None:
+        """The host waits for every queued copy."""
+        for done, _ in self.pending:
+            done.synchronize()
+        self.pending = []
+
+    def fence(self) -> None:
+        """The current stream waits for every queued copy (the host does not): what it queues
+        next may change the gradients they read."""
+        if self.pending:
+            self.pending[-1][0].wait()
+
+
 class OffloadOptimizer:
     """Wraps optimizer (AdamW, Adam, SGD with momentum: any whose step is Optimizer's over
     tensor_keys/counters/update) so that its state lives in host memory (device="cpu", for
@@ -321,9 +397,16 @@ class OffloadOptimizer:
             raise ValueError("OffloadOptimizer: device='nvme' needs path=, a folder on a local disk")
         self.offload_params, self.on_gpu = offload_params, on_gpu
         # a parameter on a GPU is updated through a float32 master copy in host memory (unless
-        # the parameters are offloaded: then the store's copy is the master)
-        self.masters = [p.detach().to("cpu", copy=True) if gpu and not offload_params else None
-                        for p, gpu in zip(self.params, on_gpu)]
+        # the parameters are offloaded: then the store's copy is the master), and its gradient
+        # through a host copy; both pinned, so that their copies run beside kernels
+        self.host_grads = _host_views([p if gpu else None for p, gpu in zip(self.params, on_gpu)])
+        self.masters = _host_views([p if gpu and not offload_params else None for p, gpu in zip(self.params, on_gpu)])
+        for m, p in zip(self.masters, self.params):
+            if m is not None:
+                m.copy_(p.detach())
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self._copies = _GradCopies(self.params) if any(on_gpu) else None
+        self.streamed_bytes = 0  # of the last step's gradients, how many bytes went to the host during backward
         entries = len(self.keys) + (1 if offload_params else 0)  # the parameter last
         per_block = max(_PIECE, int(buffer_mb * 2**20) // (4 * entries))
         self.blocks = _layout([p.numel() for p in self.params], per_block, entries)
@@ -379,7 +462,60 @@ class OffloadOptimizer:
         return self.optimizer.numbered_groups()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._copies is not None:  # the device may overwrite the gradients once copied
+            self._copies.fence()
+            self._copies.clear()
         self.optimizer.zero_grad(set_to_none)
+
+    # ---- gradients streamed to the host during backward (parameters on a GPU) -------------
+    def arm(self) -> None:
+        """The next grads_ready calls are for the step's final gradients (TrainStep arms for the
+        step's last backward: earlier micro-batches' gradients would only be copied again)."""
+        if self._copies is not None:
+            self._copies.armed = True
+
+    @no_grad()
+    def grads_ready(self, params, after=None) -> None:
+        """The gradients of params (this optimizer's parameters; others are ignored) are final
+        for the step once `after` has completed (a collective's Work still in flight on the
+        device), or as the current stream now stands: their copies to the host are queued now
+        on the copy stream. Nothing may change them on the device before the step unless
+        announced (grads_changed, grads_scaled). A no-op unless armed, or on the CPU."""
+        if self._copies is None or not self._copies.armed:
+            return
+        items = [(i, self.params[i].grad) for i in (self.index.get(id(p)) for p in params)
+                 if i is not None and self.on_gpu[i] and self.params[i].grad is not None]
+        if not items:
+            return
+        event = getattr(after, "event", None)  # a device event (NCCL): the copies follow it there
+        if after is not None and event is None:
+            after.wait()  # a backend without one: the gradients are final once it is done
+        self._copies.queue([(self.host_grads[i], i, g) for i, g in items], event)
+
+    def grads_changed(self, params) -> None:
+        """The device gradients of params are about to change (a fix-up after their reduction):
+        the step copies them again. Call it before changing them."""
+        if self._copies is not None and self._copies.streamed:
+            self._copies.fence()
+            self._copies.armed = False  # what is streamed from now on would miss the change
+            for p in params:
+                self._copies.streamed.discard(self.index.get(id(p)))
+
+    def grads_scaled(self, factor: float) -> None:
+        """Every device gradient is multiplied by factor (gradient clipping): the host copies
+        already streamed are multiplied by it at the step, the same float32 product. Call it
+        before scaling them, or after a grads_changed call made since they were streamed (which
+        orders the copies before any change)."""
+        if self._copies is not None and self._copies.streamed:
+            self._copies.fence()
+            self._copies.armed = False
+            self._copies.factor = factor if self._copies.factor is None else self._copies.factor * factor
+
+    @property
+    def streams_gradients(self) -> bool:
+        """Whether grads_ready streams anything: some parameters are on a GPU."""
+        return self._copies is not None
+
 
     def _flat(self, t):
         return t.detach().reshape(-1)
@@ -394,8 +530,10 @@ class OffloadOptimizer:
             counts = self.counts.setdefault(i, self.optimizer.counters())
             for k in counts:
                 counts[k] += 1
-        grads = {i: self._flat(self.params[i].grad.to("cpu") if self.on_gpu[i] else self.params[i].grad)
-                 for i in live}
+        grads = {i: self._flat(self._host_grad(i) if self.on_gpu[i] else self.params[i].grad) for i in live}
+        if self._copies is not None:
+            self.streamed_bytes = self._copies.bytes
+            self._copies.clear()
         for i in live:  # the weights as they are now (a checkpoint may have loaded them since)
             if self.masters[i] is not None:
                 self.masters[i].copy_(self.params[i].detach())
@@ -416,9 +554,21 @@ class OffloadOptimizer:
                 else:
                     target = targets[i][start:end]
                 self.optimizer.update(target, grads[i][start:end], state, self.group_of[i], first[i])
-        for i in live:  # the updated weights back to the GPU
+        for i in live:  # the updated weights back to the GPU, queued on its stream
             if self.masters[i] is not None:
-                self.params[i].detach().copy_(self.masters[i])
+                self.params[i].detach().copy_(self.masters[i], non_blocking=True)
+
+    def _host_grad(self, i: int):
+        """Parameter i's gradient in host memory: its streamed copy (waited for, and scaled as
+        the device's was since), or copied now."""
+        copies, host = self._copies, self.host_grads[i]
+        if i in copies.streamed:
+            copies.wait()
+            if copies.factor is not None:
+                host.mul_(copies.factor)
+        else:
+            host.copy_(self.params[i].grad)
+        return host
 
     @no_grad()
     def state_dict(self) -> dict:

@@ -460,6 +460,24 @@ print("OK", runs[1][0])
 """
 
 
+STREAMING = Path(__file__).parent / "offload_streaming.py"
+
+
+@needs_gpu
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_gradients_stream_to_the_host_during_backward_with_the_same_bits(model):
+    """offload_optimizer="cpu" on one GPU: each gradient's copy to pinned host memory is queued
+    from its own hook during the step's last backward (ZeRO-Offload's schedule), clipping's
+    factor follows the copies, and training gives the bits of the GPU optimizer (see the
+    script; DP, ZeRO and TP over NCCL in test_cuda_emulated.py)."""
+    import sys
+    out = subprocess.run([sys.executable, str(STREAMING), "--model", model], capture_output=True, text=True,
+                         timeout=300, env=ENV)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ok, streamed, everything = out.stdout.split()[-3:]
+    assert ok == "OK" and int(streamed) == int(everything) > 0, out.stdout  # every gradient, during backward
+
+
 @needs_gpu
 def test_zero3_with_parameters_in_host_memory_trains_as_the_gpu_alone():
     """ZeRO-3 on one GPU with offload_param and offload_optimizer "cpu" (ZeRO-Infinity's single

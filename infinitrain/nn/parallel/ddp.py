@@ -34,6 +34,9 @@ class Reducer:
                 p.register_post_accumulate_grad_hook(self._on_grad)
         self.sync = True
         self.last_wait_s = 0.0
+        # called as on_reduced(params, work) when a bucket's all-reduce is queued: its gradients
+        # are final once work is done (an OffloadOptimizer streams them to the host then)
+        self.on_reduced = None
         self._reset_round()
 
     @property
@@ -76,6 +79,8 @@ class Reducer:
     def _launch(self, i: int) -> None:
         self.works[i] = self.group.all_reduce(self.buckets[i].flat_grad, ReduceOp.AVG, async_op=True)
         self.next_bucket = i + 1
+        if self.on_reduced is not None:
+            self.on_reduced(self.buckets[i].params, self.works[i])
 
     def finalize(self) -> None:
         while self.next_bucket < len(self.buckets):

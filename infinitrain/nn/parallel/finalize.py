@@ -39,12 +39,27 @@ def reduce_partial_grads(params) -> None:
             at += n
 
 
+def _tied_group(model):
+    """The group of the first and last pipeline stage, which both hold the model's tied
+    parameters, or None (no pipeline, or nothing tied across it)."""
+    stage = getattr(model, "pp", None)
+    return stage.embedding_group if stage is not None else None
+
+
+def changed_after_reduction(model) -> list:
+    """The parameters whose gradients finalize_grads still changes after data parallelism
+    reduced them: the tied ones a pipeline holds twice and those marked partial_grad_group.
+    (A copy of a gradient taken when its reduction is done, such as OffloadOptimizer's, must be
+    taken again for these.)"""
+    tied = list(model.tied_parameters()) if _tied_group(model) is not None else []
+    return tied + [p for p in model.parameters() if getattr(p, "partial_grad_group", None) is not None]
+
+
 @no_grad()
 def sum_tied_grads(model, optimizer=None) -> None:
     """Sums the gradients of the parameters the model ties and a pipeline holds twice over the
     first and last stage: their full gradients, or where ZeRO-2 dropped those, its shards."""
-    stage = getattr(model, "pp", None)
-    group = stage.embedding_group if stage is not None else None
+    group = _tied_group(model)
     if group is None:
         return
     grads = [p.grad for p in model.tied_parameters() if p.grad is not None]

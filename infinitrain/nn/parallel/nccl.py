@@ -33,6 +33,12 @@ class NCCLWork(Work):
     def _block(self) -> None:
         self._event.wait()  # the caller's current stream waits; the host goes on
 
+    @property
+    def event(self) -> cuda.Event:
+        """Marks the operation done on the device: another stream can wait for it
+        (stream.wait_event) without the host waiting, or the current stream with wait()."""
+        return self._event
+
 
 class NCCLProcessGroup(ProcessGroup):
     waits_on_host = False

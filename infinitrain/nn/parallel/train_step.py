@@ -19,9 +19,9 @@ from ...creation import tensor
 from ...dtypes import float32
 from ...optim.offload import OffloadOptimizer, offloaded
 from ...profiler import record_function
-from ..utils import clip_grad_norm_
+from ..utils import clip_coef, clip_grad_norm_
 from .ddp import DistributedDataParallel
-from .finalize import finalize_grads
+from .finalize import changed_after_reduction, finalize_grads
 from .pp import PipelineParallel
 from .process_group import ReduceOp
 from .zero import ZeroOptimizer
@@ -68,6 +68,26 @@ class TrainStep:
             self.optimizer = offloaded(optimizer_class(param_groups, **optimizer_kwargs), offload_optimizer,
                                        offload_path)
         self.set_to_none = set_to_none
+        self.streaming = self._stream_gradients()
+
+    def _stream_gradients(self):
+        """With the optimizer's state offloaded from a GPU, each gradient goes to the host as
+        soon as it is final in the step's last backward (ZeRO-Offload's schedule): DDP's
+        reducer hands over each bucket as its all-reduce is queued, ZeRO each bucket as its
+        reduce-scatter lands, and on one rank each parameter's own hook as its gradient is
+        accumulated. Returns the OffloadOptimizer that streams, or None (no offload, the CPU,
+        or a pipeline, whose schedule has no single last backward)."""
+        off = self.offloaded
+        if off is None or not off.streams_gradients or self.pipe is not None:
+            return None
+        if self.zero:
+            self.optimizer.on_reduced = off.grads_ready
+        elif self.net is not self.model:
+            self.net.reducer.on_reduced = off.grads_ready
+        else:
+            for p in off.params:
+                p.register_post_accumulate_grad_hook(lambda p: off.grads_ready((p,)))
+        return off
 
     @property
     def offloaded(self):
@@ -92,6 +112,8 @@ class TrainStep:
             loss_sum = None  # summed where the loss is: on a GPU the host does not wait per micro-batch
             for m, (x, y) in enumerate(micro_batches):
                 sync = m == M - 1 or self.net is self.model
+                if m == M - 1 and self.streaming is not None:
+                    self.streaming.arm()
                 with (nullcontext() if sync else self.net.no_sync()):
                     with context(), record_function("forward"):
                         _, part = self.net(x, y, return_logits=False)
@@ -106,8 +128,12 @@ class TrainStep:
         """finalize_grads, the norm (clipped to grad_clip when it is > 0), the optimizer's step
         and zero_grad. Returns the norm before clipping, or None without clipping."""
         with record_function("optimizer step"):
+            if self.streaming is not None:  # what finalize_grads changes is copied again
+                self.streaming.grads_changed(changed_after_reduction(self.model))
             finalize_grads(self.model, self.optimizer if self.zero else None)
             norm = self.clip_grad_norm_(grad_clip) if grad_clip > 0 else None
+            if norm is not None and self.streaming is not None and clip_coef(grad_clip, norm) is not None:
+                self.streaming.grads_scaled(clip_coef(grad_clip, norm))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=self.set_to_none)
         return norm

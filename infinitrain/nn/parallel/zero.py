@@ -170,6 +170,15 @@ class ZeroOptimizer:
                         self.param_groups[gi].setdefault(key, v)
         self._callback_queued = False
         self._ready = set()  # parameters whose gradient is final in this backward pass
+        # stages 2 and 3: called as on_reduced(shard parameters) when a bucket's reduce-scatter
+        # has landed in this rank's shard (an OffloadOptimizer streams them to the host then); a
+        # tied parameter's shard is left out, as finalize_grads still sums it over the pipeline
+        self.on_reduced = None
+        self._shards_of = {}
+        for shard, bi, _, _, _ in self.segments:
+            self._shards_of.setdefault(bi, []).append(shard)
+        for b in self._tied_buckets:
+            self._shards_of.pop(self.buckets.index(b), None)
         self._works = []
         self._sharded = False  # this step's gradients are final: reduce-scattered (stage 1), tied summed
 
@@ -210,6 +219,7 @@ class ZeroOptimizer:
         if self.world == 1:
             b.shard_grad.add_(b.flat_grad)
             b.flat_grad, b.pending = None, -1
+            self._landed(b)
             return
         out = empty(b.piece, dtype=b.dtype, device=b.device)
         self._works.append((b, out, self.group.reduce_scatter(out, b.flat_grad, ReduceOp.AVG, async_op=True)))
@@ -223,6 +233,11 @@ class ZeroOptimizer:
             work.wait()
             b.shard_grad.add_(out)
             b.flat_grad = None
+            self._landed(b)
+
+    def _landed(self, b) -> None:
+        if self.on_reduced is not None:
+            self.on_reduced(self._shards_of.get(self.buckets.index(b), []))
 
     def _finish_backward(self) -> None:
         for b in self.buckets:  # a parameter that got no gradient contributes zeros
