@@ -103,6 +103,20 @@ def test_offloaded_gradients_stream_during_backward_over_nccl_with_the_same_bits
         assert streamed == (everything if share is None else int(everything * share)), ranks
 
 
+def test_the_gpu_offload_benchmark_compares_the_three_ways_on_the_emulated_gpu(emulated):
+    """benchmarks/offload.py --device cuda: the GPU's AdamW, the host's with the gradients copied
+    at the step, and with them streamed during backward; the same losses, and only the last
+    moving bytes during backward (the emulated GPU's timings mean nothing)."""
+    _, env = emulated
+    out = subprocess.run([sys.executable, str(HERE.parents[1] / "benchmarks" / "offload.py"), "--device", "cuda",
+                          "--layers", "1", "--embd", "64", "--seq", "16", "--steps", "1"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {line.split("|")[0].strip(): line.split("|")[-1].strip() for line in out.stdout.splitlines() if "|" in line}
+    assert rows["on the GPU"] == "0" and rows["host, at step"] == "0" and int(rows["host, streamed"]) > 0, out.stdout
+    assert "losses bit-identical" in out.stdout, out.stdout
+
+
 def test_a_stream_that_does_not_wait_reads_unfinished_work(emulated):
     """Streams run lazily, so a consumer that skips the event wait sees its input unwritten
     (NaN), where a real GPU would usually hide the bug by timing; with the wait it is right."""

@@ -68,6 +68,8 @@ class TrainStep:
             self.optimizer = offloaded(optimizer_class(param_groups, **optimizer_kwargs), offload_optimizer,
                                        offload_path)
         self.set_to_none = set_to_none
+        # the OffloadOptimizer the gradients stream to during backward, or None; set it to None
+        # to have them copied when the step runs instead (the same bits, no overlap)
         self.streaming = self._stream_gradients()
 
     def _stream_gradients(self):
