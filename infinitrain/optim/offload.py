@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import _trace
+from .. import _trace, cuda
 from ..autograd import no_grad
 from ..creation import empty, from_numpy, zeros
 
@@ -320,8 +320,6 @@ class _GradCopies:
     device gradients they read (kept alive until then), a clipping factor to apply after."""
 
     def __init__(self, params):
-        from .. import cuda
-        self.cuda = cuda
         self.device = next(p.device for p in params if p.device.type != "cpu")
         self.stream = cuda.Stream(self.device)
         self.clear()
@@ -333,15 +331,15 @@ class _GradCopies:
         """items: (host tensor, parameter index, device gradient); after: a cuda.Event the copies
         follow (None: the current stream as it stands)."""
         if after is None:
-            after = self.cuda.Event(self.device)
+            after = cuda.Event(self.device)
             after.record()
         self.stream.wait_event(after)
-        with self.cuda.stream(self.stream), _trace.span("offload gradients", "memcpy",
-                                                         {"bytes": sum(g.nbytes for _, _, g in items)}):
+        nbytes = sum(g.nbytes for _, _, g in items)
+        with cuda.stream(self.stream), _trace.span("offload gradients", "memcpy", {"bytes": nbytes}):
             for host, i, g in items:
                 host.copy_(g, non_blocking=True)
                 self.streamed.add(i)
-                self.bytes += g.nbytes
+        self.bytes += nbytes
         self.pending.append((self.stream.record_event(), [g for _, _, g in items]))
 
     def wait(self) -> None:
