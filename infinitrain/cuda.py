@@ -5,6 +5,7 @@ Importing infinitrain needs no GPU, driver or CUDA library: without them is_avai
 False and a CUDA tensor raises NoCudaError saying what is missing (build_info() too)."""
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 from . import runtime
@@ -105,11 +106,19 @@ class Event:
         return bool(done[0])
 
 
+_current = threading.local()  # per thread: device index -> the Stream a `stream` block set
+
+
 @contextmanager
 def stream(s: Stream):
-    """Kernels on s's device from this thread go to s inside the block."""
+    """Kernels on s's device from this thread go to s inside the block; after it, to the
+    stream they went to before (blocks nest, as PyTorch's)."""
+    streams = _current.__dict__.setdefault("streams", {})
+    previous = streams.get(s.device.index)
     check(lib.it_set_stream(s.device.native, s._handle))
+    streams[s.device.index] = s
     try:
         yield s
     finally:
-        check(lib.it_set_stream(s.device.native, ffi.NULL))
+        streams[s.device.index] = previous
+        check(lib.it_set_stream(s.device.native, previous._handle if previous is not None else ffi.NULL))

@@ -375,6 +375,25 @@ def test_non_blocking_copies_between_pinned_memory_and_a_gpu_are_queued_on_the_s
 
 
 @needs_gpu
+def test_stream_blocks_nest_and_restore_the_stream_before():
+    """As PyTorch's: after an inner `with stream(b)` work goes to the outer block's stream a
+    again, not to the device's own (on the emulated GPU, where streams run only when waited on,
+    a copy queued on the wrong stream would never land)."""
+    g = it.arange(4.0).to("cuda")
+    host = it.zeros(4).pin_memory()
+    a, b = it.cuda.Stream(), it.cuda.Stream()
+    ready = it.cuda.Event()
+    ready.record()
+    a.wait_event(ready)
+    with it.cuda.stream(a):
+        with it.cuda.stream(b):
+            pass
+        host.copy_(g, non_blocking=True)  # on a
+    a.synchronize()
+    assert host.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@needs_gpu
 def test_tiny_gpt2_trains_on_cuda_as_on_the_cpu():
     from infinitrain.models import GPT2Config
     from infinitrain.models.gpt2 import GPT2
