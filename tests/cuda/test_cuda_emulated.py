@@ -70,8 +70,9 @@ def _example_losses(env, shard, ranks, *flags):
 
 @pytest.mark.parametrize("flags", [(), ("--tensor_parallel", "2", "--sequence_parallel"),
                                    ("--pipeline_parallel", "2"), ("--zero_stage", "2"),
+                                   ("--zero_stage", "2", "--offload_optimizer", "cpu"),
                                    ("--context_parallel", "2"), ("--context_parallel", "2", "--cp_comm", "all_gather")],
-                         ids=["DDP2", "TP2+SP", "PP2", "ZeRO2", "CP2-ring", "CP2-all_gather"])
+                         ids=["DDP2", "TP2+SP", "PP2", "ZeRO2", "ZeRO2+offload", "CP2-ring", "CP2-all_gather"])
 def test_parallel_training_over_nccl_on_two_emulated_gpus_matches_one_cpu_process(emulated, shard, flags):
     """The NCCL process groups (a communicator per group and per pipeline link, collectives on
     the group's stream after an event of the caller's, point-to-point traffic), two ranks, each
