@@ -76,6 +76,8 @@ def calls(rng):
     yield "cumsum", lambda s: lib.it_cumsum(CPU, f32, b, b, *s), 3
     # bytes, 8 per element: a negative size as size_t sees it, a huge one saturated
     yield "memcpy", lambda s: lib.it_memcpy(CPU, b, CPU, b + 8, s[0] % 2**64 if s[0] < 0 else min(s[0] * 8, 2**64 - 1)), 1
+    yield "memcpy_async", lambda s: lib.it_memcpy_async(CPU, b, CPU, b + 8, s[0] % 2**64 if s[0] < 0
+                                                        else min(s[0] * 8, 2**64 - 1), ffi.NULL), 1
 
     def strided(s):
         shape = ffi.new("int64_t[]", s)
@@ -129,8 +131,13 @@ def main(cases: int) -> None:
         lambda: lib.it_sgd_step(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, 4, 0.1, 0.9, 0.0, 0.0, 3, 1),
         lambda: lib.it_memcpy(CPU, BUF, CPU, BUF + 64, (-16) % 2**64),  # a negative size, as size_t
         lambda: lib.it_storage_wrap(CPU, BUF, 2**64 - 1, ffi.new("it_storage **")),
+        lambda: lib.it_memcpy_async(CPU, BUF, CPU, BUF + 64, (-16) % 2**64, ffi.NULL),
+        lambda: lib.it_memcpy_async(ffi.new("it_device *", [lib.IT_CUDA, 0])[0], ffi.NULL, CPU, BUF, 8, ffi.NULL),
+        lambda: lib.it_storage_new_pinned(2**60, ffi.new("it_storage **")),
+        lambda: lib.it_storage_new_pinned(64, ffi.NULL),
     ] + [(lambda d=d: lib.it_unary(d, lib.IT_EXP, lib.IT_FLOAT32, BUF, BUF, 4)) for d in BAD_DEVICES] \
       + [(lambda d=d: lib.it_storage_new(d, 64, ffi.new("it_storage **"))) for d in BAD_DEVICES] \
+      + [(lambda d=d: lib.it_memcpy_async(d, BUF, CPU, BUF + 64, 8, ffi.NULL)) for d in BAD_DEVICES] \
       + [(lambda d=d: lib.it_storage_wrap(d, BUF, 64, ffi.new("it_storage **")))  # cuda:7 where there is none
          for d in BAD_DEVICES + [ffi.new("it_device *", [lib.IT_CUDA, 7])[0]]
          if not (d.type == lib.IT_CUDA and d.index < _cuda_devices())]
