@@ -134,8 +134,8 @@ class TrainStep:
                 self.streaming.grads_changed(changed_after_reduction(self.model))
             finalize_grads(self.model, self.optimizer if self.zero else None)
             norm = self.clip_grad_norm_(grad_clip) if grad_clip > 0 else None
-            if norm is not None and self.streaming is not None and clip_coef(grad_clip, norm) is not None:
-                self.streaming.grads_scaled(clip_coef(grad_clip, norm))
+            if norm is not None and self.streaming is not None and (coef := clip_coef(grad_clip, norm)) is not None:
+                self.streaming.grads_scaled(coef)  # the streamed copies follow the clipping
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=self.set_to_none)
         return norm
