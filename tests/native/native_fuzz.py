@@ -125,6 +125,8 @@ def main(cases: int) -> None:
                                           BUF + 320, BUF + 384, BUF + 448, BUF + 512, 1, 1, 1, 2, 2, 4, 1.0, 0,
                                           _options(dropout_p=1.5)),
         lambda: lib.it_arange(CPU, lib.IT_FLOAT32, BUF, float("inf"), 1.0, 4),
+        lambda: lib.it_attention_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, BUF + 192, BUF + 256, 1, 1,
+                                         1, 2, 2, 4, 1.0, 0, _options(bias_stride_batch=2**63 - 1)),
         lambda: lib.it_adamw_step(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, BUF + 192, 4, 1e-3, 0.9, 0.99,
                                   NAN, 0.0, 1),
         lambda: lib.it_sgd_step(CPU, lib.IT_FLOAT32, BUF, BUF + 64, ffi.NULL, 4, NAN, 0.0, 0.0, 0.0, 0, 1),

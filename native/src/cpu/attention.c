@@ -120,9 +120,12 @@ static it_status check_attention(const char *fn, it_dtype dtype, int64_t B, int6
     if (o) {
         IT_CHECK_ARG(o->dropout_p >= 0.0f && o->dropout_p <= 1.0f, "%s: dropout_p must be in "
                      "[0, 1], got %g", fn, (double)o->dropout_p);
+        const int64_t most = (int64_t)1 << 62;  /* so that stride + 1 below cannot overflow */
         IT_CHECK_ARG(o->bias_stride_batch >= 0 && o->bias_stride_head >= 0 &&
-                     o->bias_stride_query >= 0, "%s: bias strides must be >= 0, got %lld, %lld, "
-                     "%lld", fn, (long long)o->bias_stride_batch, (long long)o->bias_stride_head,
+                     o->bias_stride_query >= 0 && o->bias_stride_batch < most &&
+                     o->bias_stride_head < most && o->bias_stride_query < most,
+                     "%s: bias strides must be in [0, 2^62), got %lld, %lld, %lld", fn,
+                     (long long)o->bias_stride_batch, (long long)o->bias_stride_head,
                      (long long)o->bias_stride_query);
         /* the last element the bias strides reach stays within an addressable extent */
         IT_CHECK_PRODUCT(fn, 4, B, o->bias_stride_batch + 1);
