@@ -516,11 +516,17 @@ class TrainingLoop:
                 print(f"could not draw {args.plot}: {e}", file=sys.stderr, flush=True)
         if self.tokenizer is not None and args.sample_every:
             sample(model, self.tokenizer, args, env, self.pipe, every_dp_rank=self.every_dp_rank)
-        if self.trainer.offloaded is not None:
-            store = self.trainer.offloaded.store
+        offloaded = self.trainer.offloaded
+        if offloaded is not None and offloaded.device == "nvme":
+            store = offloaded.store
             self.log(f"offload (rank 0): read {store.bytes_read / 2**30:.2f} GB, wrote {store.bytes_written / 2**30:.2f} GB "
                      f"in {store.io_seconds:.1f} s of background I/O; the optimizer waited {store.waited:.1f} s for it",
                      flush=True)
+        elif offloaded is not None:
+            how = (f"{offloaded.streamed_bytes / 2**20:.1f} MB of the last step's gradients streamed to it during "
+                   "backward" if self.trainer.streaming is not None else
+                   "the gradients copied to it at each step (a pipeline has no single last backward to stream from)")
+            self.log(f"offload (rank 0): the AdamW state in host memory; {how}", flush=True)
 
 
 def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:

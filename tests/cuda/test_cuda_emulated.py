@@ -65,6 +65,9 @@ def _example_losses(env, shard, ranks, *flags):
            "--total_batch_size", "256", "--peak_tflops", "1", *flags]
     out = subprocess.run([*launch(ranks), *cmd], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    if "--offload_optimizer" in flags:  # the log says where the gradients went
+        assert re.search(r"offload \(rank 0\): the AdamW state in host memory; [1-9][\d.]* MB of the last step's "
+                         r"gradients streamed to it during backward", out.stdout), out.stdout[-3000:]
     return step_losses(out.stdout)
 
 
