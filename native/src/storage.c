@@ -176,6 +176,11 @@ static it_status pinned_new(size_t nbytes, void **out) {
     return IT_OK;
 }
 
+static it_status pinned_free(void *ptr) {
+    IT_CUDA_CALL("it_storage_free", it_cuda_host_free, ptr);
+    return IT_OK;
+}
+
 it_status it_storage_new_pinned(size_t nbytes, it_storage **out) {
     IT_CHECK_PTR(out, "it_storage_new_pinned");
     *out = NULL;
@@ -199,9 +204,9 @@ int32_t it_storage_is_pinned(const it_storage *s) { return s && s->owns_data == 
 it_status it_storage_free(it_storage *s) {
     if (!s) return IT_OK;
     if (s->owns_data == PINNED) {
-        IT_CUDA_CALL("it_storage_free", it_cuda_host_free, s->data);
+        it_status st = pinned_free(s->data);
         free(s);
-        return IT_OK;
+        return st;
     }
     if (s->owns_data && s->device.type == IT_CUDA) {
         it_status st = it_storage_free_cuda(s);
