@@ -324,9 +324,14 @@ extern "C" it_status it_cuda_memcpy_async(it_device dst_device, void *dst, it_de
 }
 
 // ---- pinned host memory ---------------------------------------------------------------------
-// Page-locked, and portable: every device's copy engine reaches it.
+// Page-locked, and portable: every device's copy engine reaches it. Made in the calling thread's
+// current device's context (the device it last used), not cuda:0's: a rank on cuda:3 must not
+// open a context on cuda:0 just to pin memory.
 extern "C" it_status it_cuda_host_alloc(size_t nbytes, void **out) {
-    IT_CU_TRY(it_cuda_use(it_device{IT_CUDA, 0}));
+    if (count_devices() == 0)
+        return it_cuda_error(IT_ERR_NO_CUDA, "no CUDA device to pin host memory for: %s",
+                             device_count_error != cudaSuccess ? cudaGetErrorString(device_count_error)
+                                                               : "the driver reports none");
     if (cudaHostAlloc(out, nbytes ? nbytes : 1, cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         *out = nullptr;
