@@ -525,7 +525,8 @@ class TrainingLoop:
         elif offloaded is not None:
             how = (f"{offloaded.streamed_bytes / 2**20:.1f} MB of the last step's gradients streamed to it during "
                    "backward" if self.trainer.streaming is not None else
-                   "the gradients copied to it at each step (a pipeline has no single last backward to stream from)")
+                   "the gradients copied to it at each step (a pipeline without DDP's reducers, on one DP rank or "
+                   "under ZeRO, knows them final only when its whole schedule has run)")
             self.log(f"offload (rank 0): the AdamW state in host memory; {how}", flush=True)
 
 

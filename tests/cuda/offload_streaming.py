@@ -7,6 +7,7 @@ the same bytes must have streamed every step. Prints "OK <bytes streamed per ste
 this rank's gradients>".
 
     mpiexec -n 2 python offload_streaming.py --model llama3 --zero 2
+    mpiexec -n 4 python offload_streaming.py --pp 2     # DP 2 x PP 2: each chunk's reducer streams
 """
 import argparse
 
@@ -26,25 +27,28 @@ p = argparse.ArgumentParser()
 p.add_argument("--model", choices=["gpt2", "llama3"], default="gpt2")
 p.add_argument("--zero", type=int, default=0)
 p.add_argument("--tp", type=int, default=1, help="tensor parallel with sequence parallelism")
+p.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B)")
 args = p.parse_args()
-env = parallel.init(tensor_parallel=args.tp, device="cuda")
+env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, device="cuda")
 
 
 def build():
     tp = TensorParallel(env.tp_group, sequence_parallel=True) if args.tp > 1 else None
+    pp = env.pipeline_stage() if args.pp > 1 else None
     if args.model == "gpt2":
-        model = GPT2(GPT2Config(block_size=32, vocab_size=300, n_layer=2, n_head=4, n_embd=32), seed=3, tp=tp)
+        model = GPT2(GPT2Config(block_size=32, vocab_size=300, n_layer=2, n_head=4, n_embd=32), seed=3, tp=tp, pp=pp)
     else:
         model = LLaMA3(LLaMA3Config(block_size=32, vocab_size=300, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                                    ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=3, tp=tp)
+                                    ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0), seed=3, tp=tp, pp=pp)
     return model.to(env.device)
 
 
 runs = {}
 for offload in ("none", "cpu"):
     model = build()
-    trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, zero_stage=args.zero,
-                        bucket_cap_mb=0.01, offload_optimizer=offload, lr=1e-2)
+    trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, env.pp_group, zero_stage=args.zero,
+                        pipeline_schedule="1f1b" if args.pp > 1 else None, bucket_cap_mb=0.01,
+                        offload_optimizer=offload, lr=1e-2)
     history, streamed = [], set()
     for step in range(4):
         micro = []
@@ -56,7 +60,8 @@ for offload in ("none", "cpu"):
         if offload == "cpu":
             streamed.add(trainer.offloaded.streamed_bytes if trainer.offloaded is not None else 0)
             events = prof.events
-            backward = [e for e in events if e[0] == "backward"][-1]  # the step's last backward
+            # the step's last backward (a pipeline's schedule interleaves them all)
+            backward = [e for e in events if e[0] == ("pipeline forward_backward" if args.pp > 1 else "backward")][-1]
             copies = [e for e in events if e[0] == "offload gradients"]
             assert (len(copies) > 0) == (max(streamed) > 0), (len(copies), streamed)
             assert all(backward[3] <= e[3] <= backward[4] for e in copies), "a copy queued outside backward"

@@ -88,21 +88,24 @@ def test_parallel_training_over_nccl_on_two_emulated_gpus_matches_one_cpu_proces
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
-@pytest.mark.parametrize("layout,share", [(["--zero", "0"], 1), (["--zero", "1"], 0), (["--zero", "2"], 0.5),
-                                          (["--zero", "3"], 0.5), (["--tp", "2"], None)],
-                         ids=["DDP", "ZeRO1", "ZeRO2", "ZeRO3", "TP2+SP"])
-def test_offloaded_gradients_stream_during_backward_over_nccl_with_the_same_bits(emulated, model, layout, share):
-    """Two ranks on two emulated GPUs (tests/cuda/offload_streaming.py): DDP streams each bucket
-    once its all-reduce is done on the device, ZeRO 2 and 3 each rank's shard as its
+@pytest.mark.parametrize("layout,share,n", [(["--zero", "0"], 1, 2), (["--zero", "1"], 0, 2), (["--zero", "2"], 0.5, 2),
+                                            (["--zero", "3"], 0.5, 2), (["--tp", "2"], None, 2),
+                                            (["--pp", "2"], 1, 4), (["--pp", "2"], 0, 2)],
+                         ids=["DDP", "ZeRO1", "ZeRO2", "ZeRO3", "TP2+SP", "PP2xDP2", "PP2"])
+def test_offloaded_gradients_stream_during_backward_over_nccl_with_the_same_bits(emulated, model, layout, share, n):
+    """n ranks on as many emulated GPUs (tests/cuda/offload_streaming.py): DDP streams each
+    bucket once its all-reduce is done on the device, ZeRO 2 and 3 each rank's shard as its
     reduce-scatter lands (ZeRO-1 reduces after backward: nothing to stream), TP + SP streams
-    every gradient and copies again the ones finalize_grads sums over TP; each the bits of
-    the run without offload."""
+    every gradient and copies again the ones finalize_grads sums over TP, a pipeline's chunk
+    reducers each bucket after the chunk's last backward (the tied embedding copied again after
+    its sum over the stages; on one DP rank there is no reducer: nothing streams); each the bits
+    of the run without offload."""
     _, env = emulated
-    out = subprocess.run([*launch(2), sys.executable, str(HERE / "offload_streaming.py"), "--model", model, *layout], capture_output=True,
-                         text=True, timeout=300, env=dict(env, INFINITRAIN_EMULATED_GPUS="2"))
+    out = subprocess.run([*launch(n), sys.executable, str(HERE / "offload_streaming.py"), "--model", model, *layout],
+                         capture_output=True, text=True, timeout=300, env=dict(env, INFINITRAIN_EMULATED_GPUS=str(n)))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     ranks = [tuple(map(int, line.split()[1:])) for line in out.stdout.splitlines() if line.startswith("OK ")]
-    assert len(ranks) == 2, out.stdout
+    assert len(ranks) == n, out.stdout
     for streamed, everything in ranks:  # TP: every gradient of the rank's shard of the model
         assert streamed == (everything if share is None else int(everything * share)), ranks
 

@@ -77,12 +77,19 @@ class TrainStep:
         soon as it is final in the step's last backward (ZeRO-Offload's schedule): DDP's
         reducer hands over each bucket as its all-reduce is queued, ZeRO each bucket as its
         reduce-scatter lands, and on one rank each parameter's own hook as its gradient is
-        accumulated. Returns the OffloadOptimizer that streams, or None (no offload, the CPU,
-        or a pipeline, whose schedule has no single last backward)."""
+        accumulated; under a pipeline each chunk's reducer, which reduces only after that
+        chunk's last backward. Returns the OffloadOptimizer that streams, or None: no offload,
+        the CPU, or a pipeline without DDP's reducers (on one DP rank, or under ZeRO), where a
+        gradient is known final only when the whole schedule has run."""
         off = self.offloaded
-        if off is None or not off.streams_gradients or self.pipe is not None:
+        if off is None or not off.streams_gradients:
             return None
-        if self.zero:
+        if self.pipe is not None:
+            if not self.pipe.reducers:
+                return None
+            for reducer in self.pipe.reducers:
+                reducer.on_reduced = off.grads_ready
+        elif self.zero:
             self.optimizer.on_reduced = off.grads_ready
         elif self.net is not self.model:
             self.net.reducer.on_reduced = off.grads_ready
@@ -107,6 +114,8 @@ class TrainStep:
         the gradients are their mean. Returns the mean loss over them and over DP."""
         context = forward_context or nullcontext
         if self.pipe is not None:
+            if self.streaming is not None:  # the chunks' reducers hand over only after their last backward
+                self.streaming.arm()
             with record_function("pipeline forward_backward"):
                 loss = self.pipe.forward_backward(micro_batches, context)
         else:
