@@ -14,8 +14,8 @@ from .storage import Storage
 from .tensor import Tensor, _empty, _parse_size
 
 
-def _new(size, dtype, device) -> Tensor:
-    return _empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), as_device(device))
+def _new(size, dtype, device, pinned: bool = False) -> Tensor:
+    return _empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), as_device(device), pinned)
 
 
 def _filled(t: Tensor, value) -> Tensor:
@@ -30,11 +30,9 @@ def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
 
 def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     """Uninitialised memory; pin_memory: page-locked host memory (Tensor.pin_memory())."""
-    if pin_memory:
-        if as_device(device).type != "cpu":
-            raise RuntimeError(f"empty(pin_memory=True): only host memory is pinned, not {as_device(device)}")
-        return _leaf(_empty(_parse_size(size), _dt.as_dtype(dtype or _dt.float32), CPU, pinned=True), requires_grad)
-    return _leaf(_new(size, dtype, device), requires_grad)
+    if pin_memory and as_device(device).type != "cpu":
+        raise RuntimeError(f"empty(pin_memory=True): only host memory is pinned, not {as_device(device)}")
+    return _leaf(_new(size, dtype, device, pin_memory), requires_grad)
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

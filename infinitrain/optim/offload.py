@@ -125,7 +125,8 @@ class _GradCopies:
 
     def fence(self) -> None:
         """The current stream waits for every queued copy (the host does not): what it queues
-        next may change the gradients they read."""
+        next may change the gradients they read, so nothing more streams until re-armed."""
+        self.armed = False
         if self.pending:
             self.pending[-1][0].wait()
 
@@ -269,8 +270,7 @@ class OffloadOptimizer:
         """The device gradients of params are about to change (a fix-up after their reduction):
         the step copies them again. Call it before changing them."""
         if self._copies is not None and self._copies.streamed:
-            self._copies.fence()
-            self._copies.armed = False  # what is streamed from now on would miss the change
+            self._copies.fence()  # and disarms: what streamed from now on would miss the change
             for p in params:
                 self._copies.streamed.discard(self.index.get(id(p)))
 
@@ -281,7 +281,6 @@ class OffloadOptimizer:
         orders the copies before any change)."""
         if self._copies is not None and self._copies.streamed:
             self._copies.fence()
-            self._copies.armed = False
             self._copies.factor = factor if self._copies.factor is None else self._copies.factor * factor
 
     @property

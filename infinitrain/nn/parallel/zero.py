@@ -174,11 +174,11 @@ class ZeroOptimizer:
         # has landed in this rank's shard (an OffloadOptimizer streams them to the host then); a
         # tied parameter's shard is left out, as finalize_grads still sums it over the pipeline
         self.on_reduced = None
-        self._shards_of = {}
+        self._shards_of = {}  # id(bucket) -> this rank's shard parameters in it
         for shard, bi, _, _, _ in self.segments:
-            self._shards_of.setdefault(bi, []).append(shard)
+            self._shards_of.setdefault(id(self.buckets[bi]), []).append(shard)
         for b in self._tied_buckets:
-            self._shards_of.pop(self.buckets.index(b), None)
+            self._shards_of.pop(id(b), None)
         self._works = []
         self._sharded = False  # this step's gradients are final: reduce-scattered (stage 1), tied summed
 
@@ -237,7 +237,7 @@ class ZeroOptimizer:
 
     def _landed(self, b) -> None:
         if self.on_reduced is not None:
-            self.on_reduced(self._shards_of.get(self.buckets.index(b), []))
+            self.on_reduced(self._shards_of.get(id(b), []))
 
     def _finish_backward(self) -> None:
         for b in self.buckets:  # a parameter that got no gradient contributes zeros
