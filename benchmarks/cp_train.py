@@ -61,7 +61,7 @@ def activations(args) -> None:
     from infinitrain.nn import parallel
     from mpi4py import MPI
     env = parallel.init(context_parallel=MPI.COMM_WORLD.Get_size())  # every rank in one CP group
-    model = llama3(args.model, cp=env.context_parallel())
+    model = llama3(args.model, cp=parallel.ParallelPlan(env).context_parallel())
     data = np.random.default_rng(0).integers(0, 50257, (args.batch, args.seq + 1))
     idx, targets = it.from_numpy(data[:, :-1].copy()), it.from_numpy(data[:, 1:].copy())
     peak = 0

@@ -109,8 +109,9 @@ def _job(args) -> None:
                             n_head=max(1, args.embd // 64), n_embd=args.embd)).to(env.device)
     offload = None if args.job == "none" else "cpu" if gpu else "nvme"
     param = "nvme" if args.job == "nvme+param" else None
-    trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, lr=1e-4, zero_stage=3 if param else 0,
-                        offload_optimizer=offload, offload_path=args.path, offload_param=param)
+    plan = parallel.ParallelPlan(env, zero_stage=3 if param else 0, offload_optimizer=offload,
+                                 offload_path=args.path if offload == "nvme" else None, offload_param=param)
+    trainer = TrainStep(model, plan, decay_groups(model, 0.1), AdamW, lr=1e-4)
     if args.job == "cpu at step":
         trainer.streaming = None  # the gradients are copied when the step runs
     rng = np.random.default_rng(0)

@@ -37,7 +37,9 @@ def child(args) -> None:
 
     env = parallel.init(pipeline_parallel=args.pp)
     V = 2 if args.schedule == "interleaved" else 1
-    model = gpt2(args.model, pp=env.pipeline_stage(V, args.split), n_layer=args.layers)
+    plan = parallel.ParallelPlan(env, virtual_pipeline_parallel=V, pipeline_schedule=args.schedule,
+                                 pipeline_split=args.split)
+    model = gpt2(args.model, pp=plan.pipeline_stage(), n_layer=args.layers)
     pipe = PipelineParallel(model, args.schedule, deallocate_outputs=args.outputs[0] == "freed",
                             post_receives=args.receives[0] == "ahead")
     opt = AdamW(model.parameters(), lr=1e-4)

@@ -49,7 +49,8 @@ def _job(args) -> None:
     model = GPT2(GPT2Config(block_size=args.seq, vocab_size=args.vocab, n_layer=args.layers,
                             n_head=max(1, args.embd // 64), n_embd=args.embd))
     n_params = sum(p.numel() for p in model.parameters())
-    trainer = TrainStep(model, decay_groups(model, 0.0), AdamW, env.dp_group, zero_stage=args.stage, lr=1e-4)
+    trainer = TrainStep(model, parallel.ParallelPlan(env, zero_stage=args.stage), decay_groups(model, 0.0), AdamW,
+                        lr=1e-4)
     rng = np.random.default_rng(env.dp_rank)
     x = it.from_numpy(rng.integers(0, args.vocab, (args.batch, args.seq)))
     y = it.from_numpy(rng.integers(0, args.vocab, (args.batch, args.seq)))

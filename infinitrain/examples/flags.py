@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+from pathlib import Path
+
+from infinitrain.nn.parallel.plan import ParallelPlan
 
 
 def _number(kind, low, low_ok: bool, what: str):
@@ -82,6 +86,23 @@ def _rank() -> int:
     if os.environ.get("SLURM_STEP_NUM_TASKS") and os.environ.get("SLURM_PROCID", "").isdigit():
         return int(os.environ["SLURM_PROCID"])
     return 0
+
+
+def plan_of(env, **options):
+    """The job's ParallelPlan (nn.parallel.plan) of these options, refused (once, from rank 0)
+    where they cannot work together; --offload_path's folder checked on disk (its free space is
+    the memory plan's to check)."""
+    try:
+        plan = ParallelPlan(env, **options)
+    except ValueError as e:
+        refuse(str(e))
+    if plan.offload_optimizer == "nvme":
+        path = Path(plan.offload_path)
+        if not path.is_dir():
+            refuse(f"--offload_path {path}: no such folder (make it, mkdir -p, or name another)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            refuse(f"--offload_path {path}: not writable by this user (name another folder)")
+    return plan
 
 
 def refuse(message: str):

@@ -20,43 +20,39 @@ from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, load_checkpoint, load_lora,
                                     read_lora_config, resolve, save_checkpoint, save_checkpoint_async, save_lora)
 from infinitrain.data import DataFormatError, Tokenizer, TokenLoader, read_shard
-from infinitrain.examples.flags import check_input_files, check_outputs, refuse
+from infinitrain.examples.flags import check_input_files, check_outputs, plan_of, refuse
 from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples import mfu
 from infinitrain.nn import parallel
 from infinitrain.nn.lora import apply_lora
-from infinitrain.nn.parallel.pp import chunk_layers
-from infinitrain.nn.parallel.tensor_parallel import TensorParallel
+from infinitrain.nn.parallel.memory_plan import memory_plan
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
-from infinitrain.optim.offload import OffloadError, staging_bytes
+from infinitrain.optim.offload import OffloadError
 from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
 
 
 def train(args, build_model) -> int:
     """Trains build_model(args, tp, stage, cp) (a GPT-2 or LLaMA-3 style model) as the flags say,
     on as many MPI ranks as the job has: set up the layout, build and wrap the model, train, finish."""
-    env, tp, stage, schedule, layout = setup_layout(args)
+    env, plan = setup_plan(args)
     log = print if env.is_main else (lambda *a, **k: None)
     resume_from_save(args, log)
-    accum = accumulation_steps(args, env)
+    accum = accumulation_steps(args, plan)
     prepare_data(args, env)
     check_inputs(args, env)
-    check_memory(args, env, accum, log)
-    model = build(args, env, tp, stage, env.context_parallel(args.cp_comm), build_model, layout, log)
+    check_memory(args, plan, env.local_size, accum, log)
+    model = build(args, env, plan, build_model, log)
     try:
-        trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_cp_group, env.pp_group,
-                            zero_stage=args.zero_stage, pipeline_schedule=schedule if stage else None,
-                            pipeline_timeout=args.pipeline_timeout, offload_optimizer=args.offload_optimizer,
-                            offload_path=args.offload_path, offload_param=args.offload_param,
-                            lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+        trainer = TrainStep(model, plan, decay_groups(model, args.weight_decay), AdamW,
+                            pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
-    log_setup(args, env, model, accum, schedule, layout, log)
+    log_setup(args, env, plan, model, accum, log)
     if trainer.offloaded is not None:
         log(f"offload: {trainer.offloaded} per rank", flush=True)
-    loop = TrainingLoop(args, env, model, trainer, accum, layout, log)
+    loop = TrainingLoop(args, env, plan, model, trainer, accum, log)
     try:
         loop.run()
     except KeyboardInterrupt:  # Ctrl-C (SIGINT reaches every rank): one line, from rank 0
@@ -69,19 +65,9 @@ def train(args, build_model) -> int:
     return 0
 
 
-def setup_layout(args):
-    """Checks the layout flags, starts MPI and the process groups: (env, TensorParallel or None,
-    PipelineStage or None, the pipeline schedule, the layout as the log line shows it)."""
-    schedule = args.pipeline_schedule or ("interleaved" if args.virtual_pipeline_parallel > 1 else "1f1b")
-    if args.virtual_pipeline_parallel > 1 and args.pipeline_parallel < 2:
-        refuse(f"--virtual_pipeline_parallel {args.virtual_pipeline_parallel} splits each pipeline stage into "
-                 "chunks: it needs --pipeline_parallel 2 or more")
-    if schedule == "interleaved" and args.virtual_pipeline_parallel < 2:
-        refuse("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
-    if schedule == "1f1b" and args.virtual_pipeline_parallel > 1:
-        refuse("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
-                 "> 1 use interleaved (the default) or gpipe")
-    pipelined = args.pipeline_parallel > 1
+def setup_plan(args):
+    """Starts MPI and the process groups, and lays out the job as the flags say: (env, the
+    ParallelPlan, which refuses flags that cannot work together)."""
     try:
         device = it.device(args.device)  # a malformed name, before MPI starts
     except (TypeError, ValueError) as e:
@@ -96,47 +82,23 @@ def setup_layout(args):
         refuse(f"cannot lay out the job: {e}")
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
         refuse(f"--device {args.device}: {e}")
-    tp = TensorParallel(env.tp_group, args.sequence_parallel, not args.no_async_tensor_model_parallel_allreduce) \
-        if args.tensor_parallel > 1 else None
-    if args.zero_stage == 3 and pipelined:
-        refuse("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
-    stage = env.pipeline_stage(args.virtual_pipeline_parallel, args.pipeline_split) if pipelined else None
-    if args.sequence_parallel and tp is None and env.is_main:
+    plan = make_plan(args, env)
+    if args.sequence_parallel and plan.tp == 1 and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
-    if args.zero_stage and env.layout.dp * env.layout.cp == 1 and args.offload_param == "none" and env.is_main:
+    if plan.zero_has_no_effect and env.is_main:
         print(f"note: --zero_stage {args.zero_stage} has no effect with one data-parallel rank (there is nothing "
               "to shard the optimizer state over); it trains as without ZeRO", flush=True)
-    check_offload_flags(args, env)
-    layout = env.layout.describe(sequence_parallel=tp is not None and tp.sequence_parallel)
-    if args.virtual_pipeline_parallel > 1:
-        layout += f", VPP={args.virtual_pipeline_parallel}"
-    return env, tp, stage, schedule, layout
+    return env, plan
 
 
-def check_offload_flags(args, env) -> None:
-    """--offload_optimizer's and --offload_param's flags, before anything is built (the disk's
-    space: check_memory)."""
-    param = getattr(args, "offload_param", "none")
-    if param != "none":
-        if args.zero_stage != 3:
-            refuse(f"--offload_param {param} offloads ZeRO-3's pieces of the parameters: add --zero_stage 3 "
-                   "(stages 1 and 2 keep every parameter whole on each rank)")
-        if args.offload_optimizer != param:
-            refuse(f"--offload_param {param} keeps the parameters with the AdamW state, which the step updates "
-                   f"together: add --offload_optimizer {param}")
-    if args.offload_optimizer == "cpu" and env.device.type == "cpu":
-        refuse("--offload_optimizer cpu moves the AdamW state off the GPU; with --device cpu it is in host memory "
-               "already: use --offload_optimizer nvme --offload_path DIR to move it to disk")
-    if args.offload_optimizer == "nvme":
-        if not args.offload_path:
-            refuse("--offload_optimizer nvme needs --offload_path DIR, a folder on a local disk")
-        path = Path(args.offload_path)
-        if not path.is_dir():
-            refuse(f"--offload_path {path}: no such folder (make it, mkdir -p, or name another)")
-        if not os.access(path, os.W_OK | os.X_OK):
-            refuse(f"--offload_path {path}: not writable by this user (name another folder)")
-    elif args.offload_path:
-        refuse("--offload_path is for --offload_optimizer nvme")
+def make_plan(args, env):
+    """The ParallelPlan of the flags (flags.plan_of: refused, once, where they cannot work together)."""
+    return plan_of(env, sequence_parallel=args.sequence_parallel,
+                   virtual_pipeline_parallel=args.virtual_pipeline_parallel,
+                   pipeline_schedule=args.pipeline_schedule, pipeline_split=args.pipeline_split,
+                   cp_comm=args.cp_comm, zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
+                   offload_param=args.offload_param, offload_path=args.offload_path, recompute=args.recompute,
+                   async_tensor_parallel=not args.no_async_tensor_model_parallel_allreduce)
 
 
 def restart_count() -> int:
@@ -167,10 +129,10 @@ def resume_from_save(args, log) -> None:
             log(f"restart {restart_count()}: resuming from {args.load} at step {meta['step']}", flush=True)
 
 
-def accumulation_steps(args, env) -> int:
+def accumulation_steps(args, plan) -> int:
     """Micro-batches per step: --total_batch_size over what one micro-batch of every DP rank
     holds (args.total_batch_size is set to the step's tokens when the flag left it 0)."""
-    B, T, dp = args.batch_size, args.sequence_length, env.layout.dp
+    B, T, dp = args.batch_size, args.sequence_length, plan.dp
     tokens_per_micro = B * T * dp
     total = args.total_batch_size or tokens_per_micro
     if total % tokens_per_micro:
@@ -203,53 +165,70 @@ def check_sequence_length(args, block_size: int) -> None:
         refuse(f"--sequence_length {args.sequence_length} exceeds the model's block size {block_size}")
 
 
-def check_memory(args, env, accum: int, log) -> None:
+def check_memory(args, plan, local_size: int, accum: int, log) -> None:
+    """The memory plan's estimate (nn.parallel.memory_plan), logged; a job that would not fit
+    is refused with the ZeRO stage or the offload that would make it fit, if one would."""
     known = _config_of(args)  # a sequence the model cannot take is that, not a memory problem
-    if known is not None:
-        check_sequence_length(args, known[0].block_size)
-    plan = memory_plan(args, env, accum)
-    if plan is None:
+    if known is None:
         return
-    need, have, text, parts = plan
+    check_sequence_length(args, known[0].block_size)
+
+    def estimate(p):
+        return memory_plan(p, *known, args.batch_size, args.sequence_length, accum, args.dtype, local_size)
+
+    def variant(**changes):  # the plan with other options, or None where they cannot work together
+        try:
+            return plan.with_options(**changes)
+        except ValueError:
+            return None
+    planned = estimate(plan)
+    if planned is None:
+        return
+    need, have, text, parts = planned
     log(text, flush=True)
     if "on disk" in parts:  # the scratch files of this node's ranks, reserved when they are made
-        disk = parts["on disk"] * env.local_size
-        st = os.statvfs(args.offload_path)
+        disk = parts["on disk"] * local_size
+        st = os.statvfs(plan.offload_path)
         if disk > st.f_bavail * st.f_frsize:
-            what = "the AdamW state and the parameters need" if args.offload_param != "none" else "the AdamW state needs"
-            refuse(f"--offload_path {args.offload_path}: {what} {disk / 2**30:.2f} GB there and "
+            what = "the AdamW state and the parameters need" if plan.offload_param else "the AdamW state needs"
+            refuse(f"--offload_path {plan.offload_path}: {what} {disk / 2**30:.2f} GB there and "
                    f"{st.f_bavail * st.f_frsize / 2**30:.2f} GB are free: free space or name a bigger disk")
-    if need > have:
-        ways = ""
-        if env.layout.dp * env.layout.cp > 1 and args.zero_stage < 3:
-            fitting = [s for s in range(args.zero_stage + 1, 4) if memory_plan(args, env, accum, s)[0] <= have]
-            if fitting:
-                ways = f"--zero_stage {fitting[0]} (it would fit), "
-        if not ways and args.offload_param == "none":
-            offloaded = memory_plan(args, env, accum, offload="nvme")
-            both = memory_plan(args, env, accum, offload="nvme+param")
-            if "on disk" not in parts and offloaded[0] <= have:
-                ways = (f"--offload_optimizer nvme --offload_path DIR (it would fit, with "
-                        f"{offloaded[3]['on disk'] * env.local_size / 2**30:.1f} GB of AdamW state on that disk), ")
-            elif both[0] <= have:
-                ways = (f"--zero_stage 3 --offload_optimizer nvme --offload_param nvme --offload_path DIR (it would "
-                        f"fit, with {both[3]['on disk'] * env.local_size / 2**30:.1f} GB of AdamW state and "
-                        "parameters on that disk), ")
-        sys.exit(f"this job will not fit in memory: {text}. Use {ways}a smaller --model, fewer ranks "
-                 "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
-                 "or a smaller --batch_size / --sequence_length")
+    if need <= have:
+        return
+    ways = ""
+    if plan.dp_cp > 1 and plan.zero_stage < 3:
+        fitting = [s for s in range(plan.zero_stage + 1, 4)
+                   if (v := variant(zero_stage=s)) is not None and estimate(v)[0] <= have]
+        if fitting:
+            ways = f"--zero_stage {fitting[0]} (it would fit), "
+    if not ways and plan.offload_param is None:
+        path = plan.offload_path or "DIR"
+        offloaded = variant(offload_optimizer="nvme", offload_path=path)
+        offloaded = estimate(offloaded) if offloaded is not None else None
+        both = variant(zero_stage=3, offload_optimizer="nvme", offload_param="nvme", offload_path=path)
+        both = estimate(both) if both is not None else None
+        if "on disk" not in parts and offloaded is not None and offloaded[0] <= have:
+            ways = (f"--offload_optimizer nvme --offload_path DIR (it would fit, with "
+                    f"{offloaded[3]['on disk'] * local_size / 2**30:.1f} GB of AdamW state on that disk), ")
+        elif both is not None and both[0] <= have:
+            ways = (f"--zero_stage 3 --offload_optimizer nvme --offload_param nvme --offload_path DIR (it would "
+                    f"fit, with {both[3]['on disk'] * local_size / 2**30:.1f} GB of AdamW state and "
+                    "parameters on that disk), ")
+    sys.exit(f"this job will not fit in memory: {text}. Use {ways}a smaller --model, fewer ranks "
+             "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
+             "or a smaller --batch_size / --sequence_length")
 
 
-def build(args, env, tp, stage, cp, build_model, layout: str, log):
+def build(args, env, plan, build_model, log):
     """The model of this rank's layout, with recomputation and LoRA as asked, on its device."""
     it.manual_seed(args.seed)
     try:
-        model = build_model(args, tp, stage, cp)
+        model = build_model(args, plan.tensor_parallel(), plan.pipeline_stage(), plan.context_parallel())
     except (DataFormatError, OSError) as e:  # the checkpoint's contents (its header passed check_inputs)
         sys.exit(f"--llmc_filepath: {e}")
     except ValueError as e:  # a layout that does not divide the model
-        refuse(f"cannot build the model in this layout ({layout}): {e}")
-    model.set_recompute(args.recompute)
+        refuse(f"cannot build the model in this layout ({plan.describe()}): {e}")
+    model.set_recompute(plan.recompute)
     if args.lora_rank or args.lora_load_path:
         setup_lora(model, args, log)
     model.to(env.device)  # built and initialised on the host: every device starts from the same weights
@@ -262,20 +241,19 @@ def build(args, env, tp, stage, cp, build_model, layout: str, log):
     return model
 
 
-def log_setup(args, env, model, accum: int, schedule: str, layout: str, log) -> None:
+def log_setup(args, env, plan, model, accum: int, log) -> None:
     cfg = model.config
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
-    pipelined = args.pipeline_parallel > 1
-    split = model.tp is not None or pipelined
+    split = plan.tp > 1 or plan.pipelined
     log(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
         f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
-        f"{model.num_parameters():,} parameters{' on this rank' if split else ''} | {layout}", flush=True)
+        f"{model.num_parameters():,} parameters{' on this rank' if split else ''} | {plan.describe()}", flush=True)
     log(f"batch: {args.batch_size} x {args.sequence_length} tokens x {accum} "
-        f"{'micro-batches' if pipelined else 'accumulation steps'} x {env.layout.dp} data-parallel ranks = "
+        f"{'micro-batches' if plan.pipelined else 'accumulation steps'} x {plan.dp} data-parallel ranks = "
         f"{args.total_batch_size} tokens per step | {it.get_num_threads()} threads per rank", flush=True)
-    if pipelined:
-        log(f"pipeline: {schedule} schedule over {args.pipeline_parallel} stages x "
-            f"{args.virtual_pipeline_parallel} chunks, layers per chunk {[len(c) for c in model.stage_layers]} "
+    if plan.pipelined:
+        log(f"pipeline: {plan.pipeline_schedule} schedule over {plan.pp} stages x "
+            f"{plan.virtual_pipeline_parallel} chunks, layers per chunk {[len(c) for c in model.stage_layers]} "
             f"on stage 0", flush=True)
 
 
@@ -298,17 +276,16 @@ class TrainingLoop:
     """The steps of a run and what surrounds them: data, schedule, resume, evaluation, samples,
     the per-step log line, profiling, precision checks, checkpoints, the epilogue."""
 
-    def __init__(self, args, env, model, trainer, accum: int, layout: str, log):
-        self.args, self.env, self.model, self.trainer = args, env, model, trainer
-        self.accum, self.layout, self.log = accum, layout, log
+    def __init__(self, args, env, plan, model, trainer, accum: int, log):
+        self.args, self.env, self.plan, self.model, self.trainer = args, env, plan, model, trainer
+        self.accum, self.layout, self.log = accum, plan.describe(), log
         self.optimizer, self.pipe = trainer.optimizer, trainer.pipe
-        self.every_dp_rank = trainer.zero and args.zero_stage == 3  # the model runs only with every DP rank along
         cfg, device, B, T = model.config, env.device, args.batch_size, args.sequence_length
         self.peak = peak_flops(args, env, log)
         self.step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) \
             * args.total_batch_size
         self.curves = {"train": [], "val": []}
-        dp, rank = env.layout.dp, env.dp_rank
+        dp, rank = plan.dp, plan.coords.dp
         self.train_data = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device)
         self.val_data = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device) \
             if args.input_val_bin else None
@@ -359,7 +336,7 @@ class TrainingLoop:
         env = self.env
         try:
             checker = PrecisionChecker(self.model, PrecisionCheckConfig.parse(self.args.precision_check),
-                                       rank=env.rank, world=env.world.size, dp=(env.dp_rank, env.layout.dp))
+                                       rank=env.rank, world=env.world.size, dp=(self.plan.coords.dp, self.plan.dp))
             checker.total_steps = self.args.num_iteration - self.first + 1
             return checker
         except ValueError as e:
@@ -374,14 +351,14 @@ class TrainingLoop:
         # (at most one save in flight: the next one waits for it)
         env, args = self.env, self.args
         self.finish_save(block=True)
-        if env.first_replica or self.trainer.zero:  # ZeRO: every DP x CP rank holds a shard of the state
+        if self.plan.saves_checkpoint:  # ZeRO: every DP x CP rank holds a shard of the state
             save = save_checkpoint_async if args.async_save else save_checkpoint
             result = save(args.save, step, self.model, self.optimizer,
                           extra={"train_loader": self.train_data.state(),
                                  "schedule": self.lr_schedule.state_dict(),
                                  "total_batch_size": args.total_batch_size},
                           keep=args.max_checkpoint_keep or None,
-                          write=env.coords.tp == 0 and env.first_replica)
+                          write=self.plan.writes_files)
             fail_for_tests(env.rank, step, saving=True)
             if args.async_save:
                 self.pending_save = result
@@ -431,7 +408,7 @@ class TrainingLoop:
                 self.evaluate(step)
             if step < args.num_iteration and self.tokenizer is not None and args.sample_every \
                     and step % args.sample_every == 0:
-                sample(self.model, self.tokenizer, args, self.env, self.pipe, every_dp_rank=self.every_dp_rank)
+                sample(self.model, self.tokenizer, args, self.env, self.plan, self.pipe)
 
     def step(self, step: int) -> None:
         """One optimizer step through the trainer's step, and its log line."""
@@ -502,7 +479,7 @@ class TrainingLoop:
             for line in self.checker.close().splitlines():  # a line per write: ranks' lines stay whole
                 print(line, flush=True)
         if args.lora_save_path:
-            save_lora(model, args.lora_save_path, write=env.first_replica and env.coords.tp == 0,
+            save_lora(model, args.lora_save_path, write=self.plan.writes_files,
                       optimizer=self.optimizer)
             env.world.barrier()
             self.log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
@@ -515,7 +492,7 @@ class TrainingLoop:
             except (RuntimeError, ValueError, OSError) as e:
                 print(f"could not draw {args.plot}: {e}", file=sys.stderr, flush=True)
         if self.tokenizer is not None and args.sample_every:
-            sample(model, self.tokenizer, args, env, self.pipe, every_dp_rank=self.every_dp_rank)
+            sample(model, self.tokenizer, args, env, self.plan, self.pipe)
         offloaded = self.trainer.offloaded
         if offloaded is not None and offloaded.device == "nvme":
             store = offloaded.store
@@ -605,84 +582,6 @@ def _config_of(args):
     return cfg, (GPT2 if isinstance(cfg, GPT2Config) else LLaMA3)
 
 
-def memory_plan(args, env, micro_batches: int, zero_stage: int | None = None, offload: str | None = None):
-    """(bytes this node's ranks will need, bytes available, a line saying so, by component),
-    estimated before anything is built: per parameter 4 bytes of weights, 4 of gradient and 8
-    of AdamW moments (+2 for bfloat16 copies), split over TP x PP, and ZeRO's shares over DP x
-    CP; at stages 2 and 3 the token embedding's gradient is whole during backward (a gradient is
-    reduce-scattered only once it is final: the tied embedding's at the very end) and two
-    buckets are in flight, at stage 3 the embedding's weights are gathered too; activations of
-    the stage that holds the most: its blocks (the split the pipeline makes) times the
-    micro-batches in flight there (all M under GPipe, PP - stage under 1F1B, one without a
-    pipeline) at about 24 B T C floats per block plus the attention scores, the logits and their
-    gradient on the last stage, and ~350 MB for the process itself (Python,
-    numpy, MPI, BLAS buffers, the data). With --offload_optimizer nvme the moments are on disk
-    (parts["on disk"], not counted in the memory) and the staging buffers stay; with
-    --offload_param nvme (stage 3, also on one rank) the parameter pieces are there too, and what
-    stays of the parameters is the units gathered at a time (the embedding and two blocks).
-    zero_stage, offload: another stage or offload than the job's (to suggest one; offload
-    "nvme+param" for both). None if unknown."""
-    known = _config_of(args)
-    if known is None or env.device.type != "cpu":  # this is the host's memory
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            available = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-    cfg, cls = known
-    L = env.layout
-    params = cls._llmc_numel(cfg) / (L.tp * L.pp)
-    moments = 10 if args.dtype == "bfloat16" else 8
-    shards = L.dp * L.cp  # ZeRO shards over the DP x CP group
-    if offload is None:
-        offload = "nvme+param" if args.offload_param == "nvme" else args.offload_optimizer
-    offload_param = offload == "nvme+param"
-    offload = "nvme" if offload_param else offload
-    stage = 3 if offload_param else (args.zero_stage if zero_stage is None else zero_stage) if shards > 1 else 0
-    vocab = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
-    embedding = 4 * vocab * cfg.n_embd / L.tp
-    state = params * moments / (shards if stage >= 1 else 1)
-    parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
-             "gradients": params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0),
-             "AdamW state": state if offload != "nvme" else min(state, staging_bytes())}
-    if offload_param:  # the gathered units only: the embedding and a block running with the next read
-        parts["parameters"] = embedding + 2 * 4 * max(0.0, params - embedding / 4) / max(1, cfg.n_layer / L.pp)
-    elif stage >= 3:
-        parts["parameters"] += embedding
-    if stage >= 2:  # a full-size bucket reducing while the next fills (the trainer's 25 MB buckets)
-        parts["buckets in flight"] = min(2 * 25 * 2**20, params * 4)
-    # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
-    B, T, C = args.batch_size, args.sequence_length // L.cp, cfg.n_embd
-    per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (cfg.n_head / L.tp) * T * T)
-    # the stage holding the most: its blocks times the micro-batches in flight there (1F1B: PP - stage)
-    V = args.virtual_pipeline_parallel
-    chunks = chunk_layers(cfg.n_layer, L.pp, V, cls.head_work(cfg) if args.pipeline_split == "balanced" else 0.0)
-    in_flight = [1] if L.pp == 1 else [micro_batches if args.pipeline_schedule == "gpipe" else
-                                       min(micro_batches, L.pp - s) for s in range(L.pp)]
-    blocks = [sum(len(c) for g, c in enumerate(chunks) if g % L.pp == s) for s in range(L.pp)]
-    busiest = max(range(L.pp), key=lambda s: in_flight[s] * blocks[s])
-    held = in_flight[busiest]
-    parts["activations"] = held * blocks[busiest] * per_layer + 2 * 4 * B * T * vocab / L.tp
-    parts["process"] = 350 * 2**20
-    per_rank = sum(parts.values())
-    need = per_rank * env.local_size
-    detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items())
-    on_disk = ""
-    if offload == "nvme":
-        parts["on disk"] = state * 8 / moments  # the moments; bfloat16 copies are not state
-        what = "AdamW moments"
-        if offload_param:
-            parts["on disk"] += params * 4 / shards
-            what = "AdamW moments and parameters"
-        on_disk = f"; {parts['on disk'] * env.local_size / 2**30:.2f} GB of {what} on disk"
-    text = (f"memory: about {per_rank / 2**30:.2f} GB per rank ({params / 1e6:.1f}M parameters"
-            f"{f', ZeRO-{stage} over {shards}' if stage else ''}; GB: {detail}; activations of {held} "
-            f"micro-batch(es)) x {env.local_size} rank(s) on this node = {need / 2**30:.1f} GB of "
-            f"{available / 2**30:.1f} GB available{on_disk}")
-    return need, available, text, parts
-
-
 @it.no_grad()
 def evaluate(model, loader, max_steps: int, trainer) -> float:
     """The mean validation loss over max_steps batches (fewer if the split is short), over DP."""
@@ -698,10 +597,10 @@ def evaluate(model, loader, max_steps: int, trainer) -> float:
     return trainer.dp_mean(total / steps)
 
 
-def sample(model, tokenizer, args, env, pipe=None, every_dp_rank: bool = False) -> None:
-    """The main rank prints a sample; the ranks holding the rest of its model (its TP group
-    and pipeline stages: DP rank 0; under ZeRO-3 every DP rank) run the model along."""
-    if env.coords.dp != 0 and not every_dp_rank:
+def sample(model, tokenizer, args, env, plan, pipe=None) -> None:
+    """The main rank prints a sample; the ranks holding the rest of its model run the model along
+    (ParallelPlan.runs_generation)."""
+    if not plan.runs_generation:
         return
     model.eval()
     start = it.tensor([[tokenizer.eot_token]])

@@ -33,13 +33,12 @@ from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
-from infinitrain.examples.lm_train import ProfileWindow, check_offload_flags
+from infinitrain.examples.lm_train import ProfileWindow
 from infinitrain.examples.flags import (add_async_tp_flag, check_input_files, check_outputs, nonnegative_int,
-                                        positive_float, positive_int, probability, refuse)
+                                        plan_of, positive_float, positive_int, probability, refuse)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
-from infinitrain.nn.parallel.tensor_parallel import TensorParallel
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim.offload import OffloadError
 from infinitrain.optim import AdamW
@@ -136,9 +135,10 @@ def main(argv=None) -> int:
         env = parallel.init(args.tensor_parallel, device=args.device)
     except ValueError as e:
         refuse(f"cannot lay out the job: {e}")
-    dp = env.layout.dp
-    tp = TensorParallel(env.tp_group, async_comm=not args.no_async_tensor_model_parallel_allreduce) \
-        if args.tensor_parallel > 1 else None
+    plan = plan_of(env, zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
+                   offload_param=args.offload_param, offload_path=args.offload_path,
+                   async_tensor_parallel=not args.no_async_tensor_model_parallel_allreduce)
+    dp, tp = plan.dp, plan.tensor_parallel()
     if tp is not None:  # before training, the sizes tensor parallelism splits
         preset = SEQ2SEQ_PRESETS[args.model]
         for what, n in (("the attention heads", preset["nhead"]), ("dim_feedforward", preset["dim_feedforward"])):
@@ -146,7 +146,6 @@ def main(argv=None) -> int:
                 refuse(f"--tensor_parallel {tp.size} does not divide {what} ({n}) of --model {args.model}")
     if args.batch_size % dp:
         refuse(f"--batch_size {args.batch_size} must be a multiple of the {dp} data-parallel ranks")
-    check_offload_flags(args, env)
     try:
         import sacrebleu  # noqa: F401  (checked before training, not after)
     except ImportError:
@@ -167,9 +166,7 @@ def main(argv=None) -> int:
         for layer in [*model.transformer.encoder.layers, *model.transformer.decoder.layers]:
             layer.recompute = True
     try:
-        trainer = TrainStep(model, decay_groups(model, args.weight_decay), AdamW, env.dp_group,
-                            zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
-                            offload_path=args.offload_path, offload_param=args.offload_param,
+        trainer = TrainStep(model, plan, decay_groups(model, args.weight_decay), AdamW,
                             lr=args.learning_rate, betas=(0.9, 0.98), eps=1e-9)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
@@ -182,14 +179,14 @@ def main(argv=None) -> int:
     # One global order of length-grouped batches, the same on every rank; each rank collates
     # its share of each batch (every dp-th pair), so any DP layout trains on what one process
     # does, step by step (DistributedSampler would shard the order first and group after).
-    rank = env.dp_rank
+    rank = plan.coords.dp
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed, drop_last=True,
                         collate_fn=lambda items: pad_collate(items[rank::dp], args.max_len),
                         group_by_length=train_set.lengths(), num_workers=args.num_workers)
     if env.is_main:
         print(f"Transformer {args.model}: {model.num_parameters():,} parameters{' on this rank' if tp else ''} | "
               f"{len(train_set):,} training, "
-              f"{len(val_set):,} validation pairs, vocabulary {len(vocab):,} | {env.layout.describe()}", flush=True)
+              f"{len(val_set):,} validation pairs, vocabulary {len(vocab):,} | {plan.describe()}", flush=True)
         if trainer.offloaded is not None:
             print(f"offload: {trainer.offloaded} per rank", flush=True)
     curves = {"train": [], "val": []}
@@ -239,11 +236,11 @@ def main(argv=None) -> int:
                 print(f"val loss {v:.4f}", flush=True)
         step += 1
     if args.save:
-        save_checkpoint(args.save, args.num_iteration, model, trainer.optimizer, write=env.is_main)
+        save_checkpoint(args.save, args.num_iteration, model, trainer.optimizer, write=plan.writes_files)
         if env.is_main:
             print(f"saved {args.save}", flush=True)
     with trainer.gathered_parameters():
-        if env.dp_rank == 0:  # the first model replica (all its TP ranks decode together)
+        if plan.coords.dp == 0:  # the first model replica (all its TP ranks decode together)
             table = bleu_table(model, vocab, val_set, args)
             if env.is_main:
                 print(table, flush=True)

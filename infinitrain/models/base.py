@@ -107,13 +107,12 @@ class CausalLM(Module):
                              f"{self.config.block_size}")
         if targets is not None and tuple(targets.shape) != (B, T):
             raise ValueError(f"targets have shape {tuple(targets.shape)}, expected {(B, T)}")
-        tp = self.tp
-        sp = tp.size if tp is not None and tp.sequence_parallel else 1
+        sp = tpl.sequence_split(self.tp)
         if self.cp is not None:
             self.cp.check_sequence(T, sp)
         elif T % sp:
             raise ValueError(f"sequence parallelism splits the sequence over tensor parallel "
-                             f"{tp.size}, which does not divide the sequence length {T}")
+                             f"{sp}, which does not divide the sequence length {T}")
         return T
 
     # ---- context parallelism: the model takes whole sequences and works on this rank's part
@@ -125,10 +124,10 @@ class CausalLM(Module):
         """The positions (in the whole sequence) of the tokens this rank's embedding outputs:
         its CP chunks, and under SP its TP part of them."""
         pos = self.cp.positions(T, device) if self.cp is not None else creation.arange(T, device=device)
-        tp = self.tp
-        if tp is not None and tp.sequence_parallel:
-            n = pos.shape[0] // tp.size
-            pos = pos[tp.rank * n:(tp.rank + 1) * n]
+        sp = tpl.sequence_split(self.tp)
+        if sp > 1:
+            n = pos.shape[0] // sp
+            pos = pos[self.tp.rank * n:(self.tp.rank + 1) * n]
         return pos
 
 
@@ -140,9 +139,7 @@ class CausalLM(Module):
             raise RuntimeError(f"this model is {self.pp}, not a whole model: run it through "
                                "infinitrain.nn.parallel.pp.PipelineParallel")
         T = self.check_batch(idx, targets)
-        x = self.embed(idx)
-        for block in self.transformer.h:
-            x = self.run_block(block, x, T)
+        x = self.run_blocks(range(len(self.transformer.h)), x=self.embed(idx), T=T)
         return self.head(x, targets, return_logits)
 
     def embed(self, idx):
@@ -171,6 +168,13 @@ class CausalLM(Module):
             return checkpoint(block, x, *self.block_inputs(T))
         return block(x, *self.block_inputs(T))
 
+    def run_blocks(self, layers, x, T: int):
+        """Blocks `layers` (indices into the model's blocks, in order) on x: the whole model's
+        forward runs them all, a pipeline's chunk its own."""
+        for i in layers:
+            x = self.run_block(self.transformer.h[i], x, T)
+        return x
+
     def head(self, x, targets, return_logits: bool):
         """The last block's output -> (logits or None, loss or None)."""
         logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, V'] (V'/TP columns under TP)
@@ -180,10 +184,8 @@ class CausalLM(Module):
         """(shape, dtype) of the activation between two blocks, which is what pipeline stages
         send each other: [B, T, C], T/TP under SP, in the parameters' dtype (the residual
         stream stays in it under autocast)."""
-        tp = self.tp
-        T = seq_len // self.cp.size if self.cp is not None else seq_len
-        T = T // tp.size if tp is not None and tp.sequence_parallel else T
-        return (batch, T, self.config.n_embd), next(iter(self.parameters())).dtype
+        T = self.cp.local_len(seq_len) if self.cp is not None else seq_len
+        return (batch, T // tpl.sequence_split(self.tp), self.config.n_embd), next(iter(self.parameters())).dtype
 
     def model_chunks(self) -> list:
         """This rank's model chunks (one per local pipeline chunk; one for a whole model), each
@@ -307,9 +309,8 @@ class CausalLM(Module):
         forward = forward or (lambda x: self(x)[0])
         tokens = idx.cpu().numpy().astype(np.int64)
         device = next(iter(self.parameters())).device
-        tp, cp = getattr(self, "tp", None), getattr(self, "cp", None)
-        multiple = tp.size if tp is not None and tp.sequence_parallel else 1
-        multiple *= cp.n_chunks if cp is not None else 1
+        cp = getattr(self, "cp", None)
+        multiple = tpl.sequence_split(getattr(self, "tp", None)) * (cp.n_chunks if cp is not None else 1)
         for _ in range(max_new_tokens):
             ctx = tokens[:, -self.config.block_size:]
             n = ctx.shape[1]

@@ -52,7 +52,7 @@ from ..autograd import no_grad
 from ..creation import empty, from_numpy, zeros
 from .offload_store import BUFFERS, PIECE, Block, FileStore, HostStore, OffloadError, layout
 
-__all__ = ["BUFFER_MB", "OffloadError", "OffloadOptimizer", "offloaded", "staging_bytes"]
+__all__ = ["BUFFER_MB", "OffloadError", "OffloadOptimizer", "offload_target", "offloaded", "staging_bytes"]
 
 BUFFER_MB = 64.0  # the state streamed per block by default
 
@@ -62,10 +62,23 @@ def staging_bytes(buffer_mb: float = BUFFER_MB) -> int:
     return BUFFERS * int(buffer_mb * 2**20)
 
 
+OFFLOAD_TARGETS = ("cpu", "nvme")
+
+
+def offload_target(device: str | None) -> str | None:
+    """Where state is offloaded to: "cpu" or "nvme", or None for None and "none" (DeepSpeed's
+    word for no offload): the one place that reads the option."""
+    if device in (None, "none"):
+        return None
+    if device not in OFFLOAD_TARGETS:
+        raise ValueError(f"offload device must be 'none', 'cpu' or 'nvme', got {device!r}")
+    return device
+
+
 def offloaded(optimizer, device: str | None, path=None, offload_params: bool = False):
     """optimizer wrapped in an OffloadOptimizer when device is "cpu" or "nvme"; as it is when
-    device is None or "none" (DeepSpeed's word for no offload)."""
-    if device in (None, "none"):
+    device is None or "none"."""
+    if offload_target(device) is None:
         return optimizer
     return OffloadOptimizer(optimizer, device, path, offload_params=offload_params)
 

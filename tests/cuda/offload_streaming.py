@@ -18,7 +18,7 @@ from infinitrain.models import GPT2Config, LLaMA3Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn import parallel
-from infinitrain.nn.parallel.tensor_parallel import TensorParallel
+from infinitrain.nn.parallel import ParallelPlan
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
 from infinitrain.profiler import profile
@@ -33,8 +33,8 @@ env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, device="
 
 
 def build():
-    tp = TensorParallel(env.tp_group, sequence_parallel=True) if args.tp > 1 else None
-    pp = env.pipeline_stage() if args.pp > 1 else None
+    plan = ParallelPlan(env, sequence_parallel=True)
+    tp, pp = plan.tensor_parallel(), plan.pipeline_stage()
     if args.model == "gpt2":
         model = GPT2(GPT2Config(block_size=32, vocab_size=300, n_layer=2, n_head=4, n_embd=32), seed=3, tp=tp, pp=pp)
     else:
@@ -46,9 +46,8 @@ def build():
 runs = {}
 for offload in ("none", "cpu"):
     model = build()
-    trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_group, env.pp_group, zero_stage=args.zero,
-                        pipeline_schedule="1f1b" if args.pp > 1 else None, bucket_cap_mb=0.01,
-                        offload_optimizer=offload, lr=1e-2)
+    plan = ParallelPlan(env, sequence_parallel=True, zero_stage=args.zero, offload_optimizer=offload)
+    trainer = TrainStep(model, plan, decay_groups(model, 0.1), AdamW, bucket_cap_mb=0.01, lr=1e-2)
     history, streamed = [], set()
     for step in range(4):
         micro = []

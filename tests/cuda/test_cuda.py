@@ -461,8 +461,9 @@ env = parallel.init(device="cuda")
 runs = []
 for offload in ("none", "cpu"):
     model = GPT2(GPT2Config(block_size=32, vocab_size=300, n_layer=2, n_head=4, n_embd=32), seed=3).to("cuda")
-    trainer = TrainStep(model, model.parameters(), AdamW, env.dp_group, zero_stage=3 if offload != "none" else 0,
-                        offload_optimizer=offload, offload_param=offload, lr=1e-2, weight_decay=0.1)
+    plan = parallel.ParallelPlan(env, zero_stage=3 if offload != "none" else 0, offload_optimizer=offload,
+                                 offload_param=offload)
+    trainer = TrainStep(model, plan, model.parameters(), AdamW, lr=1e-2, weight_decay=0.1)
     losses = []
     for step in range(4):
         data = np.random.default_rng(step % 2).integers(0, 300, (4, 17))

@@ -451,17 +451,13 @@ def test_the_memory_estimate_counts_each_component_as_zero_shards_it():
     """memory_plan's components for GPT-2 124M at DP 4: ZeRO shards the AdamW state (stage 1),
     the gradients (2, which keeps the embedding's whole gradient and two buckets in flight)
     and the parameters (3, with the embedding gathered); activations and the process stay."""
-    from types import SimpleNamespace
-    from infinitrain.device import as_device
-    from infinitrain.examples.lm_flags import parse_args
-    from infinitrain.examples.lm_train import memory_plan
-    from infinitrain.models import GPT2_PRESETS
-    from infinitrain.nn.parallel.layout import Layout
-    args = parse_args(["--model", "gpt2", "--batch_size", "2", "--sequence_length", "128"], "", GPT2_PRESETS, "gpt2")
-    env = SimpleNamespace(layout=Layout(4), device=as_device("cpu"), local_size=4)
+    from infinitrain.models import GPT2, GPT2_PRESETS
+    from infinitrain.nn.parallel import Layout, ParallelPlan
+    from infinitrain.nn.parallel.memory_plan import memory_plan
     parts = {}
     for stage in range(4):
-        parts[stage] = memory_plan(args, env, 1, zero_stage=stage)[3]
+        plan = ParallelPlan(Layout(4), zero_stage=stage, device="cpu")
+        parts[stage] = memory_plan(plan, GPT2_PRESETS["gpt2"], GPT2, 2, 128, 1, "float32", 4)[3]
     P, emb = 124_475_904, 4 * 50304 * 768  # llm.c's count, the padded embedding's bytes
     assert abs(parts[0]["AdamW state"] - 8 * P) < 1e3 and abs(parts[1]["AdamW state"] - 2 * P) < 1e3
     assert parts[1]["gradients"] == parts[0]["gradients"] and "buckets in flight" not in parts[1]
@@ -474,30 +470,30 @@ def test_the_memory_estimate_counts_each_component_as_zero_shards_it():
 def test_a_refused_job_is_told_the_zero_stage_or_the_offload_that_would_fit(monkeypatch):
     from types import SimpleNamespace
     from infinitrain.examples import lm_train
-    from infinitrain.nn.parallel.layout import Layout
+    from infinitrain.nn.parallel import Layout, ParallelPlan
     need = {0: 30, 1: 25, 2: 18, 3: 12}  # GB; 20 available; 19 with the moments on disk
     offloaded = {"nvme": 19, "nvme+param": 15}
 
-    def plan(args, env, accum, stage=None, offload=None):
+    def estimate(plan, *model_and_batch):
+        offload = "nvme+param" if plan.offload_param else plan.offload_optimizer
         if offload is not None:
             return offloaded[offload], 20, "plan", {"on disk": (8 if offload == "nvme" else 12) * 2**30}
-        return need[args.zero_stage if stage is None else stage], 20, "plan", {}
-    monkeypatch.setattr(lm_train, "memory_plan", plan)
-    monkeypatch.setattr(lm_train, "_config_of", lambda args: None)
-    env = SimpleNamespace(layout=Layout(4), local_size=1)
-    job = lambda: SimpleNamespace(zero_stage=0, offload_param="none")  # noqa: E731
-    one = SimpleNamespace(layout=Layout(1), local_size=1)
+        return need[plan.zero_stage], 20, "plan", {}
+    monkeypatch.setattr(lm_train, "memory_plan", estimate)
+    monkeypatch.setattr(lm_train, "_config_of", lambda args: (SimpleNamespace(block_size=64), None))
+    args = SimpleNamespace(batch_size=1, sequence_length=8, dtype="float32")
+    four, one = ParallelPlan(Layout(4), device="cpu"), ParallelPlan(Layout(1), device="cpu")
     with pytest.raises(SystemExit, match=r"Use --zero_stage 2 \(it would fit\), a smaller --model"):
-        lm_train.check_memory(job(), env, 1, print)
+        lm_train.check_memory(args, four, 1, 1, print)
     with pytest.raises(SystemExit, match=r"Use --offload_optimizer nvme --offload_path DIR \(it would fit, with "
                                          r"8.0 GB of AdamW state on that disk\), a smaller --model"):
-        lm_train.check_memory(job(), one, 1, print)
+        lm_train.check_memory(args, one, 1, 1, print)
     offloaded["nvme"] = 22  # the moments on disk are not enough; the parameters there too are
     with pytest.raises(SystemExit, match=r"Use --zero_stage 3 --offload_optimizer nvme --offload_param nvme "
                                          r"--offload_path DIR \(it would fit, with 12.0 GB of AdamW state and "
                                          r"parameters on that disk\), a smaller --model"):
-        lm_train.check_memory(job(), one, 1, print)
+        lm_train.check_memory(args, one, 1, 1, print)
     need[0] = 40
     monkeypatch.setattr(lm_train, "memory_plan", lambda *a, offload=None, **k: (40, 20, "plan", {}))
     with pytest.raises(SystemExit, match="Use a smaller --model"):
-        lm_train.check_memory(job(), one, 1, print)
+        lm_train.check_memory(args, one, 1, 1, print)

@@ -7,6 +7,7 @@ import pytest
 import infinitrain as it
 from infinitrain.models import GPT2Config
 from infinitrain.models.gpt2 import GPT2
+from infinitrain.nn.parallel import Layout, ParallelPlan
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.nn.utils import clip_grad_norm_
 from infinitrain.optim import AdamW
@@ -14,8 +15,7 @@ from infinitrain.optim import AdamW
 CFG = GPT2Config(block_size=16, vocab_size=300, n_layer=2, n_head=2, n_embd=16)
 
 
-class GroupOfOne:  # a data-parallel group of this process alone
-    size, rank = 1, 0
+ONE = ParallelPlan(Layout(1))  # this process alone: no process group is needed
 
 
 def batches(step):
@@ -25,7 +25,7 @@ def batches(step):
 
 def test_the_step_equals_the_loop_written_by_hand():
     model = GPT2(CFG, seed=3)
-    step = TrainStep(model, decay_groups(model, 0.1), AdamW, GroupOfOne(), lr=1e-2, betas=(0.9, 0.95))
+    step = TrainStep(model, ONE, decay_groups(model, 0.1), AdamW, lr=1e-2, betas=(0.9, 0.95))
     plain = GPT2(CFG, seed=3)
     opt = AdamW(decay_groups(plain, 0.1), lr=1e-2, betas=(0.9, 0.95))
     for s in range(3):
@@ -45,11 +45,8 @@ def test_the_step_equals_the_loop_written_by_hand():
 
 def test_one_rank_needs_no_wrapper_and_refuses_zero3_under_a_pipeline():
     model = GPT2(CFG, seed=3)
-    step = TrainStep(model, decay_groups(model, 0.0), AdamW, GroupOfOne(), zero_stage=2, lr=1e-3)
+    step = TrainStep(model, ParallelPlan(Layout(1), zero_stage=2), decay_groups(model, 0.0), AdamW, lr=1e-3)
     assert step.net is model and step.pipe is None and not step.zero  # ZeRO needs DP > 1
     assert step.step(batches(0))[1] is None  # no clipping asked: no norm
-
-    class Two:
-        size, rank = 2, 0
-    with pytest.raises(ValueError, match="ZeRO stage 3 does not compose with pipeline"):
-        TrainStep(model, decay_groups(model, 0.0), AdamW, Two(), zero_stage=3, pipeline_schedule="1f1b")
+    with pytest.raises(ValueError, match="--zero_stage 3 does not compose with --pipeline_parallel"):
+        ParallelPlan(Layout(2, pp=2), zero_stage=3)

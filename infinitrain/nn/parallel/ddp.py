@@ -16,9 +16,8 @@ from contextlib import contextmanager
 from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ..module import Module
-from .global_env import get_env
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack, trainable
-from .process_group import ReduceOp
+from .process_group import ReduceOp, default_data_parallel_group
 
 
 class Reducer:
@@ -55,6 +54,7 @@ class Reducer:
         self.works = [None] * len(self.buckets)
         self.next_bucket = 0
         self.callback_queued = False
+        self.finished = False  # this round's reduction is complete (finish_grad_sync ran)
         self.ready = set()
 
     @no_grad()
@@ -62,7 +62,7 @@ class Reducer:
         if not self.sync:
             return
         if not self.callback_queued:
-            queue_callback(self.finalize)
+            queue_callback(self.finish_grad_sync)
             self.callback_queued = True
         bi, _ = self.buffer.locate(p)
         if p.grad._storage is not self.buckets[bi].flat_grad._storage:  # grad replaced behind our back
@@ -82,7 +82,15 @@ class Reducer:
         if self.on_reduced is not None:
             self.on_reduced(self.buckets[i].params, self.works[i])
 
-    def finalize(self) -> None:
+    def finish_grad_sync(self) -> None:
+        """The one door through which this round's reduction completes (Megatron's
+        finish_grad_sync): launches the buckets backward left (a parameter that got no gradient
+        contributes zeros) and waits for every all-reduce. Runs at the end of a synchronised
+        backward (an autograd callback, so that .grad is averaged when backward returns, as
+        with PyTorch's DDP) and again from finalize_grads, where it has nothing left to do."""
+        if not self.sync or self.finished:
+            return
+        self.finished = True
         while self.next_bucket < len(self.buckets):
             self._launch(self.next_bucket)
         t0 = time.perf_counter()
@@ -96,7 +104,7 @@ class DistributedDataParallel(Module):
                  first_bucket_mb: float = 1.0, broadcast_from: int = 0):
         super().__init__()
         self.module = module
-        self.process_group = process_group if process_group is not None else get_env().dp_group
+        self.process_group = process_group if process_group is not None else default_data_parallel_group()
         broadcast_replicas(list(module.parameters()) + list(module.buffers()), self.process_group, broadcast_from)
         self.reducer = Reducer(module.parameters(), self.process_group, bucket_cap_mb, first_bucket_mb)
         self._sync = True

@@ -56,26 +56,39 @@ def changed_after_reduction(model) -> list:
 
 
 @no_grad()
-def sum_tied_grads(model, optimizer=None) -> None:
+def sum_tied_grads(model, zero=None) -> None:
     """Sums the gradients of the parameters the model ties and a pipeline holds twice over the
     first and last stage: their full gradients, or where ZeRO-2 dropped those, its shards."""
     group = _tied_group(model)
     if group is None:
         return
     grads = [p.grad for p in model.tied_parameters() if p.grad is not None]
-    shards = optimizer.tied_grad_shards() if hasattr(optimizer, "tied_grad_shards") else []
+    shards = zero.tied_grad_shards() if zero is not None else []
     for g in grads + shards:
         group.all_reduce(g, ReduceOp.SUM)
 
 
+def scale_loss(loss, num_micro_batches: int):
+    """A micro-batch's loss as backward takes it: divided by the step's micro-batches, so that
+    the accumulated gradients are their mean, as one process's batch gives (Megatron's
+    forward_step_calc_loss). TrainStep and the pipeline both scale through here."""
+    return loss / num_micro_batches if num_micro_batches > 1 else loss
+
+
 @no_grad()
-def finalize_grads(model, optimizer=None) -> None:
+def finalize_grads(model, data_parallel=(), zero=None) -> None:
     """Every gradient fix-up after the step's last backward (see the module's docstring), in
-    this order: the tied sum over the pipeline's ends, the partial sums over their groups,
-    then ZeRO's pending reductions (optimizer: a ZeroOptimizer, or None). DDP's reductions
-    finished with backward."""
-    sum_tied_grads(model, optimizer)
+    this order:
+    1. data_parallel (DDP's reducer, or a pipeline's per-chunk reducers): each finish_grad_sync()
+       launches what backward left and waits, so the full gradients are averaged over DP x CP
+       (normally done already: backward's end finishes them, as PyTorch's DDP does);
+    2. the tied sum over the pipeline's first and last stage (full gradients, or ZeRO-2's shards);
+    3. the partial sums over their groups (ZeRO-2/3 summed theirs as each gradient landed);
+    4. zero (a ZeroOptimizer, or None): finish_grad_sync() reduce-scatters what is still whole
+       (stage 1's fixed-up full gradients) into this rank's shards."""
+    for reducer in data_parallel:
+        reducer.finish_grad_sync()
+    sum_tied_grads(model, zero)
     reduce_partial_grads(model.parameters())
-    finish = getattr(optimizer, "finish_gradients", None)
-    if finish is not None:  # ZeRO
-        finish()
+    if zero is not None:
+        zero.finish_grad_sync()

@@ -12,6 +12,7 @@ from pathlib import Path
 from ...device import as_device
 from .layout import Layout
 from .mpi import MPIProcessGroup
+from .process_group import set_default_data_parallel_group
 
 _ENV = None
 
@@ -70,28 +71,9 @@ class GlobalEnv:
                 self.embedding_group = make(sub, members)
                 self.embedding_group.name = "embedding"
 
-    def context_parallel(self, comm_type: str = "p2p"):
-        """This rank's ContextParallel (what a model is built with under context parallelism),
-        or None when CP is 1."""
-        if self.layout.cp == 1:
-            return None
-        from .context_parallel import ContextParallel
-        return ContextParallel(self.cp_group, comm_type)
-
-    def pipeline_stage(self, virtual: int = 1, split: str = "balanced"):
-        """This rank's PipelineStage (what a model is built with under pipeline parallelism)."""
-        from .pp.stage import PipelineStage
-        return PipelineStage(self.pp_group, virtual, self.embedding_group, split)
-
     @property
     def dp_rank(self) -> int:
         return self.coords.dp
-
-    @property
-    def first_replica(self) -> bool:
-        """Whether this rank belongs to the model copy that writes files: DP rank 0 and CP rank 0
-        (the other DP and CP ranks hold the same parameters)."""
-        return self.coords.dp == 0 and self.coords.cp == 0
 
     @property
     def is_main(self) -> bool:
@@ -215,6 +197,7 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     named = dev if (":" in device if isinstance(device, str) else dev.index) else None
     gpu = _pick_gpu(local_rank, local_size, named) if dev.type == "cuda" else None
     _ENV = GlobalEnv(comm, layout, local_size, gpu, local_rank)
+    set_default_data_parallel_group(_ENV.dp_group)
     if collective_timeout is None:
         collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
     folder = flight_recorder_dir or os.environ.get("INFINITRAIN_FLIGHT_RECORDER_DIR", "flight_recorder")

@@ -95,9 +95,9 @@ class Layout:
         fn = getattr(self, f"{kind}_group")
         return sorted({tuple(fn(r)) for r in range(self.world_size)})
 
-    def describe(self, sequence_parallel: bool = False) -> str:
-        return (f"DP={self.dp}, TP={self.tp}, SP={self.tp if sequence_parallel and self.tp > 1 else 0}, "
-                f"PP={self.pp}, CP={self.cp}")
+    def describe(self, sp: int = 0) -> str:
+        """The sizes as the log line shows them; sp: the sequence-parallel size (0: off)."""
+        return f"DP={self.dp}, TP={self.tp}, SP={sp}, PP={self.pp}, CP={self.cp}"
 
     def __repr__(self) -> str:
         return f"Layout(world={self.world_size}, dp={self.dp}, tp={self.tp}, pp={self.pp}, cp={self.cp})"

@@ -165,3 +165,19 @@ class ProcessGroup:
     def barrier(self): ...
 
 
+
+
+# The data-parallel group of the job that parallel.init() set up: what DistributedDataParallel
+# reduces over when its caller names no group (as PyTorch's DDP takes the default group).
+_default_dp_group = None
+
+
+def set_default_data_parallel_group(group) -> None:
+    global _default_dp_group
+    _default_dp_group = group
+
+
+def default_data_parallel_group():
+    if _default_dp_group is None:
+        raise RuntimeError("no process group: call infinitrain.nn.parallel.init() first, or pass process_group=")
+    return _default_dp_group

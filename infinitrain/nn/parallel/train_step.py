@@ -1,7 +1,6 @@
-"""One training step of a parallel job, whatever its layout: the one place that decides which
-wrappers compose, used by the examples' trainer and by the multi-process tests alike.
-
-Which wrappers compose:
+"""One training step of a parallel job, whatever its layout, used by the examples' trainer and
+by the multi-process tests alike. The ParallelPlan says which wrappers compose
+(`data_parallel_wrapper`); TrainStep builds them:
 - ZeRO (zero_stage >= 1 on more than one DP rank) replaces DDP: its reduce-scatter averages the
   gradients over DP and it shards the optimizer (stage 1), the gradients (2), the parameters
   (3). Under pipeline parallelism (stages 1 and 2) the pipeline runs without reducers of its own.
@@ -21,7 +20,7 @@ from ...optim.offload import OffloadOptimizer, offloaded
 from ...profiler import record_function
 from ..utils import clip_coef, clip_grad_norm_
 from .ddp import DistributedDataParallel
-from .finalize import changed_after_reduction, finalize_grads
+from .finalize import changed_after_reduction, finalize_grads, scale_loss
 from .pp import PipelineParallel
 from .process_group import ReduceOp
 from .zero import ZeroOptimizer
@@ -36,41 +35,45 @@ def decay_groups(model, weight_decay: float) -> list:
 
 
 class TrainStep:
-    """model: built for this rank's layout (tp=, pp=). dp_group, pp_group: the job's groups.
-    pipeline_schedule: "gpipe", "1f1b" or "interleaved" to run the model through the pipeline
-    engine (needed when it was built with pp=), None otherwise. The optimizer is
-    optimizer_class(param_groups, **optimizer_kwargs), sharded when zero_stage > 0, its state (each
-    rank's shard of it) in host memory or on disk under offload_path with offload_optimizer "cpu" or
-    "nvme" (OffloadOptimizer; None or "none": no offload); offload_param (stage 3, the same place
-    as the state) puts this rank's pieces of the parameters there too, also on one DP rank."""
+    """model: built for this rank's layout (with the plan's tensor_parallel(), pipeline_stage()
+    and context_parallel()). plan: the job's ParallelPlan, which says what wraps the model and
+    the optimizer (DDP, a pipeline with a Reducer per chunk, ZeRO), over which group gradients
+    are reduced, and where the optimizer state lives. The optimizer is
+    optimizer_class(param_groups, **optimizer_kwargs), sharded by ZeRO, its state (each rank's
+    shard of it) in host memory or on disk (OffloadOptimizer) as the plan's offload options say."""
 
-    def __init__(self, model, param_groups, optimizer_class, dp_group, pp_group=None, zero_stage: int = 0,
-                 pipeline_schedule: str | None = None, pipeline_timeout: float = 300.0,
-                 bucket_cap_mb: float = 25.0, set_to_none: bool = True, offload_optimizer: str | None = None,
-                 offload_path=None, offload_param: str | None = None, **optimizer_kwargs):
-        self.model, self.dp_group, self.pp_group = model, dp_group, pp_group
-        self.dp = dp_group.size
-        # ZeRO on one rank only offloads: stage 3's parameters go where offload_param puts them
-        # (ZeRO-Infinity on one GPU, or one CPU node's disk)
-        self.zero = zero_stage > 0 and (self.dp > 1 or (zero_stage == 3 and offload_param not in (None, "none")))
-        if self.zero and zero_stage == 3 and pipeline_schedule is not None:
-            raise ValueError("ZeRO stage 3 does not compose with pipeline parallelism yet (stages 1 and 2 do)")
-        self.pipe = PipelineParallel(model, pipeline_schedule, None if self.zero else dp_group, pipeline_timeout) \
-            if pipeline_schedule is not None else None
-        self.net = DistributedDataParallel(model, dp_group) if self.dp > 1 and self.pipe is None and not self.zero \
-            else model
+    def __init__(self, model, plan, param_groups, optimizer_class, pipeline_timeout: float = 300.0,
+                 bucket_cap_mb: float = 25.0, set_to_none: bool = True, **optimizer_kwargs):
+        self.model, self.plan = model, plan
+        wrapper = plan.data_parallel_wrapper
+        # the group that reduces gradients and means the loss (DP x CP), when there is one
+        self.dp_group = plan.gradient_group if wrapper is not None else None
+        self.pp_group = plan.pipeline_group if plan.pipelined else None
+        self.dp = plan.dp_cp
+        self.zero = wrapper == "zero"
+        self.pipe = PipelineParallel(model, plan.pipeline_schedule, self.dp_group if wrapper == "pipeline" else None,
+                                     pipeline_timeout) if plan.pipelined else None
+        self.net = DistributedDataParallel(model, self.dp_group) if wrapper == "ddp" else model
         if self.zero:
-            self.optimizer = ZeroOptimizer(param_groups, optimizer_class, dp_group, stage=zero_stage,
+            self.optimizer = ZeroOptimizer(param_groups, optimizer_class, self.dp_group, stage=plan.zero_stage,
                                            bucket_cap_mb=bucket_cap_mb, module=model,
-                                           offload_optimizer=offload_optimizer, offload_path=offload_path,
-                                           offload_param=offload_param, **optimizer_kwargs)
+                                           offload_optimizer=plan.offload_optimizer, offload_path=plan.offload_path,
+                                           offload_param=plan.offload_param, **optimizer_kwargs)
         else:
-            self.optimizer = offloaded(optimizer_class(param_groups, **optimizer_kwargs), offload_optimizer,
-                                       offload_path)
+            self.optimizer = offloaded(optimizer_class(param_groups, **optimizer_kwargs), plan.offload_optimizer,
+                                       plan.offload_path)
         self.set_to_none = set_to_none
         # the OffloadOptimizer the gradients stream to during backward, or None; set it to None
         # to have them copied when the step runs instead (the same bits, no overlap)
         self.streaming = self._stream_gradients()
+
+    @property
+    def data_parallel(self) -> list:
+        """What reduces gradients over DP x CP during backward and finishes in finalize_grads:
+        DDP's reducer, or the pipeline's per-chunk reducers (ZeRO: the optimizer, apart)."""
+        if self.pipe is not None:
+            return list(self.pipe.reducers)
+        return [self.net.reducer] if self.net is not self.model else []
 
     def _stream_gradients(self):
         """With the optimizer's state offloaded from a GPU, each gradient goes to the host as
@@ -129,7 +132,7 @@ class TrainStep:
                     with context(), record_function("forward"):
                         _, part = self.net(x, y, return_logits=False)
                     with record_function("backward"):
-                        (part / M if M > 1 else part).backward()
+                        scale_loss(part, M).backward()
                 part = part.detach().double()
                 loss_sum = part if loss_sum is None else loss_sum + part
             loss = loss_sum.item() / M
@@ -141,7 +144,7 @@ class TrainStep:
         with record_function("optimizer step"):
             if self.streaming is not None:  # what finalize_grads changes is copied again
                 self.streaming.grads_changed(changed_after_reduction(self.model))
-            finalize_grads(self.model, self.optimizer if self.zero else None)
+            finalize_grads(self.model, self.data_parallel, self.optimizer if self.zero else None)
             norm = self.clip_grad_norm_(grad_clip) if grad_clip > 0 else None
             if norm is not None and self.streaming is not None and (coef := clip_coef(grad_clip, norm)) is not None:
                 self.streaming.grads_scaled(coef)  # the streamed copies follow the clipping

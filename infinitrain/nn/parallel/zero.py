@@ -35,12 +35,13 @@ import numpy as np
 from ...autograd import no_grad
 from ...autograd.engine import queue_callback
 from ...creation import empty, from_numpy, zeros
-from ...optim.offload import offloaded
+from ...optim.offload import offload_target, offloaded
 from ...runtime import empty_cache
 from ..parameter import Parameter
 from ..utils import scale_, total_norm
 from . import zero3
 from .finalize import reduce_partial_grads
+from .plan import check_offload
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack
 from .process_group import ReduceOp
 
@@ -58,14 +59,8 @@ class ZeroOptimizer:
                  offload_path=None, offload_param: str | None = None, **defaults):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
-        offload_param = None if offload_param in (None, "none") else offload_param
-        if offload_param is not None:
-            if stage != 3:
-                raise ValueError(f"offload_param is for ZeRO stage 3, which shards the parameters (this is stage "
-                                 f"{stage}); offload_optimizer offloads the optimizer state at any stage")
-            if offload_param != offload_optimizer:
-                raise ValueError(f"offload_param {offload_param!r} keeps the parameters with the optimizer state, "
-                                 f"which the step updates together: pass offload_optimizer={offload_param!r} too")
+        check_offload(stage, offload_optimizer, offload_param)
+        offload_param = offload_target(offload_param)
         if stage == 3 and module is None:
             raise ValueError("ZeRO-3 shards the parameters of a model: pass it, "
                              "ZeroOptimizer(..., stage=3, module=model)")
@@ -91,8 +86,8 @@ class ZeroOptimizer:
         tied = module.tied_parameters() if module is not None and hasattr(module, "tied_parameters") else []
         tied = [p for p in tied if id(p) in group_of]
         if stage == 3:  # a bucket per unit of the model
-            if tied:
-                raise ValueError("ZeRO-3 does not compose with pipeline parallelism yet")
+            if tied:  # (ParallelPlan refuses the layout; this is a model built so by hand)
+                raise ValueError("ZeRO-3 cannot shard a model whose tied parameters a pipeline holds on two stages")
             units, owned, uses = zero3.partition(module, ordered)
             packs = owned
         else:  # the buckets DDP would reduce whole; a tied parameter alone, last
@@ -252,9 +247,11 @@ class ZeroOptimizer:
         self._ready = set()
 
     @no_grad()
-    def finish_gradients(self) -> None:
-        """Once per step, before the norm or the step: stage 1 reduce-scatters every bucket's
-        full gradient into its shard (stages 2 and 3 did during backward)."""
+    def finish_grad_sync(self) -> None:
+        """The one door through which a step's DP reduction completes (finalize_grads calls it
+        once per step, before the norm or the step): stage 1 reduce-scatters every bucket's full
+        gradient into its shard (stages 2 and 3 did during backward, each micro-batch's at its
+        backward's end)."""
         if self._sharded:
             return
         if self.stage == 1:
@@ -277,7 +274,7 @@ class ZeroOptimizer:
         counted once; under PP, summed over the pipeline's stages, a stage's copy of a tied
         parameter left out); scales the shards when it exceeds max_norm. Returns the norm
         before clipping."""
-        self.finish_gradients()
+        self.finish_grad_sync()
         pairs = [(p, shard.grad) for shard, _, _, p, _ in self.segments]
         total = total_norm(pairs, self.buckets[0].device, dp_group=self.group, pipeline_group=pipeline_group)
         scale_([b.shard_grad for b in self.buckets], max_norm, total)
@@ -285,7 +282,7 @@ class ZeroOptimizer:
 
     @no_grad()
     def step(self) -> None:
-        self.finish_gradients()
+        self.finish_grad_sync()
         if self.offloaded_pieces is not None:  # a read ahead of the step would be stale after it
             self.offloaded_pieces.discard()
         if self.optimizer is not None:

@@ -21,7 +21,6 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn import parallel
 from infinitrain.nn.lora import apply_lora
-from infinitrain.nn.parallel.tensor_parallel import TensorParallel
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.optim import AdamW
 
@@ -67,10 +66,12 @@ if args.offload_buffer_mb is not None:
     infinitrain.optim.offload.BUFFER_MB = args.offload_buffer_mb
 
 env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, context_parallel=args.cp)
-cp = env.context_parallel(args.cp_comm)
-tp = TensorParallel(env.tp_group, sequence_parallel=args.sp) if args.tp > 1 else None
-stage = env.pipeline_stage(args.vpp) if args.pp > 1 or args.vpp > 1 else None
-dp, dp_rank = env.layout.dp, env.dp_rank
+plan = parallel.ParallelPlan(env, sequence_parallel=args.sp, virtual_pipeline_parallel=args.vpp,
+                             pipeline_schedule=args.schedule, cp_comm=args.cp_comm, zero_stage=args.zero,
+                             offload_optimizer=args.offload, offload_path=args.offload_path,
+                             offload_param=args.offload_param, recompute=args.recompute)
+tp, stage, cp = plan.tensor_parallel(), plan.pipeline_stage(), plan.context_parallel()
+dp, dp_rank = plan.dp, plan.coords.dp
 if args.model == "gpt2":
     cfg = GPT2Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=4, n_embd=args.embd)
     model = GPT2.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else \
@@ -80,17 +81,13 @@ else:  # grouped-query attention: 8 query heads, 4 KV heads
                        n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
     model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else \
         LLaMA3.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp)
-model.set_recompute(args.recompute)
+model.set_recompute(plan.recompute)
 if args.lora:
     apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)
     if args.lora_load:
         load_lora(model, args.lora_load)
-if args.zero == 3 and args.pp > 1:
-    raise SystemExit("ZeRO-3 does not compose with PP yet")
-trainer = TrainStep(model, decay_groups(model, 0.1), AdamW, env.dp_cp_group, env.pp_group, zero_stage=args.zero,
-                    pipeline_schedule=(args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")) if stage else None,
-                    pipeline_timeout=args.pipeline_timeout, bucket_cap_mb=0.25,
-                    offload_optimizer=args.offload, offload_path=args.offload_path, offload_param=args.offload_param,
+trainer = TrainStep(model, plan, decay_groups(model, 0.1), AdamW, pipeline_timeout=args.pipeline_timeout,
+                    bucket_cap_mb=0.25,
                     set_to_none=False,  # gradients stay allocated: a step's peak above its start is activations
                     lr=args.lr, betas=(0.9, 0.95))
 opt, pipe = trainer.optimizer, trainer.pipe
@@ -163,10 +160,10 @@ if env.rank == 0:
     print(f"peak_bytes {train_peak}", flush=True)
     print(f"parameters {sum(q.numel() for q in model.parameters())}", flush=True)
 if args.save:  # one writer per stage: the pipeline of DP rank 0, TP rank 0
-    save_checkpoint(args.save, args.steps, model, opt, write=env.first_replica and env.coords.tp == 0)
+    save_checkpoint(args.save, args.steps, model, opt, write=plan.writes_files)
     env.world.barrier()
 if args.lora_save:
-    save_lora(model, args.lora_save, write=env.first_replica and env.coords.tp == 0, optimizer=opt)
+    save_lora(model, args.lora_save, write=plan.writes_files, optimizer=opt)
     env.world.barrier()
 env.world.barrier()  # rank 0's lines are out before any rank's OK (lines of ranks interleave)
 print(f"rank {env.rank} OK", flush=True)

@@ -5,7 +5,7 @@ first stage reads the tokens, the last the targets) and returns the mean loss, k
 every stage. On the way it
 - sends each chunk's output to the stage holding the next chunk, and each input's gradient
   back (p2p.py), with shapes and dtype known up front from the model (`hidden_spec`);
-- scales each micro-batch's loss by 1/M, so that the gradients are the mean over the step,
+- scales each micro-batch's loss by 1/M (finalize.scale_loss), so that the gradients are the mean over the step,
   as gradient accumulation in one process;
 - with data parallelism, keeps one Reducer per chunk and lets it all-reduce only in that
   chunk's last backward of the step, which the schedule tells (decided at backward time:
@@ -22,6 +22,7 @@ from ....autograd.engine import backward as autograd_backward
 from ....creation import empty, zeros
 from ....dtypes import float64
 from ..ddp import Reducer
+from ..finalize import scale_loss
 from ..param_buffer import broadcast_replicas
 from .p2p import P2P
 from .schedules import schedule
@@ -102,7 +103,7 @@ class PipelineParallel:
                 posted = max(posted, i + 1)
             if kind == "F":
                 with context():
-                    loss = self._forward(micro_batches, micro, chunk, scale=1.0 / M)
+                    loss = self._forward(micro_batches, micro, chunk, num_micro_batches=M)
                 if loss is not None:
                     loss_sum = loss if loss_sum is None else loss_sum + loss
             else:
@@ -115,7 +116,7 @@ class PipelineParallel:
             self.p2p.flush()
         return self._share_loss(loss_sum, M)
 
-    def _forward(self, batches, micro: int, chunk: int, scale: float):
+    def _forward(self, batches, micro: int, chunk: int, num_micro_batches: int):
         model, g = self.model, self._global(chunk)
         idx, targets = batches[micro]
         T = idx.shape[1]
@@ -126,11 +127,10 @@ class PipelineParallel:
             x = self._recv(idx, backward=False, micro=micro, g=g)
             x.requires_grad_(True)
             self._inputs[(micro, chunk)] = x
-        for i in self.chunk_layers[chunk]:
-            x = model.run_block(model.transformer.h[i], x, T)
+        x = model.run_blocks(self.chunk_layers[chunk], x, T)
         if g == self.last_chunk:
             _, loss = model.head(x, targets, return_logits=False)
-            self._outputs[(micro, chunk)] = loss * scale
+            self._outputs[(micro, chunk)] = scale_loss(loss, num_micro_batches)
             return loss.detach().double()  # read once per step, not per micro-batch
         self._check_spec(x, idx, "the activation it sends on")
         self.p2p.send(x, self._neighbour(g + 1), backward=False, release=self.deallocate_outputs)
@@ -188,7 +188,7 @@ class PipelineParallel:
             for chunk in range(self.V):
                 for micro in range(M):
                     self._inputs, self._outputs = {}, {}  # nothing is kept for a backward
-                    loss = self._forward(micro_batches, micro, chunk, scale=1.0)
+                    loss = self._forward(micro_batches, micro, chunk, num_micro_batches=1)
                     if loss is not None:
                         loss_sum = loss if loss_sum is None else loss_sum + loss
         if self.p2p is not None:
@@ -205,8 +205,7 @@ class PipelineParallel:
         for chunk in range(self.V):
             g = self._global(chunk)
             x = model.embed(idx) if g == 0 else self._recv(idx, backward=False, micro=0, g=g)
-            for i in self.chunk_layers[chunk]:
-                x = model.run_block(model.transformer.h[i], x, T)
+            x = model.run_blocks(self.chunk_layers[chunk], x, T)
             if g != self.last_chunk:
                 self.p2p.send(x, self._neighbour(g + 1), backward=False)
         if self.p2p is not None:

@@ -41,6 +41,12 @@ class TensorParallel:
         from ....random import ForkedGenerator, default_generator
         return ForkedGenerator(default_generator, 2718 + self.rank)
 
+    @property
+    def sequence_split(self) -> int:
+        """How many parts a sequence's activations are split into between TP regions: TP under
+        sequence parallelism, else 1."""
+        return self.size if self.sequence_parallel else 1
+
     def check_divisible(self, what: str, n: int) -> int:
         """n // TP, or a clear error naming the sizes."""
         if n % self.size:
@@ -137,6 +143,11 @@ def shard_param(shape, shard: TPShard, dtype) -> Parameter:
     p = Parameter(creation.empty(*shape, dtype=dtype))
     p.tp_shard = shard
     return p
+
+
+def sequence_split(tp: TensorParallel | None) -> int:
+    """TensorParallel.sequence_split, 1 without TP (tp None)."""
+    return tp.sequence_split if tp is not None else 1
 
 
 def mark_sequence_parallel(module: Module, tp: TensorParallel | None) -> None:
