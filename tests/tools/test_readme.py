@@ -1,7 +1,9 @@
-"""The README as written: its Python example runs and prints what its comments say, and every
-command it gives for an example (`python -m infinitrain.examples.X ...`, under mpirun, srun or
-mpi_launch) is accepted by that example's own flags, so a renamed or misspelt flag in the
-README fails here rather than for a reader."""
+"""The README and the pages of docs/ as written: the README's Python example runs and prints what
+its comments say, every command any page gives for an example (`python -m infinitrain.examples.X
+...`, under mpirun, srun or mpi_launch) is accepted by that example's own flags, every training
+command runs, and every relative link lands on a file of this repository (and a heading of it),
+so a renamed or misspelt flag, file or section fails here, naming the page, rather than for a
+reader."""
 import contextlib
 import io
 import re
@@ -11,39 +13,69 @@ import pytest
 
 from helpers import ROOT
 
-README = (ROOT / "README.md").read_text()
+# the README first, then every page of docs/; each block below carries the page it came from
+PAGES = {p.relative_to(ROOT).as_posix(): p.read_text()
+         for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+README = PAGES["README.md"]
+# before the README was split into docs/, it alone gave 18 example commands and 14 training
+# commands; the pages together give these, and neither may drop
+N_EXAMPLE_COMMANDS = 23
+N_TRAINING_COMMANDS = 19
 
 
 def _blocks(language: str) -> list:
-    return re.findall(rf"```{language}\n(.*?)```", README, re.S)
+    """(page, text) of every ```language block of every page."""
+    return [(page, block) for page, text in PAGES.items()
+            for block in re.findall(rf"```{language}\n(.*?)```", text, re.S)]
+
+
+def _lines(block: str):
+    """The block's command lines: continuations joined, spaces collapsed, what a `&&` chain
+    runs last, without its comment."""
+    for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        yield re.sub(r"[ \t]{2,}", " ", line.split(" # ")[0].split("&&")[-1].strip())
 
 
 def test_the_python_example_prints_what_its_comments_say():
-    (block,) = [b for b in _blocks("python") if "import infinitrain as it" in b]
+    (page, block), = [(p, b) for p, b in _blocks("python") if "import infinitrain as it" in b]
+    assert page == "README.md"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(block, "README.md", "exec"), {})
+        exec(compile(block, page, "exec"), {})
     claims = [c.strip() for c in re.findall(r"^print\(.*\)\s*#\s*(.*)$", block, re.M)]
-    assert claims and printed.getvalue().splitlines() == claims
+    assert claims and printed.getvalue().splitlines() == claims, page
 
 
-def _example_commands():
-    """(module, its flags) of every README command that runs an example."""
-    for block in _blocks("bash"):
-        joined = re.sub(r"\\\n\s*", " ", block)  # continuation lines
-        for line in joined.splitlines():
-            line = line.split(" # ")[0].split("&&")[-1].strip()  # after the set-up, before a comment
+def _example_commands() -> dict:
+    """(module, its flags) of every command that runs an example -> the pages that give it."""
+    found = {}
+    for page, block in _blocks("bash"):
+        for line in _lines(block):
             m = re.search(r"-m (infinitrain\.examples\.\w+)(.*)$", line)
             if m and not line.startswith("#"):
-                yield m.group(1), shlex.split(m.group(2).replace("...", "").replace("…", ""))
+                key = m.group(1), tuple(shlex.split(m.group(2).replace("...", "").replace("…", "")))
+                found.setdefault(key, []).append(page)
+    return found
 
 
-COMMANDS = sorted(set((m, tuple(a)) for m, a in _example_commands()))
+EXAMPLE_COMMANDS = _example_commands()
+COMMANDS = sorted(EXAMPLE_COMMANDS)
 
 
-def test_the_readme_has_example_commands():
-    assert len(COMMANDS) >= 10 and {m for m, _ in COMMANDS} >= {"infinitrain.examples.gpt2",
-                                                                "infinitrain.examples.llama3"}
+def _id(pages, words) -> str:
+    return f"{'+'.join(dict.fromkeys(pages))}: {' '.join(words)}"[:110]
+
+
+def test_the_pages_have_example_commands():
+    assert len(COMMANDS) >= N_EXAMPLE_COMMANDS and {m for m, _ in COMMANDS} >= {
+        "infinitrain.examples.gpt2", "infinitrain.examples.llama3", "infinitrain.examples.mnist",
+        "infinitrain.examples.transformer"}
+    # the README's tour gives a command for each capability, and each topic's page its own
+    pages = {p for ps in EXAMPLE_COMMANDS.values() for p in ps}
+    assert pages >= {"README.md", "docs/training.md", "docs/parallelism.md", "docs/memory-and-offload.md",
+                     "docs/failures.md", "docs/clusters.md", "docs/interop.md", "docs/benchmarks.md"}, pages
+    in_readme = [k for k, ps in EXAMPLE_COMMANDS.items() if "README.md" in ps]
+    assert len(in_readme) >= 15, in_readme
 
 
 def _parse(module: str, flags: list):
@@ -57,20 +89,27 @@ def _parse(module: str, flags: list):
     return parse_args(flags, "", presets, default)
 
 
-@pytest.mark.parametrize("module,flags", COMMANDS, ids=[" ".join([m.split(".")[-1], *a])[:80] for m, a in COMMANDS])
-def test_every_example_command_in_the_readme_parses(module, flags, capsys):
+@pytest.mark.parametrize("module,flags", COMMANDS,
+                         ids=[_id(EXAMPLE_COMMANDS[c], [c[0].split(".")[-1], *c[1]]) for c in COMMANDS])
+def test_every_example_command_in_the_pages_parses(module, flags, capsys):
+    where = ", ".join(dict.fromkeys(EXAMPLE_COMMANDS[module, flags]))
     if "--help" in flags:
         with pytest.raises(SystemExit) as done:
             _parse(module, list(flags))
-        assert done.value.code == 0 and "--input_bin" in capsys.readouterr().out
+        assert done.value.code == 0 and "--input_bin" in capsys.readouterr().out, where
     else:
-        _parse(module, list(flags))
+        try:
+            _parse(module, list(flags))
+        except SystemExit as refused:
+            pytest.fail(f"{where}: {module} {' '.join(flags)} is refused by its flags "
+                        f"(exit {refused.code}): {capsys.readouterr().err.strip()}")
 
 
 def _run_as_written(line: str, cwd, extra=()):
-    """One README command line, run from cwd: `mpirun -np N` (or `mpi_launch --nproc_per_node
-    N`) becomes the tests' launcher for N ranks, `python` this Python; extra flags go last, where
-    argparse lets them win. Returns what it printed; fails with it unless it exits 0."""
+    """One command line from a page, run from cwd: `mpirun -np N` (or `mpi_launch
+    --nproc_per_node N`) becomes the tests' launcher for N ranks, `python` this Python; extra
+    flags go last, where argparse lets them win. Returns what it printed; fails with it unless it
+    exits 0."""
     import subprocess
     import sys
     from helpers import ENV, launch
@@ -87,19 +126,22 @@ def _run_as_written(line: str, cwd, extra=()):
     return out.stdout + out.stderr
 
 
-def _runnable_lines():
-    """Every README line that trains with an example here: what a `&&` chain runs last, without
-    its comment. Left out: srun lines (tests/parallel/test_cluster.py runs srun), --help, and the
-    precision-checker pair (run below as written)."""
-    for block in _blocks("bash"):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = line.split(" # ")[0].split("&&")[-1].strip()
-            if (re.search(r"-m infinitrain\.examples\.\w+", line) and line.split()[0] in ("python", "mpirun", "mpi_launch")
+def _runnable_lines() -> dict:
+    """Every line of a page that trains with an example here -> the pages that give it. Left
+    out: srun lines (tests/parallel/test_cluster.py runs srun), --help, and the precision
+    checker's lines (its pair is run below as written)."""
+    found = {}
+    for page, block in _blocks("bash"):
+        for line in _lines(block):
+            if (re.search(r"-m infinitrain\.examples\.\w+", line)
+                    and line.split()[0] in ("python", "mpirun", "mpi_launch")
                     and "--help" not in line and "..." not in line and "--precision_check" not in line):
-                yield line
+                found.setdefault(line, []).append(page)
+    return found
 
 
-RUNNABLE = sorted(set(_runnable_lines()))
+RUNNABLE_PAGES = _runnable_lines()
+RUNNABLE = sorted(RUNNABLE_PAGES)
 # what keeps each run to a few seconds; argparse takes the last value of a flag
 SHORT = {"mnist": ["--epochs", "1", "--train_subset", "256"],
          "transformer": ["--num_iteration", "2", "--batch_size", "8", "--translate", "2", "--beam", "2"],
@@ -108,11 +150,12 @@ SHORT = {"mnist": ["--epochs", "1", "--train_subset", "256"],
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("line", RUNNABLE, ids=[ln[:90] for ln in RUNNABLE])
-def test_every_training_command_in_the_readme_runs(line, tmp_path):
-    """Each command as the README writes it, with the files it names where it names them (an
+@pytest.mark.parametrize("line", RUNNABLE, ids=[_id(RUNNABLE_PAGES[ln], [ln]) for ln in RUNNABLE])
+def test_every_training_command_in_the_pages_runs(line, tmp_path):
+    """Each command as its page writes it, with the files it names where it names them (an
     llm.c GPT-2 124M checkpoint; the adapters the first LoRA command saves for the second), cut
     to two short steps."""
+    where = ", ".join(dict.fromkeys(RUNNABLE_PAGES[line]))
     if "gpt2_124M.bin" in line:
         from infinitrain.models import gpt2
         gpt2("gpt2").save_llmc(tmp_path / "gpt2_124M.bin")
@@ -121,22 +164,75 @@ def test_every_training_command_in_the_readme_runs(line, tmp_path):
             _run_as_written(saver, tmp_path, SHORT["lm"])
     kind = re.search(r"examples\.(\w+)", line).group(1)
     out = _run_as_written(line, tmp_path, SHORT.get(kind, SHORT["lm"]))
-    assert re.search(r"step +2/2 .*train loss|epoch 1", out), out[-2000:]
+    assert re.search(r"step +2/2 .*train loss|epoch 1", out), f"{where}\n{out[-2000:]}"
     if "--profile" in line:
-        assert (tmp_path / "trace.json").stat().st_size > 0
+        assert (tmp_path / "trace.json").stat().st_size > 0, where
 
 
-def test_the_readme_has_training_commands_to_run():
-    assert len(RUNNABLE) >= 10
+def test_the_pages_have_training_commands_to_run():
+    assert len(RUNNABLE) >= N_TRAINING_COMMANDS
+    assert len([ln for ln in RUNNABLE if "--lora_save_path" in ln]) == 1  # the one the LoRA loader needs
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_the_precision_checker_example_runs_as_written(tmp_path):
-    """The README's one-process baseline and its two-rank comparison, exactly as written there
+    """The one-process baseline and the two-rank comparison, exactly as their page writes them
     (mpirun is the launcher the tests use): every tensor within tolerance."""
-    (block,) = [b for b in _blocks("bash") if "--precision_check" in b and "baseline=" in b]
+    (page, block), = [(p, b) for p, b in _blocks("bash")
+                      if "--precision_check" in b and "output_path=" in b and "baseline=" in b]
     lines = [ln for ln in re.sub(r"\\\n\s*", " ", block).splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(lines) == 2, page
     outs = [_run_as_written(line, tmp_path) for line in lines]
     summary = re.findall(r"(\d+) tensors compared with one, (\d+) beyond", outs[-1])
-    assert len(summary) == 2 and all(int(n) > 100 and bad == "0" for n, bad in summary), outs[-1][-2000:]
+    assert len(summary) == 2 and all(int(n) > 100 and bad == "0" for n, bad in summary), f"{page}\n{outs[-1][-2000:]}"
+
+
+def _anchors(text: str) -> set:
+    """GitHub's anchors for a page's headings (code blocks left out): lower case, punctuation
+    dropped, spaces as hyphens."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def _links():
+    """(page, target) of every markdown link and image of every page, code spans and blocks left out."""
+    for page, text in PAGES.items():
+        text = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+        for target in re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text):
+            yield page, target
+
+
+LINKS = sorted(set(_links()))
+
+
+def test_the_pages_link_to_each_other():
+    """The README links every page of docs/, and every page links back to the README and starts
+    with its title and a paragraph that sums it up."""
+    linked = {t.split("#")[0] for p, t in LINKS if p == "README.md"}
+    for page, text in PAGES.items():
+        if page == "README.md":
+            continue
+        assert page in linked, f"README.md does not link {page}"
+        assert "](../README.md" in text, f"{page} has no link back to the README"
+        title, blank, summary = text.split("\n")[:3]
+        assert title.startswith("# ") and not blank and summary and not summary.startswith(("#", "`", "|", "[")), page
+
+
+@pytest.mark.parametrize("page,target", LINKS, ids=[f"{p}: {t}"[:110] for p, t in LINKS])
+def test_every_relative_link_lands_in_the_repository(page, target):
+    """A link from a page is a web address or a path, relative to the page, to a file or folder
+    of this repository (never outside it, such as ../shared/), and its #anchor a heading there."""
+    if re.match(r"[a-z]+:", target):
+        assert target.startswith(("https://", "http://", "mailto:")), f"{page}: {target}"
+        return
+    path, _, anchor = target.partition("#")
+    base = (ROOT / page).parent
+    resolved = (base / path).resolve() if path else (ROOT / page).resolve()
+    assert not path.startswith("/") and resolved.is_relative_to(ROOT.resolve()), \
+        f"{page}: {target} leaves the repository"
+    assert resolved.exists(), f"{page}: {target} does not exist"
+    if anchor:
+        assert resolved.suffix == ".md", f"{page}: {target}"
+        assert anchor in _anchors(resolved.read_text()), f"{page}: {target}: no such heading"
