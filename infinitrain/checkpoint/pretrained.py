@@ -1,0 +1,201 @@
+"""A model's weights without its training state, in the files other tools read: Hugging Face
+transformers' folder (save_pretrained, from_pretrained; the format this package wrote before
+is still read) and LoRA adapters alone (save_lora, read_lora_config, load_lora). Like a
+checkpoint they hold whole one-process tensors and each rank loads its slice, but they have
+their own files and no meta.json, optimizer state or resume, so they live apart from the
+checkpoint proper and take from it only CheckpointError (format.py) and the layout helpers of
+sharded.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from safetensors import SafetensorError
+
+from ..autograd import no_grad
+from ..io import DataFormatError, atomic_write, input_file
+from ..creation import from_numpy
+from ..nn.parallel.tensor_parallel import full_tensor, load_full
+from .format import CheckpointError
+from .sharded import _gathered, _stage_suffix
+
+
+@no_grad()
+def save_pretrained(model, folder, write: bool = True) -> Path:
+    """The model in Hugging Face transformers' format (infinitrain.hf): config.json and
+    model.safetensors that `transformers`' AutoModelForCausalLM.from_pretrained loads, GPT-2 as
+    GPT2LMHeadModel, LLaMA-3 as LlamaForCausalLM. Under tensor parallelism every rank of the
+    group calls it (shards are gathered) and `write` says which one writes; a pipeline stage
+    holds part of the model, so save from one process (or save_checkpoint, then reload)."""
+    from safetensors.numpy import save_file
+    from .. import hf
+    if getattr(model, "pp", None) is not None:
+        raise CheckpointError("save_pretrained writes a whole model: a pipeline stage holds part of one. Save a "
+                              "checkpoint (save_checkpoint) and call save_pretrained on a one-process model "
+                              "loaded from it")
+    full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy()) for name, t in model.state_dict().items()}
+    config, tensors = hf.export(model, full)
+    folder = Path(folder)
+    if not write:
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / ".model.safetensors.tmp"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, folder / "model.safetensors")
+        atomic_write(folder / "config.json", json.dumps(config, indent=2).encode())
+    except OSError as e:
+        raise CheckpointError(f"could not write {folder}: {e.strerror or e}") from None
+    return folder
+
+
+@no_grad()
+def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
+    """A model from a folder in transformers' format (what save_pretrained writes, or what
+    transformers writes for GPT2LMHeadModel / LlamaForCausalLM: one model.safetensors or shards
+    named by model.safetensors.index.json, float32, float16 or bfloat16), or in this package's
+    earlier format. config.json, the tensors' names and shapes and the files' sizes are checked
+    before anything is built. Under TP/PP each rank reads its slice of what it holds."""
+    from .. import hf
+    folder = Path(folder)
+    where = input_file(folder / "config.json", "config")
+    try:
+        config = json.loads(where.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataFormatError(f"{where} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(config, dict):
+        raise DataFormatError(f"{where} is not a JSON object")
+    if not hf.is_transformers_config(config):
+        return _from_earlier_format(cls, folder, config, tp, pp, cp)
+    cfg = hf.config_of(cls, config, folder)
+    files = hf.SafetensorsFiles(hf.safetensors_files(folder))
+    tied = cls.__name__ == "GPT2" or ("lm_head.weight" not in files.where and config.get("tie_word_embeddings", False))
+    want = hf.expected_shapes(cls, cfg, tied)
+    missing = [n for n in want if n not in files.where]
+    wrong = [f"{n} is {files.shape(n)}, the config says {s}" for n, s in want.items()
+             if n in files.where and files.shape(n) != s]
+    if missing or wrong:
+        raise DataFormatError(f"{folder} does not hold the model its config.json describes: "
+                              + "; ".join(([f"missing {', '.join(missing[:6])}"] if missing else []) + wrong[:6]))
+    model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
+    arrays = hf.ours_from_theirs(cls, cfg, files, tied)
+    for name, p in model.state_dict(keep_vars=True).items():
+        load_full(p, from_numpy(arrays[name]()))
+    return model
+
+
+def _from_earlier_format(cls, folder: Path, cfg: dict, tp, pp, cp):
+    """This package's format before save_pretrained wrote transformers' (our names and config)."""
+    from dataclasses import fields
+    from safetensors.numpy import load_file
+    kind = cfg.pop("model_type", cls.__name__)
+    if kind != cls.__name__:
+        raise CheckpointError(f"{folder} holds a {kind}, not a {cls.__name__}")
+    known = {f.name for f in fields(cls.config_class)}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise DataFormatError(f"{folder}/config.json: unknown keys {unknown} for {cls.__name__}")
+    for key, v in cfg.items():
+        if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= (1 << 24):
+            raise DataFormatError(f"{folder}/config.json: {key} = {v} is out of range")
+    try:
+        config = cls.config_class(**cfg)
+        if hasattr(config, "validate"):
+            config.validate()
+    except (TypeError, ValueError) as e:
+        raise DataFormatError(f"{folder}/config.json describes no valid {cls.__name__}: {e}") from None
+    model = cls(config, seed=0, tp=tp, pp=pp, cp=cp)
+    try:
+        stored = load_file(str(input_file(folder / "model.safetensors", "weights")))
+    except SafetensorError as e:
+        raise DataFormatError(f"{folder}/model.safetensors is not readable: {e}") from None
+    for name, p in model.state_dict(keep_vars=True).items():
+        if name not in stored:
+            raise DataFormatError(f"{folder}/model.safetensors has no {name}")
+        load_full(p, from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32)))
+    return model
+
+
+# ---- LoRA adapters alone -------------------------------------------------------------------
+
+def save_lora(model, folder, write: bool = True, optimizer=None) -> Path:
+    """Writes the model's LoRA adapters alone, as one-process tensors under one-process names:
+    folder/adapter_model.safetensors (a pipeline stage: adapter_model-stage-S-of-P.safetensors)
+    and folder/adapter_config.json (rank, alpha, targets). Collective over TP (shards are
+    gathered) and, given a ZeRO-3 optimizer, over DP; `write` says whether this rank writes
+    (one per pipeline stage)."""
+    from safetensors.numpy import save_file
+    from ..nn.lora import lora_state
+    config = getattr(model, "lora_config", None)
+    if config is None:
+        raise CheckpointError("this model has no LoRA adapters to save (nn.lora.apply_lora adds them)")
+    with no_grad(), _gathered(optimizer):
+        tensors = {n: np.ascontiguousarray(full_tensor(p).float().cpu().numpy())
+                   for n, p in lora_state(model).items()}
+    folder = Path(folder)
+    if not write:
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"adapter_model{_stage_suffix(model)}.safetensors"
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file(tensors, str(tmp), metadata={"format": "np"})
+        os.replace(tmp, path)
+        atomic_write(folder / "adapter_config.json", json.dumps(config, indent=1).encode())
+    except OSError as e:
+        raise CheckpointError(f"could not write LoRA adapters to {folder}: {e.strerror or e}") from None
+    return folder
+
+
+def read_lora_config(folder) -> dict:
+    """adapter_config.json of a folder save_lora wrote, checked."""
+    path = Path(folder) / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder} holds no LoRA adapters (no adapter_config.json)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable adapter config: {e}") from None
+    ok = isinstance(config, dict) and isinstance(config.get("r"), int) and config["r"] >= 1 \
+        and isinstance(config.get("lora_alpha"), (int, float)) \
+        and isinstance(config.get("target_modules"), list) \
+        and all(isinstance(t, str) for t in config["target_modules"])
+    if not ok:
+        raise CheckpointError(f"{path} must hold r (a positive integer), lora_alpha (a number) and "
+                              f"target_modules (names); it holds {str(config)[:200]}")
+    return config
+
+
+@no_grad()
+def load_lora(model, folder) -> None:
+    """Loads adapters that save_lora wrote (under any layout) into a model with adapters of the
+    same rank: each rank takes its slice of each tensor."""
+    from safetensors.numpy import load_file
+    from ..nn.lora import lora_state
+    config = read_lora_config(folder)
+    own = lora_state(model)
+    mine = getattr(model, "lora_config", None)
+    if not own or mine is None:
+        raise CheckpointError("this model has no LoRA adapters: apply_lora(model, rank, ...) first, "
+                              f"with the saved settings (rank {config['r']})")
+    if mine["r"] != config["r"]:
+        raise CheckpointError(f"{folder} holds rank-{config['r']} adapters, this model's have rank {mine['r']}")
+    stored = {}
+    for f in sorted(Path(folder).glob("adapter_model*.safetensors")):
+        try:
+            stored.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None
+    for name, p in own.items():
+        if name not in stored:
+            raise CheckpointError(f"{folder} has no adapter {name} (its adapters: "
+                                  f"{', '.join(sorted(stored)[:6]) or 'none'})")
+        shard = getattr(p, "tp_shard", None)
+        want = shard.full_shape(p.shape) if shard is not None else tuple(p.shape)
+        if tuple(stored[name].shape) != tuple(want):
+            raise CheckpointError(f"{folder}: adapter {name} is {tuple(stored[name].shape)}, this model's {want}")
+        load_full(p, from_numpy(np.ascontiguousarray(stored[name], dtype=np.float32)))
