@@ -1,7 +1,8 @@
-"""What the tests share: paths, the one environment and `mpirun` runner for subprocesses, the
-multi-process training script and its one-process reference (cached), log parsing through the
-package's own parser, the equivalence assertion, and numeric references. Test modules import
-from here, never from each other."""
+"""What the tests share: paths, the one environment and the runners of subprocesses (`run` for
+any program, `mpirun` and `example` for Python on N ranks: no test module starts a process
+itself), the multi-process training script and its one-process reference (cached), log parsing
+through the package's own parser, the equivalence assertion, and numeric references. Test
+modules import from here, never from each other."""
 from __future__ import annotations
 
 import os
@@ -35,16 +36,25 @@ def launch(n: int) -> list:
     return start(n, MPIEXEC)
 
 
-def mpirun(n: int, args, timeout: float = 300, env=None, check: bool = True):
+def run(cmd, timeout: float = 300, env=None, check: bool = False, wait: bool = True, **kw):
+    """Any program: `cmd` (strings or paths) with ENV unless env is given, its output captured as
+    text; kw goes to subprocess (cwd, input, ...). Returns the CompletedProcess; check=True fails
+    with its output unless it exits 0; wait=False returns the started Popen (stdout and stderr on
+    pipes) for the caller to wait for. The one place the tests start processes from."""
+    cmd, env = [str(c) for c in cmd], ENV if env is None else env
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kw)
+    assert not check or out.returncode == 0, f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    return out
+
+
+def mpirun(n: int, args, timeout: float = 300, env=None, check: bool = True, **kw):
     """`python args...` on n MPI ranks (n == 1: a plain process, as a user would start it).
     check=True: fails with every rank's output unless all exit 0, and returns stdout;
-    check=False: returns the CompletedProcess."""
-    cmd = (launch(n) if n > 1 else []) + [sys.executable, *map(str, args)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or ENV)
-    if not check:
-        return out
-    assert out.returncode == 0, f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
-    return out.stdout
+    check=False: returns the CompletedProcess. kw: run's."""
+    out = run((launch(n) if n > 1 else []) + [sys.executable, *args], timeout, env, check, **kw)
+    return out.stdout if check else out
 
 
 def example(n: int, name: str, args, **kw):
