@@ -1,7 +1,5 @@
 """GPT-2: overfitting one batch, llm.c checkpoints, and the example end to end."""
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -9,7 +7,7 @@ import pytest
 import infinitrain as it
 from infinitrain.data import DataFormatError, write_shard, write_tokenizer
 from infinitrain.models import GPT2, gpt2
-from helpers import ENV
+from helpers import example
 
 
 def test_logits_and_padded_vocab():
@@ -85,28 +83,24 @@ def test_example_trains_and_logs(tmp_path):
     write_shard(tmp_path / "train.bin", np.tile(pattern, 40))
     write_shard(tmp_path / "val.bin", np.tile(pattern, 10))
     write_tokenizer(tmp_path / "tok.bin", [bytes([i % 256]) for i in range(50257)], 50256)
-    cmd = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "train.bin"),
+    args = ["--input_bin", str(tmp_path / "train.bin"),
            "--input_val_bin", str(tmp_path / "val.bin"), "--tokenizer_bin", str(tmp_path / "tok.bin"),
            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--total_batch_size", "128",
            "--num_iteration", "8", "--learning_rate", "3e-3", "--val_loss_every", "4",
            "--val_max_steps", "2", "--sample_every", "8", "--sample_length", "8", "--grad_clip", "1.0",
            "--warmup_iters", "2"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env=ENV)
-    assert out.returncode == 0, out.stderr
-    steps = [LOG_LINE.match(line) for line in out.stdout.splitlines() if line.startswith("step")]
-    assert len(steps) == 8 and all(steps), out.stdout
+    out = example(1, "gpt2", args)
+    steps = [LOG_LINE.match(line) for line in out.splitlines() if line.startswith("step")]
+    assert len(steps) == 8 and all(steps), out
     losses = [float(m.group(3)) for m in steps]
     assert losses[-1] < losses[0] - 1.0
-    assert "x 2 accumulation steps" in out.stdout and "---- sample ----" in out.stdout
-    assert out.stdout.count("val loss") == 3  # before training, after step 4, after step 8 (once)
+    assert "x 2 accumulation steps" in out and "---- sample ----" in out
+    assert out.count("val loss") == 3  # before training, after step 4, after step 8 (once)
 
 
 @pytest.mark.slow
 def test_example_rejects_bad_batch(tmp_path):
     write_shard(tmp_path / "t.bin", np.arange(1000))
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin",
-                          str(tmp_path / "t.bin"), "--model", "tiny", "--batch_size", "2",
-                          "--sequence_length", "16", "--total_batch_size", "50"],
-                         capture_output=True, text=True, timeout=120)
+    out = example(1, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2",
+                              "--sequence_length", "16", "--total_batch_size", "50"], timeout=120, check=False)
     assert out.returncode != 0 and "not a multiple" in out.stderr

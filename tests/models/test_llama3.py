@@ -1,8 +1,6 @@
 """LLaMA-3: GQA attention with rotary embeddings against numpy, overfitting one batch,
 checkpoints (including llm.c's integer-truncated header floats), RoPE scaling, the example."""
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,7 +9,7 @@ import infinitrain as it
 from infinitrain.data import DataFormatError, write_shard
 from infinitrain.models import LLaMA3, llama3
 from infinitrain.models.llama3 import LLaMA3Config, rope_frequencies
-from helpers import ENV
+from helpers import example
 
 
 def test_attention_gqa_with_rope_against_numpy(rng):
@@ -88,15 +86,12 @@ def test_checkpoint_round_trip_and_truncated_floats(tmp_path):
         LLaMA3.from_llmc(tmp_path / "short.bin")
 
 
+@pytest.mark.slow
 def test_llama3_example_runs(tmp_path):
     pattern = np.random.default_rng(0).integers(0, 300, 64)
     write_shard(tmp_path / "train.bin", np.tile(pattern, 40))
-    cmd = [sys.executable, "-m", "infinitrain.examples.llama3", "--input_bin", str(tmp_path / "train.bin"),
-           "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "6",
-           "--learning_rate", "3e-3"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env=ENV)
-    assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("step")]
+    out = example(1, "llama3", ["--input_bin", tmp_path / "train.bin", "--model", "tiny", "--batch_size", "2",
+                                "--sequence_length", "32", "--num_iteration", "6", "--learning_rate", "3e-3"])
+    lines = [ln for ln in out.splitlines() if ln.startswith("step")]
     assert len(lines) == 6 and "DP=1, TP=1, SP=0, PP=1" in lines[-1]
     assert float(lines[-1].split("train loss ")[1].split()[0]) < float(lines[0].split("train loss ")[1].split()[0])

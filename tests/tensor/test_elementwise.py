@@ -5,7 +5,7 @@ import pytest
 import infinitrain as it
 from infinitrain._native import lib
 from infinitrain.kernels import elementwise as ew
-from helpers import bf16_round, numerical_grad, to_np
+from helpers import bf16_round, mpirun, numerical_grad, to_np
 
 SIZES = [1, 7, 31, 2048, 2049, 10007]
 DTYPES = [it.float32, it.bfloat16]
@@ -246,8 +246,6 @@ def _bf16_products(tmp_path, path):
     """Four bfloat16 products (every transpose, odd K, edges, K = 5000) in a fresh process
     whose bf16 matmul path is capped at `path`: the products, and the path it reports."""
     import os
-    import subprocess
-    import sys
     code = ("import numpy as np, infinitrain as it\n"
             "rng = np.random.default_rng(5)\n"
             "out = {}\n"
@@ -259,12 +257,11 @@ def _bf16_products(tmp_path, path):
             "np.savez(__import__('sys').argv[1], **out)\n"
             "print(it.build_info())\n")
     file = tmp_path / f"{path}.npz"
-    done = subprocess.run([sys.executable, "-c", code, str(file)], capture_output=True, text=True,
-                          env={**os.environ, "INFINITRAIN_BF16_MATMUL": path}, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return np.load(file), done.stdout
+    out = mpirun(1, ["-c", code, file], timeout=120, env={**os.environ, "INFINITRAIN_BF16_MATMUL": path})
+    return np.load(file), out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", BF16_PATHS)
 def test_bfloat16_products_on_bf16_instructions_equal_the_sgemm_path(tmp_path, path):
     """Where bfloat16 products run on the CPU's bf16 instructions (AMX tiles, AVX512-BF16's
