@@ -3,7 +3,6 @@ examples' flags, checkpoint folders (every meta.json field mutated), llm.c heade
 describe huge models, unwritable --save locations and saves that fail half-way."""
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from infinitrain.data import write_shard
 from infinitrain.io import DataFormatError
 from infinitrain.models import GPT2, LLaMA3, gpt2
 from infinitrain.optim import AdamW
-from helpers import ENV
+from helpers import example, mpirun, run
 
 
 # ---- the examples' flags ----------------------------------------------------------------------
@@ -63,12 +62,12 @@ def test_nonsense_mnist_flags_are_refused(flags, message, capsys):
 def _example(tmp_path, *flags, timeout=120):
     if not (tmp_path / "t.bin").exists():
         write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 200), 10))
-    return subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
-                           *(["--model", "tiny"] if "--model" not in flags else []), "--batch_size", "2",
-                           "--sequence_length", "16", *flags],
-                          capture_output=True, text=True, timeout=timeout, env=ENV)
+    model = ["--model", "tiny"] if "--model" not in flags else []
+    return example(1, "gpt2", ["--input_bin", tmp_path / "t.bin", *model, "--batch_size", "2",
+                               "--sequence_length", "16", *flags], timeout=timeout, check=False)
 
 
+@pytest.mark.slow
 def test_an_unwritable_save_location_is_refused_before_training(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     out = _example(tmp_path, "--num_iteration", "3", "--save", str(tmp_path / "file" / "ck"))
@@ -128,14 +127,12 @@ def test_a_bad_input_file_is_one_line_naming_the_flag(tmp_path, flag, kind, mess
 @pytest.mark.slow
 def test_a_bad_mnist_file_is_one_line_naming_the_flag(tmp_path):
     path = _bad_files(tmp_path)["folder"]
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.mnist", "--data", str(path)],
-                         capture_output=True, text=True, timeout=120, env=ENV)
+    out = example(1, "mnist", ["--data", path], timeout=120, check=False)
     assert out.returncode != 0 and out.stderr.strip() == f"--data: MNIST file {path} is a directory, not a file"
 
 
 @pytest.mark.mpi
 def test_a_bad_input_file_or_flag_is_reported_once_on_several_ranks(tmp_path):
-    from helpers import mpirun
     out = mpirun(2, ["-m", "infinitrain.examples.gpt2", "--model", "tiny", "--input_bin",
                      _bad_files(tmp_path)["short"]], check=False)
     assert out.returncode != 0 and (out.stdout + out.stderr).count("shorter than the 1024-byte") == 1, out.stderr
@@ -155,13 +152,11 @@ def test_plot_without_matplotlib_is_refused_before_training_and_writes_exactly_i
              "--sequence_length", "16", "--num_iteration", "2", "--plot", str(tmp_path / "curves")]
     code = ("import sys; sys.modules['matplotlib'] = None  # as if it were not installed\n"
             "from infinitrain.examples.gpt2 import main; sys.exit(main(sys.argv[1:]))")
-    out = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=120, env=ENV)
+    out = mpirun(1, ["-c", code, *flags], timeout=120, check=False)
     assert out.returncode != 0 and "--plot: plotting needs matplotlib" in out.stderr, out.stderr
     assert "train loss" not in out.stdout
     pytest.importorskip("matplotlib")
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", *flags], capture_output=True,
-                         text=True, timeout=120, env=ENV)
-    assert out.returncode == 0, out.stderr
+    example(1, "gpt2", flags, timeout=120)
     assert (tmp_path / "curves").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "curves.png").exists()
 
 
@@ -331,10 +326,9 @@ def test_ctrl_c_during_a_save_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_ctrl_c_during_training_is_one_line_naming_the_last_checkpoint(tmp_path):
     import signal
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 200), 10))
-    proc = subprocess.Popen([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
-                             "--model", "tiny", "--batch_size", "2", "--sequence_length", "16", "--num_iteration",
-                             "100000", "--save", str(tmp_path / "ck"), "--save_interval", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", tmp_path / "t.bin", "--model", "tiny",
+                "--batch_size", "2", "--sequence_length", "16", "--num_iteration", "100000", "--save", tmp_path / "ck",
+                "--save_interval", "2"], wait=False)
     for line in proc.stdout:
         if line.startswith("saved"):
             break

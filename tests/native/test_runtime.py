@@ -1,8 +1,6 @@
 """Random numbers, thread-count independence, error paths, CUDA absence and the C host."""
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 import infinitrain as it
 from infinitrain._native import ffi, lib
 from infinitrain.kernels import neural as nn
-from helpers import ROOT
+from helpers import ROOT, mpirun, run
 
 
 
@@ -44,13 +42,10 @@ def test_random_statistics():
 
 
 def _run_with_threads(n: int, code: str) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS=str(n))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    return mpirun(1, ["-c", code], timeout=120, env=dict(os.environ, OMP_NUM_THREADS=str(n)), cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_thread_count():
     """The same inputs give bit-identical outputs with 1 and 2 OpenMP threads."""
     code = textwrap.dedent("""
@@ -121,6 +116,7 @@ def test_python_errors_name_both_sides():
         it.zeros(2, device="tpu")
 
 
+@pytest.mark.slow
 def test_c_host_builds_and_runs(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -129,8 +125,8 @@ def test_c_host_builds_and_runs(tmp_path):
     exe = tmp_path / "c_host"
     cmd = [cc, str(ROOT / "examples" / "c_host" / "main.c"), *config.cflags().split(),
            *config.libs().split(), "-o", str(exe)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    run(cmd, check=True)
+    out = run([exe], timeout=60)
     assert out.returncode == 0, out.stderr
     assert "layernorm: mean 0.000000, mean square 0.99" in out.stdout
     assert "bad call -> IT_ERR_INVALID_ARGUMENT" in out.stdout
