@@ -6,7 +6,6 @@ tests skip unless a Slurm controller answers (.ci/cluster starts a one-node clus
 Debian's packages and runs these and the core distributed tests with Open MPI's mpirun as
 $MPIEXEC)."""
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from infinitrain.data.prepare import data_root
 from mpi_launch import launcher_kind, srun_mpi_plugin
 
-from helpers import ENV, MPI_SCRIPTS, MPIEXEC, PARALLEL_TRAIN, assert_same, losses, one_process
+from helpers import ENV, MPI_SCRIPTS, MPIEXEC, PARALLEL_TRAIN, assert_same, losses, mpirun, one_process, run
 
 FAKE_SSH = MPI_SCRIPTS / "fake_ssh"
 NODES = ("127.0.0.2", "127.0.0.3")
@@ -41,10 +40,7 @@ def _fake_nodes(tmp_path) -> tuple:
 
 
 def _mpi_launch(args, env, timeout=300):
-    out = subprocess.run([sys.executable, "-m", "mpi_launch", "--mpiexec", MPIEXEC, *map(str, args)],
-                         capture_output=True, text=True, timeout=timeout, env=env)
-    assert out.returncode == 0, f"mpi_launch {args} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
-    return out.stdout
+    return mpirun(1, ["-m", "mpi_launch", "--mpiexec", MPIEXEC, *args], timeout=timeout, env=env)
 
 
 @pytest.mark.mpi
@@ -81,36 +77,32 @@ def test_each_node_prepares_the_default_data_when_its_storage_is_its_own(tmp_pat
 
 # ---- Slurm -------------------------------------------------------------------------------------
 
-def _slurm_up() -> bool:
-    if not shutil.which("sinfo") or not shutil.which("srun"):
-        return False
-    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-    return out.returncode == 0 and any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split())
-
-
-slurm = pytest.mark.skipif(not _slurm_up(), reason="no Slurm controller answers (.ci/cluster starts one)")
+@pytest.fixture
+def slurm():
+    """Skips unless a Slurm controller answers (asked in the test, not when the module is
+    collected: sinfo is a process)."""
+    up = shutil.which("sinfo") and shutil.which("srun")
+    out = run(["sinfo", "-h", "-o", "%T"], timeout=30) if up else None
+    if not (out and out.returncode == 0 and any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split())):
+        pytest.skip("no Slurm controller answers (.ci/cluster starts one)")
 
 
 @pytest.mark.mpi
-@slurm
-def test_srun_with_the_mpis_plugin_trains_as_one_process_and_without_one_is_refused():
+def test_srun_with_the_mpis_plugin_trains_as_one_process_and_without_one_is_refused(slurm):
     srun = ["srun", "-n", "2", "--time", "5"]
-    out = subprocess.run([*srun, f"--mpi={srun_mpi_plugin()}", sys.executable, PARALLEL_TRAIN, *TINY],
-                         capture_output=True, text=True, timeout=300, env=ENV)
+    out = run([*srun, f"--mpi={srun_mpi_plugin()}", sys.executable, PARALLEL_TRAIN, *TINY])
     assert out.returncode == 0, out.stdout + out.stderr
     assert_same(losses(out.stdout), one_process(*TINY), "float32", "srun -n 2 (DP 2)")
     # Slurm's default MpiDefault=none: MPICH gives two tasks that each see a world of 1, which
     # init() refuses; Open MPI refuses in MPI_Init already, naming srun's missing PMI support
-    bad = subprocess.run([*srun, "--mpi=none", sys.executable, PARALLEL_TRAIN, *TINY],
-                         capture_output=True, text=True, timeout=300, env=ENV)
+    bad = run([*srun, "--mpi=none", sys.executable, PARALLEL_TRAIN, *TINY])
     said = "direct launched using \"srun\"" if srun_mpi_plugin() == "pmix" else "srun started 2 tasks"
     assert bad.returncode != 0 and said in bad.stderr, bad.stdout + bad.stderr
     assert "loss 1" not in bad.stdout  # nothing trained
 
 
 @pytest.mark.mpi
-@slurm
-def test_an_sbatch_job_runs_mpi_launch_on_its_allocation(tmp_path):
+def test_an_sbatch_job_runs_mpi_launch_on_its_allocation(slurm, tmp_path):
     """`sbatch -W` a script that calls mpi_launch with no sizes: the allocation's tasks (2) are
     the ranks. SLURM_MPI_TYPE=pmix stands for a cluster whose MpiDefault is pmix (Hydra's
     proxies must not inherit it)."""
@@ -122,8 +114,7 @@ def test_an_sbatch_job_runs_mpi_launch_on_its_allocation(tmp_path):
 export SLURM_MPI_TYPE=pmix
 exec {sys.executable} -m mpi_launch --mpiexec {MPIEXEC} {PARALLEL_TRAIN} {' '.join(TINY)}
 """)
-    out = subprocess.run(["sbatch", "-W", str(script)], capture_output=True, text=True, timeout=400,
-                         env=ENV, cwd=tmp_path)
+    out = run(["sbatch", "-W", script], timeout=400, cwd=tmp_path)
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").is_file() else ""
     assert out.returncode == 0, out.stdout + out.stderr + log
     assert log.count(" OK") == 2, log

@@ -2,8 +2,6 @@
 with the ranks' output when a rank fails."""
 import contextlib
 import re
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -13,7 +11,7 @@ from infinitrain.data import write_shard
 from infinitrain.nn.parallel import Layout
 from infinitrain.plot import rank_prefix
 
-from helpers import ENV, MPI_SCRIPTS, launch, PARALLEL_TRAIN, mpirun, step_losses
+from helpers import ENV, MPI_SCRIPTS, PARALLEL_TRAIN, mpirun, step_losses
 
 
 def test_layout_unit():
@@ -85,10 +83,7 @@ def test_data_parallel_gpt2_matches_one_process(tmp_path):
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
     args = ["-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny",
             "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "10", "--learning_rate", "3e-3"]
-    one = subprocess.run([sys.executable, *args, "--total_batch_size", "512"], capture_output=True,
-                         text=True, timeout=300, env=ENV)
-    assert one.returncode == 0, one.stderr
-    single = step_losses(one.stdout)
+    single = step_losses(mpirun(1, args + ["--total_batch_size", "512"]))
     eight = mpirun(8, args)
     two_accum = mpirun(2, args + ["--total_batch_size", "512"])
     ENV["INFINITRAIN_COMM_THREAD"] = "1"  # reductions on the communication thread, during backward
@@ -116,14 +111,13 @@ def test_launcher_env_and_failing_rank(tmp_path):
         "if env.rank == int(sys.argv[1]):\n"
         "    raise RuntimeError('boom on purpose')\n"
         "env.world.barrier()\n")
-    launcher = [sys.executable, "-m", "mpi_launch", "--nproc_per_node", "3", "--rdzv_endpoint",
-                "127.0.0.1:29999", str(script)]
-    ok = subprocess.run(launcher + ["-1"], capture_output=True, text=True, timeout=120, env=ENV)
+    launcher = ["-m", "mpi_launch", "--nproc_per_node", "3", "--rdzv_endpoint", "127.0.0.1:29999", script]
+    ok = mpirun(1, launcher + ["-1"], timeout=120, check=False)
     shown = f"stdout:\n{ok.stdout}\nstderr:\n{ok.stderr}"
     assert ok.returncode == 0, shown
     for r in range(3):  # each line behind its rank's prefix, in the launcher's style
         assert re.search(rf"^{rank_prefix(r)}env {r} {r} 3 3 29999 {r}$", ok.stdout, re.M), shown
-    bad = subprocess.run(launcher + ["1"], capture_output=True, text=True, timeout=120, env=ENV)
+    bad = mpirun(1, launcher + ["1"], timeout=120, check=False)
     shown = f"exit {bad.returncode}\nstdout:\n{bad.stdout}\nstderr:\n{bad.stderr}"
     assert bad.returncode != 0, shown
     assert "boom on purpose" in bad.stdout + bad.stderr, shown
@@ -135,12 +129,10 @@ def test_mpi_launch_module_form_passes_the_programs_flags(tmp_path):
     """`mpi_launch --nproc_per_node 2 -m infinitrain.examples.gpt2 --model tiny ...` (the
     README's form): every flag after the module is the program's."""
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 10))
-    out = subprocess.run([sys.executable, "-m", "mpi_launch", "--nproc_per_node", "2", "-m",
-                          "infinitrain.examples.gpt2", "--model", "tiny", "--input_bin",
-                          str(tmp_path / "t.bin"), "--batch_size", "2", "--sequence_length", "16",
-                          "--num_iteration", "2"], capture_output=True, text=True, timeout=120, env=ENV)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "DP=2, TP=1, SP=0, PP=1" in out.stdout and "step    2/2" in out.stdout, out.stdout
+    out = mpirun(1, ["-m", "mpi_launch", "--nproc_per_node", "2", "-m", "infinitrain.examples.gpt2", "--model", "tiny",
+                     "--input_bin", tmp_path / "t.bin", "--batch_size", "2", "--sequence_length", "16",
+                     "--num_iteration", "2"], timeout=120)
+    assert "DP=2, TP=1, SP=0, PP=1" in out and "step    2/2" in out, out
     from mpi_launch import parse
     a = parse(["--nproc_per_node=2", "train.py", "--nproc_per_node", "9", "-m", "x"])
     assert a.nproc_per_node == 2 and a.script == "train.py" and a.args == ["--nproc_per_node", "9", "-m", "x"]
@@ -151,26 +143,23 @@ def test_mpi_launch_module_form_passes_the_programs_flags(tmp_path):
 @pytest.mark.mpi
 def test_mismatched_mpi_is_reported():
     code = "from infinitrain.nn import parallel; parallel.init()"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=dict(ENV, PMI_SIZE="4"))
+    out = mpirun(1, ["-c", code], timeout=60, env=dict(ENV, PMI_SIZE="4"), check=False)
     assert out.returncode != 0
     assert "started 4 processes (PMI_SIZE=4) but MPI sees a world of 1" in out.stderr
     # `srun -n 2` under Slurm's default MpiDefault=none: two tasks that each see a world of 1
     # (a batch script's SLURM_NTASKS alone is not a launch: one process is fine there)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=dict(ENV, SLURM_STEP_NUM_TASKS="2"))
+    out = mpirun(1, ["-c", code], timeout=60, env=dict(ENV, SLURM_STEP_NUM_TASKS="2"), check=False)
     assert out.returncode != 0 and "srun started 2 tasks (SLURM_STEP_NUM_TASKS=2)" in out.stderr, out.stderr
     assert "--mpi=pmix" in out.stderr
-    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                        env=dict(ENV, SLURM_NTASKS="2"))
+    ok = mpirun(1, ["-c", code], timeout=60, env=dict(ENV, SLURM_NTASKS="2"), check=False)
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.slow
 def test_no_mpi_library_at_all_says_how_to_get_one():
     """mpi4py's wheel brings no MPI: a plain install on a machine without one."""
     code = "from infinitrain.nn import parallel; parallel.init()"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=dict(ENV, MPI4PY_LIBMPI="/nowhere/libmpi.so"))
+    out = mpirun(1, ["-c", code], timeout=60, env=dict(ENV, MPI4PY_LIBMPI="/nowhere/libmpi.so"), check=False)
     assert out.returncode != 0 and "no MPI library found" in out.stderr, out.stderr
     assert "pip install 'infinitrain[mpich]'" in out.stderr and "module load" in out.stderr
 
@@ -185,14 +174,12 @@ def test_tensor_parallel_example_matches_one_process(tmp_path, example):
     args = ["-m", f"infinitrain.examples.{example}", "--input_bin", str(tmp_path / "t.bin"),
             "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "6",
             "--learning_rate", "3e-3", "--grad_clip", "0.5", "--total_batch_size", "128"]
-    one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV)
-    assert one.returncode == 0, one.stderr
+    one = mpirun(1, args)
     tp = mpirun(4, args + ["--tensor_parallel", "2", "--sequence_parallel", "--save", str(tmp_path / "ck")])
     assert "DP=2, TP=2, SP=2, PP=1" in tp, tp
-    np.testing.assert_allclose(step_losses(tp), step_losses(one.stdout), rtol=1e-5, atol=0)
+    np.testing.assert_allclose(step_losses(tp), step_losses(one), rtol=1e-5, atol=0)
     assert (tmp_path / "ck" / "latest").is_file()
-    bad = subprocess.run([*launch(4), sys.executable, *args, "--tensor_parallel", "3"],
-                         capture_output=True, text=True, timeout=120, env=ENV)
+    bad = mpirun(4, args + ["--tensor_parallel", "3"], timeout=120, check=False)
     assert bad.returncode != 0 and "cannot be split into tensor parallel 3" in bad.stderr, bad.stderr
     # 3D: DP 2 x TP 2 (+SP) x PP 2 with 2 micro-batches, through the example's own flags; the
     # checkpoint it writes resumes in one process with the uninterrupted losses
@@ -200,22 +187,17 @@ def test_tensor_parallel_example_matches_one_process(tmp_path, example):
                                 "--total_batch_size", "256", "--save", str(tmp_path / "ck3"),
                                 "--save_interval", "3"])
     assert "DP=2, TP=2, SP=2, PP=2" in three_d and "pipeline: 1f1b schedule over 2 stages" in three_d, three_d
-    one_accum = subprocess.run([sys.executable, *args, "--total_batch_size", "256"], capture_output=True,
-                               text=True, timeout=300, env=ENV)
-    np.testing.assert_allclose(step_losses(three_d), step_losses(one_accum.stdout), rtol=1e-5, atol=0)
-    resumed = subprocess.run([sys.executable, *args, "--total_batch_size", "256",
-                              "--load", str(tmp_path / "ck3" / "step_000003")],
-                             capture_output=True, text=True, timeout=300, env=ENV)
-    assert resumed.returncode == 0, resumed.stderr
-    np.testing.assert_allclose(step_losses(resumed.stdout), step_losses(one_accum.stdout)[3:], rtol=1e-5, atol=0)
+    one_accum = step_losses(mpirun(1, args + ["--total_batch_size", "256"]))
+    np.testing.assert_allclose(step_losses(three_d), one_accum, rtol=1e-5, atol=0)
+    resumed = mpirun(1, args + ["--total_batch_size", "256", "--load", tmp_path / "ck3" / "step_000003"])
+    np.testing.assert_allclose(step_losses(resumed), one_accum[3:], rtol=1e-5, atol=0)
 
 
 @pytest.mark.mpi
 def test_a_hung_pipeline_stage_aborts_the_job_with_a_message():
     """Stage 1 stops answering: stage 0's wait times out and names who it waited for."""
-    out = subprocess.run([*launch(2), sys.executable, str(PARALLEL_TRAIN),
-                          "--layers", "2", "--pp", "2", "--steps", "2", "--hang_stage", "1",
-                          "--pipeline_timeout", "3"], capture_output=True, text=True, timeout=120, env=ENV)
+    out = mpirun(2, [PARALLEL_TRAIN, "--layers", "2", "--pp", "2", "--steps", "2", "--hang_stage", "1",
+                     "--pipeline_timeout", "3"], timeout=120, check=False)
     assert out.returncode != 0
     assert re.search(r"rank 0 \(pipeline stage 0 of 2\) waited 3 s for the gradient of micro-batch 0 "
                      r"for chunk 0 from stage 1 \(rank 1\)", out.stderr), out.stderr

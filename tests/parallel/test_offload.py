@@ -5,12 +5,10 @@ a checkpoint of an offloaded run resumes without offload and the other way round
 ZeRO-3's parameter pieces offloaded too (offload_param) give the same bits and resume both ways;
 the example's flags refuse what cannot work before anything is built."""
 import re
-import subprocess
-import sys
 
 import pytest
 
-from helpers import ENV, example, parallel_train
+from helpers import example, parallel_train
 
 COMMON = ["--batch", "8", "--steps", "4", "--micro", "2", "--clip", "0.5", "--lr", "3e-3"]
 
@@ -75,8 +73,7 @@ def test_offloaded_parameters_give_the_same_bits_and_resume_both_ways(tmp_path, 
                                                        "updates together: add --offload_optimizer nvme"),
 ])
 def test_offload_flags_that_cannot_work_are_refused_before_anything_is_built(flags, message):
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--model", "tiny", "--num_iteration", "1",
-                          *flags], capture_output=True, text=True, timeout=120, env=ENV)
+    out = example(1, "gpt2", ["--model", "tiny", "--num_iteration", "1", *flags], timeout=120, check=False)
     assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert "memory:" not in out.stdout
 

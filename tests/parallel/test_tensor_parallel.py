@@ -3,13 +3,10 @@ then tiny GPT-2 and LLaMA-3 (grouped-query attention) trained for 10 AdamW steps
 4, with and without SP, with DP > 1 too, fp32 and bf16: the per-step losses equal the
 one-process losses on the same global batch (fp32 within 1e-5 relative, bf16 within 1e-2).
 Each multi-rank run also checks that replicated parameters stay bit-identical across TP."""
-import subprocess
-import sys
-
 import pytest
 
 from infinitrain.nn.parallel import tensor_parallel as tpm
-from helpers import (ENV, MPI_SCRIPTS, assert_same, launch, losses, one_process, parallel_train, reference_model,
+from helpers import (ENV, MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train, reference_model,
                      write_llmc)
 
 # bf16 with AdamW at a high learning rate amplifies round-off chaotically (even DP alone, which
@@ -27,9 +24,7 @@ def reference(model, dtype, steps=10):
 def test_each_layer_matches_its_unsharded_twin(n, comm_thread):
     """comm_thread: the MPI group's asynchronous collectives on a thread of their own (as with
     two or more cores per rank) rather than MPI's non-blocking calls."""
-    out = subprocess.run([*launch(n), sys.executable, str(MPI_SCRIPTS / "tp_layers.py")],
-                         capture_output=True, text=True, timeout=300,
-                         env=dict(ENV, INFINITRAIN_COMM_THREAD=comm_thread))
+    out = mpirun(n, [MPI_SCRIPTS / "tp_layers.py"], env=dict(ENV, INFINITRAIN_COMM_THREAD=comm_thread), check=False)
     assert out.returncode == 0 and out.stdout.count("OK") == n, out.stdout + out.stderr
 
 

@@ -4,15 +4,13 @@ accumulation and clipping on: the per-step losses and gradient norms equal the o
 (fp32 within 1e-5, bf16 within 1e-2); on DP 4 the per-rank peak tensor memory falls stage by
 stage; checkpoints move between stages and DP sizes; ZeRO-3's gathering is checked directly."""
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from infinitrain.plot import RANK0_PREFIX
 
-from helpers import ENV, MPI_SCRIPTS, launch, assert_same, losses, mpirun, one_process, parallel_train, step_losses
+from helpers import MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train, step_losses
 
 CHECKS = str(MPI_SCRIPTS / "zero3_checks.py")
 
@@ -107,15 +105,13 @@ def test_zero3_gathers_around_each_unit_and_refuses_released_reads():
     """Parameters are whole during their unit's forward and released after forward and
     backward; reading one outside raises a clear error; gathered_parameters(write=True)
     makes what was written the shards."""
-    out = subprocess.run([*launch(2), sys.executable, CHECKS], capture_output=True, text=True,
-                         timeout=120, env=ENV)
+    out = mpirun(2, [CHECKS], timeout=120, check=False)
     assert out.returncode == 0 and out.stdout.count(" OK") == 2, out.stdout + out.stderr
 
 
 @pytest.mark.mpi
 def test_zero3_ranks_running_different_modules_get_an_error_not_a_hang():
-    out = subprocess.run([*launch(2), sys.executable, CHECKS, "--diverge"], capture_output=True,
-                         text=True, timeout=120, env=ENV)
+    out = mpirun(2, [CHECKS, "--diverge"], timeout=120, check=False)
     assert out.returncode != 0
     assert "every rank must run the model's modules in the same order" in out.stdout + out.stderr, \
         out.stdout + out.stderr
@@ -130,19 +126,17 @@ def test_zero_stage_flag_of_the_example_matches_one_process(tmp_path):
     args = ["-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny",
             "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "5", "--learning_rate", "3e-3",
             "--warmup_iters", "3", "--grad_clip", "0.5", "--total_batch_size", "256"]
-    one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV)
-    assert one.returncode == 0, one.stderr
+    one = mpirun(1, args)
     for stage in ("1", "2", "3"):
         got = mpirun(4, args + ["--zero_stage", stage, "--save", str(tmp_path / f"ck{stage}"), "--save_interval", "2",
                                 *(["--val_loss_every", "4", "--sample_every", "5", "--sample_length", "4"]
                                   if stage == "3" else [])])  # ZeRO-3 evaluates and samples on every rank
-        np.testing.assert_allclose(step_losses(got), step_losses(one.stdout), rtol=1e-5, atol=0, err_msg=f"stage {stage}")
+        np.testing.assert_allclose(step_losses(got), step_losses(one), rtol=1e-5, atol=0, err_msg=f"stage {stage}")
     # the stage-2 checkpoint of step 2 resumes on DP 2 at stage 1; stage 3's on DP 2 at stage 3
     for saved, stage in (("ck2", "1"), ("ck3", "3")):
         resumed = mpirun(2, args + ["--zero_stage", stage, "--load", str(tmp_path / saved / "step_000002")])
-        np.testing.assert_allclose(step_losses(resumed), step_losses(one.stdout)[2:], rtol=1e-5, atol=0, err_msg=saved)
-    refused = subprocess.run([*launch(4), sys.executable, *args, "--zero_stage", "3", "--pipeline_parallel", "2"],
-                             capture_output=True, text=True, timeout=120, env=ENV)
+        np.testing.assert_allclose(step_losses(resumed), step_losses(one)[2:], rtol=1e-5, atol=0, err_msg=saved)
+    refused = mpirun(4, args + ["--zero_stage", "3", "--pipeline_parallel", "2"], timeout=120, check=False)
     assert refused.returncode != 0 and "does not compose with --pipeline_parallel" in refused.stderr, refused.stderr
 
 
