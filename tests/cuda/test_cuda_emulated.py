@@ -13,14 +13,12 @@ What it cannot: speed, the hardware's memory model, the real cuBLAS and NCCL."""
 import importlib.util
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import ENV, launch, step_losses
+from helpers import ENV, mpirun, run, step_losses
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("cuda_emulator_build", HERE / "cuda_emulator" / "build.py")
@@ -39,13 +37,13 @@ def emulated(tmp_path_factory):
 
 
 def _python(code, env):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    return mpirun(1, ["-c", code], timeout=120, env=env, check=False)
 
 
 def test_the_gpu_tests_pass_on_the_emulated_gpu(emulated):
     _, env = emulated
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                          str(HERE / "test_cuda.py")], capture_output=True, text=True, timeout=900, env=env)
+    out = mpirun(1, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", HERE / "test_cuda.py"], timeout=900,
+                 env=env, check=False)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     passed = int(re.search(r"(\d+) passed", out.stdout).group(1))
     assert "no CUDA device" not in out.stdout and passed >= 40, out.stdout[-3000:]
@@ -60,17 +58,16 @@ def shard(tmp_path_factory):
 
 
 def _example_losses(env, shard, ranks, *flags):
-    cmd = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(shard), "--model", "tiny",
-           "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "3", "--learning_rate", "3e-3",
-           "--total_batch_size", "256", "--peak_tflops", "1", *flags]
-    out = subprocess.run([*launch(ranks), *cmd], capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = mpirun(ranks, ["-m", "infinitrain.examples.gpt2", "--input_bin", shard, "--model", "tiny", "--batch_size",
+                         "2", "--sequence_length", "32", "--num_iteration", "3", "--learning_rate", "3e-3",
+                         "--total_batch_size", "256", "--peak_tflops", "1", *flags], timeout=600, env=env)
     if "--offload_optimizer" in flags:  # the log says where the gradients went
         assert re.search(r"offload \(rank 0\): the AdamW state in host memory; [1-9][\d.]* MB of the last step's "
-                         r"gradients streamed to it during backward", out.stdout), out.stdout[-3000:]
-    return step_losses(out.stdout)
+                         r"gradients streamed to it during backward", out), out[-3000:]
+    return step_losses(out)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("flags", [(), ("--tensor_parallel", "2", "--sequence_parallel"),
                                    ("--pipeline_parallel", "2"), ("--zero_stage", "2"),
                                    ("--zero_stage", "2", "--offload_optimizer", "cpu"),
@@ -87,6 +84,7 @@ def test_parallel_training_over_nccl_on_two_emulated_gpus_matches_one_cpu_proces
     np.testing.assert_allclose(losses, reference, rtol=1e-5)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 @pytest.mark.parametrize("layout,share,n", [(["--zero", "0"], 1, 2), (["--zero", "1"], 0, 2), (["--zero", "2"], 0.5, 2),
                                             (["--zero", "3"], 0.5, 2), (["--tp", "2"], None, 2),
@@ -101,8 +99,8 @@ def test_offloaded_gradients_stream_during_backward_over_nccl_with_the_same_bits
     its sum over the stages; on one DP rank there is no reducer: nothing streams); each the bits
     of the run without offload."""
     _, env = emulated
-    out = subprocess.run([*launch(n), sys.executable, str(HERE / "offload_streaming.py"), "--model", model, *layout],
-                         capture_output=True, text=True, timeout=300, env=dict(env, INFINITRAIN_EMULATED_GPUS=str(n)))
+    out = mpirun(n, [HERE / "offload_streaming.py", "--model", model, *layout],
+                 env=dict(env, INFINITRAIN_EMULATED_GPUS=str(n)), check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     ranks = [tuple(map(int, line.split()[1:])) for line in out.stdout.splitlines() if line.startswith("OK ")]
     assert len(ranks) == n, out.stdout
@@ -115,9 +113,8 @@ def test_the_gpu_offload_benchmark_compares_the_three_ways_on_the_emulated_gpu(e
     at the step, and with them streamed during backward; the same losses, and only the last
     moving bytes during backward (the emulated GPU's timings mean nothing)."""
     _, env = emulated
-    out = subprocess.run([sys.executable, str(HERE.parents[1] / "benchmarks" / "offload.py"), "--device", "cuda",
-                          "--layers", "1", "--embd", "64", "--seq", "16", "--steps", "1"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = mpirun(1, [HERE.parents[1] / "benchmarks" / "offload.py", "--device", "cuda", "--layers", "1", "--embd", "64",
+                     "--seq", "16", "--steps", "1"], timeout=600, env=env, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {line.split("|")[0].strip(): line.split("|")[-1].strip() for line in out.stdout.splitlines() if "|" in line}
     assert rows["on the GPU"] == "0" and rows["host, at step"] == "0" and int(rows["host, streamed"]) > 0, out.stdout
@@ -152,37 +149,35 @@ def test_memory_never_written_reads_as_nan(emulated):
     assert out.returncode == 0 and out.stdout.strip() == "[nan, nan, nan, nan]", out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("case,launch,run,wrong", [
+@pytest.mark.parametrize("case,launch,running,wrong", [
     ("divergent-barrier", "no error", "deadlocks: some threads wait at __syncthreads()", None),
     ("partial-warp-shuffle", "no error", "a full-warp shuffle in warp 1 of a block of 48 threads", None),
     ("too-many-threads", "invalid configuration argument", "no error", None),
     ("race", "no error", "no error", 32),   # read shared memory that another warp has not written yet
     ("no-race", "no error", "no error", 0),
 ])
-def test_the_emulator_catches_kernels_that_break_the_programming_model(emulated, case, launch, run, wrong):
+def test_the_emulator_catches_kernels_that_break_the_programming_model(emulated, case, launch, running, wrong):
     out_dir, _ = emulated
     program = emulator.build_program(HERE / "cuda_emulator" / "selftest.cu", out_dir)
-    out = subprocess.run([str(program), case], capture_output=True, text=True, timeout=60)
+    out = run([program, case], timeout=60)
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(": ", 1) for line in out.stdout.splitlines())
-    assert lines["launch"] == launch and run in lines["run"], out.stdout
+    assert lines["launch"] == launch and running in lines["run"], out.stdout
     if wrong is not None:
         assert int(lines["wrong"]) == wrong, out.stdout
 
 
+@pytest.mark.mpi
 def test_a_gpu_named_by_index_is_the_one_taken_and_ranks_take_their_local_gpu(emulated):
     """As PyTorch: --device cuda:1 on one process is GPU 1, an index that does not exist is an
     error, and ranks sharing a node each take the GPU of their local rank (an index is refused)."""
     _, env = emulated
     env = dict(env, INFINITRAIN_EMULATED_GPUS="2")
     code = "import sys; from infinitrain.nn import parallel; print(parallel.init(device=sys.argv[1]).device)"
-    picked = [subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True, timeout=120, env=env)
-              for d in ("cuda", "cuda:1", "cuda:3")]
+    picked = [mpirun(1, ["-c", code, d], timeout=120, env=env, check=False) for d in ("cuda", "cuda:1", "cuda:3")]
     assert [p.stdout.strip() for p in picked[:2]] == ["cuda:0", "cuda:1"], [p.stderr for p in picked]
     assert picked[2].returncode != 0 and "'cuda:3' does not exist: this node has 2 GPU(s)" in picked[2].stderr
-    two = subprocess.run([*launch(2), sys.executable, "-c", code, "cuda"], capture_output=True, text=True,
-                         timeout=120, env=env)
+    two = mpirun(2, ["-c", code, "cuda"], timeout=120, env=env, check=False)
     assert two.returncode == 0 and sorted(two.stdout.split()) == ["cuda:0", "cuda:1"], two.stdout + two.stderr
-    named = subprocess.run([*launch(2), sys.executable, "-c", code, "cuda:1"], capture_output=True, text=True,
-                           timeout=120, env=env)
+    named = mpirun(2, ["-c", code, "cuda:1"], timeout=120, env=env, check=False)
     assert named.returncode != 0 and "each takes the GPU of its local rank" in named.stdout + named.stderr

@@ -2,8 +2,6 @@
 resume of the training example, and safetensors export."""
 import json
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkp
 from infinitrain.data import write_shard
 from infinitrain.models import GPT2, LLaMA3, gpt2, llama3
 from infinitrain.plot import parse_log
-from helpers import ENV
+from helpers import example, mpirun
 
 
 def _trained(steps=3):
@@ -78,6 +76,7 @@ def test_damaged_foreign_and_mismatched_checkpoints(tmp_path):
         load_checkpoint(tmp_path / "nothing", model)
 
 
+@pytest.mark.slow
 def test_killed_save_leaves_previous_checkpoint(tmp_path):
     """A save killed while writing (here: SIGKILL from inside it) keeps `latest` valid."""
     model, opt, _ = _trained(1)
@@ -94,7 +93,7 @@ def die(path):
 checkpoint.sha256_file = die
 checkpoint.save_checkpoint({str(tmp_path)!r}, 2, model)
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = mpirun(1, ["-c", script], timeout=120, check=False)
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     assert (tmp_path / "latest").read_text().strip() == "step_000001"
     fresh = gpt2("tiny")
@@ -113,22 +112,17 @@ def test_keep_limits_checkpoints(tmp_path):
 def test_resume_prints_the_uninterrupted_losses(tmp_path):
     pattern = np.random.default_rng(0).integers(0, 300, 64)
     write_shard(tmp_path / "train.bin", np.tile(pattern, 60))
-    base = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "train.bin"),
-            "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "10",
-            "--learning_rate", "3e-3", "--warmup_iters", "3"]
-    env = ENV
+    base = ["--input_bin", tmp_path / "train.bin", "--model", "tiny", "--batch_size", "2", "--sequence_length", "32",
+            "--num_iteration", "10", "--learning_rate", "3e-3", "--warmup_iters", "3"]
 
     def losses(out):
-        assert out.returncode == 0, out.stderr
-        return dict(parse_log(out.stdout)["train"])  # {step: loss} (the package's own log parser)
-    full = losses(subprocess.run(base, capture_output=True, text=True, timeout=300, env=env))
-    first = subprocess.run(base[:-6] + ["--num_iteration", "5", "--learning_rate", "3e-3", "--warmup_iters", "3",
-                                        "--save", str(tmp_path / "ck")],
-                           capture_output=True, text=True, timeout=300, env=env)
+        return dict(parse_log(out)["train"])  # {step: loss} (the package's own log parser)
+    full = losses(example(1, "gpt2", base))
+    first = example(1, "gpt2", base[:-6] + ["--num_iteration", "5", "--learning_rate", "3e-3", "--warmup_iters", "3",
+                                            "--save", tmp_path / "ck"])
     assert losses(first) == {k: v for k, v in full.items() if k <= 5}
-    resumed = subprocess.run(base + ["--load", str(tmp_path / "ck")], capture_output=True, text=True,
-                             timeout=300, env=env)
-    assert "resumed from" in resumed.stdout
+    resumed = example(1, "gpt2", base + ["--load", tmp_path / "ck"])
+    assert "resumed from" in resumed
     assert losses(resumed) == {k: v for k, v in full.items() if k > 5}
 
 

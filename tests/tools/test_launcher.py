@@ -10,6 +10,7 @@ import pytest
 
 import mpi_launch
 from mpi_launch import command, launcher_kind, parse
+from helpers import run
 
 
 def fake_launcher(tmp_path, name: str, version: str):
@@ -19,6 +20,7 @@ def fake_launcher(tmp_path, name: str, version: str):
     return str(path)
 
 
+@pytest.mark.slow  # runs each fake launcher's --version
 @pytest.mark.parametrize("version,kind", [
     ("HYDRA build details:\n    Version: 4.0.2", "hydra"),
     ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/", "openmpi"),
@@ -28,6 +30,7 @@ def test_the_launchers_kind_is_read_from_its_version(tmp_path, version, kind):
     assert launcher_kind(fake_launcher(tmp_path, "mpiexec", version)) == kind
 
 
+@pytest.mark.slow
 def test_the_wheels_mpiexec_is_hydra_and_an_unknown_one_is_refused(tmp_path):
     from pathlib import Path
     wheel = Path(sys.executable).parent / "mpiexec"
@@ -35,8 +38,7 @@ def test_the_wheels_mpiexec_is_hydra_and_an_unknown_one_is_refused(tmp_path):
         assert launcher_kind(str(wheel)) == "hydra"
     with pytest.raises(SystemExit, match="does not say which MPI launcher"):
         launcher_kind(fake_launcher(tmp_path, "mpiexec", "something else 1.0"))
-    if shutil.which("mpirun") and "Open MPI" in __import__("subprocess").run(
-            ["mpirun", "--version"], capture_output=True, text=True).stdout:
+    if shutil.which("mpirun") and "Open MPI" in run(["mpirun", "--version"]).stdout:
         assert launcher_kind(shutil.which("mpirun")) == "openmpi"
 
 
@@ -71,6 +73,7 @@ def test_open_mpi_gets_x_variables_tagged_output_and_a_per_node_map(tmp_path, mo
     assert head[head.index("MASTER_ADDR=node7") - 1] == "-x" and head[-2:] == ["--bind-to", "core"]
 
 
+@pytest.mark.slow  # asks a Python process which MPI mpi4py loads
 def test_srun_gets_export_label_tasks_per_node_and_an_mpi_plugin(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_MPI_TYPE", raising=False)
     cmd, hosts, exe = _command(tmp_path, "srun")
@@ -95,6 +98,7 @@ def test_open_mpi_on_one_node_is_told_to_oversubscribe_and_run_as_root(monkeypat
     assert mpi_launch.start(8, exe, "hydra") == [exe, "-n", "8"]  # Hydra does both unasked
 
 
+@pytest.mark.slow  # runs the scontrol stand-in
 def test_inside_a_slurm_allocation_its_nodes_and_tasks_are_the_defaults(tmp_path, monkeypatch):
     scontrol = tmp_path / "scontrol"  # as Slurm's: expands a host list, one name per line
     scontrol.write_text("#!/bin/sh\necho node3; echo node4\n")

@@ -2,8 +2,6 @@
 line (llm.c's FLOP count against a given or measured peak)."""
 import re
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ from infinitrain.models import GPT2
 from infinitrain.models.gpt2 import PRESETS
 from infinitrain.plot import main as plot_main
 from infinitrain.plot import parse_log, plot_losses
-from helpers import ENV
+from helpers import example
 
 LOG = """MFU against a peak of 100.0 GFLOP/s per rank
 val loss 10.900000
@@ -58,18 +56,16 @@ def test_flops_per_token_is_llmc_count():
 def test_example_logs_mfu_and_draws_its_curves(tmp_path):
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
-                          "--input_val_bin", str(tmp_path / "t.bin"), "--val_loss_every", "2", "--val_max_steps", "1",
-                          "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "3",
-                          "--peak_tflops", "0.05", "--plot", str(tmp_path / "loss.png")],
-                         capture_output=True, text=True, timeout=300, env=ENV)
-    assert out.returncode == 0, out.stderr
+    out = example(1, "gpt2", ["--input_bin", tmp_path / "t.bin", "--input_val_bin", tmp_path / "t.bin",
+                              "--val_loss_every", "2", "--val_max_steps", "1", "--model", "tiny", "--batch_size", "2",
+                              "--sequence_length", "32", "--num_iteration", "3", "--peak_tflops", "0.05",
+                              "--plot", tmp_path / "loss.png"])
     n = GPT2._llmc_numel(PRESETS["tiny"])
-    for ms, shown in re.findall(r"\(([\d.]+) ms \| \d+ tok/s \| MFU ([\d.]+)%", out.stdout):
+    for ms, shown in re.findall(r"\(([\d.]+) ms \| \d+ tok/s \| MFU ([\d.]+)%", out):
         want = mfu.flops_per_token(n, 2, 64, 32) * 64 / (float(ms) / 1e3) / 0.05e12 * 100
         assert abs(float(shown) - want) <= 0.05 + 1e-3 * want, (shown, want)
     assert png_size(tmp_path / "loss.png") == (800, 450)
-    assert [s for s, _ in parse_log(out.stdout)["val"]] == [0, 2, 3]  # before training, after step 2, at the end
+    assert [s for s, _ in parse_log(out)["val"]] == [0, 2, 3]  # before training, after step 2, at the end
 
 
 @pytest.mark.slow
@@ -78,13 +74,11 @@ def test_mfu_never_exceeds_100_percent_the_peak_rises_to_what_a_step_reached(tmp
     raised, with a note, instead of printing MFU 187.9%."""
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"),
-                          "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "3",
-                          "--peak_tflops", "1e-6"], capture_output=True, text=True, timeout=300, env=ENV)
-    assert out.returncode == 0, out.stderr
-    shown = [float(v) for v in re.findall(r"MFU ([\d.]+)%", out.stdout)]
-    assert len(shown) == 3 and max(shown) <= 100.0 and shown[0] == 100.0, out.stdout
-    assert "note: step 1 ran at" in out.stdout and "that is the peak from now on" in out.stdout
+    out = example(1, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2",
+                              "--sequence_length", "32", "--num_iteration", "3", "--peak_tflops", "1e-6"])
+    shown = [float(v) for v in re.findall(r"MFU ([\d.]+)%", out)]
+    assert len(shown) == 3 and max(shown) <= 100.0 and shown[0] == 100.0, out
+    assert "note: step 1 ran at" in out and "that is the peak from now on" in out
 
 
 def test_measured_peak_is_a_plausible_number():

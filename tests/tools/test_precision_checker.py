@@ -4,8 +4,6 @@ appears; and the compare mode naming the first tensor that differs from a baseli
 when a DP or TP run equals the one-process run."""
 import hashlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import infinitrain as it
 from infinitrain.models import GPT2Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
-from helpers import ENV, launch
+from helpers import example
 
 CFG = GPT2Config(block_size=16, vocab_size=300, n_layer=2, n_head=2, n_embd=16)
 
@@ -95,25 +93,21 @@ def test_parallel_runs_against_a_one_process_baseline(tmp_path):
     weights names the first module whose output differs."""
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
-    args = [sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"), "--model",
-            "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "2", "--total_batch_size", "256"]
-    base = subprocess.run(args + ["--precision_check", f"level=1,save_tensors=true,output_path={tmp_path / 'one'}"],
-                          capture_output=True, text=True, timeout=300, env=ENV)
-    assert base.returncode == 0, base.stderr
+    args = ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2", "--sequence_length", "32",
+            "--num_iteration", "2", "--total_batch_size", "256"]
+    example(1, "gpt2", args + ["--precision_check", f"level=1,save_tensors=true,output_path={tmp_path / 'one'}"])
     for n, extra in ((2, []), (2, ["--tensor_parallel", "2"]), (2, ["--pipeline_parallel", "2"]),
                      (2, ["--zero_stage", "3", "--recompute", "full"])):
-        out = subprocess.run([*launch(n), *args, *extra, "--precision_check",
-                              f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'par'}"],
-                             capture_output=True, text=True, timeout=300, env=ENV)
-        assert out.returncode == 0, out.stderr
-        counts = re.findall(r"(\d+) tensors compared with .*?, (\d+) beyond .*?, (\d+) skipped", out.stdout)
-        assert len(counts) == 2, out.stdout
+        out = example(n, "gpt2", args + [*extra, "--precision_check",
+                                         f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'par'}"])
+        counts = re.findall(r"(\d+) tensors compared with .*?, (\d+) beyond .*?, (\d+) skipped", out)
+        assert len(counts) == 2, out
         for compared, diverged, skipped in counts:
-            assert int(compared) > 100 and diverged == "0", out.stdout
+            assert int(compared) > 100 and diverged == "0", out
             # TP shards are skipped and counted; a recomputation's replay is not checked twice
-            assert (int(skipped) > 0) == ("--tensor_parallel" in extra), out.stdout
-    bad = subprocess.run([*launch(2), *args, "--learning_rate", "1e-1", "--precision_check",
-                          f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'bad'}"],
-                         capture_output=True, text=True, timeout=300, env=ENV)
+            assert (int(skipped) > 0) == ("--tensor_parallel" in extra), out
+    bad = example(2, "gpt2", args + ["--learning_rate", "1e-1", "--precision_check",
+                                     f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'bad'}"],
+                  check=False)
     assert bad.returncode == 0, bad.stderr  # step 1 equal; step 2 starts from other weights
     assert "first divergence from the baseline: step 2, transformer.wte_0_forward" in bad.stderr, bad.stderr

@@ -4,8 +4,6 @@ ranks, holds every rank's tracks (with a communication thread, its own); nothing
 while no profiler runs."""
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from infinitrain import _trace, profiler
 from infinitrain.models import GPT2Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.optim import AdamW
-from helpers import ENV, launch
+from helpers import ENV, example
 
 
 def _step(model, opt):
@@ -83,14 +81,12 @@ def test_chrome_trace_of_every_rank_with_the_communication_thread(tmp_path):
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
     trace = tmp_path / "trace.json"
-    out = subprocess.run([*launch(2), sys.executable, "-m", "infinitrain.examples.gpt2",
-                          "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny", "--batch_size", "2",
-                          "--sequence_length", "32", "--num_iteration", "3", "--profile", str(trace),
-                          "--profile_steps", "2"],
-                         capture_output=True, text=True, timeout=300, env=dict(ENV, INFINITRAIN_COMM_THREAD="1"))
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "---- profile of steps 2-3" in out.stdout and "all_reduce" in out.stdout, out.stdout
-    assert re.search(r"communication: [\d.]+ ms on rank 0, \d+% of it hidden behind computation", out.stdout), out.stdout
+    out = example(2, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2",
+                              "--sequence_length", "32", "--num_iteration", "3", "--profile", trace,
+                              "--profile_steps", "2"],
+                  env=dict(ENV, INFINITRAIN_COMM_THREAD="1"))
+    assert "---- profile of steps 2-3" in out and "all_reduce" in out, out
+    assert re.search(r"communication: [\d.]+ ms on rank 0, \d+% of it hidden behind computation", out), out
     events = json.loads(trace.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["pid"] for e in spans} == {0, 1}
