@@ -30,11 +30,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ...autograd import Function, is_grad_enabled
-from ...autograd.engine import queue_callback
-from ...creation import from_numpy
-from ...tensor import Tensor
-from .process_group import ReduceOp
+from ....autograd import Function, is_grad_enabled
+from ....autograd.engine import queue_callback
+from ....creation import from_numpy
+from ....tensor import Tensor
+from ..process_group import ReduceOp
 
 RELEASED = ("this parameter is sharded by ZeRO-3: it exists in full only while its module runs; "
             "read or change it inside `with optimizer.gathered_parameters():`")
