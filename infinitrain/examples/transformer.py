@@ -33,7 +33,7 @@ from infinitrain.checkpoint import load_checkpoint, save_checkpoint
 from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
-from infinitrain.examples.lm_train import ProfileWindow
+from infinitrain.examples.lm_loop import ProfileWindow
 from infinitrain.examples.flags import (add_async_tp_flag, check_input_files, check_outputs, nonnegative_int,
                                         plan_of, positive_float, positive_int, probability, refuse)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
@@ -68,7 +68,8 @@ def parse_args(argv=None):
                    help="the AdamW state in host memory (cpu, off a GPU) or in a scratch file under "
                         "--offload_path (nvme), as the language models' flag")
     p.add_argument("--offload_param", default="none", choices=["none", "cpu", "nvme"],
-                   help="with --zero_stage 3: the parameters' pieces with the AdamW state, as the language models' flag")
+                   help="with --zero_stage 3: the parameters' pieces with the AdamW state, as the language "
+                        "models' flag")
     p.add_argument("--offload_path", default=None, metavar="DIR", help="folder on a local disk for nvme")
     p.add_argument("--tensor_parallel", type=positive_int, default=1,
                    help="split each layer's heads and feed-forward units, and the vocabulary, over this many ranks")
