@@ -144,7 +144,8 @@ def main() -> None:
                 from infinitrain.models import GPT2, GPT2_PRESETS
                 c = GPT2_PRESETS[CONFIGS[config]["model"]]
                 f = flops_per_token(GPT2._llmc_numel(c), c.n_layer, c.n_embd, CONFIGS[config]["T"])
-                mfu = f" | {100 * f * i['tok_s'] / (a.peak_tflops * 1e12):5.1f}% / {100 * f * t['tok_s'] / (a.peak_tflops * 1e12):5.1f}%"
+                peak = a.peak_tflops * 1e12
+                mfu = f" | {100 * f * i['tok_s'] / peak:5.1f}% / {100 * f * t['tok_s'] / peak:5.1f}%"
             print(f"{config:7s} {n:7d} | {i['tok_s']:17.0f} {i['rss_mb']:7.0f}MB |        {cols} "
                   f"{t['rss_mb']:7.0f}MB | {i['tok_s'] / t['tok_s']:5.2f}x {i['rss_mb'] / t['rss_mb']:5.2f}x{mfu}",
                   flush=True)

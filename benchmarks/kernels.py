@@ -98,7 +98,8 @@ def run(threads: int) -> None:
     row("softmax bwd 1024x50257", timeit(lambda: nn.softmax_backward(probs, probs)), 3 * sm.nbytes, "GB/s", copy_bw)
     losses, lse = nn.cross_entropy(logits, targets, V)
     dl = it.full((N,), 1.0 / N)
-    row("cross-entropy fwd 1024x50257", timeit(lambda: nn.cross_entropy(logits, targets, V)), logits.nbytes, "GB/s", copy_bw)
+    row("cross-entropy fwd 1024x50257", timeit(lambda: nn.cross_entropy(logits, targets, V)), logits.nbytes, "GB/s",
+        copy_bw)
     row("cross-entropy bwd 1024x50257", timeit(lambda: nn.cross_entropy_backward(dl, logits, lse, targets, V)),
         2 * logits.nbytes, "GB/s", copy_bw)
     del logits, sm, probs

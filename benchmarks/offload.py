@@ -136,8 +136,8 @@ def _job(args) -> None:
         trainer.optimizer_step()
         times.append(done() - t0)
         optimizer.append(time.perf_counter() - t1)
-    moved = ((store.bytes_read + store.bytes_written - moved0[0]) / args.steps, (store.waited - moved0[1]) / args.steps) \
-        if store and not gpu else (0, 0.0)
+    moved = ((store.bytes_read + store.bytes_written - moved0[0]) / args.steps,
+             (store.waited - moved0[1]) / args.steps) if store and not gpu else (0, 0.0)
     print(json.dumps(dict(step=float(np.median(times)), optimizer=float(np.median(optimizer)),
                           rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, persistent=persistent,
                           peak=it.memory_stats(env.device)["peak_allocated_bytes"],

@@ -61,7 +61,8 @@ def _job(args) -> None:
     if trainer.zero:
         buckets = trainer.optimizer.buckets
         params = sum(b.piece if args.stage == 3 else b.padded for b in buckets) * 4
-        grads = sum(b.padded if args.stage == 1 else b.piece for b in buckets) * 4  # stage 1: the shard is a piece of it
+        # stage 1: the shard is a piece of it
+        grads = sum(b.padded if args.stage == 1 else b.piece for b in buckets) * 4
     else:
         params = n_params * 4
         grads = sum(b.flat_grad.numel() for b in trainer.net.reducer.buffer) * 4 if env.layout.dp > 1 else n_params * 4

@@ -134,7 +134,8 @@ def config_of(cls, config: dict, folder):
                                   f"activation_function={act!r}, n_inner={inner!r}, layer_norm_epsilon={eps!r}, "
                                   f"tie_word_embeddings={config.get('tie_word_embeddings', True)!r}")
         if s["n_embd"] % s["n_head"]:
-            raise DataFormatError(f"{folder}/config.json: n_embd {s['n_embd']} is not a multiple of n_head {s['n_head']}")
+            raise DataFormatError(f"{folder}/config.json: n_embd {s['n_embd']} is not a multiple of "
+                                  f"n_head {s['n_head']}")
         return cls.config_class(block_size=s["n_positions"], vocab_size=s["vocab_size"], n_layer=s["n_layer"],
                                 n_head=s["n_head"], n_embd=s["n_embd"])
     if kind != "llama":
@@ -184,7 +185,8 @@ def expected_shapes(cls, cfg, tied: bool) -> dict:
                   "transformer.ln_f.weight": (C,), "transformer.ln_f.bias": (C,)}
         for i in range(L):
             p = f"transformer.h.{i}."
-            shapes.update({p + "ln_1.weight": (C,), p + "ln_1.bias": (C,), p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+            shapes.update({p + "ln_1.weight": (C,), p + "ln_1.bias": (C,),
+                           p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
                            p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
                            p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
                            p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
@@ -231,10 +233,13 @@ def ours_from_theirs(cls, cfg, theirs, tied: bool) -> dict:
         ours, p = f"transformer.h.{i}.", f"model.layers.{i}."
         out[ours + "attn.c_attn.weight"] = lambda p=p: np.concatenate(
             [_rope_to_pairs(f32(theirs(p + "self_attn.q_proj.weight")), H),
-             _rope_to_pairs(f32(theirs(p + "self_attn.k_proj.weight")), KV), f32(theirs(p + "self_attn.v_proj.weight"))])
-        for mine, name in (("attn.c_proj.weight", "self_attn.o_proj.weight"), ("mlp.c_fc2.weight", "mlp.gate_proj.weight"),
+             _rope_to_pairs(f32(theirs(p + "self_attn.k_proj.weight")), KV),
+             f32(theirs(p + "self_attn.v_proj.weight"))])
+        for mine, name in (("attn.c_proj.weight", "self_attn.o_proj.weight"),
+                           ("mlp.c_fc2.weight", "mlp.gate_proj.weight"),
                            ("mlp.c_fc.weight", "mlp.up_proj.weight"), ("mlp.c_proj.weight", "mlp.down_proj.weight"),
-                           ("ln_1.weight", "input_layernorm.weight"), ("ln_2.weight", "post_attention_layernorm.weight")):
+                           ("ln_1.weight", "input_layernorm.weight"),
+                           ("ln_2.weight", "post_attention_layernorm.weight")):
             out[ours + mine] = lambda n=p + name: f32(theirs(n))
     return out
 

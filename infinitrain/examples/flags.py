@@ -121,7 +121,8 @@ def check_writable_file(flag: str, path) -> None:
     """Exits with a message unless a file can be written at path (its folder must exist)."""
     import os
     if os.path.isdir(path):
-        sys.exit(f"{flag} {path} is a folder; give a file name (such as {os.path.join(path, 'trace.json' if flag == '--profile' else 'loss.png')})")
+        example = os.path.join(path, "trace.json" if flag == "--profile" else "loss.png")
+        sys.exit(f"{flag} {path} is a folder; give a file name (such as {example})")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         sys.exit(f"{flag} {path}: the folder {folder} does not exist or is not writable")

@@ -33,7 +33,8 @@ def parse_args(argv=None):
     p.add_argument("--learning_rate", type=nonnegative_float, default=1e-3)
     p.add_argument("--weight_decay", type=nonnegative_float, default=0.0)
     p.add_argument("--dropout", type=probability, default=0.1)
-    p.add_argument("--train_subset", type=nonnegative_int, default=0, help="train on the first N images (0 = all 50,000)")
+    p.add_argument("--train_subset", type=nonnegative_int, default=0,
+                   help="train on the first N images (0 = all 50,000)")
     p.add_argument("--seed", type=int, default=42)
     return p.parse_args(argv)
 

@@ -235,8 +235,9 @@ class GPT2(CausalLM):
         store = np.dtype(LLMC_VERSIONS[version])
         expected = 1024 + cls._llmc_numel(cfg) * store.itemsize
         if size != expected:  # checked before the model is built: a header cannot eat the memory
+            what = "truncated" if size < expected else "trailing data"
             raise DataFormatError(f"{path}: {size} bytes, but a {L}-layer, {C}-wide model in "
-                                  f"version {version} needs {expected} ({'truncated' if size < expected else 'trailing data'})")
+                                  f"version {version} needs {expected} ({what})")
         model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
         model._llmc_load_payload(np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f"
                                            else store, mode="r", offset=1024))

@@ -295,8 +295,9 @@ class LLaMA3(CausalLM):
                       ("norm_eps", norm_eps), ("rope_theta", theta))
                       if (v != 0 and abs(v) < 1.2e-38) or (name != "ffn_dim_multiplier" and v == 0)}
         if suspicious:
+            slots = [8 if k == "ffn_dim_multiplier" else 10 if k == "norm_eps" else 11 for k in suspicious]
             detail = ", ".join(f"{k} reads {v:.3g} (integer {int(header[i])})" for (k, v), i in
-                               zip(suspicious.items(), [8 if k == "ffn_dim_multiplier" else 10 if k == "norm_eps" else 11 for k in suspicious]))
+                               zip(suspicious.items(), slots))
             raise DataFormatError(
                 f"{path}: the header's float fields hold integers ({detail}): this file was written "
                 "with its floats truncated to int (as llm.c's train_llama3.py does), so the model "

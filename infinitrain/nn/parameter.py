@@ -7,9 +7,10 @@ from ..tensor import Tensor
 class Parameter(Tensor):
     # how the parameter is laid out over ranks (nn.parallel.tensor_parallel): `tp_shard` when it
     # is one block of a larger tensor, `partial_grad_group` when its gradient must be
-    # summed over that group after backward (SP's replicated parameters, LoRA's whole halves); `tied_copy_of` (a name) when it is a pipeline
-    # stage's copy of a parameter that one process ties (GPT-2's output head on the last stage
-    # copies the token embedding); unset for an ordinary parameter
+    # summed over that group after backward (SP's replicated parameters, LoRA's whole halves);
+    # `tied_copy_of` (a name) when it is a pipeline stage's copy of a parameter that one process
+    # ties (GPT-2's output head on the last stage copies the token embedding); unset for an
+    # ordinary parameter
     __slots__ = ("tp_shard", "partial_grad_group", "tied_copy_of")
 
     def __new__(cls, data: Tensor, requires_grad: bool = True):

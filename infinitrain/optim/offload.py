@@ -150,8 +150,8 @@ class OffloadOptimizer:
     parameters on a GPU) or in a scratch file under path (device="nvme"). param_groups are the
     wrapped optimizer's (a scheduler works on either); state_dict() is the wrapped optimizer's,
     whole, so checkpoints do not depend on offload. buffer_mb: the state streamed per block
-    (two such buffers are resident; default the module's BUFFER_MB). direct: None tries direct I/O and falls back to buffered
-    I/O, True insists, False never tries."""
+    (two such buffers are resident; default the module's BUFFER_MB). direct: None tries direct
+    I/O and falls back to buffered I/O, True insists, False never tries."""
 
     def __init__(self, optimizer, device: str = "nvme", path=None, buffer_mb: float | None = None,
                  direct: bool | None = None, offload_params: bool = False):

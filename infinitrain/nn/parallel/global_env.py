@@ -1,6 +1,6 @@
 """The process's place in the job: MPI initialisation, the Layout, and the DP/TP/PP/CP process
-groups and the DP x CP group that reduces gradients (created once). `init()` is what a training script calls; under a single process it
-works too (a world of one)."""
+groups and the DP x CP group that reduces gradients (created once). `init()` is what a training
+script calls; under a single process it works too (a world of one)."""
 from __future__ import annotations
 
 import os
@@ -267,9 +267,9 @@ def _pick_gpu(local_rank: int, local_size: int, asked=None):
 
 
 def _local_cores(comm) -> tuple:
-    """(this rank's index on its node, ranks on this node, the cores each may use): a rank the launcher bound to cores of its
-    own (Open MPI's binding, srun -c N with task/affinity) keeps them all; ranks that share a
-    set (Hydra's default, cgroups alone) split it between them."""
+    """(this rank's index on its node, ranks on this node, the cores each may use): a rank the
+    launcher bound to cores of its own (Open MPI's binding, srun -c N with task/affinity) keeps
+    them all; ranks that share a set (Hydra's default, cgroups alone) split it between them."""
     from mpi4py import MPI
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     index = local.Get_rank()

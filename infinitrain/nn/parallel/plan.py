@@ -62,9 +62,10 @@ class ParallelPlan:
     pipeline_schedule (None: interleaved with virtual stages, else 1f1b), pipeline_split
     ("balanced" or "even"); cp_comm ("p2p" or "all_gather"); zero_stage (0-3);
     offload_optimizer and offload_param (None or "none", "cpu", "nvme") with offload_path;
-    recompute ("none", "full", "selective": the model's set_recompute checks it); async_tensor_parallel (TP's column-parallel
-    layers overlap backward's all-reduce with their products); device (where the model runs,
-    the GlobalEnv's by default: offloading to "cpu" moves state off a GPU)."""
+    recompute ("none", "full", "selective": the model's set_recompute checks it);
+    async_tensor_parallel (TP's column-parallel layers overlap backward's all-reduce with their
+    products); device (where the model runs, the GlobalEnv's by default: offloading to "cpu"
+    moves state off a GPU)."""
 
     def __init__(self, layout, rank: int = 0, *, sequence_parallel: bool = False,
                  virtual_pipeline_parallel: int = 1, pipeline_schedule: str | None = None,

@@ -21,8 +21,9 @@ from .shard import (TensorParallel, TPShard, full_tensor, load_full, mark_sequen
                     mark_sequence_parallel_param, sequence_split, shard_param)
 from .transformer import ParallelMultiheadAttention, parallelize_transformer
 
-__all__ = ["TensorParallel", "TPShard", "full_tensor", "load_full", "mark_sequence_parallel", "mark_sequence_parallel_param",
-           "sequence_split", "shard_param", "copy_to_tp", "reduce_from_tp", "scatter_to_tp", "gather_from_tp", "gather_from_sp",
+__all__ = ["TensorParallel", "TPShard", "full_tensor", "load_full", "mark_sequence_parallel",
+           "mark_sequence_parallel_param", "sequence_split", "shard_param", "copy_to_tp", "reduce_from_tp",
+           "scatter_to_tp", "gather_from_tp", "gather_from_sp",
            "reduce_scatter_to_sp", "scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "column_linear", "row_linear", "vocab_parallel_cross_entropy",
            "ParallelMultiheadAttention", "parallelize_transformer"]

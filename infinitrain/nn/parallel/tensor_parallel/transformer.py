@@ -42,7 +42,8 @@ class ParallelMultiheadAttention(MultiheadAttention):
                 object.__setattr__(self, k, v)
         self.tp, self._local_heads = tp, heads
         E = mha.embed_dim
-        split_rows = {"in_proj_weight": TPShard(tp.group, 0, (E, E, E)), "in_proj_bias": TPShard(tp.group, 0, (E, E, E)),
+        split_rows = {"in_proj_weight": TPShard(tp.group, 0, (E, E, E)),
+                      "in_proj_bias": TPShard(tp.group, 0, (E, E, E)),
                       "q_proj_weight": TPShard(tp.group, 0, (E,)), "k_proj_weight": TPShard(tp.group, 0, (E,)),
                       "v_proj_weight": TPShard(tp.group, 0, (E,)),
                       "bias_k": TPShard(tp.group, 2, (E,)), "bias_v": TPShard(tp.group, 2, (E,))}
