@@ -13,9 +13,7 @@ marked `mpi`, so that the fast tier starts none. It holds in every run, not only
   reaches this process when it is waited for (RUSAGE_CHILDREN), and one still running is
   listed in /proc/self/task/*/children;
 - a test module that starts a process when imported fails to collect (it would run in every
-  tier, marks or not).
-Marks that tests in files being edited by others still owe are added from
-tests/tools/owed_marks.txt until those files carry them (see there)."""
+  tier, marks or not)."""
 import functools
 import os
 import posix
@@ -28,7 +26,6 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 MPI_SCRIPTS = TESTS / "parallel" / "mpi"
-OWED_MARKS = TESTS / "tools" / "owed_marks.txt"
 PROCESS_MARKS = {"mpi", "slow"}
 LAUNCHERS = {"mpiexec", "mpirun", "mpiexec.hydra", "orterun", "srun", "sbatch", "salloc",
              Path(os.environ.get("MPIEXEC") or "mpiexec").name}
@@ -37,29 +34,6 @@ LAUNCHERS = {"mpiexec", "mpirun", "mpiexec.hydra", "orterun", "srun", "sbatch", 
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
-
-
-# ---- marks owed by tests in files being edited elsewhere -----------------------------------
-
-def owed_marks() -> dict:
-    """{"path::test_function": (mark, why)} from tests/tools/owed_marks.txt."""
-    owed = {}
-    for line in OWED_MARKS.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            test, mark, why = line.split(maxsplit=2)
-            owed[test] = (mark, why)
-    return owed
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
-def pytest_collection_modifyitems(items):
-    owed = owed_marks()
-    for item in items:
-        path = Path(item.path)
-        where = path.relative_to(TESTS.parent).as_posix() if path.is_relative_to(TESTS) else None
-        mark, _ = owed.get(f"{where}::{item.originalname}", (None, None))
-        if mark and item.get_closest_marker(mark) is None:
-            item.add_marker(mark)
 
 
 # ---- the guard -----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ every kernel against the CPU kernel (fp32 rtol 1e-5, bf16 1e-2), autograd throug
 tensors, and a tiny GPT-2 trained on CUDA against the same on the CPU."""
 import re
 import shutil
-import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,7 @@ import infinitrain as it
 from infinitrain import nn
 from infinitrain._native import HEADER_PATH as HEADER
 from infinitrain._native import LIBRARY_PATH, ffi, lib
-from helpers import ENV, MPI_SCRIPTS, launch, step_losses
+from helpers import MPI_SCRIPTS, example, launch, mpirun, run, step_losses
 
 pytestmark = pytest.mark.cuda
 
@@ -39,10 +39,11 @@ def test_without_a_gpu_every_cuda_call_is_a_clear_error():
     assert "CUDA: " in it.build_info()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: the CUDA library is not built here")
 def test_the_cuda_library_is_built_wherever_nvcc_is_and_needs_no_cuda_library():
     assert CUDA_LIB.is_file(), "INFINITRAIN_CUDA=AUTO with nvcc on PATH must build libinfinitrain_cuda.so"
-    dyn = subprocess.run(["readelf", "-d", str(CUDA_LIB)], capture_output=True, text=True).stdout
+    dyn = run(["readelf", "-d", CUDA_LIB]).stdout
     needed = set(re.findall(r"\(NEEDED\).*\[(.+?)\]", dyn))
     allowed = {"libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2",
                "libdl.so.2", "libpthread.so.0", "librt.so.1"}
@@ -51,15 +52,16 @@ def test_the_cuda_library_is_built_wherever_nvcc_is_and_needs_no_cuda_library():
     if runpath.strip(":"):  # an installed library (a CMake build tree only reserves the space)
         assert "$ORIGIN/../../nvidia/cu13/lib" in runpath and "$ORIGIN/../../nvidia/nccl/lib" in runpath
     # the CPU library never links CUDA either
-    cpu = subprocess.run(["readelf", "-d", str(LIBDIR / "libinfinitrain.so")], capture_output=True, text=True).stdout
+    cpu = run(["readelf", "-d", LIBDIR / "libinfinitrain.so"]).stdout
     assert not re.search(r"NEEDED.*(cuda|cublas|nccl)", cpu)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CUDA_LIB.is_file(), reason="this build has no CUDA library")
 def test_every_kernel_has_a_cuda_implementation():
     kernels = set(re.findall(r"it_status it_(\w+)\(it_device device", HEADER.read_text()))
     kernels -= {"storage_new", "storage_wrap"}  # memory: the allocator's it_cuda_malloc
-    syms = subprocess.run(["nm", "-D", "--defined-only", str(CUDA_LIB)], capture_output=True, text=True).stdout
+    syms = run(["nm", "-D", "--defined-only", CUDA_LIB]).stdout
     have = set(re.findall(r" T it_cuda_(\w+)", syms))
     assert kernels - have == NOT_YET, f"without a CUDA kernel: {sorted(kernels - have)}"
     cuda0 = ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
@@ -94,6 +96,7 @@ def test_arguments_are_checked_before_the_cuda_library_is_asked():
     assert lib.it_scalar(cuda0, lib.IT_SCALAR_DIV, lib.IT_INT64, p, p, 2.0, 4) == lib.IT_ERR_NOT_SUPPORTED
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CUDA_LIB.is_file() or GPU, reason="needs the CUDA library and no GPU")
 def test_no_kernel_reads_device_memory_on_the_host():
     """Every kernel called on cuda:0 with device addresses the host cannot read gets through the
@@ -101,9 +104,7 @@ def test_no_kernel_reads_device_memory_on_the_host():
     (embedding ids, gather indices) must leave CUDA memory to the kernels: on a GPU the host
     reading it is a segmentation fault (it was, for embeddings and gather/scatter, before any
     kernel ran)."""
-    import sys
-    probe = str(Path(__file__).parent / "cuda_dispatch_probe.py")
-    out = subprocess.run([sys.executable, probe], capture_output=True, text=True, timeout=120)
+    out = mpirun(1, [Path(__file__).parent / "cuda_dispatch_probe.py"], timeout=120, check=False)
     lines = out.stdout.splitlines()
     assert out.returncode == 0, f"died (exit {out.returncode}) in {lines[-1] if lines else '?'}\n{out.stderr}"
     assert len(lines) > 40
@@ -483,6 +484,7 @@ print("OK", runs[1][0])
 STREAMING = Path(__file__).parent / "offload_streaming.py"
 
 
+@pytest.mark.slow
 @needs_gpu
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 def test_gradients_stream_to_the_host_during_backward_with_the_same_bits(model):
@@ -490,22 +492,20 @@ def test_gradients_stream_to_the_host_during_backward_with_the_same_bits(model):
     from its own hook during the step's last backward (ZeRO-Offload's schedule), clipping's
     factor follows the copies, and training gives the bits of the GPU optimizer (see the
     script; DP, ZeRO and TP over NCCL in test_cuda_emulated.py)."""
-    import sys
-    out = subprocess.run([sys.executable, str(STREAMING), "--model", model], capture_output=True, text=True,
-                         timeout=300, env=ENV)
+    out = mpirun(1, [STREAMING, "--model", model], check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     ok, streamed, everything = out.stdout.split()[-3:]
     assert ok == "OK" and int(streamed) == int(everything) > 0, out.stdout  # every gradient, during backward
 
 
+@pytest.mark.slow
 @needs_gpu
 def test_zero3_with_parameters_in_host_memory_trains_as_the_gpu_alone():
     """ZeRO-3 on one GPU with offload_param and offload_optimizer "cpu" (ZeRO-Infinity's single
     device): the pieces of the parameters and the AdamW state in host memory, each unit's piece
     copied up for its gather and dropped after; the losses and weights of plain training, bit
     for bit."""
-    import sys
-    out = subprocess.run([sys.executable, "-c", ZERO3_OFFLOAD], capture_output=True, text=True, timeout=300, env=ENV)
+    out = mpirun(1, ["-c", ZERO3_OFFLOAD], check=False)
     assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
 
 
@@ -527,14 +527,13 @@ def test_communicator_arguments_are_checked_before_nccl():
         assert "it_comm_init: " in ffi.string(lib.it_last_error()).decode()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(GPU, reason="a GPU is present")
 def test_cuda_layouts_and_examples_without_a_gpu_say_why():
-    import sys
     code = "from infinitrain.nn import parallel; parallel.init(device='cuda')"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = mpirun(1, ["-c", code], timeout=60, check=False)
     assert out.returncode != 0 and "no usable CUDA device" in out.stderr, out.stderr
-    out = subprocess.run([sys.executable, "-m", "infinitrain.examples.gpt2", "--device", "cuda"],
-                         capture_output=True, text=True, timeout=60)
+    out = example(1, "gpt2", ["--device", "cuda"], timeout=60, check=False)
     assert out.returncode != 0 and out.stderr.startswith("--device cuda: ") and "Traceback" not in out.stderr
     assert "no usable CUDA device" in out.stderr
 
@@ -557,6 +556,7 @@ def test_pipeline_links():
         group._link(0, 1, 1)
 
 
+@pytest.mark.slow
 @needs_gpu
 @pytest.mark.parametrize("example,dtype,steps,rtol", [("gpt2", "float32", 10, 1e-4),
                                                      ("llama3", "bfloat16", 3, 1e-2)])
@@ -564,31 +564,28 @@ def test_the_example_trains_on_cuda_as_on_the_cpu(tmp_path, example, dtype, step
     """`python -m infinitrain.examples.<example> --device cuda`: the same losses as on the CPU
     (both start from the same host-initialised weights). LLaMA-3 in bf16 adds RoPE, RMSNorm,
     SwiGLU and grouped-query attention on 16-bit tensors."""
-    import sys
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
-    base = [sys.executable, "-m", f"infinitrain.examples.{example}", "--input_bin", str(tmp_path / "t.bin"),
+    base = ["-m", f"infinitrain.examples.{example}", "--input_bin", tmp_path / "t.bin",
             "--model", "tiny", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", str(steps),
             "--learning_rate", "3e-3", "--total_batch_size", "128", "--peak_tflops", "1", "--dtype", dtype]
     runs = {}
     for device in ("cpu", "cuda"):
-        out = subprocess.run(base + ["--device", device], capture_output=True, text=True, timeout=300)
+        out = mpirun(1, base + ["--device", device], check=False)  # `example` is this test's parameter
         assert out.returncode == 0, out.stdout + out.stderr
         runs[device] = step_losses(out.stdout)
     assert len(runs["cpu"]) == steps
     np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=rtol)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2])
 def test_nccl_collectives(n):
     """One rank per GPU: the id made on rank 0 and broadcast over MPI, every collective against
     its known answer (one GPU: a communicator of one rank, which still runs each NCCL call)."""
-    import sys
     if it.cuda.device_count() < n:
         pytest.skip(f"needs {n} GPU(s)")
-    script = str(MPI_SCRIPTS / "nccl_collectives.py")
-    out = subprocess.run([*launch(n), sys.executable, script], capture_output=True, text=True,
-                         timeout=300, env=ENV)
+    out = run([*launch(n), sys.executable, MPI_SCRIPTS / "nccl_collectives.py"])  # mpiexec, one rank too
     assert out.returncode == 0 and out.stdout.count(" OK") == n, out.stdout + out.stderr
 
 

@@ -5,7 +5,6 @@
 - a test that starts a process through the helpers (itself, or through a function or fixture
   of its module) is marked `mpi` or `slow`, and `mpi` when it starts MPI ranks; this holds for
   tests that do not run here (a GPU's), where conftest.py's run-time guard cannot look;
-- marks owed by others' files (tests/tools/owed_marks.txt) are still owed;
 - no file of infinitrain/ is over 500 lines unless tests/tools/long_files.txt says why, and
   every file listed there is still over 500 lines, so that the list only shrinks."""
 import ast
@@ -18,7 +17,6 @@ from helpers import ENV, ROOT, TESTS, mpirun
 
 LONG = 500
 LONG_FILES = TESTS / "tools" / "long_files.txt"
-OWED_MARKS = TESTS / "tools" / "owed_marks.txt"
 
 # files under tests/ that start processes themselves, and why
 MAY_START_PROCESSES = {
@@ -26,7 +24,6 @@ MAY_START_PROCESSES = {
     "tests/conftest.py": "starts none: wraps subprocess.Popen and os's process calls to refuse unmarked tests",
     "tests/cuda/cuda_emulator/build.py": "a program of its own (python build.py OUT) that runs g++ to build the "
                                          "emulated GPU; test_cuda_emulated.py imports it",
-    "tests/cuda/test_cuda.py": "owned elsewhere for now: its calls are to go through helpers.run/mpirun",
     "tests/tools/test_readme.py": "owned elsewhere for now: _run_as_written is to go through helpers.run",
 }
 PROCESS_MODULES = {"subprocess", "multiprocessing", "pty", "concurrent.futures.process"}
@@ -147,17 +144,8 @@ def _process_kinds(fn, functions: dict, seen: set) -> set:
     return kinds
 
 
-def _owed() -> dict:
-    owed = {}
-    for line in OWED_MARKS.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            test, mark, _ = line.split(maxsplit=2)
-            owed[test] = mark
-    return owed
-
-
 def test_tests_that_start_processes_are_marked_for_it():
-    owed, wrong = _owed(), []
+    wrong = []
     for path in _python_files():
         if not path.name.startswith("test_"):
             continue
@@ -165,25 +153,13 @@ def test_tests_that_start_processes_are_marked_for_it():
         functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         for fn, marks in _tests(tree):
             test = f"{_rel(path)}::{fn.name}"
-            marks = marks | _module_marks(tree) | ({owed[test]} if test in owed else set())
+            marks = marks | _module_marks(tree)
             kinds = _process_kinds(fn, functions, {fn.name})
             if kinds and not marks & {"mpi", "slow"}:
                 wrong.append(f"{test}: starts a process; mark it slow (or mpi)")
             elif "mpi" in kinds and "mpi" not in marks:
                 wrong.append(f"{test}: starts MPI ranks; mark it mpi")
     assert not wrong, "\n".join(wrong)
-
-
-def test_the_owed_marks_are_still_owed():
-    """An entry of owed_marks.txt whose test carries the mark itself, or is gone, is stale."""
-    stale = []
-    for test, mark in _owed().items():
-        path, name = test.split("::")
-        tree = ast.parse((ROOT / path).read_text()) if (ROOT / path).is_file() else ast.Module(body=[])
-        own = [marks | _module_marks(tree) for fn, marks in _tests(tree) if fn.name == name]
-        if mark not in ("mpi", "slow") or not own or mark in own[0]:
-            stale.append(test)
-    assert not stale, f"remove from {_rel(OWED_MARKS)} (marked, renamed or gone): {stale}"
 
 
 # ---- long files ----------------------------------------------------------------------------
