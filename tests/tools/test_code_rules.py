@@ -24,7 +24,6 @@ MAY_START_PROCESSES = {
     "tests/conftest.py": "starts none: wraps subprocess.Popen and os's process calls to refuse unmarked tests",
     "tests/cuda/cuda_emulator/build.py": "a program of its own (python build.py OUT) that runs g++ to build the "
                                          "emulated GPU; test_cuda_emulated.py imports it",
-    "tests/tools/test_readme.py": "owned elsewhere for now: _run_as_written is to go through helpers.run",
 }
 PROCESS_MODULES = {"subprocess", "multiprocessing", "pty", "concurrent.futures.process"}
 OS_PROCESS_CALLS = {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}

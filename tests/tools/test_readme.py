@@ -8,10 +8,11 @@ import contextlib
 import io
 import re
 import shlex
+import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, launch, run
 
 # the README first, then every page of docs/; each block below carries the page it came from
 PAGES = {p.relative_to(ROOT).as_posix(): p.read_text()
@@ -110,9 +111,6 @@ def _run_as_written(line: str, cwd, extra=()):
     --nproc_per_node N`) becomes the tests' launcher for N ranks, `python` this Python; extra
     flags go last, where argparse lets them win. Returns what it printed; fails with it unless it
     exits 0."""
-    import subprocess
-    import sys
-    from helpers import ENV, launch
     words = shlex.split(line)
     if words[0] == "mpirun":
         n = int(words[words.index("-np") + 1])
@@ -121,7 +119,7 @@ def _run_as_written(line: str, cwd, extra=()):
         n = int(words[words.index("--nproc_per_node") + 1])
         words = launch(n) + ["python"] + words[words.index("--nproc_per_node") + 2:]
     words = [sys.executable if w == "python" else w for w in words] + list(extra)
-    out = subprocess.run(words, capture_output=True, text=True, timeout=600, env=ENV, cwd=cwd)
+    out = run(words, timeout=600, cwd=cwd)
     assert out.returncode == 0, f"{line}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
     return out.stdout + out.stderr
 
