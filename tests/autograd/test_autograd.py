@@ -142,7 +142,8 @@ def test_cross_entropy_and_embedding():
     loss = F.cross_entropy(logits, it.tensor(targets))
     assert abs(loss.item() - ce(logits.detach().numpy().astype(np.float64))) < 1e-5
     loss.backward()
-    np.testing.assert_allclose(logits.grad.detach().numpy(), numerical_grad(ce, logits.detach().numpy()), rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(logits.grad.detach().numpy(), numerical_grad(ce, logits.detach().numpy()),
+                               rtol=1e-3, atol=1e-5)
     per_row = F.cross_entropy(logits.detach(), it.tensor(targets), reduction="none")
     assert per_row.shape == (4,) and per_row.numpy()[2] == 0
     idx = np.array([[1, 3, 1], [0, 0, 2]])

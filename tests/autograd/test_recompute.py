@@ -54,7 +54,8 @@ COMMON = ["--vocab", "512", "--embd", "64", "--layers", "6", "--seq", "64", "--b
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 def test_recompute_gives_the_same_losses_with_less_memory(model):
-    runs = {mode: parallel_train(1, ["--model", model, *COMMON, "--recompute", mode]) for mode in ("none", "full", "selective")}
+    runs = {mode: parallel_train(1, ["--model", model, *COMMON, "--recompute", mode])
+            for mode in ("none", "full", "selective")}
     peak = {m: int(next(ln.split()[1] for ln in out.splitlines() if ln.startswith("activation_peak")))
             for m, out in runs.items()}
     print(model, {m: f"{v / 2**20:.1f} MB" for m, v in peak.items()})

@@ -68,7 +68,8 @@ def test_every_kernel_has_a_cuda_implementation():
     p = ffi.cast("void *", 64)  # never dereferenced: the call stops before any kernel runs
     if not GPU:  # implemented: checked, handed to the CUDA library, which finds no device
         st = lib.it_unary(cuda0, lib.IT_EXP, lib.IT_FLOAT32, p, p, 4)
-        assert st == lib.IT_ERR_NO_CUDA and ffi.string(lib.it_last_error()).decode().startswith("it_unary: no CUDA device")
+        assert st == lib.IT_ERR_NO_CUDA and \
+            ffi.string(lib.it_last_error()).decode().startswith("it_unary: no CUDA device")
 
 
 def test_arguments_are_checked_before_the_cuda_library_is_asked():
@@ -78,9 +79,11 @@ def test_arguments_are_checked_before_the_cuda_library_is_asked():
     illegal memory accesses, which end the whole CUDA context)."""
     cuda0 = ffi.new("it_device *", [lib.IT_CUDA, 0])[0]
     p, null = ffi.cast("void *", 64), ffi.NULL
-    ones, neg, huge = ffi.new("int64_t[17]", [1] * 17), ffi.new("int64_t[2]", [2, -3]), ffi.new("int64_t[2]", [2**40] * 2)
+    ones, neg, huge = (ffi.new("int64_t[17]", [1] * 17), ffi.new("int64_t[2]", [2, -3]),
+                       ffi.new("int64_t[2]", [2**40] * 2))
     calls = {
-        "it_binary": lambda shape, nd, a: lib.it_binary(cuda0, lib.IT_ADD, lib.IT_FLOAT32, p, a, ones, p, ones, shape, nd),
+        "it_binary": lambda shape, nd, a: lib.it_binary(cuda0, lib.IT_ADD, lib.IT_FLOAT32, p, a, ones, p, ones,
+                                                       shape, nd),
         "it_compare": lambda shape, nd, a: lib.it_compare(cuda0, lib.IT_LT, lib.IT_FLOAT32, ffi.cast("uint8_t *", p), a,
                                                          ones, p, ones, shape, nd),
         "it_where": lambda shape, nd, a: lib.it_where(cuda0, lib.IT_FLOAT32, p, ffi.cast("uint8_t *", p), ones, a, ones,
@@ -236,7 +239,8 @@ def test_reductions_of_few_long_rows_and_columns_against_the_cpu(dtype):
     b, bg = _pair((48,), dtype)
     for t in (x, xg, w, wg, b, bg):
         t.requires_grad_()
-    for norm in (lambda t, w, b: nn.functional.layer_norm(t, (48,), w, b), lambda t, w, b: nn.functional.rms_norm(t, (48,), w) + b):
+    for norm in (lambda t, w, b: nn.functional.layer_norm(t, (48,), w, b),
+                 lambda t, w, b: nn.functional.rms_norm(t, (48,), w) + b):
         for t in (x, xg, w, wg, b, bg):
             t.grad = None
         (norm(x, w, b).float() ** 2).sum().backward()

@@ -25,7 +25,8 @@ _spec = importlib.util.spec_from_file_location("cuda_emulator_build", HERE / "cu
 emulator = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(emulator)
 
-pytestmark = [pytest.mark.cuda, pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the emulated GPU")]
+pytestmark = [pytest.mark.cuda, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the emulated GPU")]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ def test_attention_gqa_with_rope_against_numpy(rng):
     x = rng.standard_normal((B, T, C)).astype(np.float32)
     out = attn(it.tensor(x), model.rope_cos[:T], model.rope_sin[:T]).detach().numpy()
 
-    w, wp = attn.c_attn.weight.detach().numpy().astype(np.float64), attn.c_proj.weight.detach().numpy().astype(np.float64)
+    w, wp = (attn.c_attn.weight.detach().numpy().astype(np.float64),
+             attn.c_proj.weight.detach().numpy().astype(np.float64))
     qkv = x.astype(np.float64) @ w.T
     q = qkv[..., :H * D].reshape(B, T, H, D)
     k = qkv[..., H * D:(H + KV) * D].reshape(B, T, KV, D)

@@ -75,7 +75,8 @@ def calls(rng):
     yield "topk", lambda s: lib.it_topk(CPU, f32, b, I64, b, s[0], s[1], 1, 1), 2
     yield "cumsum", lambda s: lib.it_cumsum(CPU, f32, b, b, *s), 3
     # bytes, 8 per element: a negative size as size_t sees it, a huge one saturated
-    yield "memcpy", lambda s: lib.it_memcpy(CPU, b, CPU, b + 8, s[0] % 2**64 if s[0] < 0 else min(s[0] * 8, 2**64 - 1)), 1
+    yield "memcpy", lambda s: lib.it_memcpy(CPU, b, CPU, b + 8, s[0] % 2**64 if s[0] < 0
+                                            else min(s[0] * 8, 2**64 - 1)), 1
     yield "memcpy_async", lambda s: lib.it_memcpy_async(CPU, b, CPU, b + 8, s[0] % 2**64 if s[0] < 0
                                                         else min(s[0] * 8, 2**64 - 1), ffi.NULL), 1
 

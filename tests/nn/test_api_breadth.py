@@ -80,7 +80,8 @@ def _learning_rates(ours, theirs, steps: int) -> tuple:
 
 @pytest.mark.parametrize("ours,theirs", [
     (lambda o: lr_scheduler.StepLR(o, 3, 0.5), lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5)),
-    (lambda o: lr_scheduler.MultiStepLR(o, [2, 5], 0.1), lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [2, 5], 0.1)),
+    (lambda o: lr_scheduler.MultiStepLR(o, [2, 5], 0.1),
+     lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [2, 5], 0.1)),
     (lambda o: lr_scheduler.ExponentialLR(o, 0.9), lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.9)),
 ], ids=["StepLR", "MultiStepLR", "ExponentialLR"])
 def test_step_schedules_give_pytorchs_learning_rates(ours, theirs):

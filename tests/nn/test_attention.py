@@ -39,7 +39,8 @@ CASES = [(m, False) for m in MASKS] + [("none", True)]  # PyTorch refuses a mask
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["MHA", "GQA"])
 def test_sdpa_equals_pytorchs_forward_and_backward(rng, mask, is_causal, kv_heads):
     B, H, L, S, D = 2, 4, 5, 7, 8
-    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((B, H, L, D), (B, kv_heads, S, D), (B, kv_heads, S, D)))
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
+               for s in ((B, H, L, D), (B, kv_heads, S, D), (B, kv_heads, S, D)))
     g = rng.standard_normal((B, H, L, D)).astype(np.float32)
     m = None
     if MASKS[mask]:
@@ -59,7 +60,8 @@ def test_sdpa_on_three_dimensional_inputs_with_a_scale(rng):
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4, 8), (3, 6, 8), (3, 6, 8)))
     m = rng.random((3, 4, 6)) > 0.2
     ours = F.scaled_dot_product_attention(it.tensor(q), it.tensor(k), it.tensor(v), it.tensor(m), scale=0.3)
-    theirs = TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), torch.tensor(m), scale=0.3)
+    theirs = TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), torch.tensor(m),
+                                             scale=0.3)
     _close(ours, theirs)
 
 

@@ -88,7 +88,8 @@ def test_layernorm_of_a_row_with_an_infinity_is_nan_as_pytorchs(dtype):
 
 
 def test_layernorm_backward_numerical(rng):
-    x, w, b, g = rng.standard_normal((3, 11)), rng.standard_normal(11), rng.standard_normal(11), rng.standard_normal((3, 11))
+    x, w, b, g = (rng.standard_normal((3, 11)), rng.standard_normal(11), rng.standard_normal(11),
+                  rng.standard_normal((3, 11)))
     f = lambda x_, w_, b_: np.sum(layernorm_ref(x_, w_, b_) * g)  # noqa: E731
     tx, tw, tb = (it.tensor(a.astype(np.float32)) for a in (x, w, b))
     _, mean, rstd = nn.layer_norm(tx, tw, tb)
@@ -113,8 +114,10 @@ def test_layernorm_backward_large(dtype, rng):
     dxhat = gr * wr
     dx_ref = r * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
     np.testing.assert_allclose(to_np(dx), dx_ref, **tol(dtype, (1e-4, 1e-4)))
-    np.testing.assert_allclose(to_np(dw), (gr * xhat).sum(0), **tol(dtype, (1e-4, 1e-4)) if dtype is it.float32 else dict(rtol=3e-2, atol=0.3))
-    np.testing.assert_allclose(to_np(db), gr.sum(0), **tol(dtype, (1e-4, 1e-4)) if dtype is it.float32 else dict(rtol=3e-2, atol=0.3))
+    np.testing.assert_allclose(to_np(dw), (gr * xhat).sum(0),
+                               **tol(dtype, (1e-4, 1e-4)) if dtype is it.float32 else dict(rtol=3e-2, atol=0.3))
+    np.testing.assert_allclose(to_np(db), gr.sum(0),
+                               **tol(dtype, (1e-4, 1e-4)) if dtype is it.float32 else dict(rtol=3e-2, atol=0.3))
 
 
 def test_layernorm_without_affine(rng):
@@ -122,9 +125,11 @@ def test_layernorm_without_affine(rng):
     out, mean, rstd = nn.layer_norm(it.tensor(x.astype(np.float32)), None, None)
     np.testing.assert_allclose(out.numpy(), layernorm_ref(x, 1, 0), rtol=1e-5, atol=1e-5)
     g = rng.standard_normal((4, 9))
-    dx, dw, db = nn.layer_norm_backward(it.tensor(g.astype(np.float32)), it.tensor(x.astype(np.float32)), None, mean, rstd)
+    dx, dw, db = nn.layer_norm_backward(it.tensor(g.astype(np.float32)), it.tensor(x.astype(np.float32)), None,
+                                        mean, rstd)
     assert dw is None and db is None
-    np.testing.assert_allclose(dx.numpy(), numerical_grad(lambda a: np.sum(layernorm_ref(a, 1, 0) * g), x), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx.numpy(), numerical_grad(lambda a: np.sum(layernorm_ref(a, 1, 0) * g), x),
+                               rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -159,7 +164,8 @@ def test_softmax_backward_numerical(rng):
     x, g = rng.standard_normal((4, 9)), rng.standard_normal((4, 9))
     out = nn.softmax(it.tensor(x.astype(np.float32)))
     dx = nn.softmax_backward(it.tensor(g.astype(np.float32)), out)
-    np.testing.assert_allclose(dx.numpy(), numerical_grad(lambda a: np.sum(softmax_ref(a) * g), x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dx.numpy(), numerical_grad(lambda a: np.sum(softmax_ref(a) * g), x),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_softmax_large_values_stable():
@@ -233,7 +239,8 @@ def test_attention_forward(B, H, Hkv, T, D, dtype, rng):
 @pytest.mark.parametrize("H,Hkv", [(2, 2), (4, 2), (3, 1)])
 def test_attention_backward_numerical(H, Hkv, rng):
     B, T, D = 2, 5, 4
-    q, k, v = rng.standard_normal((B, H, T, D)), rng.standard_normal((B, Hkv, T, D)), rng.standard_normal((B, Hkv, T, D))
+    q, k, v = (rng.standard_normal((B, H, T, D)), rng.standard_normal((B, Hkv, T, D)),
+               rng.standard_normal((B, Hkv, T, D)))
     g = rng.standard_normal((B, H, T, D))
     tq, tk, tv = (it.tensor(a.astype(np.float32)) for a in (q, k, v))
     out, lse = nn.attention(tq, tk, tv)
@@ -261,7 +268,8 @@ def test_attention_blocks_numerical(causal, Tq, Tk, rng):
     """Blocks of a longer sequence (what context parallelism computes): queries and keys of
     different lengths, with or without the (bottom-right) causal mask."""
     B, H, Hkv, D = 1, 4, 2, 4
-    q, k, v = rng.standard_normal((B, H, Tq, D)), rng.standard_normal((B, Hkv, Tk, D)), rng.standard_normal((B, Hkv, Tk, D))
+    q, k, v = (rng.standard_normal((B, H, Tq, D)), rng.standard_normal((B, Hkv, Tk, D)),
+               rng.standard_normal((B, Hkv, Tk, D)))
     g = rng.standard_normal((B, H, Tq, D))
     tq, tk, tv = (it.tensor(a.astype(np.float32)) for a in (q, k, v))
     out, lse = nn.attention(tq, tk, tv, causal=causal)
@@ -343,7 +351,8 @@ def test_embedding(dtype, index_dtype, rng):
     dw = nn.embedding_backward(it.zeros(V, C, dtype=dtype), g, ti)
     expected = np.zeros((V, C))
     np.add.at(expected, idx.reshape(-1), gr.reshape(-1, C))
-    np.testing.assert_allclose(to_np(dw), expected, **tol(dtype, (1e-5, 1e-5)) if dtype is it.float32 else dict(rtol=5e-2, atol=0.2))
+    np.testing.assert_allclose(to_np(dw), expected,
+                               **tol(dtype, (1e-5, 1e-5)) if dtype is it.float32 else dict(rtol=5e-2, atol=0.2))
 
 
 def test_embedding_out_of_range():
@@ -398,8 +407,10 @@ def test_sgd_momentum(nesterov, dampening, rng):
 def test_optimizer_argument_errors():
     p = it.zeros(4)
     with pytest.raises(ValueError, match="step must be >= 1"):
-        optim.adamw_step(p, it.zeros(4), it.zeros(4), it.zeros(4), lr=1, beta1=0.9, beta2=0.9, eps=1e-8, weight_decay=0, step=0)
+        optim.adamw_step(p, it.zeros(4), it.zeros(4), it.zeros(4), lr=1, beta1=0.9, beta2=0.9, eps=1e-8,
+                         weight_decay=0, step=0)
     with pytest.raises(ValueError, match="shape"):
-        optim.adamw_step(p, it.zeros(5), it.zeros(4), it.zeros(4), lr=1, beta1=0.9, beta2=0.9, eps=1e-8, weight_decay=0, step=1)
+        optim.adamw_step(p, it.zeros(5), it.zeros(4), it.zeros(4), lr=1, beta1=0.9, beta2=0.9, eps=1e-8,
+                         weight_decay=0, step=1)
     with pytest.raises(ValueError, match="momentum buffer"):
         optim.sgd_step(p, it.zeros(4), None, lr=0.1, momentum=0.9)

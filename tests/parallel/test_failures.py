@@ -64,7 +64,8 @@ def test_a_job_restarted_at_another_size_keeps_the_global_batch(uninterrupted, t
     steps = step_lines(out.stdout)
     assert sorted(steps) == [5, 6]
     for s in steps:
-        assert abs(float(steps[s]) - float(uninterrupted[s])) <= 1e-5 * float(uninterrupted[s]), (s, steps, uninterrupted)
+        assert abs(float(steps[s]) - float(uninterrupted[s])) <= 1e-5 * float(uninterrupted[s]), \
+            (s, steps, uninterrupted)
 
 
 def test_the_launcher_without_restarts_returns_the_failure(tmp_path):

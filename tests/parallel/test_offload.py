@@ -68,7 +68,8 @@ def test_offloaded_parameters_give_the_same_bits_and_resume_both_ways(tmp_path, 
     (["--offload_optimizer", "nvme"], "--offload_optimizer nvme needs --offload_path DIR"),
     (["--offload_optimizer", "nvme", "--offload_path", "/nonexistent/dir"], "--offload_path /nonexistent/dir: no such"),
     (["--offload_path", "/tmp"], "--offload_path is for --offload_optimizer nvme"),
-    (["--offload_param", "nvme"], "--offload_param nvme offloads ZeRO-3's pieces of the parameters: add --zero_stage 3"),
+    (["--offload_param", "nvme"],
+     "--offload_param nvme offloads ZeRO-3's pieces of the parameters: add --zero_stage 3"),
     (["--zero_stage", "3", "--offload_param", "nvme"], "keeps the parameters with the AdamW state, which the step "
                                                        "updates together: add --offload_optimizer nvme"),
 ])

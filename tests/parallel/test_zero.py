@@ -25,7 +25,8 @@ def reference(model, dtype, *flags):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("model,n,micro", [("gpt2", 2, 2), ("gpt2", 4, 2), ("gpt2", 8, 1), ("llama3", 4, 2)])
 def test_zero_fp32_matches_one_process(model, n, micro, stage):
-    got = losses(parallel_train(n, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage), "--micro", str(micro)]))
+    got = losses(parallel_train(n, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage),
+                                    "--micro", str(micro)]))
     assert_same(got, reference(model, "float32"), "float32", f"{model} ZeRO-{stage} DP {n} M {micro}")
 
 
@@ -84,7 +85,8 @@ def test_peak_memory_falls_with_the_stage(tmp_path):
     flight and, stage 3, the two or three units gathered at a time), within 15%."""
     peaks, theory = {}, {}
     offload = ["--offload", "nvme", "--offload_path", str(tmp_path)]
-    runs = {0: [], 1: [], 2: [], 3: [], "3+optimizer": offload, "3+optimizer+param": offload + ["--offload_param", "nvme"]}
+    runs = {0: [], 1: [], 2: [], 3: [], "3+optimizer": offload,
+            "3+optimizer+param": offload + ["--offload_param", "nvme"]}
     for name, extra in runs.items():
         out = parallel_train(4, ["--vocab", "512", "--embd", "64", "--layers", "12", "--seq", "8", "--batch", "8",
                       "--steps", "3", "--micro", "2", "--zero", str(name)[0], *extra])

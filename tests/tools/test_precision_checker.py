@@ -27,9 +27,11 @@ def one_step(model, checker, step=1):
 
 def test_config_string_and_its_errors():
     c = PrecisionCheckConfig.parse("level=2,format=table,output_md5=true,path=/tmp/x,save_tensors=1,rtol=1e-3")
-    assert (c.level, c.format, c.output_md5, c.output_path, c.save_tensors, c.rtol) == (2, "table", True, "/tmp/x", True, 1e-3)
+    assert (c.level, c.format, c.output_md5, c.output_path, c.save_tensors, c.rtol) == \
+        (2, "table", True, "/tmp/x", True, 1e-3)
     for bad, msg in [("level=3", "level must be"), ("format=csv", "format must be"), ("colour=red", "not key=value"),
-                     ("output_md5=maybe", "not a valid"), ("level", "not key=value"), ("baseline=/nonexistent", "not a folder")]:
+                     ("output_md5=maybe", "not a valid"), ("level", "not key=value"),
+                     ("baseline=/nonexistent", "not a folder")]:
         with pytest.raises(ValueError, match=msg):
             PrecisionCheckConfig.parse(bad)
 
@@ -67,20 +69,24 @@ def test_the_first_nan_is_named_where_it_appears(tmp_path, level, where):
 
 def test_compare_names_the_first_tensor_that_differs(tmp_path):
     base = GPT2(CFG, seed=1)
-    checker = PrecisionChecker(base, PrecisionCheckConfig.parse(f"level=1,save_tensors=true,output_path={tmp_path / 'a'}"))
+    checker = PrecisionChecker(base,
+                               PrecisionCheckConfig.parse(f"level=1,save_tensors=true,output_path={tmp_path / 'a'}"))
     one_step(base, checker)
     checker.close()
     same = GPT2(CFG, seed=1)
-    checker = PrecisionChecker(same, PrecisionCheckConfig.parse(f"level=1,baseline={tmp_path / 'a'},output_path={tmp_path / 'b'}"))
+    checker = PrecisionChecker(same, PrecisionCheckConfig.parse(f"level=1,baseline={tmp_path / 'a'},"
+                                                                f"output_path={tmp_path / 'b'}"))
     one_step(same, checker)
     assert checker.diverged == 0 and checker.compared > 40 and checker.first_divergence is None
     checker.close()
     other = GPT2(CFG, seed=1)
     with it.no_grad():
         other.transformer.h[1].mlp.c_proj.weight[0, 0] += 1e-3
-    checker = PrecisionChecker(other, PrecisionCheckConfig.parse(f"level=1,baseline={tmp_path / 'a'},output_path={tmp_path / 'c'}"))
+    checker = PrecisionChecker(other, PrecisionCheckConfig.parse(f"level=1,baseline={tmp_path / 'a'},"
+                                                                 f"output_path={tmp_path / 'c'}"))
     one_step(other, checker)
-    assert checker.first_divergence.startswith("step 1, transformer.h.1.mlp.c_proj_0_forward:"), checker.first_divergence
+    assert checker.first_divergence.startswith("step 1, transformer.h.1.mlp.c_proj_0_forward:"), \
+        checker.first_divergence
     summary = checker.close()
     assert "first divergence: step 1, transformer.h.1.mlp.c_proj_0_forward" in summary
 

@@ -80,7 +80,8 @@ else:  # grouped-query attention: 8 query heads, 4 KV heads
     cfg = LLaMA3Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=8, n_kv_head=4,
                        n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
     model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else \
-        LLaMA3.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp)
+        LLaMA3.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else \
+        LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp)
 model.set_recompute(plan.recompute)
 if args.lora:
     apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)
@@ -141,7 +142,8 @@ with trainer.gathered_parameters():  # ZeRO-3 holds them sharded
     # replicated parameters (not TP shards) must be bit-identical across the TP group
     for name, q in model.named_parameters():
         if q.tp_shard is None:
-            assert same_everywhere(digest(q), env.tp_group), f"{name} differs across the TP group after {args.steps} steps"
+            assert same_everywhere(digest(q), env.tp_group), \
+                f"{name} differs across the TP group after {args.steps} steps"
     # the tied embedding's two copies (first and last stage) must be equal
     for q in model.tied_parameters():
         assert same_everywhere(digest(q), env.embedding_group), "the tied embedding's copies differ"

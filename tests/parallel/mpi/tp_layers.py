@@ -62,11 +62,13 @@ for sp in (False, True):
         (y * it.from_numpy(np.ascontiguousarray(gy_local))).sum().backward()
         expect = yr.detach().numpy()
         if not gather:
-            expect = layer.weight.tp_shard.take(it.from_numpy(expect.transpose(2, 0, 1).copy())).detach().numpy().transpose(1, 2, 0)
+            expect = layer.weight.tp_shard.take(it.from_numpy(expect.transpose(2, 0, 1).copy())).detach().numpy() \
+                .transpose(1, 2, 0)
         close(y.detach().numpy(), expect, f"column y sp={sp} gather={gather}")
         gx = xr.grad.detach().numpy()
         close(xin.grad.detach().numpy(), seq_slice(gx) if sp else gx, f"column dx sp={sp} gather={gather}")
-        close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), "column dW")
+        close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(),
+              "column dW")
         close(layer.bias.grad.detach().numpy(), layer.bias.tp_shard.take(ref.bias.grad).detach().numpy(), "column db")
 
 # -- ... whose backward overlaps its collectives with its products (async_comm, the default)
@@ -133,7 +135,8 @@ for sp in (False, True):
         close(y.detach().numpy(), seq_slice(expect) if sp else expect, f"row y sp={sp}")
         gx = xr.grad.detach().numpy()
         close(xin.grad.detach().numpy(), gx[..., R * k:(R + 1) * k] if parallel_in else gx, f"row dx sp={sp}")
-        close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), "row dW")
+        close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(),
+              "row dW")
         db = layer.bias.grad.detach().numpy()
         if sp:  # each rank saw its part of the sequence: the sum over ranks is the full gradient
             assert layer.bias.partial_grad_group is env.tp_group
@@ -154,7 +157,8 @@ for sp in (False, True):
     y = layer(it.from_numpy(ids))
     (y * it.from_numpy(seq_slice(gE).copy() if sp else gE)).sum().backward()
     close(y.detach().numpy(), seq_slice(yr.detach().numpy()) if sp else yr.detach().numpy(), f"embedding y sp={sp}")
-    close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(), f"embedding dW sp={sp}")
+    close(layer.weight.grad.detach().numpy(), layer.weight.tp_shard.take(ref.weight.grad).detach().numpy(),
+          f"embedding dW sp={sp}")
     assert np.array_equal(layer.weight.tp_shard.gather(layer.weight).detach().numpy(), ref.weight.detach().numpy())
 
 # -- vocab-parallel cross-entropy against the fused one, padded columns included
@@ -173,7 +177,8 @@ loss = tpm.vocab_parallel_cross_entropy(ll, it.from_numpy(targets), Vreal, tp)
 (loss * 2.0).backward()
 
 close(loss.item(), loss_ref.item(), "vocab-parallel CE loss", rtol=1e-6)
-close(ll.grad.detach().numpy(), 2 * lr.grad.detach().numpy()[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad", rtol=1e-5, atol=1e-7)
+close(ll.grad.detach().numpy(), 2 * lr.grad.detach().numpy()[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad",
+      rtol=1e-5, atol=1e-7)
 
 # -- ... with label smoothing (PyTorch's, as F.cross_entropy's)
 lr = it.from_numpy(logits_np[:, :Vreal].copy()).requires_grad_()
@@ -185,7 +190,8 @@ loss.backward()
 close(loss.item(), loss_ref.item(), "vocab-parallel CE loss, smoothed", rtol=1e-6)
 full_grad = np.zeros((rows, Vpad), np.float32)
 full_grad[:, :Vreal] = lr.grad.detach().numpy()
-close(ll.grad.detach().numpy(), full_grad[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad, smoothed", rtol=1e-5, atol=1e-7)
+close(ll.grad.detach().numpy(), full_grad[:, R * vl:(R + 1) * vl], "vocab-parallel CE grad, smoothed",
+      rtol=1e-5, atol=1e-7)
 
 
 def sharded_grads_match(whole, part, what):
@@ -254,7 +260,8 @@ for norm_first in (False, True):
         (y * it.from_numpy(gq_np)).sum().backward()
         outs.append((y, src.grad, tgt.grad))
     for a, b, name in zip(outs[0], outs[1], ("y", "dsrc", "dtgt")):
-        close(b.detach().numpy(), a.detach().numpy(), f"Transformer norm_first={norm_first} {name}", rtol=1e-4, atol=1e-6)
+        close(b.detach().numpy(), a.detach().numpy(), f"Transformer norm_first={norm_first} {name}",
+              rtol=1e-4, atol=1e-6)
     sharded_grads_match(whole, part, f"Transformer norm_first={norm_first}")
     assert isinstance(part.decoder.layers[0].multihead_attn, tpm.ParallelMultiheadAttention)
 
