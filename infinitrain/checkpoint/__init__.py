@@ -16,20 +16,15 @@ The parts, each importing only those listed before it:
     sharded     any layout to one-process tensors and back: save_checkpoint(_async), load_checkpoint
     pretrained  transformers' format (save_pretrained, from_pretrained) and LoRA adapters
 
-This file gathers their public names, and the few private ones that tests reach for, and keeps
-the package one namespace as it was one module: a name set here (checkpoint.sha256_file = ...,
-monkeypatch.setattr(checkpoint, "_write_safetensors", ...)) is set in each part that holds the
-same object under that name, so the code that calls it sees the change.
+This file gathers their public names, and the few private ones that tests read. A name set
+here reaches no part: code that replaces a function (a test's monkeypatch) sets it on the part
+that looks it up, such as writer.sha256_file or writer._write_safetensors.
 """
 from __future__ import annotations
 
-import sys
-from types import ModuleType
-
-from ..io import sha256_file  # noqa: F401  (tests read and replace checkpoint.sha256_file)
-from . import format, pretrained, sharded, writer
+from ..io import sha256_file  # noqa: F401  (tests read checkpoint.sha256_file)
 from .format import FORMAT, READABLE_VERSIONS, VERSION, CheckpointError, ensure_writable, read_meta, resolve
-from .format import _meta_digest, _write_safetensors  # noqa: F401  (tests reach for them)
+from .format import _meta_digest  # noqa: F401  (tests read it)
 from .writer import AsyncSave
 from .sharded import load_checkpoint, save_checkpoint, save_checkpoint_async
 from .pretrained import from_pretrained, load_lora, read_lora_config, save_lora, save_pretrained
@@ -37,21 +32,3 @@ from .pretrained import from_pretrained, load_lora, read_lora_config, save_lora,
 __all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "CheckpointError", "ensure_writable", "resolve", "read_meta",
            "AsyncSave", "save_checkpoint", "save_checkpoint_async", "load_checkpoint", "save_pretrained",
            "from_pretrained", "save_lora", "read_lora_config", "load_lora"]
-
-_PARTS = (format, writer, sharded, pretrained)
-_UNSET = object()
-
-
-class _Package(ModuleType):
-    """This package, whose names set from outside reach the parts that use them."""
-
-    def __setattr__(self, name: str, value) -> None:
-        old = self.__dict__.get(name, _UNSET)
-        if old is not _UNSET and not isinstance(old, ModuleType):
-            for part in _PARTS:
-                if part.__dict__.get(name, _UNSET) is old:
-                    setattr(part, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -195,7 +195,7 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     def full_disk(save_file, arrays, path):
         Path(path).write_bytes(b"partial")
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(checkpoint, "_write_safetensors", full_disk)
+    monkeypatch.setattr(checkpoint.writer, "_write_safetensors", full_disk)
     with pytest.raises(CheckpointError, match="No space left on device.*still names the previous"):
         save_checkpoint(tmp_path, 2, model)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]
@@ -316,7 +316,7 @@ def test_ctrl_c_during_a_save_leaves_nothing_behind(tmp_path, monkeypatch):
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(checkpoint, "_write_safetensors", interrupted)
+    monkeypatch.setattr(checkpoint.writer, "_write_safetensors", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path / "ck", 2, model, opt)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step_000001"]
