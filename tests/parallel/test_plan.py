@@ -83,3 +83,26 @@ def test_a_plan_without_process_groups_says_so_when_they_are_needed():
     with pytest.raises(RuntimeError, match="without process groups"):
         plan(2).gradient_group
     assert plan(1).tensor_parallel() is None and plan(1).pipeline_stage() is None  # nothing to build
+
+
+def test_each_fact_of_a_layout_has_one_home():
+    """A grep of the package: the facts the plan (or TensorParallel's sequence_split) answers are
+    not derived again elsewhere."""
+    import re
+    from helpers import ROOT
+    homes = {"nn/parallel/plan.py", "nn/parallel/tensor_parallel/shard.py"}
+    derivations = [r"sequence_parallel else 1", r"tp\.size if .*sequence_parallel", r"first_replica and",
+                   r"coords\.tp == 0", r"zero_stage == 3 and .*pipeline", r"\.dp \* .*\.cp\b",
+                   r"\.dp_cp_group\b", r"offload_\w+ (?:not )?in \(None, \"none\"\)", r"interleaved\" if .*virtual"]
+    found = []
+    for path in (ROOT / "infinitrain").rglob("*.py"):
+        rel = path.relative_to(ROOT / "infinitrain").as_posix()
+        if rel in homes:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if any(re.search(d, line) for d in derivations):
+                found.append(f"{rel}:{n}: {line.strip()}")
+    # (the groups themselves are made where the other groups are)
+    found = [f for f in found if not f.startswith(("nn/parallel/global_env.py", "nn/parallel/layout.py"))
+             or "dp_cp_group" not in f]
+    assert not found, "derived again outside ParallelPlan:\n" + "\n".join(found)
