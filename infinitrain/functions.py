@@ -5,6 +5,7 @@ from __future__ import annotations
 from .kernels import index as _kidx
 from .ops import index as _idx
 from .ops import math as _ops
+from .ops import reductions as _reductions
 from .ops.shape import cat, stack  # noqa: F401  (re-exported)
 from .random import default_generator
 from .tensor import Tensor
@@ -72,19 +73,19 @@ def clamp(input: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
 
 
 def sum(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
-    return _ops.sum(input, dim, keepdim)
+    return _reductions.sum(input, dim, keepdim)
 
 
 def mean(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:
-    return _ops.mean(input, dim, keepdim)
+    return _reductions.mean(input, dim, keepdim)
 
 
 def amax(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
-    return _ops.amax(input, dim, keepdim, True)
+    return _reductions.amax(input, dim, keepdim, True)
 
 
 def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
-    return _ops.amax(input, dim, keepdim, False)
+    return _reductions.amax(input, dim, keepdim, False)
 
 
 def argmax(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:

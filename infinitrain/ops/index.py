@@ -143,13 +143,14 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
 def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) over dim, shifted by the maximum so that it cannot overflow."""
     from . import math as m
+    from . import reductions as r
     if not x.dtype.is_floating_point:
         x = cast(x, _dt.float32)
-    shift = m.amax(x.detach(), dim, keepdim=True)
+    shift = r.amax(x.detach(), dim, keepdim=True)
     # an all -inf (or inf) slice would give inf - inf: shift those by 0 instead
     finite = kidx.compare(lib.IT_EQ, ew.unary(lib.IT_ABS, shift), _as_tensor(float("inf"), shift))
     shift = kidx.where(finite, _zeros((), shift.dtype, shift.device), shift)
-    out = m.unary(lib.IT_LOG, m.sum(m.unary(lib.IT_EXP, m.sub(x, shift)), dim, keepdim=True))
+    out = m.unary(lib.IT_LOG, r.sum(m.unary(lib.IT_EXP, m.sub(x, shift)), dim, keepdim=True))
     out = m.add(out, shift)
     if not keepdim:
         from .shape import Reshape

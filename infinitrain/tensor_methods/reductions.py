@@ -6,27 +6,28 @@ import builtins
 import math
 from ..ops import index as _idx
 from ..ops import math as _ops
+from ..ops import reductions as _reductions
 from ..tensor import _wrap_dim
 
 
 class ReductionMethods:
     def sum(self, dim=None, keepdim: builtins.bool = False, *, dtype=None):
-        return _ops.sum(self if dtype is None else self.to(dtype=dtype), dim, keepdim)
+        return _reductions.sum(self if dtype is None else self.to(dtype=dtype), dim, keepdim)
 
     def mean(self, dim=None, keepdim: builtins.bool = False):
-        return _ops.mean(self, dim, keepdim)
+        return _reductions.mean(self, dim, keepdim)
 
     def max(self, dim=None, keepdim: builtins.bool = False):
-        return _ops.extreme(self, dim, keepdim, True)
+        return _reductions.extreme(self, dim, keepdim, True)
 
     def min(self, dim=None, keepdim: builtins.bool = False):
-        return _ops.extreme(self, dim, keepdim, False)
+        return _reductions.extreme(self, dim, keepdim, False)
 
     def amax(self, dim=(), keepdim: builtins.bool = False):
-        return _ops.amax(self, dim, keepdim, True)
+        return _reductions.amax(self, dim, keepdim, True)
 
     def amin(self, dim=(), keepdim: builtins.bool = False):
-        return _ops.amax(self, dim, keepdim, False)
+        return _reductions.amax(self, dim, keepdim, False)
 
     def argmax(self, dim=None, keepdim: builtins.bool = False):
         from ..kernels.reduce import arg_extreme
