@@ -70,8 +70,22 @@ def _from_numpy(a: np.ndarray, dtype_name: str) -> Tensor:
     return from_numpy(np.ascontiguousarray(a))
 
 
-def _write_safetensors(save_file, arrays: dict, path: Path) -> None:
-    save_file(arrays, str(path))
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it, which would race with the
+    asynchronous writer's thread): /proc/self/status on Linux, else 0o022."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0o022
+
+
+def _write_safetensors(save_file, arrays: dict, path: Path, metadata: dict | None = None) -> None:
+    """A safetensors file, synced, with the permissions open() would give it (safetensors writes
+    its files owner-only, 0600, whatever the umask: a team's shared storage could not read
+    them)."""
+    save_file(arrays, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
 

@@ -20,7 +20,7 @@ from ..autograd import no_grad
 from ..io import DataFormatError, atomic_write, input_file
 from ..creation import from_numpy
 from ..nn.parallel.tensor_parallel import full_tensor, load_full
-from .format import CheckpointError
+from .format import CheckpointError, _write_safetensors
 from .sharded import _gathered, _stage_suffix
 
 
@@ -45,7 +45,7 @@ def save_pretrained(model, folder, write: bool = True) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / ".model.safetensors.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        _write_safetensors(save_file, tensors, tmp, metadata={"format": "pt"})
         os.replace(tmp, folder / "model.safetensors")
         atomic_write(folder / "config.json", json.dumps(config, indent=2).encode())
     except OSError as e:
@@ -143,7 +143,7 @@ def save_lora(model, folder, write: bool = True, optimizer=None) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"adapter_model{_stage_suffix(model)}.safetensors"
         tmp = path.with_name(f".{path.name}.tmp")
-        save_file(tensors, str(tmp), metadata={"format": "np"})
+        _write_safetensors(save_file, tensors, tmp, metadata={"format": "np"})
         os.replace(tmp, path)
         atomic_write(folder / "adapter_config.json", json.dumps(config, indent=1).encode())
     except OSError as e:

@@ -144,3 +144,23 @@ def test_save_pretrained_safetensors(tmp_path, factory, cls):
               str(old / "model.safetensors"))
     (old / "config.json").write_text(json.dumps({"model_type": cls.__name__, **asdict(model.config)}))
     np.testing.assert_array_equal(model(x, x)[1].detach().numpy(), cls.from_pretrained(old)(x, x)[1].detach().numpy())
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_files_follow_the_umask(tmp_path, umask):
+    """Checkpoints, transformers exports and LoRA adapters are readable as the umask says (a
+    team's shared storage), not owner-only as safetensors alone writes them."""
+    import os
+    from infinitrain.checkpoint import save_lora, save_pretrained
+    from infinitrain.nn.lora import apply_lora
+    model, opt, _ = _trained(steps=1)
+    old = os.umask(umask)
+    try:
+        save_checkpoint(tmp_path / "ck", 1, model, opt)
+        save_pretrained(model, tmp_path / "hf")
+        apply_lora(model, 2, 4, ["c_attn"])
+        save_lora(model, tmp_path / "lora")
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777 for p in tmp_path.rglob("*") if p.is_file()}
+    assert len(modes) >= 7 and set(modes.values()) == {0o666 & ~umask}, modes
