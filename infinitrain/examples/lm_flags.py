@@ -25,7 +25,13 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--learning_rate", type=nonnegative_float, default=1e-4)
     p.add_argument("--weight_decay", type=nonnegative_float, default=0.0, help="AdamW decay, on 2-D weights only")
     p.add_argument("--grad_clip", type=nonnegative_float, default=0.0, help="max gradient norm (0 = no clipping)")
-    p.add_argument("--warmup_iters", type=nonnegative_int, default=0, help="linear warmup steps, then constant")
+    p.add_argument("--warmup_iters", type=nonnegative_int, default=0,
+                   help="linear warmup steps, then --lr_decay")
+    p.add_argument("--lr_decay", default="constant", choices=["constant", "cosine", "linear"],
+                   help="after the warmup: keep --learning_rate, or decay it to --min_lr at --num_iteration "
+                        "(cosine: llm.c's and Megatron's)")
+    p.add_argument("--min_lr", type=nonnegative_float, default=0.0,
+                   help="the learning rate --lr_decay cosine or linear ends at (Megatron's --min-lr)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="bfloat16: autocast (bf16 matrix products, fp32 master weights and optimizer)")
     p.add_argument("--device", default="cpu")
@@ -115,4 +121,8 @@ def parse_args(argv, description: str, presets, default_model: str):
                         "save_tensors=true,output_path=PATH' (level 2: every op) or with 'baseline=PATH' "
                         "to name the first tensor that differs from a run saved there")
     p.set_defaults(presets=presets)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.min_lr > args.learning_rate:
+        p.error(f"--min_lr {args.min_lr:g} is above --learning_rate {args.learning_rate:g}: the decay ends below "
+                "where it starts")
+    return args

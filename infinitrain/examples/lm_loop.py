@@ -19,7 +19,7 @@ from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.examples import mfu
 from infinitrain.examples.flags import check_outputs, refuse
 from infinitrain.nn import parallel
-from infinitrain.optim.lr_scheduler import ConstantLR, WarmupConstantLR
+from infinitrain.optim.lr_scheduler import WarmupDecayLR
 from infinitrain.plot import plot_losses
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 
@@ -65,8 +65,9 @@ class TrainingLoop:
             if args.input_val_bin else None
         self.forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
         self.tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
-        self.lr_schedule = WarmupConstantLR(self.optimizer, args.warmup_iters, args.num_iteration) \
-            if args.warmup_iters else ConstantLR(self.optimizer)
+        self.lr_schedule = WarmupDecayLR(self.optimizer, args.warmup_iters, args.num_iteration,
+                                         min_lr_ratio=args.min_lr / args.learning_rate if args.learning_rate else 0.0,
+                                         decay=args.lr_decay)
         self.first = self.resume() + 1
         self.current_step = self.first
         self.check_outputs()

@@ -45,32 +45,53 @@ class LambdaLR(LRScheduler):
         return self.lr_lambda(step)
 
 
-class WarmupCosineLR(LRScheduler):
+DECAYS = ("constant", "cosine", "linear")
+
+
+class WarmupDecayLR(LRScheduler):
     """Linear warmup from lr/warmup to lr over `warmup_steps` (step k uses (k+1)/warmup, as
-    llm.c does), then cosine decay to lr * min_lr_ratio at `total_steps`."""
+    llm.c does), then `decay` to lr * min_lr_ratio at `total_steps`: "cosine" (llm.c's and
+    Megatron's: min + (lr - min) (1 + cos(pi p)) / 2 at progress p), "linear" (min + (lr - min)
+    (1 - p)) or "constant" (lr throughout); held at the minimum past total_steps."""
+
+    decay = "cosine"
 
     def __init__(self, optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0,
-                 last_epoch: int = -1):
+                 last_epoch: int = -1, decay: str | None = None):
+        name = type(self).__name__
         if warmup_steps < 0 or total_steps <= 0:
-            raise ValueError(f"WarmupCosineLR: warmup_steps ({warmup_steps}) must be >= 0 and "
+            raise ValueError(f"{name}: warmup_steps ({warmup_steps}) must be >= 0 and "
                              f"total_steps ({total_steps}) > 0")
+        self.decay = decay or self.decay
+        if self.decay not in DECAYS:
+            raise ValueError(f"{name}: decay must be one of {', '.join(DECAYS)}, got {self.decay!r}")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"{name}: min_lr_ratio must be between 0 and 1, got {min_lr_ratio}")
         self.warmup, self.total, self.min_ratio = warmup_steps, total_steps, min_lr_ratio
         super().__init__(optimizer, last_epoch)
 
     def factor(self, step: int) -> float:
         if step < self.warmup:
             return (step + 1) / self.warmup
+        if self.decay == "constant":
+            return 1.0
         if step >= self.total:
             return self.min_ratio
         progress = (step - self.warmup) / max(1, self.total - self.warmup)
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if self.decay == "cosine" else 1 - progress
+        return self.min_ratio + (1 - self.min_ratio) * shape
 
 
-class WarmupConstantLR(WarmupCosineLR):
+class WarmupCosineLR(WarmupDecayLR):
+    """Linear warmup, then cosine decay to lr * min_lr_ratio (WarmupDecayLR's cosine)."""
+
+    decay = "cosine"
+
+
+class WarmupConstantLR(WarmupDecayLR):
     """Linear warmup, then constant."""
 
-    def factor(self, step: int) -> float:
-        return (step + 1) / self.warmup if step < self.warmup else 1.0
+    decay = "constant"
 
 
 class CosineAnnealingLR(LRScheduler):

@@ -100,6 +100,30 @@ def test_example_trains_and_logs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_learning_rate_warms_up_then_decays_to_min_lr_and_resumes_on_it(tmp_path, ranks):
+    """--lr_decay cosine --min_lr: each step's lr as llm.c's schedule gives it (warmup (k+1)/W,
+    then min + (lr - min)(1 + cos(pi p))/2), the same on 1 and 2 ranks, and a run resumed halfway
+    continues on the curve; --min_lr above --learning_rate is refused."""
+    import math
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    common = ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "1", "--sequence_length", "16",
+              "--total_batch_size", "32", "--learning_rate", "1e-3", "--warmup_iters", "2", "--lr_decay", "cosine",
+              "--min_lr", "1e-4"]
+    lr_of = re.compile(r"^(?:\[0\] )?step\s+(\d+)/8 \| train loss \S+ \| lr (\S+)", re.M)
+    out = example(ranks, "gpt2", [*common, "--num_iteration", "8", "--save", tmp_path / "ck", "--save_interval", "4"])
+    got = {int(k): float(v) for k, v in lr_of.findall(out)}
+    want = [1e-3 * (k + 1) / 2 if k < 2 else 1e-4 + 9e-4 * 0.5 * (1 + math.cos(math.pi * (k - 2) / 6))
+            for k in range(8)]
+    assert sorted(got) == list(range(1, 9)) and all(abs(got[k + 1] - w) <= 0.006 * w for k, w in enumerate(want)), got
+    resumed = example(ranks, "gpt2", [*common, "--num_iteration", "8", "--load", tmp_path / "ck" / "step_000004"])
+    assert {int(k): float(v) for k, v in lr_of.findall(resumed)} == {k: got[k] for k in range(5, 9)}, resumed
+    refused = example(1, "gpt2", [*common, "--min_lr", "1e-2"], check=False)
+    assert refused.returncode != 0 and "--min_lr 0.01 is above --learning_rate 0.001" in refused.stderr
+
+
+@pytest.mark.slow
 def test_example_rejects_bad_batch(tmp_path):
     write_shard(tmp_path / "t.bin", np.arange(1000))
     out = example(1, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2",

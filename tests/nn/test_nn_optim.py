@@ -209,6 +209,27 @@ def test_schedules():
     assert opt2.param_groups[0]["lr"] == 2.0
 
 
+@pytest.mark.parametrize("decay", ["constant", "cosine", "linear"])
+def test_warmup_then_decay_to_the_minimum(decay):
+    """WarmupDecayLR: llm.c's warmup ((k+1)/warmup), then constant, cosine (llm.c's and Megatron's
+    formula) or linear decay to min_lr_ratio at total_steps, held there after."""
+    w = nn.Parameter(it.zeros(1))
+    opt = optim.SGD([w], lr=2.0)
+    s = lr_scheduler.WarmupDecayLR(opt, warmup_steps=2, total_steps=7, min_lr_ratio=0.25, decay=decay)
+    lrs = []
+    for _ in range(9):
+        lrs.append(opt.param_groups[0]["lr"])
+        s.step()
+    p = [k / 5 for k in range(5)]
+    shape = {"constant": [1.0] * 5, "cosine": [0.5 * (1 + math.cos(math.pi * q)) for q in p],
+             "linear": [1 - q for q in p]}[decay]
+    tail = [1.0, 1.0] if decay == "constant" else [0.25, 0.25]
+    expected = [0.5, 1.0] + ([1.0] * 5 if decay == "constant" else [0.25 + 0.75 * f for f in shape]) + tail
+    np.testing.assert_allclose(lrs, [2.0 * e for e in expected])
+    with pytest.raises(ValueError, match="decay must be one of"):
+        lr_scheduler.WarmupDecayLR(opt, 0, 5, decay="step")
+
+
 def test_clip_grad_norm():
     a, b = nn.Parameter(it.zeros(3)), nn.Parameter(it.zeros(4))
     a.grad, b.grad = it.tensor([3.0, 0.0, 0.0]), it.tensor([0.0, 4.0, 0.0, 0.0])
