@@ -56,6 +56,7 @@ class TrainingLoop:
         cfg, device, B, T = model.config, env.device, args.batch_size, args.sequence_length
         self.peak = peak_flops(args, env, log)  # measured (or given) once, kept for the whole run
         self.said_above_peak = False
+        self.most_used_mb = 0  # this rank's highest step peak of the run (finish() reports every rank's)
         self.step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) \
             * args.total_batch_size
         self.curves = {"train": [], "val": []}
@@ -207,6 +208,7 @@ class TrainingLoop:
             it.cuda.synchronize(device)  # the step's kernels are queued, not done
         ms = (time.perf_counter() - t0) * 1e3
         peak_mb = it.memory_stats(device)["peak_allocated_bytes"] // 2**20
+        self.most_used_mb = max(self.most_used_mb, peak_mb)
         achieved = self.step_flops / (ms / 1e3) / env.world.size  # FLOP/s per rank
         # the peak stays what it was at the start, so that the figures of a run, and of runs with
         # the same peak, compare; a step above it is said once, not hidden by moving the peak
@@ -247,9 +249,21 @@ class TrainingLoop:
                     return f"{label} (rank {self.env.rank})"
         return None
 
+    def report_memory(self) -> None:
+        """Every rank's highest step peak of the run, on one line (the step lines show rank 0's;
+        under a pipeline another stage may hold more): what the memory estimate is held to."""
+        peaks = self.env.comm.gather(self.most_used_mb, root=0)
+        if not self.env.is_main or len(peaks) < 2:
+            return
+        busiest = max(range(len(peaks)), key=peaks.__getitem__)
+        stage = f", pipeline stage {self.plan.layout.coords(busiest).pp}" if self.plan.pipelined else ""
+        self.log(f"peak used per rank (MB): {' '.join(map(str, peaks))} | the most: rank {busiest}{stage}, "
+                 f"{peaks[busiest]} MB", flush=True)
+
     def finish(self) -> None:
         """The last checkpoint, adapters, evaluation, plot and sample."""
         args, env, model = self.args, self.env, self.model
+        self.report_memory()
         if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
             self.save(args.num_iteration)
         self.finish_save(block=True)

@@ -80,6 +80,27 @@ class CausalLM(Module):
         self.stage_layers = self.pp.layers(L, self.head_work(self.config))  # one list per local chunk
         return [i for chunk in self.stage_layers for i in chunk]
 
+    # the output head is the token embedding (GPT-2): under a pipeline the last stage holds a copy
+    ties_embedding = False
+
+    @classmethod
+    def parameter_parts(cls, config) -> tuple:
+        """(the parameters of the first stage's embeddings, of one block, of the last stage's
+        final norm and head), counted from llm.c's tensor list: what a pipeline stage holds is
+        its blocks plus the ends it has (plus, with ties_embedding, a copy of the embedding on
+        the last stage of a pipeline)."""
+        first = block = last = 0
+        seen_layers = False
+        for name, shape, n in cls._llmc_shapes(config):
+            size = int(np.prod(shape))
+            if name in cls._PER_LAYER:
+                block, seen_layers = block + size, True
+            elif seen_layers:
+                last += size
+            else:
+                first += size
+        return first, block, last
+
     @classmethod
     def head_work(cls, config) -> float:
         """The output product's work in blocks' worth: multiply-adds per token of the V x C head

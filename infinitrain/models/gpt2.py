@@ -111,6 +111,7 @@ class GPT2(CausalLM):
     pipeline stage's part (see CausalLM); the last stage holds a copy of the token embedding as
     its output head, kept equal to the first stage's by summing their gradients."""
     config_class = GPT2Config
+    ties_embedding = True
 
     def __init__(self, config: GPT2Config, seed: int | None = None, tp: TensorParallel | None = None,
                  pp=None, cp=None):
