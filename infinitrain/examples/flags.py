@@ -73,13 +73,10 @@ def _rank() -> int:
     """This process's rank: MPI's once it is up, else the launcher's variables (before init:
     the flags are checked first). SLURM_PROCID only inside an srun step: every rank of an
     mpirun inside an allocation inherits the batch script's 0."""
-    import os
-    try:
-        from mpi4py import MPI
+    if "mpi4py.MPI" in sys.modules:  # (importing it would start MPI: not before parallel.init has)
+        MPI = sys.modules["mpi4py.MPI"]
         if MPI.Is_initialized() and not MPI.Is_finalized():
             return MPI.COMM_WORLD.Get_rank()
-    except ImportError:
-        pass
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])

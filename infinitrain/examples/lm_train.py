@@ -74,6 +74,8 @@ def setup_plan(args):
                             flight_recorder_dir=args.flight_recorder_dir)
     except ValueError as e:
         refuse(f"cannot lay out the job: {e}")
+    except parallel.MPIEnvironmentError as e:  # a launcher of another MPI than mpi4py's
+        refuse(str(e))
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
         refuse(f"--device {args.device}: {e}")
     plan = make_plan(args, env)

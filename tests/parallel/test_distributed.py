@@ -164,6 +164,25 @@ def test_no_mpi_library_at_all_says_how_to_get_one():
     assert "pip install 'infinitrain[mpich]'" in out.stderr and "module load" in out.stderr
 
 
+@pytest.mark.slow
+def test_an_mpich_library_under_open_mpis_mpirun_is_told_which_launcher_goes_with_it():
+    """The mpich extra's library started by Open MPI's mpirun (its environment: OMPI_COMM_WORLD_*
+    and PMIx's variables) aborted inside MPI_Init with MPICH's "unsupported PMI version PMIx";
+    now, before MPI starts, the example and parallel.init() say which launcher goes with which
+    install. (The library here is the mpich extra's.)"""
+    from mpi4py import _mpiabi
+    if _mpiabi._get_mpiabi() != "mpich":
+        pytest.skip("mpi4py loads another MPI than MPICH here")
+    openmpi = dict(ENV, OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0",
+                   PMIX_RANK="0", PMIX_NAMESPACE="prterun-node-1234@1")
+    for args in (["-m", "infinitrain.examples.gpt2", "--model", "tiny"],
+                 ["-c", "from infinitrain.nn import parallel; parallel.init()"]):
+        out = mpirun(1, args, timeout=60, env=openmpi, check=False)
+        assert out.returncode != 0 and "started by Open MPI's mpirun, but mpi4py loads an MPICH" in out.stderr, out
+        assert "mpiexec -n N" in out.stderr and "pip uninstall mpich" in out.stderr
+        assert "MPII_Init_thread" not in out.stderr and "unsupported PMI version" not in out.stderr
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("example", ["gpt2", "llama3"])
 def test_tensor_parallel_example_matches_one_process(tmp_path, example):

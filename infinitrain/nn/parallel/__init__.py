@@ -2,12 +2,12 @@
 process groups, data parallelism (DDP, ZeRO), tensor and sequence parallelism
 (tensor_parallel), pipeline parallelism (pp), context parallelism (context_parallel)."""
 from .ddp import DistributedDataParallel, Reducer
-from .global_env import GlobalEnv, get_env, init
+from .global_env import GlobalEnv, MPIEnvironmentError, get_env, init
 from .layout import Layout
 from .mpi import MPIProcessGroup
 from .plan import ParallelPlan
 from .process_group import ProcessGroup, ReduceOp, Work
 from .zero import ZeroOptimizer
 
-__all__ = ["Layout", "ParallelPlan", "GlobalEnv", "init", "get_env", "ProcessGroup", "MPIProcessGroup", "ReduceOp",
-           "Work", "DistributedDataParallel", "Reducer", "ZeroOptimizer"]
+__all__ = ["Layout", "ParallelPlan", "GlobalEnv", "MPIEnvironmentError", "init", "get_env", "ProcessGroup",
+           "MPIProcessGroup", "ReduceOp", "Work", "DistributedDataParallel", "Reducer", "ZeroOptimizer"]

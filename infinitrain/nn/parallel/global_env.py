@@ -98,9 +98,50 @@ def mpi_library() -> tuple:
     return library, "the `mpiexec` of that MPI"
 
 
+class MPIEnvironmentError(RuntimeError):
+    """The MPI library mpi4py would load cannot run under the launcher that started the job."""
+
+
+def _library_abi() -> str | None:
+    """The MPI family ("mpich", "openmpi", ...) of the library mpi4py will load, found by opening
+    it without initialising MPI (mpi4py's own ABI probe), or None where that cannot be told."""
+    try:
+        from mpi4py import _mpiabi
+        return _mpiabi._get_mpiabi()
+    except Exception:  # an mpi4py without the probe, or no library: _load_mpi says so
+        return None
+
+
+def _check_launcher_against_library() -> None:
+    """Before MPI starts: a job started by Open MPI's mpirun (PMIx) cannot initialise an MPICH
+    library such as the mpich extra's (MPICH aborts inside MPI_Init: "unsupported PMI version
+    PMIx"), nor MPICH's Hydra mpiexec an Open MPI one (each rank a world of one): say which
+    launcher goes with which install instead."""
+    env = os.environ
+    openmpi_launcher = "OMPI_COMM_WORLD_SIZE" in env
+    hydra_launcher = ("PMI_FD" in env or "PMI_PORT" in env) and not openmpi_launcher
+    if not (openmpi_launcher or hydra_launcher):
+        return
+    abi = _library_abi()
+    wheel = Path(sys.executable).parent / "mpiexec"
+    if abi == "mpich" and openmpi_launcher:
+        raise MPIEnvironmentError(
+            "this job was started by Open MPI's mpirun, but mpi4py loads an MPICH library (the mpich extra's, "
+            "or the one MPI4PY_LIBMPI names), which cannot start under it. Either start it with MPICH's "
+            f"launcher: {wheel if wheel.is_file() else 'mpiexec'} -n N ... (or `srun --mpi=pmi2` under Slurm), or "
+            "use Open MPI throughout: pip uninstall mpich (so that mpi4py loads the system's Open MPI; "
+            "`module load openmpi` on a cluster)")
+    if abi == "openmpi" and hydra_launcher:
+        raise MPIEnvironmentError(
+            "this job was started by MPICH's mpiexec (Hydra), but mpi4py loads Open MPI's library, whose ranks "
+            "would each see a world of one. Start it with Open MPI's mpirun (or `srun --mpi=pmix`), or "
+            "use MPICH throughout: pip install 'infinitrain[mpich]' (or `module load mpich`)")
+
+
 def _load_mpi():
     """mpi4py's MPI module, or an error that says how to get an MPI library: mpi4py's wheel
     brings none and loads the one it finds (the cluster's, or the mpich extra's)."""
+    _check_launcher_against_library()
     try:
         from mpi4py import MPI
     except RuntimeError as e:
