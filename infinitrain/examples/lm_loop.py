@@ -14,7 +14,8 @@ from pathlib import Path
 import infinitrain as it
 from infinitrain import profiler
 from infinitrain.amp import autocast
-from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_checkpoint_async, save_lora
+from infinitrain.checkpoint import (CheckpointError, load_checkpoint, resolve, save_checkpoint, save_checkpoint_async,
+                                    save_lora)
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.examples import mfu
 from infinitrain.examples.flags import check_outputs, refuse
@@ -57,6 +58,7 @@ class TrainingLoop:
         self.peak = peak_flops(args, env, log)  # measured (or given) once, kept for the whole run
         self.said_above_peak = False
         self.most_used_mb = 0  # this rank's highest step peak of the run (finish() reports every rank's)
+        self.sigterm = False  # SIGTERM arrived (on_sigterm): the job stops after this step
         self.step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) \
             * args.total_batch_size
         self.curves = {"train": [], "val": []}
@@ -164,6 +166,7 @@ class TrainingLoop:
 
     def run(self) -> None:
         args = self.args
+        signal.signal(signal.SIGTERM, self.on_sigterm)
         for step in range(self.first, args.num_iteration + 1):
             self.current_step = step
             if self.val_data is not None and args.val_loss_every and step == 1:
@@ -185,6 +188,32 @@ class TrainingLoop:
             if step < args.num_iteration and self.tokenizer is not None and args.sample_every \
                     and step % args.sample_every == 0:
                 sample(self.model, self.tokenizer, args, self.env, self.plan, self.pipe)
+            if step < args.num_iteration and self.preempted():
+                self.stop_preempted(step)
+
+    def on_sigterm(self, signum, frame) -> None:
+        """SIGTERM (a scheduler's preemption, Slurm's --signal, a `kill`): noted, acted on at the
+        next step boundary (stop_preempted), so that the step in flight finishes and is saved."""
+        self.sigterm = True
+
+    def preempted(self) -> bool:
+        """Whether any rank was sent SIGTERM: every rank asks at every step boundary, so that all
+        stop after the same step even when the signal reached them during different steps."""
+        mine = int(self.sigterm)
+        return bool(self.env.comm.allreduce(mine, op=_mpi_max())) if self.env.world.size > 1 else bool(mine)
+
+    def stop_preempted(self, step: int) -> None:
+        """Saves a checkpoint of this step (with --save) and ends the job with 143 (128 + SIGTERM,
+        what a job killed by SIGTERM returns): mpi_launch --max_restarts starts it again, and with
+        --resume auto it continues from this checkpoint, as a requeued Slurm job does."""
+        if self.args.save:
+            if not (self.args.save_interval and step % self.args.save_interval == 0):
+                self.save(step)
+            self.finish_save(block=True)
+        saved = f"; saved {resolve(self.args.save)}" if self.args.save else " (no --save: nothing is kept)"
+        self.log(f"preempted: SIGTERM received, stopping after step {step}{saved}", flush=True)
+        self.env.world.barrier()
+        sys.exit(PREEMPTED_EXIT_CODE)
 
     def step(self, step: int) -> None:
         """One optimizer step through the trainer's step, and its log line."""
@@ -300,11 +329,20 @@ class TrainingLoop:
             self.log(f"offload (rank 0): the AdamW state in host memory; {how}", flush=True)
 
 
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143, as a process ended by SIGTERM
+
+
+def _mpi_max():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
 def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
     """The tests' way to make a rank fail: INFINITRAIN_FAIL_AT="RANK:STEP:HOW[:always]" (HOW:
     kill, a SIGKILL; raise, an exception; stop, a SIGSTOP, at the start of that step;
     kill_in_save, a SIGKILL just after that step's checkpoint began to be written), on the
-    first launch only (a restarted job must get past it) unless `always`."""
+    first launch only (a restarted job must get past it) unless `always`; term, a SIGTERM to
+    this rank at the start of that step, as a scheduler's preemption sends."""
     spec = os.environ.get("INFINITRAIN_FAIL_AT")
     if not spec:
         return
@@ -314,7 +352,7 @@ def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
     if int(r) == rank and int(s) == step and (always or not restart_count()):
         if how == "raise":
             raise RuntimeError(f"INFINITRAIN_FAIL_AT: rank {rank} fails at step {step}")
-        os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+        os.kill(os.getpid(), {"stop": signal.SIGSTOP, "term": signal.SIGTERM}.get(how, signal.SIGKILL))
 
 
 class ProfileWindow:

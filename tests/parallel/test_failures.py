@@ -158,3 +158,19 @@ def test_a_nan_loss_stops_the_run_once_with_a_message_unless_asked_to_train_on(t
     on = mpirun(2, args[:args.index("--num_iteration") + 1] + ["3", "--learning_rate", "1e30",
                                                                "--no_check_for_nan_in_loss_and_grad"], check=False)
     assert on.returncode == 0 and "step    3/3 | train loss nan" in on.stdout, on.stderr
+
+
+def test_sigterm_saves_at_the_step_boundary_and_the_restarted_job_resumes_bit_for_bit(uninterrupted, tmp_path):
+    """Preemption: SIGTERM reaches one rank during step 3 (a scheduler's --signal); every rank
+    stops after step 3 together, the checkpoint of step 3 is saved (no --save_interval asked for
+    it), and the job exits with 143 (128 + SIGTERM), which mpi_launch --max_restarts starts again;
+    the restart resumes from step 3 with the uninterrupted losses."""
+    once = launch(4, "--total_batch_size", "256", "--save", str(tmp_path / "once"), fail="1:3:term")
+    assert once.returncode == 143, once.stdout[-3000:] + once.stderr[-3000:]
+    assert "preempted: SIGTERM received, stopping after step 3; saved" in once.stdout
+    assert sorted(step_lines(once.stdout)) == [1, 2, 3]
+    assert (tmp_path / "once" / "latest").read_text().strip().endswith("step_000003")
+    out = launch(4, "--total_batch_size", "256", "--save", str(tmp_path / "ck"), fail="1:3:term", restarts=1)
+    assert out.returncode == 0 and "restart 1: resuming from" in out.stdout and "at step 3" in out.stdout, out.stdout
+    steps = step_lines(out.stdout.split("restart 1: resuming")[1])
+    assert sorted(steps) == [4, 5, 6] and all(steps[s] == uninterrupted[s] for s in steps), (steps, uninterrupted)
