@@ -37,6 +37,9 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--device", default="cpu")
     p.add_argument("--val_loss_every", type=nonnegative_int, default=0, help="0 = never")
     p.add_argument("--val_max_steps", type=positive_int, default=20)
+    p.add_argument("--eval_only", action="store_true",
+                   help="only the validation loss of the model (--load's checkpoint, --llmc_filepath's weights or "
+                        "the preset's initialisation) on --input_val_bin, over --val_max_steps batches; no training")
     p.add_argument("--sample_every", type=nonnegative_int, default=0, help="0 = never")
     p.add_argument("--sample_length", type=positive_int, default=64)
     p.add_argument("--seed", type=int, default=42)

@@ -55,7 +55,8 @@ class TrainingLoop:
         self.accum, self.layout, self.log = accum, plan.describe(), log
         self.optimizer, self.pipe = trainer.optimizer, trainer.pipe
         cfg, device, B, T = model.config, env.device, args.batch_size, args.sequence_length
-        self.peak = peak_flops(args, env, log)  # measured (or given) once, kept for the whole run
+        # measured (or given) once, kept for the whole run (nothing to measure against under --eval_only)
+        self.peak = peak_flops(args, env, log) if not args.eval_only else None
         self.said_above_peak = False
         self.most_used_mb = 0  # this rank's highest step peak of the run (finish() reports every rank's)
         self.sigterm = False  # SIGTERM arrived (on_sigterm): the job stops after this step
@@ -93,6 +94,9 @@ class TrainingLoop:
         except (KeyError, TypeError, ValueError) as e:
             sys.exit(f"cannot resume from {args.load}: its data-loader or schedule state is missing "
                      f"or damaged ({type(e).__name__}: {e})")
+        if args.eval_only:
+            self.log(f"loaded {args.load} (step {meta['step']})", flush=True)
+            return meta["step"]
         if meta["step"] + 1 > args.num_iteration and args.auto_resumed:  # a restart after the last save
             self.log(f"{args.load} is at step {meta['step']}: training was complete", flush=True)
             return meta["step"]
@@ -163,6 +167,12 @@ class TrainingLoop:
         self.curves["val"].append((after_step, evaluate(self.model, self.val_data, self.args.val_max_steps,
                                                         self.trainer)))
         self.log(f"val loss {self.curves['val'][-1][1]:.6f}", flush=True)
+
+    def evaluate_only(self) -> None:
+        """--eval_only: the validation loss of the model as loaded (or initialised), nothing trained."""
+        if self.val_data is None:
+            refuse("--eval_only computes the validation loss: give --input_val_bin (a validation token shard)")
+        self.evaluate(self.first - 1)
 
     def run(self) -> None:
         args = self.args

@@ -47,6 +47,9 @@ def train(args, build_model) -> int:
     if trainer.offloaded is not None:
         log(f"offload: {trainer.offloaded} per rank", flush=True)
     loop = TrainingLoop(args, env, plan, model, trainer, accum, log)
+    if args.eval_only:
+        loop.evaluate_only()
+        return 0
     try:
         loop.run()
     except KeyboardInterrupt:  # Ctrl-C (SIGINT reaches every rank): one line, from rank 0
@@ -113,7 +116,7 @@ def resume_from_save(args, log) -> None:
         except CheckpointError as e:
             sys.exit(f"cannot resume: {e}")
         saved = meta.get("extra", {}).get("total_batch_size")
-        if not args.total_batch_size and saved:
+        if not args.total_batch_size and saved and not args.eval_only:  # (evaluation takes no step)
             args.total_batch_size = int(saved)
         if restart_count():
             log(f"restart {restart_count()}: resuming from {args.load} at step {meta['step']}", flush=True)

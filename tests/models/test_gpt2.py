@@ -124,6 +124,36 @@ def test_the_learning_rate_warms_up_then_decays_to_min_lr_and_resumes_on_it(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.mpi
+def test_eval_only_gives_the_validation_loss_a_run_ended_with(tmp_path):
+    """--eval_only --load CHECKPOINT prints the validation loss the training run printed at its
+    end, on 1 rank and on 2 (DP), trains nothing and writes nothing; without validation data it
+    says what to give."""
+    rng = np.random.default_rng(0)
+    write_shard(tmp_path / "train.bin", np.tile(rng.integers(0, 50257, 300), 40))
+    write_shard(tmp_path / "val.bin", np.tile(rng.integers(0, 50257, 300), 10))
+    data = ["--input_bin", tmp_path / "train.bin", "--input_val_bin", tmp_path / "val.bin", "--model", "tiny",
+            "--batch_size", "2", "--sequence_length", "32", "--val_max_steps", "3"]
+    trained = example(1, "gpt2", [*data, "--num_iteration", "3", "--learning_rate", "3e-3", "--val_loss_every", "3",
+                                  "--save", tmp_path / "ck"])
+    last = re.findall(r"val loss (\S+)", trained)[-1]
+
+    def evaluated(ranks, batch):
+        out = example(ranks, "gpt2", [*data[:6], "--batch_size", batch, *data[8:], "--eval_only", "--load",
+                                      tmp_path / "ck"])
+        assert not re.search(r"^step +\d+/", out, re.M), out
+        return re.findall(r"val loss (\S+)", out)
+    assert evaluated(1, "2") == [last]
+    # DP 2 x 2 sequences read the tokens one process reads 4 at a time
+    (one,), (two,) = evaluated(1, "4"), evaluated(2, "2")
+    assert abs(float(one) - float(two)) <= 2e-6, (one, two)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step_000003"]
+    refused = example(1, "gpt2", [*data[:2], *data[4:], "--eval_only"], check=False)
+    assert refused.returncode != 0 and "--eval_only computes the validation loss: give --input_val_bin" in \
+        refused.stderr, refused.stderr
+
+
+@pytest.mark.slow
 def test_example_rejects_bad_batch(tmp_path):
     write_shard(tmp_path / "t.bin", np.arange(1000))
     out = example(1, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2",
