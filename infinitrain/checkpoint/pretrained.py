@@ -37,7 +37,10 @@ def save_pretrained(model, folder, write: bool = True) -> Path:
         raise CheckpointError("save_pretrained writes a whole model: a pipeline stage holds part of one. Save a "
                               "checkpoint (save_checkpoint) and call save_pretrained on a one-process model "
                               "loaded from it")
-    full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy()) for name, t in model.state_dict().items()}
+    # keep_vars: the parameters themselves, which know their TP shard (a detached copy does not,
+    # and each rank would write its own slice)
+    full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy())
+            for name, t in model.state_dict(keep_vars=True).items()}
     config, tensors = hf.export(model, full)
     folder = Path(folder)
     if not write:

@@ -19,6 +19,8 @@ def build_model(args, tp=None, pp=None, cp=None):
     rank's part of the model in (None: one process's model)."""
     if args.llmc_filepath:
         return GPT2.from_llmc(args.llmc_filepath, tp=tp, pp=pp, cp=cp)
+    if args.from_pretrained:
+        return GPT2.from_pretrained(args.from_pretrained, tp=tp, pp=pp, cp=cp)
     return gpt2(args.model, tp=tp, pp=pp, cp=cp)
 
 

@@ -20,6 +20,8 @@ def build_model(args, tp=None, pp=None, cp=None):
     rank's part of the model in (None: one process's model)."""
     if args.llmc_filepath:
         return LLaMA3.from_llmc(args.llmc_filepath, tp=tp, pp=pp, cp=cp)
+    if args.from_pretrained:
+        return LLaMA3.from_pretrained(args.from_pretrained, tp=tp, pp=pp, cp=cp)
     return llama3(args.model, tp=tp, pp=pp, cp=cp)
 
 

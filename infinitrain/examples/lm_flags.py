@@ -15,6 +15,12 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--input_val_bin", default=None, help="validation token shard(s)")
     p.add_argument("--tokenizer_bin", default=None, help="llm.c tokenizer file, to print samples")
     p.add_argument("--llmc_filepath", default=None, help="start from this llm.c checkpoint (overrides --model)")
+    p.add_argument("--from_pretrained", default=None, metavar="DIR",
+                   help="start from a Hugging Face transformers folder (config.json and model.safetensors, as "
+                        "save_pretrained writes; overrides --model), each rank reading its slice")
+    p.add_argument("--save_pretrained", default=None, metavar="DIR",
+                   help="at the end, write the trained model as a transformers folder (GPT2LMHeadModel or "
+                        "LlamaForCausalLM) that AutoModelForCausalLM.from_pretrained loads")
     p.add_argument("--model", default=default_model, choices=sorted(presets), help=f"preset (default {default_model})")
     p.add_argument("--batch_size", type=positive_int, default=4, help="sequences per micro-batch")
     p.add_argument("--sequence_length", type=positive_int, default=64)
@@ -125,6 +131,8 @@ def parse_args(argv, description: str, presets, default_model: str):
                         "to name the first tensor that differs from a run saved there")
     p.set_defaults(presets=presets)
     args = p.parse_args(argv)
+    if args.from_pretrained and args.llmc_filepath:
+        p.error("--from_pretrained and --llmc_filepath both name the weights to start from: give one")
     if args.min_lr > args.learning_rate:
         p.error(f"--min_lr {args.min_lr:g} is above --learning_rate {args.learning_rate:g}: the decay ends below "
                 "where it starts")

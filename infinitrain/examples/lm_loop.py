@@ -15,7 +15,7 @@ import infinitrain as it
 from infinitrain import profiler
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, load_checkpoint, resolve, save_checkpoint, save_checkpoint_async,
-                                    save_lora)
+                                    save_lora, save_pretrained)
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.examples import mfu
 from infinitrain.examples.flags import check_outputs, refuse
@@ -109,7 +109,8 @@ class TrainingLoop:
     def check_outputs(self) -> None:
         """Every output is checked before training, not after it."""
         args = self.args
-        check_outputs(folders=[("--save", args.save), ("--lora_save_path", args.lora_save_path)],
+        check_outputs(folders=[("--save", args.save), ("--lora_save_path", args.lora_save_path),
+                               ("--save_pretrained", args.save_pretrained)],
                       files=[("--profile", args.profile), ("--plot", args.plot)], plot=args.plot)
 
     def precision_checker(self):
@@ -169,10 +170,25 @@ class TrainingLoop:
         self.log(f"val loss {self.curves['val'][-1][1]:.6f}", flush=True)
 
     def evaluate_only(self) -> None:
-        """--eval_only: the validation loss of the model as loaded (or initialised), nothing trained."""
+        """--eval_only: the validation loss of the model as loaded (or initialised), nothing trained
+        (and with --save_pretrained the model exported as it is)."""
         if self.val_data is None:
             refuse("--eval_only computes the validation loss: give --input_val_bin (a validation token shard)")
         self.evaluate(self.first - 1)
+        self.export_pretrained()
+
+    def export_pretrained(self) -> None:
+        """--save_pretrained: the model in transformers' format (TP shards gathered, ZeRO-3's
+        parameters gathered; the first replica's TP rank 0 writes)."""
+        if not self.args.save_pretrained:
+            return
+        try:
+            with self.trainer.gathered_parameters():
+                save_pretrained(self.model, self.args.save_pretrained, write=self.plan.writes_files)
+        except CheckpointError as e:
+            sys.exit(f"--save_pretrained: {e}")
+        self.env.world.barrier()
+        self.log(f"saved the model in transformers' format to {self.args.save_pretrained}", flush=True)
 
     def run(self) -> None:
         args = self.args
@@ -314,6 +330,7 @@ class TrainingLoop:
                       optimizer=self.optimizer)
             env.world.barrier()
             self.log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
+        self.export_pretrained()
         if self.val_data is not None and args.val_loss_every:
             self.evaluate(args.num_iteration)
         if args.plot and env.is_main:

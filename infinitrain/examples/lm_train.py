@@ -82,6 +82,11 @@ def setup_plan(args):
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
         refuse(f"--device {args.device}: {e}")
     plan = make_plan(args, env)
+    if args.save_pretrained and plan.pipelined:
+        refuse("--save_pretrained writes a whole model, which no pipeline stage holds: save a checkpoint (--save) "
+               "and export it from one process (--load it with --save_pretrained --eval_only)")
+    if args.save_pretrained and (args.lora_rank or args.lora_load_path):
+        refuse("--save_pretrained writes the base model's weights: with LoRA save the adapters (--lora_save_path)")
     if args.sequence_parallel and plan.tp == 1 and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
     if plan.zero_has_no_effect and env.is_main:
@@ -150,7 +155,9 @@ def check_inputs(args, env) -> None:
     check_input_files(env, [("--input_bin", args.input_bin, read_shard),
                             ("--input_val_bin", args.input_val_bin, read_shard),
                             ("--tokenizer_bin", args.tokenizer_bin, Tokenizer),
-                            ("--llmc_filepath", args.llmc_filepath, lambda p: input_file(p, "checkpoint"))])
+                            ("--llmc_filepath", args.llmc_filepath, lambda p: input_file(p, "checkpoint")),
+                            ("--from_pretrained", args.from_pretrained,
+                             lambda p: input_file(Path(p) / "config.json", "transformers config"))])
 
 
 def check_sequence_length(args, block_size: int) -> None:
@@ -218,7 +225,7 @@ def build(args, env, plan, build_model, log):
     try:
         model = build_model(args, plan.tensor_parallel(), plan.pipeline_stage(), plan.context_parallel())
     except (DataFormatError, OSError) as e:  # the checkpoint's contents (its header passed check_inputs)
-        sys.exit(f"--llmc_filepath: {e}")
+        sys.exit(f"{'--from_pretrained' if args.from_pretrained else '--llmc_filepath'}: {e}")
     except ValueError as e:  # a layout that does not divide the model
         refuse(f"cannot build the model in this layout ({plan.describe()}): {e}")
     model.set_recompute(plan.recompute)
@@ -238,7 +245,8 @@ def log_setup(args, env, plan, model, accum: int, log) -> None:
     cfg = model.config
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
     split = plan.tp > 1 or plan.pipelined
-    log(f"model: {type(model).__name__} {args.llmc_filepath or args.model} | {cfg.n_layer} layers, "
+    source = args.llmc_filepath or args.from_pretrained or args.model
+    log(f"model: {type(model).__name__} {source} | {cfg.n_layer} layers, "
         f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
         f"{model.num_parameters():,} parameters{' on this rank' if split else ''} | {plan.describe()}", flush=True)
     log(f"batch: {args.batch_size} x {args.sequence_length} tokens x {accum} "
@@ -274,7 +282,7 @@ def setup_lora(model, args, log) -> None:
 def _config_of(args):
     """The model's configuration before it is built: the preset's, or an llm.c file's header."""
     from infinitrain.models import GPT2, LLaMA3, GPT2Config
-    if args.llmc_filepath:
+    if args.llmc_filepath or args.from_pretrained:
         return None
     cfg = args.presets[args.model]
     return cfg, (GPT2 if isinstance(cfg, GPT2Config) else LLaMA3)

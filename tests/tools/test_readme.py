@@ -21,7 +21,7 @@ README = PAGES["README.md"]
 # before the README was split into docs/, it alone gave 18 example commands and 14 training
 # commands; the pages together give these, and neither may drop
 N_EXAMPLE_COMMANDS = 23
-N_TRAINING_COMMANDS = 19
+N_TRAINING_COMMANDS = 21
 
 
 def _blocks(language: str) -> list:
@@ -151,7 +151,8 @@ SHORT = {"mnist": ["--epochs", "1", "--train_subset", "256"],
 @pytest.mark.parametrize("line", RUNNABLE, ids=[_id(RUNNABLE_PAGES[ln], [ln]) for ln in RUNNABLE])
 def test_every_training_command_in_the_pages_runs(line, tmp_path):
     """Each command as its page writes it, with the files it names where it names them (an
-    llm.c GPT-2 124M checkpoint; the adapters the first LoRA command saves for the second), cut
+    llm.c GPT-2 124M checkpoint; the adapters the first LoRA command saves for the second; the
+    transformers folder one command exports for the one that starts from it), cut
     to two short steps."""
     where = ", ".join(dict.fromkeys(RUNNABLE_PAGES[line]))
     if "gpt2_124M.bin" in line:
@@ -160,6 +161,9 @@ def test_every_training_command_in_the_pages_runs(line, tmp_path):
         if "--lora_load_path" in line:
             (saver,) = [ln for ln in RUNNABLE if "--lora_save_path" in ln]
             _run_as_written(saver, tmp_path, SHORT["lm"])
+    if "--from_pretrained" in line:  # the transformers folder the page's other command exports
+        (saver,) = [ln for ln in RUNNABLE if "--save_pretrained" in ln]
+        _run_as_written(saver, tmp_path, SHORT["lm"])
     kind = re.search(r"examples\.(\w+)", line).group(1)
     out = _run_as_written(line, tmp_path, SHORT.get(kind, SHORT["lm"]))
     assert re.search(r"step +2/2 .*train loss|epoch 1", out), f"{where}\n{out[-2000:]}"
