@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from infinitrain.examples.lm_flags import parse_args
-from infinitrain.examples.lm_train import train
+from infinitrain.examples.lm_train import recorded_config, train
 from infinitrain.models import GPT2, GPT2_PRESETS, gpt2
 
 
@@ -21,6 +21,9 @@ def build_model(args, tp=None, pp=None, cp=None):
         return GPT2.from_llmc(args.llmc_filepath, tp=tp, pp=pp, cp=cp)
     if args.from_pretrained:
         return GPT2.from_pretrained(args.from_pretrained, tp=tp, pp=pp, cp=cp)
+    recorded = recorded_config(args, GPT2)  # --load alone: the model its checkpoint records
+    if recorded is not None:
+        return GPT2(recorded, tp=tp, pp=pp, cp=cp)
     return gpt2(args.model, tp=tp, pp=pp, cp=cp)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from infinitrain.examples.lm_flags import parse_args
-from infinitrain.examples.lm_train import train
+from infinitrain.examples.lm_train import recorded_config, train
 from infinitrain.models import LLAMA3_PRESETS, LLaMA3, llama3
 
 
@@ -22,6 +22,9 @@ def build_model(args, tp=None, pp=None, cp=None):
         return LLaMA3.from_llmc(args.llmc_filepath, tp=tp, pp=pp, cp=cp)
     if args.from_pretrained:
         return LLaMA3.from_pretrained(args.from_pretrained, tp=tp, pp=pp, cp=cp)
+    recorded = recorded_config(args, LLaMA3)  # --load alone: the model its checkpoint records
+    if recorded is not None:
+        return LLaMA3(recorded, tp=tp, pp=pp, cp=cp)
     return llama3(args.model, tp=tp, pp=pp, cp=cp)
 
 

@@ -21,7 +21,8 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--save_pretrained", default=None, metavar="DIR",
                    help="at the end, write the trained model as a transformers folder (GPT2LMHeadModel or "
                         "LlamaForCausalLM) that AutoModelForCausalLM.from_pretrained loads")
-    p.add_argument("--model", default=default_model, choices=sorted(presets), help=f"preset (default {default_model})")
+    p.add_argument("--model", default=None, choices=sorted(presets),
+                   help=f"preset (default {default_model}, or with --load the model its checkpoint records)")
     p.add_argument("--batch_size", type=positive_int, default=4, help="sequences per micro-batch")
     p.add_argument("--sequence_length", type=positive_int, default=64)
     p.add_argument("--total_batch_size", type=positive_int, default=None,
@@ -131,6 +132,8 @@ def parse_args(argv, description: str, presets, default_model: str):
                         "to name the first tensor that differs from a run saved there")
     p.set_defaults(presets=presets)
     args = p.parse_args(argv)
+    args.model_given = args.model is not None  # (else --load's checkpoint may say which model it holds)
+    args.model = args.model or default_model
     if args.from_pretrained and args.llmc_filepath:
         p.error("--from_pretrained and --llmc_filepath both name the weights to start from: give one")
     if args.min_lr > args.learning_rate:

@@ -4,6 +4,7 @@ evaluation, samples, the per-step log line, profiling, precision checks, checkpo
 epilogue."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -139,7 +140,12 @@ class TrainingLoop:
             result = save(args.save, step, self.model, self.optimizer,
                           extra={"train_loader": self.train_data.state(),
                                  "schedule": self.lr_schedule.state_dict(),
-                                 "total_batch_size": args.total_batch_size},
+                                 "total_batch_size": args.total_batch_size,
+                                 # what rebuilds the model from --load alone, and the run's flags
+                                 "model": {"class": type(self.model).__name__,
+                                           "config": dataclasses.asdict(self.model.config)},
+                                 "args": {k: v for k, v in vars(args).items()
+                                          if isinstance(v, (str, int, float, bool, type(None)))}},
                           keep=args.max_checkpoint_keep or None,
                           write=self.plan.writes_files)
             fail_for_tests(env.rank, step, saving=True)

@@ -120,6 +120,9 @@ def resume_from_save(args, log) -> None:
             meta = read_meta(args.load)
         except CheckpointError as e:
             sys.exit(f"cannot resume: {e}")
+        recorded = meta.get("extra", {}).get("model")
+        if recorded and not (args.model_given or args.llmc_filepath or args.from_pretrained):
+            args.model_recorded = recorded  # the model the checkpoint holds, rebuilt from its config
         saved = meta.get("extra", {}).get("total_batch_size")
         if not args.total_batch_size and saved and not args.eval_only:  # (evaluation takes no step)
             args.total_batch_size = int(saved)
@@ -245,7 +248,8 @@ def log_setup(args, env, plan, model, accum: int, log) -> None:
     cfg = model.config
     padded = getattr(cfg, "padded_vocab_size", cfg.vocab_size)
     split = plan.tp > 1 or plan.pipelined
-    source = args.llmc_filepath or args.from_pretrained or args.model
+    recorded = getattr(args, "model_recorded", None) and f"as {args.load} records it"
+    source = args.llmc_filepath or args.from_pretrained or recorded or args.model
     log(f"model: {type(model).__name__} {source} | {cfg.n_layer} layers, "
         f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
         f"{model.num_parameters():,} parameters{' on this rank' if split else ''} | {plan.describe()}", flush=True)
@@ -280,11 +284,28 @@ def setup_lora(model, args, log) -> None:
 
 
 def _config_of(args):
-    """The model's configuration before it is built: the preset's, or an llm.c file's header."""
+    """The model's configuration before it is built: the preset's, or the one --load's
+    checkpoint records (None for an llm.c file or a transformers folder: known once read)."""
     from infinitrain.models import GPT2, LLaMA3, GPT2Config
     if args.llmc_filepath or args.from_pretrained:
         return None
-    cfg = args.presets[args.model]
-    return cfg, (GPT2 if isinstance(cfg, GPT2Config) else LLaMA3)
+    cls = GPT2 if isinstance(args.presets[args.model], GPT2Config) else LLaMA3
+    recorded = recorded_config(args, cls)
+    return (recorded if recorded is not None else args.presets[args.model]), cls
+
+
+def recorded_config(args, cls):
+    """The configuration --load's checkpoint records for its model (cls.config_class), when no
+    --model, --llmc_filepath or --from_pretrained says otherwise; None without one."""
+    recorded = getattr(args, "model_recorded", None)
+    if recorded is None:
+        return None
+    if recorded.get("class") != cls.__name__:
+        refuse(f"--load {args.load} holds a {recorded.get('class')}, not a {cls.__name__}: use the example "
+               "of that model")
+    try:
+        return cls.config_class(**recorded["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        refuse(f"--load {args.load}: its recorded model configuration cannot be read ({e}); give --model")
 
 

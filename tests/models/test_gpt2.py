@@ -159,3 +159,28 @@ def test_example_rejects_bad_batch(tmp_path):
     out = example(1, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2",
                               "--sequence_length", "16", "--total_batch_size", "50"], timeout=120, check=False)
     assert out.returncode != 0 and "not a multiple" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "llama3"])
+def test_a_checkpoint_records_its_model_and_flags_so_load_alone_rebuilds_it(tmp_path, name):
+    """meta.json records the model's class and configuration and the run's flags; `--load ckpt`
+    with no --model rebuilds that model (here not the default preset) and evaluates it to the
+    loss the run printed; a checkpoint of the other model's example is refused with a reason."""
+    from infinitrain.checkpoint import read_meta
+    rng = np.random.default_rng(0)
+    write_shard(tmp_path / "train.bin", np.tile(rng.integers(0, 50257, 300), 40))
+    write_shard(tmp_path / "val.bin", np.tile(rng.integers(0, 50257, 300), 10))
+    data = ["--input_bin", tmp_path / "train.bin", "--input_val_bin", tmp_path / "val.bin", "--batch_size", "2",
+            "--sequence_length", "32", "--val_max_steps", "2"]
+    trained = example(1, name, [*data, "--model", "tiny", "--num_iteration", "2", "--val_loss_every", "2",
+                                "--save", tmp_path / "ck"])
+    extra = read_meta(tmp_path / "ck")["extra"]
+    assert extra["model"]["class"] == ("GPT2" if name == "gpt2" else "LLaMA3") and extra["args"]["model"] == "tiny"
+    assert extra["model"]["config"]["n_layer"] == 2 and extra["args"]["num_iteration"] == 2
+    out = example(1, name, [*data, "--load", tmp_path / "ck", "--eval_only"])
+    assert "as " + str(tmp_path / "ck") + " records it | 2 layers" in out, out
+    assert re.findall(r"val loss (\S+)", out) == re.findall(r"val loss (\S+)", trained)[-1:], out
+    other = "llama3" if name == "gpt2" else "gpt2"
+    refused = example(1, other, [*data, "--load", tmp_path / "ck", "--eval_only"], check=False)
+    assert refused.returncode != 0 and "use the example of that model" in refused.stderr, refused.stderr
