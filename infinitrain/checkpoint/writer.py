@@ -107,9 +107,31 @@ class _Snapshot:
         os.replace(latest_tmp, root / "latest")
         fsync_dir(root)
         if self.keep:
-            done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-            for old in done[:-self.keep]:
+            for old in rotated_out(root, self.keep, protect=self.final):
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def recorded_step(folder: Path) -> int | None:
+    """The step a checkpoint folder's meta.json records, or None where it cannot be read."""
+    try:
+        return int(json.loads((folder / "meta.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def rotated_out(root: Path, keep: int, protect: Path) -> list:
+    """The checkpoint folders of root past the newest `keep`, ordered by the step each records
+    (not by name: step_1000000 sorts before step_999999), never `protect` (the one just written)
+    nor the one `latest` names, nor a folder whose step cannot be read (not ours to judge)."""
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+    steps = {}
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("step_") and p != protect and p.name != latest:
+            step = recorded_step(p)
+            if step is not None:
+                steps[p] = step
+    kept = 1 + (latest is not None and latest != protect.name)  # protect and latest stay, counted first
+    return sorted(steps, key=steps.get)[:max(0, len(steps) - max(0, keep - kept))]
 
 
 class AsyncSave:

@@ -17,6 +17,7 @@ from infinitrain import profiler
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import (CheckpointError, load_checkpoint, resolve, save_checkpoint, save_checkpoint_async,
                                     save_lora, save_pretrained)
+from infinitrain.checkpoint.writer import recorded_step
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.examples import mfu
 from infinitrain.examples.flags import check_outputs, refuse
@@ -108,8 +109,19 @@ class TrainingLoop:
         return meta["step"]
 
     def check_outputs(self) -> None:
-        """Every output is checked before training, not after it."""
+        """Every output is checked before training, not after it; a --save folder holding
+        another run's checkpoints at or past the steps this one will write is refused (their
+        rotation and `latest` would mix the two runs)."""
         args = self.args
+        if args.save and Path(args.save).is_dir() and not args.eval_only:
+            resumed_here = args.load and Path(args.load).resolve() in (Path(args.save).resolve(),
+                                                                        *Path(args.save).resolve().iterdir())
+            ahead = sorted(p.name for p in Path(args.save).iterdir() if p.is_dir() and p.name.startswith("step_")
+                           and (recorded_step(p) or 0) >= self.first)
+            if ahead and not resumed_here:
+                refuse(f"--save {args.save} holds checkpoints of another run ({', '.join(ahead[:3])}"
+                       f"{', ...' if len(ahead) > 3 else ''}) at or past step {self.first}, which this run would "
+                       "write: resume that run (--load it, or --resume auto), or name an empty folder")
         check_outputs(folders=[("--save", args.save), ("--lora_save_path", args.lora_save_path),
                                ("--save_pretrained", args.save_pretrained)],
                       files=[("--profile", args.profile), ("--plot", args.plot)], plot=args.plot)
@@ -325,7 +337,8 @@ class TrainingLoop:
         """The last checkpoint, adapters, evaluation, plot and sample."""
         args, env, model = self.args, self.env, self.model
         self.report_memory()
-        if args.save and not (args.save_interval and args.num_iteration % args.save_interval == 0):
+        trained = self.first <= args.num_iteration  # (a resumed run may have had nothing left to train)
+        if args.save and trained and not (args.save_interval and args.num_iteration % args.save_interval == 0):
             self.save(args.num_iteration)
         self.finish_save(block=True)
         if self.checker is not None:

@@ -164,3 +164,39 @@ def test_written_files_follow_the_umask(tmp_path, umask):
         os.umask(old)
     modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777 for p in tmp_path.rglob("*") if p.is_file()}
     assert len(modes) >= 7 and set(modes.values()) == {0o666 & ~umask}, modes
+
+
+def test_rotation_keeps_the_newest_steps_as_recorded_not_as_named(tmp_path):
+    """--max_checkpoint_keep ordered by name deleted step_1000000 (it sorts before step_999999);
+    by the step each records it deletes the oldest, and never what was just written or `latest`."""
+    model, opt, _ = _trained(steps=1)
+    for step in (999_999, 1_000_000, 1_000_001):
+        save_checkpoint(tmp_path / "ck", step, model, opt, keep=2)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step_1000000", "step_1000001"]
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "step_1000001"
+    # a higher-numbered folder left by another run does not take the new checkpoint's place
+    save_checkpoint(tmp_path / "mixed", 10, model, opt)
+    save_checkpoint(tmp_path / "mixed", 2, model, opt, keep=1)
+    latest = (tmp_path / "mixed" / "latest").read_text().strip()
+    assert latest == "step_000002" and (tmp_path / "mixed" / latest / "meta.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_save_folder_of_another_run_is_refused_and_a_finished_run_is_not_rewritten(tmp_path):
+    """A fresh run saving into a folder that holds another run's later checkpoints is refused
+    (their rotation and `latest` would mix); --resume auto onto fewer iterations than the
+    checkpoint trains nothing and writes no older checkpoint (it wrote step_000001 and moved
+    `latest` back)."""
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    args = ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2", "--sequence_length", "16",
+            "--save", tmp_path / "ck"]
+    example(1, "gpt2", [*args, "--num_iteration", "2"])
+    refused = example(1, "gpt2", [*args, "--num_iteration", "3"], check=False)
+    assert refused.returncode != 0 and "holds checkpoints of another run (step_000002) at or past step 1" in \
+        refused.stderr, refused.stderr
+    out = example(1, "gpt2", [*args, "--num_iteration", "1", "--resume", "auto"])
+    assert "is at step 2: training was complete" in out, out
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step_000002"]
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "step_000002"
+    example(1, "gpt2", [*args, "--num_iteration", "3", "--resume", "auto"])  # continuing it is fine
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "step_000003"
