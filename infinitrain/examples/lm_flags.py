@@ -58,7 +58,7 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="stop at a NaN or infinite loss or gradient norm (the default, as Megatron)")
     p.add_argument("--no_check_for_nan_in_loss_and_grad", dest="check_for_nan_in_loss_and_grad",
                    action="store_false", help="train on through NaN/inf")
-    p.add_argument("--collective_timeout", type=float, default=None,
+    p.add_argument("--collective_timeout", type=nonnegative_float, default=None,
                    help="seconds a collective or receive may take before the watchdog aborts the job, "
                         "naming the stuck rank and writing flight records (default 600; 0 = off)")
     p.add_argument("--flight_recorder_dir", default=None,

@@ -39,6 +39,9 @@ class Optimizer:
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in seen for p in group["params"]):
             raise ValueError("a parameter appears in more than one parameter group")
+        if len({id(p) for p in group["params"]}) != len(group["params"]):  # it would be stepped twice
+            raise ValueError(f"{type(self).__name__}: a parameter group holds the same parameter more than once; "
+                             "pass each parameter once")
         for k, v in self.defaults.items():
             group.setdefault(k, v)
         self.param_groups.append(group)

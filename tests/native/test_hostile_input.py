@@ -491,3 +491,14 @@ def test_a_refused_job_is_told_the_zero_stage_or_the_offload_that_would_fit(monk
     monkeypatch.setattr(lm_train, "memory_plan", lambda *a, offload=None, **k: (40, 20, "plan", {}))
     with pytest.raises(SystemExit, match="Use a smaller --model"):
         lm_train.check_memory(args, one, 1, 1, print)
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_a_collective_timeout_that_is_not_a_number_of_seconds_is_refused(value, capsys):
+    """--collective_timeout nan or a negative value turned the watchdog off without a word (0 is
+    the documented "off")."""
+    from infinitrain.examples.lm_flags import parse_args
+    from infinitrain.models import GPT2_PRESETS
+    with pytest.raises(SystemExit):
+        parse_args(["--collective_timeout", value], "", GPT2_PRESETS, "gpt2")
+    assert "--collective_timeout" in capsys.readouterr().err

@@ -237,3 +237,12 @@ def test_clip_grad_norm():
     assert abs(norm - 5.0) < 1e-6
     np.testing.assert_allclose(a.grad.numpy(), [0.6, 0, 0], rtol=1e-5)
     np.testing.assert_allclose(b.grad.numpy(), [0, 0.8, 0, 0], rtol=1e-5)
+
+
+def test_a_parameter_given_twice_is_refused_not_stepped_twice():
+    """AdamW([p, p]) stepped p twice per step (PyTorch refuses duplicate parameters)."""
+    p = nn.Parameter(it.zeros(2))
+    with pytest.raises(ValueError, match="holds the same parameter more than once"):
+        optim.AdamW([p, p], lr=0.1)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        optim.AdamW([{"params": [p]}, {"params": [p]}], lr=0.1)

@@ -241,6 +241,9 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     set_default_data_parallel_group(_ENV.dp_group)
     if collective_timeout is None:
         collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
+    if not collective_timeout >= 0 or collective_timeout == float("inf"):  # NaN, negative: not "off" by accident
+        raise ValueError(f"collective timeout must be a number of seconds >= 0 (0: no watchdog), got "
+                         f"{collective_timeout} (INFINITRAIN_COLLECTIVE_TIMEOUT or collective_timeout=)")
     folder = flight_recorder_dir or os.environ.get("INFINITRAIN_FLIGHT_RECORDER_DIR", "flight_recorder")
     if comm.Get_size() > 1:
         from . import watchdog
