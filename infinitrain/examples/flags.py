@@ -42,6 +42,43 @@ def add_async_tp_flag(p: argparse.ArgumentParser) -> None:
                         "instead of beside them (Megatron's flag; the results are the same bits)")
 
 
+def add_nan_check_flag(p: argparse.ArgumentParser) -> None:
+    """Megatron's check_for_nan_in_loss_and_grad, on by default in every example."""
+    p.add_argument("--check_for_nan_in_loss_and_grad", action="store_true", default=True,
+                   help="stop at a NaN or infinite loss or gradient norm (the default, as Megatron)")
+    p.add_argument("--no_check_for_nan_in_loss_and_grad", dest="check_for_nan_in_loss_and_grad",
+                   action="store_false", help="train on through NaN/inf")
+
+
+def stop_if_not_finite(args, env, model, step: int, what: str, value: float) -> None:
+    """Megatron's check_for_nan_in_loss_and_grad (on by default in every example): a NaN or
+    infinite loss or gradient norm ends the run with a message and exit code 1 instead of
+    training on garbage. The value must be the same on every rank (a mean over the job), so
+    every rank stops here together; the message names the first tensor that is not finite."""
+    if not args.check_for_nan_in_loss_and_grad or math.isfinite(value):
+        return
+    found = [f for f in env.comm.gather(_first_not_finite(model, env.rank), root=0) or [] if f]
+    if env.is_main:
+        where = (f"the first tensor that is not: {found[0]}" if found else
+                 "every weight and gradient is finite, so an activation overflowed (--precision_check "
+                 "level=1 names the first module whose output is not finite, in the language-model examples)")
+        print(f"step {step}: the {what} is {value}; {where}. Training diverged (or the data or weights "
+              "hold NaN/inf): lower --learning_rate or set --grad_clip; "
+              "--no_check_for_nan_in_loss_and_grad trains on regardless", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def _first_not_finite(model, rank: int) -> str | None:
+    """This rank's first parameter or gradient, in model order, holding a NaN or inf (read
+    only once the run has failed: a pass over every tensor)."""
+    import numpy as np
+    for name, p in model.named_parameters():
+        for label, t in ((name, p), (f"{name}.grad", p.grad)):
+            if t is not None and t.numel() and not np.isfinite(t.detach().float().cpu().numpy()).all():
+                return f"{label} (rank {rank})"
+    return None
+
+
 def probability(text: str) -> float:
     value = unit_interval(text)
     if value >= 1.0:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from infinitrain.examples.flags import (add_async_tp_flag, nonnegative_float, nonnegative_int, positive_float,
-                                       positive_int)
+from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, nonnegative_float, nonnegative_int,
+                                       positive_float, positive_int)
 from infinitrain.nn.lora import DEFAULT_TARGETS
 
 
@@ -54,10 +54,7 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--save_interval", type=nonnegative_int, default=0, help="save every N steps (0 = only at the end)")
     p.add_argument("--max_checkpoint_keep", type=nonnegative_int, default=0, help="keep the newest K (0 = all)")
     p.add_argument("--load", default=None, help="resume from this checkpoint (or folder holding 'latest')")
-    p.add_argument("--check_for_nan_in_loss_and_grad", action="store_true", default=True,
-                   help="stop at a NaN or infinite loss or gradient norm (the default, as Megatron)")
-    p.add_argument("--no_check_for_nan_in_loss_and_grad", dest="check_for_nan_in_loss_and_grad",
-                   action="store_false", help="train on through NaN/inf")
+    add_nan_check_flag(p)
     p.add_argument("--collective_timeout", type=nonnegative_float, default=None,
                    help="seconds a collective or receive may take before the watchdog aborts the job, "
                         "naming the stuck rank and writing flight records (default 600; 0 = off)")

@@ -5,7 +5,6 @@ epilogue."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import signal
 import sys
@@ -20,7 +19,7 @@ from infinitrain.checkpoint import (CheckpointError, load_checkpoint, resolve, s
 from infinitrain.checkpoint.writer import recorded_step
 from infinitrain.data import Tokenizer, TokenLoader
 from infinitrain.examples import mfu
-from infinitrain.examples.flags import check_outputs, refuse
+from infinitrain.examples.flags import check_outputs, refuse, stop_if_not_finite
 from infinitrain.nn import parallel
 from infinitrain.optim.lr_scheduler import WarmupDecayLR
 from infinitrain.plot import plot_losses
@@ -297,30 +296,7 @@ class TrainingLoop:
                  f"peak used: {peak_mb:5d} MB | {self.layout})", flush=True)
 
     def stop_if_not_finite(self, step: int, what: str, value: float) -> None:
-        """Megatron's check_for_nan_in_loss_and_grad (on by default): a NaN or infinite loss or
-        gradient norm ends the run with a message instead of training on garbage. The value is
-        the same on every rank (a mean over the job), so every rank stops here together."""
-        if not self.args.check_for_nan_in_loss_and_grad or math.isfinite(value):
-            return
-        found = [f for f in self.env.comm.gather(self.first_not_finite(), root=0) or [] if f]
-        if self.env.is_main:
-            where = (f"the first tensor that is not: {found[0]}" if found else
-                     "every weight and gradient is finite, so an activation overflowed (--precision_check "
-                     "level=1 names the first module whose output is not finite)")
-            print(f"step {step}: the {what} is {value}; {where}. Training diverged (or the data or weights "
-                  "hold NaN/inf): lower --learning_rate or set --grad_clip; "
-                  "--no_check_for_nan_in_loss_and_grad trains on regardless", file=sys.stderr, flush=True)
-        sys.exit(1)
-
-    def first_not_finite(self) -> str | None:
-        """This rank's first parameter or gradient, in model order, holding a NaN or inf (read
-        only once the run has failed: a pass over every tensor)."""
-        import numpy as np
-        for name, p in self.model.named_parameters():
-            for label, t in ((name, p), (f"{name}.grad", p.grad)):
-                if t is not None and t.numel() and not np.isfinite(t.detach().float().cpu().numpy()).all():
-                    return f"{label} (rank {self.env.rank})"
-        return None
+        stop_if_not_finite(self.args, self.env, self.model, step, what, value)
 
     def report_memory(self) -> None:
         """Every rank's highest step peak of the run, on one line (the step lines show rank 0's;

@@ -17,8 +17,8 @@ import infinitrain as it
 import infinitrain.nn.functional as F
 from infinitrain.data import DataLoader, DistributedSampler, TensorDataset
 from infinitrain.data.prepare import load_mnist, mnist_file, on_every_node
-from infinitrain.examples.flags import (check_input_files, nonnegative_float, nonnegative_int, positive_int,
-                                        probability)
+from infinitrain.examples.flags import (add_nan_check_flag, check_input_files, nonnegative_float, nonnegative_int,
+                                        positive_int, probability, stop_if_not_finite)
 from infinitrain.models.mlp import MLP
 from infinitrain.nn import parallel
 
@@ -36,6 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--train_subset", type=nonnegative_int, default=0,
                    help="train on the first N images (0 = all 50,000)")
     p.add_argument("--seed", type=int, default=42)
+    add_nan_check_flag(p)
     return p.parse_args(argv)
 
 
@@ -85,8 +86,13 @@ def main(argv=None) -> int:
             loss = F.cross_entropy(net(x), y)
             opt.zero_grad()
             loss.backward()
+            batch_loss = loss.item()
+            if args.check_for_nan_in_loss_and_grad:  # every rank's loss, so that all stop together
+                both = it.tensor([batch_loss])
+                env.world.all_reduce(both)
+                stop_if_not_finite(args, env, model, epoch, "loss", both.item())
             opt.step()
-            total, n = total + loss.item() * len(y), n + len(y)
+            total, n = total + batch_loss * len(y), n + len(y)
         sums = it.tensor([total, float(n)])
         env.world.all_reduce(sums)
         if main_rank:

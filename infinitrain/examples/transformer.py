@@ -34,8 +34,9 @@ from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.examples.lm_loop import ProfileWindow
-from infinitrain.examples.flags import (add_async_tp_flag, check_input_files, check_outputs, nonnegative_int,
-                                        plan_of, positive_float, positive_int, probability, refuse)
+from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, check_input_files, check_outputs,
+                                        nonnegative_int, plan_of, positive_float, positive_int, probability, refuse,
+                                        stop_if_not_finite)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
@@ -74,6 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--tensor_parallel", type=positive_int, default=1,
                    help="split each layer's heads and feed-forward units, and the vocabulary, over this many ranks")
     add_async_tp_flag(p)
+    add_nan_check_flag(p)
     p.add_argument("--recompute", action="store_true", help="recompute each layer's activations in backward")
     p.add_argument("--val_loss_every", type=nonnegative_int, default=0, help="0 = only at the end")
     p.add_argument("--save", default=None, help="folder for checkpoints (written at the end)")
@@ -217,8 +219,11 @@ def main(argv=None) -> int:
         mine = float((tgt_out.numpy() != PAD).sum())
         tokens = trainer.dp_mean(mine) * dp
         micro = [((src.to(env.device), tgt_in.to(env.device), mine * dp / tokens), tgt_out.to(env.device))]
-        loss, _ = trainer.step(micro, lambda: autocast(args.dtype, enabled=args.dtype != "float32"),
-                               args.grad_clip)
+        loss, norm = trainer.step(micro, lambda: autocast(args.dtype, enabled=args.dtype != "float32"),
+                                  args.grad_clip)
+        stop_if_not_finite(args, env, model, step, "loss", loss)  # (a mean over the job: every rank stops)
+        if norm is not None:
+            stop_if_not_finite(args, env, model, step, "gradient norm", norm)
         lr = trainer.optimizer.param_groups[0]["lr"]
         schedule.step()
         ms = (time.perf_counter() - t0) * 1000

@@ -67,3 +67,11 @@ def test_source_pickle_may_hold_arrays_only():
     evil = pickle.dumps(os.system, protocol=2)
     with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
         _ArraysOnly(io.BytesIO(evil)).load()
+
+
+@pytest.mark.slow
+def test_the_example_stops_on_a_loss_that_is_not_finite(mnist):
+    """A learning rate that blows the weights up: the example stops with the reason and exit 1
+    (it trained on the NaN and exited 0), as the language-model examples do."""
+    out = example(1, "mnist", ["--epochs", "1", "--train_subset", "2048", "--learning_rate", "1e30"], check=False)
+    assert out.returncode == 1 and "Training diverged" in out.stderr and "epoch 1" not in out.stdout, out

@@ -202,3 +202,13 @@ def test_the_example_checks_its_outputs_before_training(corpus, tmp_path):
     out = example(1, "transformer", ["--model", "tiny", "--profile", str(tmp_path / "no" / "t.json")], check=False)
     assert out.returncode != 0 and "--profile" in out.stderr and "does not exist" in out.stderr
     assert "step" not in out.stdout
+
+
+@pytest.mark.slow
+def test_the_example_stops_on_a_loss_that_is_not_finite(corpus):
+    """The encoder-decoder trained on a NaN loss and exited 0; it stops with the reason now."""
+    out = example(1, "transformer", ["--model", "tiny", "--num_iteration", "20", "--batch_size", "16",
+                                     "--learning_rate", "1e30", "--translate", "1", "--beam", "1"],
+                  timeout=600, check=False)
+    assert out.returncode == 1 and "Training diverged" in out.stderr, out.stderr[-2000:]
+    assert "--no_check_for_nan_in_loss_and_grad trains on regardless" in out.stderr
