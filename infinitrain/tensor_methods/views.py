@@ -14,6 +14,22 @@ from ..ops import shape as _shape
 from ..tensor import Tensor, _wrap_dim
 
 
+def _values_per_row(value, n: int, row_shape: tuple) -> str:
+    """How x[index] = value spreads value over the n selected rows of shape row_shape, as PyTorch
+    broadcasts it to the indexing result [n, *row_shape]: "each" (value[j] to row j), "first"
+    (value[0] to every row) or "all" (value itself, broadcast to every row); a value that does not
+    broadcast is refused with PyTorch's message (it filled every row with the first value)."""
+    if not isinstance(value, Tensor) or value.ndim <= len(row_shape):
+        shape = tuple(value.shape) if isinstance(value, Tensor) else ()
+        if all(a in (1, b) for a, b in zip(reversed(shape), reversed(row_shape))):
+            return "all"
+    elif value.ndim == len(row_shape) + 1 and value.shape[0] in (1, n) and \
+            all(a in (1, b) for a, b in zip(reversed(tuple(value.shape[1:])), reversed(row_shape))):
+        return "each" if value.shape[0] == n and n > 1 else "first"
+    raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to "
+                       f"indexing result of shape {[n, *row_shape]}")
+
+
 def _advanced_index(x, key):
     """(the tensor x[key] with the one index tensor, list or bool mask of key replaced by full
     slices, the dimension where that index applies, the index as a tensor), or None when key
@@ -189,6 +205,9 @@ class ViewMethods:
             memory.copy_into(self._getitem_raw(key), value)
             return
         y, dim, index = found  # y: a view of self, so writes into it land in self
+        if not isinstance(value, Tensor) and not isinstance(value, (int, float, bool)):
+            from ..creation import tensor  # a list or array of values: a tensor of this one's dtype
+            value = tensor(value, dtype=self.dtype, device=self.device)
         if index.dtype is _dt.bool and (not isinstance(value, Tensor) or value.ndim == 0):
             # x[mask] = number: one masked fill, the mask aligned with the dims it indexes
             y.masked_fill_(index.reshape(tuple(index.shape) + (1,) * (y.ndim - dim - index.ndim)), value)
@@ -198,12 +217,9 @@ class ViewMethods:
             rows = [y[(slice(None),) * dim + p] for p in positions]
         else:
             rows = [y.select(dim, int(i)) for i in index.reshape(-1).tolist()]
-        values = value if isinstance(value, Tensor) else None
+        per_row = _values_per_row(value, len(rows), tuple(rows[0].shape) if rows else ())
         for j, row in enumerate(rows):  # one copy per selected position (x[idx] = v, x[mask] = v)
-            if values is not None and values.ndim and values.shape[0] == len(rows) and len(rows) > 1:
-                memory.copy_into(row, values[j])
-            else:
-                memory.copy_into(row, value)
+            memory.copy_into(row, value[j] if per_row == "each" else value[0] if per_row == "first" else value)
 
     def index_select(self, dim: int, index: Tensor) -> Tensor:
         return _idx.index_select(self, dim, index)

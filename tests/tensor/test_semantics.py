@@ -254,3 +254,20 @@ def test_an_optimizer_refuses_a_non_leaf_tensor():
     w = it.tensor([1.0, 2.0], requires_grad=True)
     with pytest.raises(ValueError, match="non-leaf"):
         it.optim.AdamW([w * 2])
+
+
+def test_index_assignment_of_values_that_do_not_fit_the_selection_is_refused():
+    """x[mask] = [1, 2, 3] on 5 selected slots filled all five with 1; PyTorch refuses the shape
+    mismatch, and spreads a fitting value as it broadcasts to the indexing result."""
+    x = it.zeros(5)
+    with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[3\] cannot be broadcast to "
+                                           r"indexing result of shape \[5\]"):
+        x[it.tensor([True] * 5)] = [1, 2, 3]
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        x[it.tensor([0, 1, 2])] = it.tensor([1.0, 2.0])
+    x[it.tensor([True, False, True, False, True])] = [1, 2, 3]
+    assert x.tolist() == [1, 0, 2, 0, 3]
+    y = it.zeros(3, 2)
+    y[it.tensor([0, 2])] = it.tensor([5.0, 6.0])  # one row for every selected row
+    y[it.tensor([True, False, False])] = it.tensor([[7.0, 8.0]])
+    assert y.tolist() == [[7, 8], [0, 0], [5, 6]]
