@@ -173,8 +173,13 @@ def floor_divide(a, b):
         zero = compare(lib.IT_EQ, b, 0) if isinstance(b, Tensor) else None
         if (b == 0) if zero is None else bool(zero.any().item()):
             raise ZeroDivisionError("floor_divide: integer division by zero")
-        wide = _math.cast(a, _dt.float64), (_math.cast(b, _dt.float64) if isinstance(b, Tensor) else float(b))
-        return _math.cast(floor_divide(*wide), a.dtype)
+        # exactly, in integers (through float64 it rounded past 2^53: (2**53 + 1) // 1 gave 2**53);
+        # no kernel divides integers, so numpy does, on the host
+        import numpy as np
+        from ..creation import from_numpy
+        host = np.floor_divide(a.cpu().numpy(), b.cpu().numpy() if isinstance(b, Tensor) else b)
+        return from_numpy(np.ascontiguousarray(host).astype(a.dtype.name if a.dtype.name != "bool" else "int64",
+                                                            copy=False)).to(device=a.device)
     q = _math.div(a, b)
     whole = _math.cast(_math.cast(q, _dt.int64), q.dtype)  # rounded toward zero
     floor = where(compare(lib.IT_GT, whole, q), whole - 1, whole)

@@ -271,3 +271,13 @@ def test_index_assignment_of_values_that_do_not_fit_the_selection_is_refused():
     y[it.tensor([0, 2])] = it.tensor([5.0, 6.0])  # one row for every selected row
     y[it.tensor([True, False, False])] = it.tensor([[7.0, 8.0]])
     assert y.tolist() == [[7, 8], [0, 0], [5, 6]]
+
+
+def test_integer_floor_division_is_exact_past_two_to_the_53():
+    """Integer // went through float64: (2**53 + 1) // 1 gave 2**53."""
+    values = [2**53 + 1, -7, 7, -2**62, 2**62 + 3]
+    x = it.tensor(values, dtype=it.int64)
+    for d in (1, 2, -3, 7):
+        assert (x // d).tolist() == [v // d for v in values]
+    assert (x // it.tensor([1, 2, -3, 5, -1])).tolist() == [v // d for v, d in zip(values, [1, 2, -3, 5, -1])]
+    assert (x // 2).dtype is it.int64
