@@ -134,7 +134,8 @@ class _Imported:
 
 def from_dlpack(obj):
     """A tensor sharing the memory of obj (anything with __dlpack__: a numpy array, a PyTorch
-    or CuPy tensor; or a "dltensor" capsule), without a copy."""
+    or CuPy tensor; or a "dltensor" capsule), without a copy; memory the producer marks
+    read-only (a read-only numpy array, a memory map) is copied, with a warning."""
     from .storage import Storage
     from .tensor import Tensor
     if isinstance(obj, Tensor):
@@ -153,9 +154,11 @@ def from_dlpack(obj):
         if managed.contents.version.major > 1:
             raise TypeError(f"from_dlpack: DLPack {managed.contents.version.major}.x is newer than this reader's 1.0")
         _api.PyCapsule_SetName(capsule, b"used_dltensor_versioned")
+        read_only = bool(managed.contents.flags & 1)
     elif _api.PyCapsule_IsValid(capsule, b"dltensor"):
         managed = ctypes.cast(_api.PyCapsule_GetPointer(capsule, b"dltensor"), ctypes.POINTER(_Managed))
         _api.PyCapsule_SetName(capsule, b"used_dltensor")  # ours now: its deleter is ours to call
+        read_only = False  # (DLPack before 1.0 cannot say; numpy refuses to export read-only arrays so)
     else:
         raise TypeError(f"from_dlpack: expected an object with __dlpack__ or an unused DLPack capsule, got "
                         f"{type(obj).__name__} (a capsule is read once)")
@@ -192,7 +195,13 @@ def from_dlpack(obj):
     span = 0 if numel == 0 else (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * item
     address = (t.data or 0) + t.byte_offset
     storage = Storage.wrap(address, span, device, keepalive=owner)
-    return Tensor._make(storage, shape, strides, 0, dtype)
+    shared = Tensor._make(storage, shape, strides, 0, dtype)
+    if read_only:  # (writing through a view of read-only memory, a memory map, would crash the process)
+        import warnings
+        warnings.warn("from_dlpack: the producer's memory is read-only (DLPack's read-only flag): the tensor is "
+                      "a copy of it, and writes to it do not reach the producer", UserWarning, stacklevel=2)
+        return shared.clone()
+    return shared
 
 
 def from_cuda_array_interface(obj, device=None):

@@ -82,3 +82,21 @@ def test_cuda_tensors_go_both_ways_with_pytorch_on_a_gpu():
     assert tt.device.type == "cuda" and tt.data_ptr() == t.data_ptr() and tt.tolist() == [1.0, 2.0, 3.0]
     back = it.from_dlpack(torch.arange(4.0, device="cuda"))
     assert back.device.type == "cuda" and back.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_read_only_memory_is_copied_not_written(tmp_path):
+    """DLPack's read-only flag (a read-only numpy array, a read-only memory map): the tensor is
+    a copy, with a warning; the first in-place op on a read-only map was a SIGSEGV."""
+    frozen = np.arange(4, dtype=np.float32)
+    frozen.flags.writeable = False
+    with pytest.warns(UserWarning, match="read-only"):
+        t = it.from_dlpack(frozen)
+    t.add_(1)
+    assert frozen.tolist() == [0, 1, 2, 3] and t.tolist() == [1, 2, 3, 4]
+    np.arange(6, dtype=np.float32).tofile(tmp_path / "m.bin")
+    with pytest.warns(UserWarning, match="read-only"):
+        mapped = it.from_dlpack(np.memmap(tmp_path / "m.bin", dtype=np.float32, mode="r"))
+    assert mapped.mul_(2).tolist() == [0, 2, 4, 6, 8, 10]
+    writable = np.arange(3, dtype=np.float32)
+    it.from_dlpack(writable).add_(1)  # shared, as before
+    assert writable.tolist() == [1, 2, 3]
