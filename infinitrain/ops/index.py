@@ -176,10 +176,15 @@ def floor_divide(a, b):
         # exactly, in integers (through float64 it rounded past 2^53: (2**53 + 1) // 1 gave 2**53);
         # no kernel divides integers, so numpy does, on the host
         import numpy as np
-        from ..creation import from_numpy
+        from ..device import as_device
         host = np.floor_divide(a.cpu().numpy(), b.cpu().numpy() if isinstance(b, Tensor) else b)
-        return from_numpy(np.ascontiguousarray(host).astype(a.dtype.name if a.dtype.name != "bool" else "int64",
-                                                            copy=False)).to(device=a.device)
+        staged = _empty(host.shape, a.dtype, as_device("cpu"))  # (CPU tensors share numpy's memory)
+        np.copyto(staged.numpy(), host, casting="unsafe")
+        if a.device.type == "cpu":
+            return staged
+        out = _empty(host.shape, a.dtype, a.device)
+        copy_into(out, staged)
+        return out
     q = _math.div(a, b)
     whole = _math.cast(_math.cast(q, _dt.int64), q.dtype)  # rounded toward zero
     floor = where(compare(lib.IT_GT, whole, q), whole - 1, whole)

@@ -85,7 +85,9 @@ def test_chrome_trace_of_every_rank_with_the_communication_thread(tmp_path):
                               "--sequence_length", "32", "--num_iteration", "3", "--profile", trace,
                               "--profile_steps", "2"],
                   env=dict(ENV, INFINITRAIN_COMM_THREAD="1"))
-    assert "---- profile of steps 2-3" in out and "all_reduce" in out, out
+    # (the table shows the 30 costliest rows: on a loaded machine all_reduce may rank lower; the
+    # trace below holds every one)
+    assert "---- profile of steps 2-3" in out, out
     assert re.search(r"communication: [\d.]+ ms on rank 0, \d+% of it hidden behind computation", out), out
     events = json.loads(trace.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
