@@ -119,7 +119,7 @@ def _check_launcher_against_library() -> None:
     launcher goes with which install instead."""
     env = os.environ
     openmpi_launcher = "OMPI_COMM_WORLD_SIZE" in env
-    hydra_launcher = ("PMI_FD" in env or "PMI_PORT" in env) and not openmpi_launcher
+    hydra_launcher = "HYDI_CONTROL_FD" in env and not openmpi_launcher  # MPICH's (and Intel MPI's) Hydra
     if not (openmpi_launcher or hydra_launcher):
         return
     abi = _library_abi()
