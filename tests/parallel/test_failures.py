@@ -184,3 +184,32 @@ def test_sigterm_saves_at_the_step_boundary_and_the_restarted_job_resumes_bit_fo
     assert out.returncode == 0 and "restart 1: resuming from" in out.stdout and "at step 3" in out.stdout, out.stdout
     steps = step_lines(out.stdout.split("restart 1: resuming")[1])
     assert sorted(steps) == [4, 5, 6] and all(steps[s] == uninterrupted[s] for s in steps), (steps, uninterrupted)
+
+
+def test_an_unusable_flight_recorder_folder_is_refused_at_start(tmp_path):
+    """--flight_recorder_dir naming a file: the job is refused when it starts (the watchdog
+    printed an OSError twice a second at a hang and never aborted the job)."""
+    (tmp_path / "afile").write_text("not a folder")
+    out = launch(2, "--flight_recorder_dir", str(tmp_path / "afile"))
+    assert out.returncode != 0 and "flight recorder folder" in out.stderr and "not a folder" in out.stderr, \
+        out.stderr[-2000:]
+
+
+@pytest.mark.mpi
+def test_the_watchdog_aborts_a_hung_job_even_when_its_records_cannot_be_written(tmp_path, capsys):
+    """A hang whose flight records cannot be written (the folder became a file, a full disk)
+    still ends the job, saying so."""
+    import time
+    from types import SimpleNamespace
+    from infinitrain.nn.parallel.watchdog import FlightRecorder, Watchdog
+    aborted = []
+    dog = object.__new__(Watchdog)  # its state without its thread
+    (tmp_path / "afile").write_text("")
+    dog.comm = SimpleNamespace(Abort=aborted.append)
+    dog.timeout, dog.folder, dog.job, dog.rank, dog.world, dog.poll = 1.0, tmp_path / "afile", "job", 0, 2, 0.01
+    dog.recorder, dog.answered = FlightRecorder(8), set()
+    rec = dog.recorder.start(SimpleNamespace(name="dp", ranks=[0, 1]), "all_reduce", 8)
+    dog._hang(rec, time.time() + 5)
+    assert aborted == [1]
+    err = capsys.readouterr().err
+    assert "could not be written" in err and "aborting the job" in err, err

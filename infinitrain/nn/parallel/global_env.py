@@ -227,6 +227,15 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
         init_timeout = float(os.environ.get("INFINITRAIN_INIT_TIMEOUT", "300"))
     _rendezvous(comm, init_timeout)
     layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel)
+    if collective_timeout is None:
+        collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
+    if not collective_timeout >= 0 or collective_timeout == float("inf"):  # NaN, negative: not "off" by accident
+        raise ValueError(f"collective timeout must be a number of seconds >= 0 (0: no watchdog), got "
+                         f"{collective_timeout} (INFINITRAIN_COLLECTIVE_TIMEOUT or collective_timeout=)")
+    folder = flight_recorder_dir or os.environ.get("INFINITRAIN_FLIGHT_RECORDER_DIR", "flight_recorder")
+    if comm.Get_size() > 1 and collective_timeout > 0:  # where a hang is recorded: usable, known now
+        from .watchdog import check_folder
+        check_folder(folder)
     local_rank, local_size, cores = _local_cores(comm)
     if comm.Get_size() > 1:
         _whole_lines()
@@ -239,12 +248,6 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     gpu = _pick_gpu(local_rank, local_size, named) if dev.type == "cuda" else None
     _ENV = GlobalEnv(comm, layout, local_size, gpu, local_rank)
     set_default_data_parallel_group(_ENV.dp_group)
-    if collective_timeout is None:
-        collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
-    if not collective_timeout >= 0 or collective_timeout == float("inf"):  # NaN, negative: not "off" by accident
-        raise ValueError(f"collective timeout must be a number of seconds >= 0 (0: no watchdog), got "
-                         f"{collective_timeout} (INFINITRAIN_COLLECTIVE_TIMEOUT or collective_timeout=)")
-    folder = flight_recorder_dir or os.environ.get("INFINITRAIN_FLIGHT_RECORDER_DIR", "flight_recorder")
     if comm.Get_size() > 1:
         from . import watchdog
         _ENV.watchdog = watchdog.start(comm, collective_timeout, folder)

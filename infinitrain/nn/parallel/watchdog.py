@@ -107,17 +107,21 @@ class Watchdog:
 
     def _hang(self, rec, now: float) -> None:
         waited = now - rec[6]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.recorder.dump(self._path(self.rank), self.rank, self.job, f"timed out in {_describe(rec)}")
-        request = self.folder / f"dump-request-{self.job}-{self.rank}"
-        request.write_text(_describe(rec))
-        self.answered.add(request.name)
-        time.sleep(min(5.0, max(2.0, 4 * self.poll)))  # the others' watchdogs answer
-        verdict = self.diagnose(rec, self._read_rings())
-        request.unlink(missing_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.recorder.dump(self._path(self.rank), self.rank, self.job, f"timed out in {_describe(rec)}")
+            request = self.folder / f"dump-request-{self.job}-{self.rank}"
+            request.write_text(_describe(rec))
+            self.answered.add(request.name)
+            time.sleep(min(5.0, max(2.0, 4 * self.poll)))  # the others' watchdogs answer
+            verdict = self.diagnose(rec, self._read_rings())
+            request.unlink(missing_ok=True)
+            records = f"Flight records of every rank that answered are in {self.folder}/"
+        except OSError as e:  # no flight records, but the job must still end
+            verdict = "the other ranks' flight records could not be collected"
+            records = f"The flight records could not be written to {self.folder} ({e.strerror or e})"
         sys.stderr.write(f"[rank {self.rank}] watchdog: waited {waited:.1f} s (collective timeout "
-                         f"{self.timeout:g}) in {_describe(rec)}: {verdict}. Flight records of every rank "
-                         f"that answered are in {self.folder}/; aborting the job.\n")
+                         f"{self.timeout:g}) in {_describe(rec)}: {verdict}. {records}; aborting the job.\n")
         sys.stderr.flush()
         time.sleep(0.5)
         self.comm.Abort(1)
@@ -155,6 +159,22 @@ class Watchdog:
                     else "; it is in no collective"
                 findings.append(f"rank {m} is stuck before it (its last on that group: #{last}{where})")
         return "; ".join(findings) if findings else "every rank of the group entered it"
+
+
+def check_folder(folder) -> None:
+    """The flight recorder's folder must be one this process can write (made when a hang is
+    dumped): refused at start, not found out when a rank hangs."""
+    path = Path(folder)
+    if path.exists():
+        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"flight recorder folder {path}: {'not a folder' if not path.is_dir() else 'not writable'}"
+                             " (--flight_recorder_dir or INFINITRAIN_FLIGHT_RECORDER_DIR names where hangs are "
+                             "recorded)")
+        return
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"flight recorder folder {path}: cannot be made under {parent} (not writable); name "
+                         "another with --flight_recorder_dir or INFINITRAIN_FLIGHT_RECORDER_DIR")
 
 
 def start(comm, timeout: float, folder) -> Watchdog | None:
