@@ -119,6 +119,20 @@ def recorded_step(folder: Path) -> int | None:
         return None
 
 
+def newest_checkpoint(root) -> Path | None:
+    """The checkpoint a run saving into root would resume from: the one `latest` names, else (a
+    job killed between a checkpoint's rename and `latest`'s) the step folder recording the
+    highest step; None when root holds none."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    if (root / "latest").is_file():
+        return root
+    steps = {p: recorded_step(p) for p in root.iterdir() if p.is_dir() and p.name.startswith("step_")}
+    steps = {p: s for p, s in steps.items() if s is not None}
+    return max(steps, key=steps.get) if steps else None
+
+
 def rotated_out(root: Path, keep: int, protect: Path) -> list:
     """The checkpoint folders of root past the newest `keep`, ordered by the step each records
     (not by name: step_1000000 sorts before step_999999), never `protect` (the one just written)

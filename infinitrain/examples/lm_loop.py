@@ -112,15 +112,19 @@ class TrainingLoop:
         another run's checkpoints at or past the steps this one will write is refused (their
         rotation and `latest` would mix the two runs)."""
         args = self.args
-        if args.save and Path(args.save).is_dir() and not args.eval_only:
+        ahead = []  # decided on rank 0 for every rank (a rank that refused alone would leave the others waiting)
+        if self.env.is_main and args.save and Path(args.save).is_dir() and not args.eval_only:
             resumed_here = args.load and Path(args.load).resolve() in (Path(args.save).resolve(),
                                                                         *Path(args.save).resolve().iterdir())
-            ahead = sorted(p.name for p in Path(args.save).iterdir() if p.is_dir() and p.name.startswith("step_")
-                           and (recorded_step(p) or 0) >= self.first)
-            if ahead and not resumed_here:
-                refuse(f"--save {args.save} holds checkpoints of another run ({', '.join(ahead[:3])}"
-                       f"{', ...' if len(ahead) > 3 else ''}) at or past step {self.first}, which this run would "
-                       "write: resume that run (--load it, or --resume auto), or name an empty folder")
+            ahead = [] if resumed_here else sorted(
+                p.name for p in Path(args.save).iterdir()
+                if p.is_dir() and p.name.startswith("step_") and (recorded_step(p) or 0) >= self.first)
+        if self.env.world.size > 1:
+            ahead = self.env.comm.bcast(ahead, root=0)
+        if ahead:
+            refuse(f"--save {args.save} holds checkpoints of another run ({', '.join(ahead[:3])}"
+                   f"{', ...' if len(ahead) > 3 else ''}) at or past step {self.first}, which this run would "
+                   "write: resume that run (--resume auto, or --load it), or name an empty folder")
         check_outputs(folders=[("--save", args.save), ("--lora_save_path", args.lora_save_path),
                                ("--save_pretrained", args.save_pretrained)],
                       files=[("--profile", args.profile), ("--plot", args.plot)], plot=args.plot)
@@ -202,8 +206,8 @@ class TrainingLoop:
         try:
             with self.trainer.gathered_parameters():
                 save_pretrained(self.model, self.args.save_pretrained, write=self.plan.writes_files)
-        except CheckpointError as e:
-            sys.exit(f"--save_pretrained: {e}")
+        except CheckpointError as e:  # on the writing rank only: raised, so that the whole job ends
+            raise RuntimeError(f"--save_pretrained: {e}") from None
         self.env.world.barrier()
         self.log(f"saved the model in transformers' format to {self.args.save_pretrained}", flush=True)
 
@@ -233,6 +237,7 @@ class TrainingLoop:
                 sample(self.model, self.tokenizer, args, self.env, self.plan, self.pipe)
             if step < args.num_iteration and self.preempted():
                 self.stop_preempted(step)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # after the steps, a SIGTERM ends the process again
 
     def on_sigterm(self, signum, frame) -> None:
         """SIGTERM (a scheduler's preemption, Slurm's --signal, a `kill`): noted, acted on at the

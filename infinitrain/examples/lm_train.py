@@ -14,6 +14,7 @@ from pathlib import Path
 
 import infinitrain as it
 from infinitrain.checkpoint import CheckpointError, load_lora, read_lora_config, resolve
+from infinitrain.checkpoint.writer import newest_checkpoint
 from infinitrain.data import DataFormatError, Tokenizer, read_shard
 from infinitrain.examples.flags import check_input_files, plan_of, refuse
 from infinitrain.io import input_file
@@ -106,14 +107,20 @@ def make_plan(args, env):
 
 
 def resume_from_save(args, log) -> None:
-    """--resume auto (the default under mpi_launch --max_restarts): without --load, resume from
-    --save's latest checkpoint when there is one. A resumed job keeps the checkpoint's global
-    batch unless --total_batch_size says otherwise, so that a job restarted at another size
-    (more accumulation steps when DP shrinks) continues the same run."""
+    """--resume auto (the default under mpi_launch --max_restarts): resume from --save's newest
+    checkpoint when there is one, in place of --load (as TorchTitan's initial load path: a job
+    started from --load and restarted continues its own run, not the --load one again). A
+    resumed job keeps the checkpoint's global batch unless --total_batch_size says otherwise, so
+    that a job restarted at another size (more accumulation steps when DP shrinks) continues the
+    same run."""
     resume = args.resume or ("auto" if os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") not in ("", "0") else "never")
     args.auto_resumed = False
-    if resume == "auto" and not args.load and args.save and (Path(args.save) / "latest").is_file():
-        args.load, args.auto_resumed = args.save, True
+    own = newest_checkpoint(args.save) if resume == "auto" and args.save and not args.eval_only else None
+    if own is not None:
+        if args.load:
+            log(f"--resume auto: {args.save} holds this run's checkpoints; resuming from them, not --load "
+                f"{args.load}", flush=True)
+        args.load, args.auto_resumed = str(own), True
     if args.load:
         try:
             from infinitrain.checkpoint import read_meta

@@ -1,6 +1,7 @@
 """Checkpoints: save/load round trips, integrity and version checks, a killed save, exact
 resume of the training example, and safetensors export."""
 import json
+import re
 import signal
 
 import numpy as np
@@ -200,3 +201,20 @@ def test_a_save_folder_of_another_run_is_refused_and_a_finished_run_is_not_rewri
     assert (tmp_path / "ck" / "latest").read_text().strip() == "step_000002"
     example(1, "gpt2", [*args, "--num_iteration", "3", "--resume", "auto"])  # continuing it is fine
     assert (tmp_path / "ck" / "latest").read_text().strip() == "step_000003"
+
+
+@pytest.mark.slow
+def test_a_restarted_job_resumes_its_own_checkpoints_even_when_started_from_load_or_without_latest(tmp_path):
+    """--resume auto (what a restart runs) prefers --save's own newest checkpoint to --load (a
+    fine-tune started from A and restarted continues its run, not A again), and finds it by the
+    steps recorded when a kill came between the rename and `latest`."""
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    args = ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2", "--sequence_length", "16"]
+    example(1, "gpt2", [*args, "--num_iteration", "2", "--save", tmp_path / "a"])
+    tuned = [*args, "--load", tmp_path / "a", "--save", tmp_path / "b", "--save_interval", "1"]
+    example(1, "gpt2", [*tuned, "--num_iteration", "3"])
+    out = example(1, "gpt2", [*tuned, "--num_iteration", "4", "--resume", "auto"])
+    assert "resuming from them, not --load" in out and re.findall(r"step +(\d+)/4", out) == ["4"], out
+    (tmp_path / "b" / "latest").unlink()  # as if killed after step_000004's rename, before `latest`
+    out = example(1, "gpt2", [*tuned, "--num_iteration", "5", "--resume", "auto"])
+    assert re.findall(r"step +(\d+)/5", out) == ["5"], out

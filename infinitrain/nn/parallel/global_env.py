@@ -235,7 +235,15 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     folder = flight_recorder_dir or os.environ.get("INFINITRAIN_FLIGHT_RECORDER_DIR", "flight_recorder")
     if comm.Get_size() > 1 and collective_timeout > 0:  # where a hang is recorded: usable, known now
         from .watchdog import check_folder
-        check_folder(folder)
+        problem = None
+        if comm.Get_rank() == 0:  # decided once, for every rank (one refusing alone would hang the rest)
+            try:
+                check_folder(folder)
+            except ValueError as e:
+                problem = str(e)
+        problem = comm.bcast(problem, root=0)
+        if problem:
+            raise ValueError(problem)
     local_rank, local_size, cores = _local_cores(comm)
     if comm.Get_size() > 1:
         _whole_lines()
