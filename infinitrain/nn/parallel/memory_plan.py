@@ -57,8 +57,8 @@ def embedding_rows(config) -> int:
 
 def stage_estimates(plan, config, model_class, batch_size: int, seq_len: int, micro_batches: int,
                     dtype: str) -> list:
-    """Each pipeline stage's estimate, [(bytes by component, the AdamW state's bytes, parameters)]
-    per stage (one without a pipeline), for a rank of that stage."""
+    """Each pipeline stage's estimate, [(bytes by component, the AdamW state's bytes, parameters,
+    micro-batches in flight)] per stage (one without a pipeline), for a rank of that stage."""
     L = plan.layout
     per_stage, blocks = stage_parameters(plan, config, model_class)
     # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
