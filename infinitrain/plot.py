@@ -37,6 +37,25 @@ def parse_log(text: str) -> dict:
     return {"train": train, "val": val}
 
 
+MAX_LINE = 1 << 20  # a log line longer than this is not one the examples wrote
+
+
+def read_log(path) -> dict:
+    """parse_log of a log file, read line by line with each line bounded: a file that is not a
+    log (a binary, /dev/zero, a pipe that never ends a line) is refused, not read into memory."""
+    curves = {"train": [], "val": []}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE), ""), 1):
+            if len(line) == MAX_LINE and not line.endswith("\n"):
+                raise ValueError(f"{path}: line {number} is longer than {MAX_LINE:,} characters; not a training log")
+            part = parse_log(line)
+            curves["train"] += part["train"]
+            if part["val"]:  # a val loss is placed at the last train step seen
+                last = curves["train"][-1][0] if curves["train"] else 0
+                curves["val"] += [(last, loss) for _, loss in part["val"]]
+    return curves
+
+
 def pyplot():
     """matplotlib's pyplot (drawing to files), or an error that says how to install it: the
     examples call this before training, so that --plot fails at once, not after the run."""
@@ -85,9 +104,11 @@ def main(argv=None) -> int:
     runs = {}
     for f in args.logs:
         try:
-            runs[Path(f).stem] = parse_log(Path(f).read_text())
+            runs[Path(f).stem] = read_log(f)
         except OSError as e:
             raise SystemExit(f"cannot read {f}: {e.strerror or e}")
+        except ValueError as e:
+            raise SystemExit(str(e))
     try:
         plot_losses(runs, args.output, args.title)
     except (RuntimeError, ValueError) as e:

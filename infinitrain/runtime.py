@@ -46,3 +46,22 @@ def reset_peak_memory_stats(device="cpu") -> None:
 def empty_cache(device="cpu") -> None:
     """Returns cached free blocks to the system."""
     check(lib.it_memory_empty_cache(as_device(device).native))
+
+
+def available_memory() -> int | None:
+    """This node's available host memory (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def check_fits_in_memory(nbytes: float, what: str, hint: str = "") -> None:
+    """Raise MemoryError naming `what` when it would need more than this node's available
+    memory: a size read from a flag or a file is bounded before anything is allocated for it
+    (else a typo such as 3.2e19 grows the process until the kernel kills it)."""
+    available = available_memory()
+    if available is not None and nbytes > available:
+        raise MemoryError(f"{what} would need {nbytes / 2**30:,.1f} GiB of memory; this machine has "
+                          f"{available / 2**30:,.1f} GiB available" + (f". {hint}" if hint else ""))

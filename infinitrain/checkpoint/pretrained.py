@@ -19,6 +19,7 @@ from safetensors import SafetensorError
 from ..autograd import no_grad
 from ..io import DataFormatError, atomic_write, input_file
 from ..creation import from_numpy
+from ..runtime import check_fits_in_memory
 from ..nn.parallel.tensor_parallel import full_tensor, load_full
 from .format import CheckpointError, _write_safetensors
 from .sharded import _gathered, _stage_suffix
@@ -75,6 +76,11 @@ def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
     if not hf.is_transformers_config(config):
         return _from_earlier_format(cls, folder, config, tp, pp, cp)
     cfg = hf.config_of(cls, config, folder)
+    numel = cls._llmc_numel(cfg)  # bounded before its names and shapes are even listed
+    try:
+        check_fits_in_memory(4 * numel, f"the model {where} describes ({numel:,} parameters in float32)")
+    except MemoryError as e:
+        raise DataFormatError(str(e)) from None
     files = hf.SafetensorsFiles(hf.safetensors_files(folder))
     tied = cls.__name__ == "GPT2" or ("lm_head.weight" not in files.where and config.get("tie_word_embeddings", False))
     want = hf.expected_shapes(cls, cfg, tied)

@@ -24,6 +24,7 @@ from infinitrain.nn import parallel
 from infinitrain.nn.lora import apply_lora
 from infinitrain.nn.parallel.memory_plan import memory_plan
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
+from infinitrain.runtime import check_fits_in_memory
 from infinitrain.optim import AdamW
 from infinitrain.optim.offload import OffloadError
 
@@ -132,7 +133,10 @@ def resume_from_save(args, log) -> None:
             args.model_recorded = recorded  # the model the checkpoint holds, rebuilt from its config
         saved = meta.get("extra", {}).get("total_batch_size")
         if not args.total_batch_size and saved and not args.eval_only:  # (evaluation takes no step)
-            args.total_batch_size = int(saved)
+            if type(saved) is not int or saved < 1:
+                refuse(f"{args.load} records a total_batch_size of {saved!r}, not a positive integer: "
+                       "pass --total_batch_size to choose the global batch")
+            args.total_batch_size = saved
         if restart_count():
             log(f"restart {restart_count()}: resuming from {args.load} at step {meta['step']}", flush=True)
 
@@ -146,6 +150,13 @@ def accumulation_steps(args, plan) -> int:
     if total % tokens_per_micro:
         refuse(f"--total_batch_size {total} is not a multiple of batch_size * sequence_length "
                  f"* data-parallel ranks = {B} * {T} * {dp} = {tokens_per_micro}")
+    # the step's micro-batches are read before its first forward (a pipeline schedules them all):
+    # token ids and targets, int64, of this rank's share of the global batch
+    try:
+        check_fits_in_memory(16 * total / dp, f"--total_batch_size {total} (this rank's share of one step's "
+                             "tokens and targets, read before the step)", "Use a smaller global batch.")
+    except MemoryError as e:
+        refuse(str(e))
     args.total_batch_size = total
     return total // tokens_per_micro
 

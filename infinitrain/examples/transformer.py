@@ -164,6 +164,10 @@ def main(argv=None) -> int:
     config = Seq2SeqConfig(vocab_size=len(vocab), dropout=args.dropout, max_len=args.max_len,
                            norm_first=args.norm_first, tie_embeddings=not args.no_tie_embeddings,
                            label_smoothing=args.label_smoothing, **SEQ2SEQ_PRESETS[args.model])
+    try:  # before training, not after it
+        Seq2SeqTransformer.check_beam(config, args.beam, args.max_len)
+    except MemoryError as e:
+        refuse(str(e))
     model = Seq2SeqTransformer(config, tp=tp).to(env.device)
     if args.recompute:
         for layer in [*model.transformer.encoder.layers, *model.transformer.decoder.layers]:

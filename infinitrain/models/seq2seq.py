@@ -23,6 +23,7 @@ from ..nn import Dropout, Embedding, Linear, Module, Transformer
 from ..nn import functional as F
 from ..nn import init
 from ..nn.parallel import tensor_parallel as tpl
+from ..runtime import check_fits_in_memory
 from ..data.translation import BOS, EOS, PAD
 
 
@@ -145,9 +146,19 @@ class Seq2SeqTransformer(Module):
         return [_until_eos(row[1:]) for row in out]
 
     @no_grad()
+    @staticmethod
+    def check_beam(config: Seq2SeqConfig, beam: int, max_len: int) -> None:
+        """Refuse a beam whose decoding cannot fit in memory, before it starts: each step decodes
+        all `beam` prefixes, up to max_len long, into float32 logits over the vocabulary (plus
+        the decoder's activations of each layer)."""
+        per_position = config.vocab_size + 16 * config.d_model * config.num_decoder_layers
+        check_fits_in_memory(2 * 4 * beam * max_len * per_position, f"beam search with a beam of {beam}",
+                             "Use a smaller beam (4 to 10 is usual).")
+
     def beam_search(self, src, beam: int = 4, max_len: int = 64, length_penalty: float = 0.6) -> list:
         """Each source's best of `beam` hypotheses by log-probability / ((5 + len) / 6)^alpha
         (GNMT's length penalty), as ids without BOS/EOS."""
+        self.check_beam(self.config, beam, max_len)
         results = []
         for b in range(src.shape[0]):
             s = src[b:b + 1]

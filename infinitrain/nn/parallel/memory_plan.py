@@ -23,19 +23,11 @@ blocks).
 from __future__ import annotations
 
 from ...optim.offload import staging_bytes
+from ...runtime import available_memory
 from .pp.stage import chunk_layers
 
 PROCESS_BYTES = 350 * 2**20  # Python, numpy, MPI, BLAS buffers, the data
 BUCKET_BYTES = 25 * 2**20    # the trainer's buckets
-
-
-def available_memory() -> int | None:
-    """This node's available memory (MemAvailable), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
 
 
 def stage_parameters(plan, config, model_class) -> tuple:
