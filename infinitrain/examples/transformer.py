@@ -29,7 +29,7 @@ import time
 import infinitrain as it
 from infinitrain import profiler
 from infinitrain.amp import autocast
-from infinitrain.checkpoint import load_checkpoint, save_checkpoint
+from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from infinitrain.data import DataLoader
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
@@ -180,7 +180,10 @@ def main(argv=None) -> int:
     schedule = LambdaLR(trainer.optimizer, inverse_sqrt(max(args.warmup_iters, 1)))
     first = 1
     if args.load:
-        meta = load_checkpoint(args.load, model, trainer.optimizer)
+        try:
+            meta = load_checkpoint(args.load, model, trainer.optimizer)
+        except CheckpointError as e:  # (every rank reads the same checkpoint, so every rank says it)
+            refuse(f"cannot resume from --load {args.load}: {e}")
         first = int(meta["step"]) + 1
         schedule.load_state_dict({"last_epoch": first - 1, "base_lrs": schedule.base_lrs})
     # One global order of length-grouped batches, the same on every rank; each rank collates
@@ -190,6 +193,9 @@ def main(argv=None) -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed, drop_last=True,
                         collate_fn=lambda items: pad_collate(items[rank::dp], args.max_len),
                         group_by_length=train_set.lengths(), num_workers=args.num_workers)
+    if len(loader) == 0:
+        refuse(f"--batch_size {args.batch_size} is larger than the training split ({len(train_set):,} pairs): "
+               "no full batch to train on; use a smaller --batch_size")
     if env.is_main:
         print(f"Transformer {args.model}: {model.num_parameters():,} parameters{' on this rank' if tp else ''} | "
               f"{len(train_set):,} training, "

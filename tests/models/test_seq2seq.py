@@ -198,10 +198,19 @@ def test_offloaded_optimizer_state_trains_as_without(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_example_checks_its_outputs_before_training(corpus, tmp_path):
-    out = example(1, "transformer", ["--model", "tiny", "--profile", str(tmp_path / "no" / "t.json")], check=False)
-    assert out.returncode != 0 and "--profile" in out.stderr and "does not exist" in out.stderr
-    assert "step" not in out.stdout
+@pytest.mark.parametrize("flags,message", [
+    (["--profile", "{tmp}/no/t.json"], "does not exist"),
+    (["--load", "{tmp}/nothing"], "cannot resume from --load {tmp}/nothing: {tmp}/nothing holds no checkpoint"),
+    (["--batch_size", "1000000"], "--batch_size 1000000 is larger than the training split"),
+    (["--beam", "100000000"], "beam search with a beam of 100000000 would need"),
+])
+def test_the_example_refuses_what_cannot_work_before_training(corpus, tmp_path, flags, message):
+    """A wrong --load and a batch larger than the data were tracebacks (ZeroDivisionError); a
+    huge --beam grew the process after training."""
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    out = example(1, "transformer", ["--model", "tiny", *flags], check=False)
+    assert out.returncode == 1 and message.format(tmp=tmp_path) in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "step" not in out.stdout
 
 
 @pytest.mark.slow
