@@ -302,10 +302,16 @@ def main(argv=None) -> int:
                    help="output folder (default: $INFINITRAIN_DATA or ~/.cache/infinitrain, /<dataset>)")
     a = p.parse_args(argv)
     out = a.out or data_root() / a.dataset
-    if a.dataset == "translation":
-        prepare_translation(out)
-    else:
-        prepare_shakespeare(out) if a.dataset == "shakespeare" else prepare_mnist(out)
+    prepare = {"shakespeare": prepare_shakespeare, "mnist": prepare_mnist, "translation": prepare_translation}
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # before the work, not after it
+        prepare[a.dataset](out)
+    except OSError as e:  # a folder that cannot be made or written, a full disk
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        sys.exit(f"prepare {a.dataset}: cannot write into {out}: {e.strerror or e}{where}; "
+                 "pass --out with a writable folder (or set INFINITRAIN_DATA)")
+    except (RuntimeError, DataFormatError, pickle.UnpicklingError) as e:  # a download or a file that is wrong
+        sys.exit(f"prepare {a.dataset}: {e}")
     return 0
 
 

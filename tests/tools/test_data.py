@@ -111,3 +111,12 @@ def test_dataloader_batches_and_shuffles():
     loader = DataLoader(ds, batch_size=10, shuffle=True, seed=1)
     e0, e1 = (next(iter(loader))[1].numpy().tolist() for _ in range(2))
     assert e0 != e1  # a new order each epoch
+
+
+@pytest.mark.parametrize("dataset", ["shakespeare", "mnist", "translation"])
+def test_prepare_into_a_place_it_cannot_write_is_one_line(tmp_path, dataset):
+    """python -m infinitrain.data.prepare ended every failure in a traceback."""
+    from infinitrain.data.prepare import main
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=f"prepare {dataset}: cannot write into {tmp_path}/file/out: Not a directory"):
+        main([dataset, "--out", str(tmp_path / "file" / "out")])
