@@ -181,3 +181,14 @@ def check_outputs(folders=(), files=(), plot=None) -> None:
             pyplot()
         except RuntimeError as e:
             refuse(f"--plot: {e}")
+
+
+def run_example(main) -> None:
+    """An example's entry point: its exit code, with a rank that leaves a multi-rank job on an
+    error ending the whole job (exit_job), whether it returned the code or raised SystemExit."""
+    from infinitrain.nn.parallel.global_env import exit_job
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    exit_job(code)

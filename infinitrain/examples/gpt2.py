@@ -7,8 +7,7 @@ starts from an llm.c GPT-2 checkpoint. Run with --help for the flags.
 """
 from __future__ import annotations
 
-import sys
-
+from infinitrain.examples.flags import run_example
 from infinitrain.examples.lm_flags import parse_args
 from infinitrain.examples.lm_train import recorded_config, train
 from infinitrain.models import GPT2, GPT2_PRESETS, gpt2
@@ -32,4 +31,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_example(main)

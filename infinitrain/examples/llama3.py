@@ -8,8 +8,7 @@ Presets: llama3.2-1b, llama3.2-3b, llama3-8b, small, tiny. Run with --help for t
 """
 from __future__ import annotations
 
-import sys
-
+from infinitrain.examples.flags import run_example
 from infinitrain.examples.lm_flags import parse_args
 from infinitrain.examples.lm_train import recorded_config, train
 from infinitrain.models import LLAMA3_PRESETS, LLaMA3, llama3
@@ -33,4 +32,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_example(main)

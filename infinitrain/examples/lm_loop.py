@@ -152,17 +152,10 @@ class TrainingLoop:
         self.finish_save(block=True)
         if self.plan.saves_checkpoint:  # ZeRO: every DP x CP rank holds a shard of the state
             save = save_checkpoint_async if args.async_save else save_checkpoint
-            result = save(args.save, step, self.model, self.optimizer,
-                          extra={"train_loader": self.train_data.state(),
-                                 "schedule": self.lr_schedule.state_dict(),
-                                 "total_batch_size": args.total_batch_size,
-                                 # what rebuilds the model from --load alone, and the run's flags
-                                 "model": {"class": type(self.model).__name__,
-                                           "config": dataclasses.asdict(self.model.config)},
-                                 "args": {k: v for k, v in vars(args).items()
-                                          if isinstance(v, (str, int, float, bool, type(None)))}},
-                          keep=args.max_checkpoint_keep or None,
-                          write=self.plan.writes_files)
+            try:
+                result = self._save(save, step)
+            except CheckpointError as e:  # a full or read-only disk, on the writing rank: the job ends (exit_job)
+                sys.exit(f"--save: {e}")
             fail_for_tests(env.rank, step, saving=True)
             if args.async_save:
                 self.pending_save = result
@@ -171,6 +164,17 @@ class TrainingLoop:
                 self.log(f"saved {result}", flush=True)
         if not args.async_save:
             env.world.barrier()
+
+    def _save(self, save, step: int):
+        """save_checkpoint(_async) of the model, the optimizer and what resumes the run."""
+        args = self.args
+        extra = {"train_loader": self.train_data.state(), "schedule": self.lr_schedule.state_dict(),
+                 "total_batch_size": args.total_batch_size,
+                 # what rebuilds the model from --load alone, and the run's flags
+                 "model": {"class": type(self.model).__name__, "config": dataclasses.asdict(self.model.config)},
+                 "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}}
+        return save(args.save, step, self.model, self.optimizer, extra=extra, keep=args.max_checkpoint_keep or None,
+                    write=self.plan.writes_files)
 
     def finish_save(self, block: bool = False) -> None:
         """Commits a background save whose files are written (every step), or waits for it."""
@@ -206,8 +210,8 @@ class TrainingLoop:
         try:
             with self.trainer.gathered_parameters():
                 save_pretrained(self.model, self.args.save_pretrained, write=self.plan.writes_files)
-        except CheckpointError as e:  # on the writing rank only: raised, so that the whole job ends
-            raise RuntimeError(f"--save_pretrained: {e}") from None
+        except CheckpointError as e:  # on the writing rank only: the whole job ends (exit_job)
+            sys.exit(f"--save_pretrained: {e}")
         self.env.world.barrier()
         self.log(f"saved the model in transformers' format to {self.args.save_pretrained}", flush=True)
 
@@ -369,7 +373,8 @@ def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
     kill, a SIGKILL; raise, an exception; stop, a SIGSTOP, at the start of that step;
     kill_in_save, a SIGKILL just after that step's checkpoint began to be written), on the
     first launch only (a restarted job must get past it) unless `always`; term, a SIGTERM to
-    this rank at the start of that step, as a scheduler's preemption sends."""
+    this rank at the start of that step, as a scheduler's preemption sends; int, a SIGINT to
+    this rank alone (Ctrl-C that reached one rank)."""
     spec = os.environ.get("INFINITRAIN_FAIL_AT")
     if not spec:
         return
@@ -379,7 +384,7 @@ def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
     if int(r) == rank and int(s) == step and (always or not restart_count()):
         if how == "raise":
             raise RuntimeError(f"INFINITRAIN_FAIL_AT: rank {rank} fails at step {step}")
-        os.kill(os.getpid(), {"stop": signal.SIGSTOP, "term": signal.SIGTERM}.get(how, signal.SIGKILL))
+        os.kill(os.getpid(), {"stop": signal.SIGSTOP, "term": signal.SIGTERM, "int": signal.SIGINT}.get(how, signal.SIGKILL))
 
 
 class ProfileWindow:

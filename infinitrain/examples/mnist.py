@@ -18,7 +18,7 @@ import infinitrain.nn.functional as F
 from infinitrain.data import DataLoader, DistributedSampler, TensorDataset
 from infinitrain.data.prepare import load_mnist, mnist_file, on_every_node
 from infinitrain.examples.flags import (add_nan_check_flag, check_input_files, nonnegative_float, nonnegative_int,
-                                        positive_int, probability, stop_if_not_finite)
+                                        positive_int, probability, run_example, stop_if_not_finite)
 from infinitrain.models.mlp import MLP
 from infinitrain.nn import parallel
 
@@ -103,4 +103,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_example(main)

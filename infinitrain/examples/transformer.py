@@ -36,7 +36,7 @@ from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.examples.lm_loop import ProfileWindow
 from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, check_input_files, check_outputs,
                                         nonnegative_int, plan_of, positive_float, positive_int, probability, refuse,
-                                        stop_if_not_finite)
+                                        run_example, stop_if_not_finite)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
@@ -252,7 +252,10 @@ def main(argv=None) -> int:
                 print(f"val loss {v:.4f}", flush=True)
         step += 1
     if args.save:
-        save_checkpoint(args.save, args.num_iteration, model, trainer.optimizer, write=plan.writes_files)
+        try:
+            save_checkpoint(args.save, args.num_iteration, model, trainer.optimizer, write=plan.writes_files)
+        except CheckpointError as e:  # a full or read-only disk, on the writing rank: the job ends (exit_job)
+            sys.exit(f"--save: {e}")
         if env.is_main:
             print(f"saved {args.save}", flush=True)
     with trainer.gathered_parameters():
@@ -268,4 +271,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_example(main)

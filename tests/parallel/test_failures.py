@@ -213,3 +213,14 @@ def test_the_watchdog_aborts_a_hung_job_even_when_its_records_cannot_be_written(
     assert aborted == [1]
     err = capsys.readouterr().err
     assert "could not be written" in err and "aborting the job" in err, err
+
+
+def test_a_rank_that_leaves_alone_ends_the_whole_job_at_once(tmp_path):
+    """Ctrl-C that reaches rank 0 only: it printed its line and exited cleanly, and the other
+    ranks waited in their next collective for the whole collective timeout (600 s)."""
+    import time
+    t0 = time.monotonic()
+    out = mpirun(2, COMMON + ["--save", str(tmp_path)], env=dict(ENV, INFINITRAIN_FAIL_AT="0:3:int"),
+                 check=False, timeout=300)
+    assert out.returncode == 130 and time.monotonic() - t0 < 60, out.stderr[-2000:]
+    assert "interrupted at step 3" in out.stderr and "Traceback" not in out.stderr

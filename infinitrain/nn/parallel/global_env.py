@@ -207,6 +207,23 @@ def _abort_on_exception() -> None:
     sys.excepthook = hook
 
 
+def exit_job(code) -> None:
+    """Ends this process with `code` (as sys.exit). In a multi-rank job a rank that leaves with
+    an error ends every rank within a second: alone it would leave the others waiting in their
+    next collective until the watchdog's timeout (a save that failed on the writing rank only,
+    Ctrl-C that reached one rank; a refusal every rank makes ends them all the sooner)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if code not in (0, None) and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() > 1:
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        time.sleep(0.5)  # the launcher reads this rank's last lines before the abort tears its pipes down
+        mpi.COMM_WORLD.Abort(code if isinstance(code, int) else 1)
+    sys.exit(code)
+
+
 def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu",
          context_parallel: int = 1, init_timeout: float | None = None,
          collective_timeout: float | None = None, flight_recorder_dir=None) -> GlobalEnv:
