@@ -384,7 +384,8 @@ def fail_for_tests(rank: int, step: int, saving: bool = False) -> None:
     if int(r) == rank and int(s) == step and (always or not restart_count()):
         if how == "raise":
             raise RuntimeError(f"INFINITRAIN_FAIL_AT: rank {rank} fails at step {step}")
-        os.kill(os.getpid(), {"stop": signal.SIGSTOP, "term": signal.SIGTERM, "int": signal.SIGINT}.get(how, signal.SIGKILL))
+        signals = {"stop": signal.SIGSTOP, "term": signal.SIGTERM, "int": signal.SIGINT}
+        os.kill(os.getpid(), signals.get(how, signal.SIGKILL))
 
 
 class ProfileWindow:
