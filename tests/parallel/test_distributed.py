@@ -220,3 +220,19 @@ def test_a_hung_pipeline_stage_aborts_the_job_with_a_message():
     assert out.returncode != 0
     assert re.search(r"rank 0 \(pipeline stage 0 of 2\) waited 3 s for the gradient of micro-batch 0 "
                      r"for chunk 0 from stage 1 \(rank 1\)", out.stderr), out.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode,calls", [
+    ("dtype", "rank 0: all_reduce float32[4]; rank 1: all_reduce int32[4]"),  # same bytes: garbage before
+    ("op", "rank 0: all_reduce float32[4]; rank 1: broadcast float32[4] 0"),    # a hang before
+])
+def test_collectives_called_differently_are_named_under_torch_distributed_debug(mode, calls):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL (PyTorch's switch): the ranks compare each collective's
+    arguments first and every rank raises one message naming each rank's call."""
+    out = mpirun(2, [MPI_SCRIPTS / "mismatched_collectives.py", mode], check=False, timeout=120,
+                 env=dict(ENV, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
+    shown = f"exit {out.returncode}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    assert out.returncode != 0 and "no error" not in out.stdout, shown
+    assert f"CollectiveError: collective #1 of group world[0, 1] was called differently by its ranks ({calls})" \
+        in out.stderr and "mismatched_collectives.py:" in out.stderr and "Traceback" not in out.stderr, shown

@@ -12,7 +12,7 @@ from pathlib import Path
 from ...device import as_device
 from .layout import Layout
 from .mpi import MPIProcessGroup
-from .process_group import set_default_data_parallel_group
+from .process_group import CollectiveError, set_default_data_parallel_group
 
 _ENV = None
 
@@ -196,7 +196,14 @@ def _abort_on_exception() -> None:
             previous(kind, value, tb)
         else:
             rank = MPI.COMM_WORLD.Get_rank()
-            text = "".join(traceback.format_exception(kind, value, tb))
+            if issubclass(kind, CollectiveError):  # the message says all there is: where the program called it
+                frames = traceback.extract_tb(tb) if tb is not None else []
+                callers = [f for f in frames if f"{os.sep}nn{os.sep}parallel{os.sep}" not in f.filename]
+                where = (callers or frames or [None])[-1]
+                text = f"{kind.__name__}: {value}" + (f" (called at {where.filename}:{where.lineno})\n"
+                                                      if where else "\n")
+            else:
+                text = "".join(traceback.format_exception(kind, value, tb))
             sys.stderr.write(f"[rank {rank}] uncaught exception, aborting the job:\n{text}")
             sys.stderr.flush()
             sys.stdout.flush()

@@ -5,12 +5,68 @@ the tensors' own memory) and, with the CUDA path, NCCL (bootstrapped through MPI
 from __future__ import annotations
 
 import functools
+import os
 from enum import Enum
 from math import prod
 
 from ... import _trace
 from ...tensor import Tensor
 from . import watchdog
+
+
+# TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch's switch: before each collective the ranks of its group
+# exchange what they pass (the operation, dtypes, shapes, reduction, root) and, where they differ,
+# raise the same error on every rank naming each rank's call, where they would otherwise return
+# garbage (equal byte counts) or fail deep in MPI. One small exchange per collective.
+CHECK_COLLECTIVES = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
+_POINT_TO_POINT = frozenset(("send", "recv", "isend", "irecv"))
+
+
+class CollectiveError(RuntimeError):
+    """Ranks that called a collective differently, or a collective the backend failed: the
+    message names the group, the call and the ranks (the same on every rank of the group)."""
+
+
+def _signature(name: str, args, kwargs) -> str:
+    """What a rank passes to a collective, as comparable text: 'all_reduce float32[4, 8] SUM'."""
+    parts = [name]
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Tensor):
+            parts.append(f"{a.dtype.name}{list(a._shape)}")
+        elif isinstance(a, ReduceOp):
+            parts.append(a.name)
+        elif isinstance(a, (int, str)) and not isinstance(a, bool):
+            parts.append(str(a))  # broadcast's root, a reduction named by a string
+    return " ".join(parts)
+
+
+def check_agreement(group, name: str, args, kwargs) -> None:
+    """Raise CollectiveError on every rank of `group` unless all pass the same (DETAIL mode).
+    The exchange runs on a duplicate of the group's communicator: its own traffic never meets
+    the collectives in flight (a communication thread may be running one)."""
+    mine = _signature(name, args, kwargs)
+    checker = group.__dict__.get("_agreement_comm")
+    if checker is None:
+        checker = group._agreement_comm = group.comm.Dup()
+        group._agreement_calls = 0
+    group._agreement_calls += 1
+    theirs = checker.allgather(mine)
+    if any(t != mine for t in theirs):
+        calls = "; ".join(f"rank {group.ranks[i]}: {t}" for i, t in enumerate(theirs))
+        raise CollectiveError(
+            f"collective #{group._agreement_calls} of group {getattr(group, 'name', 'group')}{list(group.ranks)} "
+            f"was called differently by its ranks ({calls}): every rank of a group must call the same "
+            "collectives in the same order with the same dtypes and shapes")
+
+
+def _backend_error(group, name: str, e: BaseException) -> BaseException:
+    """An error MPI raised inside a collective (its own stack of codes) as one CollectiveError
+    that names the call and the likely cause."""
+    text = e.Get_error_string() if hasattr(e, "Get_error_string") else str(e)
+    return CollectiveError(
+        f"{name} on group {getattr(group, 'name', 'group')}{list(group.ranks)} failed in MPI: {text.strip()}. "
+        "The ranks probably called it with different sizes; run with TORCH_DISTRIBUTED_DEBUG=DETAIL to "
+        "compare each collective's arguments across the ranks")
 
 
 def traced_collective(payload: int | None):
@@ -21,20 +77,31 @@ def traced_collective(payload: int | None):
     def wrap(fn):
         name = fn.__name__
 
+        checked = name not in _POINT_TO_POINT
+
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
+            if CHECK_COLLECTIVES and checked and self.size > 1:
+                check_agreement(self, name, args, kwargs)
             rec, flight = _trace.active, watchdog.recorder
             if rec is None and flight is None:
-                return fn(self, *args, **kwargs)
+                try:
+                    return fn(self, *args, **kwargs)
+                except Exception as e:
+                    if type(e).__module__ != "mpi4py.MPI":
+                        raise
+                    raise _backend_error(self, name, e) from None
             nbytes = args[payload].nbytes if payload is not None else 0
             entry = flight.start(self, name, nbytes) if flight is not None else None
             t0 = _trace.now() if rec is not None else 0.0
             try:
                 result = fn(self, *args, **kwargs)
-            except BaseException:
+            except BaseException as e:
                 if entry is not None:  # failed, not hung: the error tells, the watchdog must not
                     flight.done(entry)
-                raise
+                if type(e).__module__ != "mpi4py.MPI":
+                    raise
+                raise _backend_error(self, name, e) from None
             finally:
                 if rec is not None:
                     rec.add(name, "comm", t0, {"bytes": nbytes, "ranks": self.size,

@@ -1,0 +1,18 @@
+"""Ranks that call a collective differently (tests/parallel/test_distributed.py): MODE
+"dtype" passes float32 on rank 0 and int32 (the same bytes) on the others; "size" passes
+tensors of different lengths; "op" calls all_reduce on rank 0 and broadcast on the others."""
+import sys
+
+import infinitrain as it
+from infinitrain.nn import parallel
+
+env = parallel.init()
+mode, g = sys.argv[1], env.world
+if mode == "dtype":
+    g.all_reduce(it.ones(4, dtype=it.float32 if env.rank == 0 else it.int32))
+elif mode == "size":
+    g.all_reduce(it.ones(4 if env.rank == 0 else 1000))
+else:
+    t = it.ones(4)
+    g.all_reduce(t) if env.rank == 0 else g.broadcast(t, 0)
+print("no error", flush=True)
