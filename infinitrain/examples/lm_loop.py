@@ -288,7 +288,8 @@ class TrainingLoop:
         if device.type == "cuda":
             it.cuda.synchronize(device)  # the step's kernels are queued, not done
         ms = (time.perf_counter() - t0) * 1e3
-        peak_mb = it.memory_stats(device)["peak_allocated_bytes"] // 2**20
+        stats = it.memory_stats(device)  # in tensors, and held by the caching allocator (tensors + its cache)
+        peak_mb, reserved_mb = stats["peak_allocated_bytes"] // 2**20, stats["peak_reserved_bytes"] // 2**20
         self.most_used_mb = max(self.most_used_mb, peak_mb)
         achieved = self.step_flops / (ms / 1e3) / env.world.size  # FLOP/s per rank
         # the peak stays what it was at the start, so that the figures of a run, and of runs with
@@ -302,7 +303,7 @@ class TrainingLoop:
         self.curves["train"].append((step, loss))
         self.log(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
                  f"({ms:.2f} ms | {args.total_batch_size / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
-                 f"peak used: {peak_mb:5d} MB | {self.layout})", flush=True)
+                 f"peak used: {peak_mb:5d} MB | peak reserved: {reserved_mb:5d} MB | {self.layout})", flush=True)
 
     def stop_if_not_finite(self, step: int, what: str, value: float) -> None:
         stop_if_not_finite(self.args, self.env, self.model, step, what, value)

@@ -4,7 +4,7 @@ data, inputs, the memory plan, the model with recomputation and LoRA, the TrainS
 lm_loop.py runs its steps, one log line each:
 
     step    1/10 | train loss 10.996094 | lr 1.00e-04 | (123.45 ms | 1234 tok/s | MFU 21.3% |
-    peak used:   512 MB | DP=1, TP=1, SP=0, PP=1)          (one line)
+    peak used:   512 MB | peak reserved:   530 MB | DP=1, TP=1, SP=0, PP=1)          (one line)
 """
 from __future__ import annotations
 

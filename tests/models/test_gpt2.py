@@ -73,7 +73,7 @@ def test_broken_checkpoints(tmp_path):
 
 
 LOG_LINE = re.compile(r"^step +(\d+)/(\d+) \| train loss (\d+\.\d{6}) \| lr \d\.\d\de[-+]\d\d \| "
-                      r"\(\d+\.\d\d ms \| \d+ tok/s \| MFU \d+\.\d% \| peak used: +\d+ MB \| "
+                      r"\(\d+\.\d\d ms \| \d+ tok/s \| MFU \d+\.\d% \| peak used: +\d+ MB \| peak reserved: +\d+ MB \| "
                       r"DP=1, TP=1, SP=0, PP=1, CP=1\)$")
 
 
