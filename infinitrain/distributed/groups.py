@@ -182,9 +182,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError(f"init_method must be 'env://', 'tcp://host:port' or 'file://path', got {init_method!r}")
     name = _pick_backend(backend)
     seconds = _seconds(timeout)
+    _check_launched_under_mpi(world_size, rank)
     env = _state["env"]
     if env is None:
-        _check_launched_under_mpi(world_size, rank)
         try:
             env = parallel.get_env()  # a job that nn.parallel.init() already started
         except RuntimeError:

@@ -105,29 +105,31 @@ class DistributedDataParallel(Module):
     default: the group of init_process_group / nn.parallel.init), rank 0's parameters and
     buffers copied to the others at the start (init_sync), the gradients averaged by the
     Reducer during backward, and the buffers copied from rank 0 before each forward that
-    computes gradients (broadcast_buffers). The module stays on its own device: device_ids
-    names it (one CUDA device, or None for a CPU module), as in PyTorch.
+    computes gradients (broadcast_buffers, forward_sync_buffers). The module stays on its own
+    device: device_ids names it (one CUDA device, or None for a CPU module), as in PyTorch.
 
     Accepted for PyTorch's programs and already how the Reducer works: find_unused_parameters
     (a parameter without a gradient contributes zeros, whether or not it is set),
     gradient_as_bucket_view (the gradients are always views into the buckets), static_graph,
-    check_reduction, dim. first_bucket_mb: the first bucket's size (communication starts
-    early); broadcast_from: the rank whose replica the others copy."""
+    check_reduction, batched_grad_copy, dim. first_bucket_mb: the first bucket's size
+    (communication starts early); broadcast_from: the rank whose replica the others copy."""
 
     def __init__(self, module: Module, device_ids=None, output_device=None, dim: int = 0,
-                 broadcast_buffers: bool = True, init_sync: bool = True, process_group=None,
+                 broadcast_buffers: bool | None = None, init_sync: bool = True, process_group=None,
                  bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  check_reduction: bool = False, gradient_as_bucket_view: bool = False, static_graph: bool = False,
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
-                 device_mesh=None, skip_all_reduce_unused_params: bool = False, *, first_bucket_mb: float = 1.0,
-                 broadcast_from: int = 0):
+                 device_mesh=None, skip_all_reduce_unused_params: bool = False, bucket_cap_mb_list=None,
+                 batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None, *,
+                 first_bucket_mb: float = 1.0, broadcast_from: int = 0):
         super().__init__()
         if isinstance(device_ids, ProcessGroup):
             raise TypeError("DistributedDataParallel: the second argument is device_ids, as in PyTorch; pass the "
                             "group as process_group=")
         for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
                             ("param_to_hook_all_reduce", param_to_hook_all_reduce),
-                            ("mixed_precision", mixed_precision), ("device_mesh", device_mesh)):
+                            ("mixed_precision", mixed_precision), ("device_mesh", device_mesh),
+                            ("bucket_cap_mb_list", bucket_cap_mb_list)):
             if value is not None:
                 raise ValueError(f"DistributedDataParallel: {name}= is not supported (leave it None)")
         if skip_all_reduce_unused_params:
@@ -140,18 +142,23 @@ class DistributedDataParallel(Module):
                             f"{group!r}")
         self.process_group = group
         self.device_ids, self.output_device = _check_devices(module, group, device_ids, output_device)
-        self.dim, self.broadcast_buffers = dim, broadcast_buffers
+        # broadcast_buffers (None: True) copies the buffers at the start and before each forward;
+        # forward_sync_buffers, when given, decides the latter alone (PyTorch 2.13's split)
+        self.broadcast_buffers = broadcast_buffers is not False
+        self.forward_sync_buffers = self.broadcast_buffers if forward_sync_buffers is None else forward_sync_buffers
+        self.dim = dim
         self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
         self.gradient_as_bucket_view = True  # what the Reducer does whatever was asked
         self.broadcast_from = broadcast_from
         if init_sync:
-            broadcast_replicas(list(module.parameters()) + list(module.buffers()), group, broadcast_from)
+            broadcast_replicas(list(module.parameters()) + (list(module.buffers()) if self.broadcast_buffers else []),
+                               group, broadcast_from)
         self.reducer = Reducer(module.parameters(), group, 25.0 if bucket_cap_mb is None else bucket_cap_mb,
                                first_bucket_mb)
         self._sync = True
 
     def forward(self, *args, **kwargs):
-        if self.broadcast_buffers and self._sync and is_grad_enabled() and self.process_group.size > 1:
+        if self.forward_sync_buffers and self._sync and is_grad_enabled() and self.process_group.size > 1:
             buffers = list(self.module.buffers())
             if buffers:  # running statistics and the like: every replica starts the step with rank 0's
                 broadcast_replicas(buffers, self.process_group, self.broadcast_from)
