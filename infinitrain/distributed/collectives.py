@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from ..autograd import no_grad
 from ..creation import empty
-from ..nn.parallel.mpi import MPIProcessGroup
 from ..nn.parallel.process_group import ReduceOp as _Op
 from ..nn.parallel.process_group import Work, _then
 from ..tensor import Tensor
-from .groups import _resolve
+from .groups import _host_collective, _resolve
 
 _UNSUPPORTED_OPS = ("BAND", "BOR", "BXOR", "PREMUL_SUM")
 
@@ -253,17 +252,6 @@ def irecv(tensor, src=None, group=None, tag: int = 0, group_src=None):
     if src is None and group_src is None:
         raise ValueError("irecv: name src (a receive from any rank is not supported)")
     return g.irecv(_tensor(tensor, "irecv's tensor"), _index(g, src, group_src, "src"), tag)
-
-
-def _host_collective(g, fn):
-    """fn(the group's MPI communicator) after whatever the group's communication thread still has
-    queued, so that every rank sees the same order (the NCCL groups' communicator only bootstraps)."""
-    result = []
-    if isinstance(g, MPIProcessGroup):
-        g._collective(lambda: result.append(fn(g.comm)), None, None, async_op=False)
-    else:
-        result.append(fn(g.comm))
-    return result[0]
 
 
 def all_gather_object(object_list, obj, group=None) -> None:

@@ -44,7 +44,7 @@ class Backend(str):
 class _WorldMeta(type):
     @property
     def WORLD(cls):  # noqa: N802  (PyTorch's name)
-        return _state["world"]
+        return _adopted()
 
 
 class GroupMember(metaclass=_WorldMeta):
@@ -58,7 +58,22 @@ class group(metaclass=_WorldMeta):  # noqa: N801  (torch.distributed.group.WORLD
     pass
 
 
-_state = {"world": None, "backend": None, "env": None, "groups": []}
+# world: the default group; explicit: init_process_group made it (not adopted from a job that
+# nn.parallel.init started); destroyed: destroy_process_group ran since
+_state = {"world": None, "backend": None, "env": None, "groups": [], "explicit": False, "destroyed": False}
+
+
+def _adopted():
+    """The default group: init_process_group's, or else the world of a job nn.parallel.init()
+    started (its ranks are the same), so that code asking torch.distributed's questions
+    (DistributedSampler) sees the job either way."""
+    if _state["world"] is None and not _state["destroyed"]:
+        from ..nn.parallel import global_env
+        env = global_env._ENV
+        if env is not None:
+            _state.update(world=env.world, env=env,
+                          backend=Backend.NCCL if env.device.type == "cuda" else Backend.MPI)
+    return _state["world"]
 
 
 def is_available() -> bool:
@@ -87,7 +102,8 @@ def is_nccl_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return _state["world"] is not None
+    """Whether there is a default group (init_process_group, or a job nn.parallel.init() started)."""
+    return _adopted() is not None
 
 
 def is_torchelastic_launched() -> bool:
@@ -171,7 +187,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     mpi). The ranks meet through MPI, so init_method's address ("env://", "tcp://...") is not
     used; a Store is refused. timeout bounds both the meeting and every later collective (the
     job aborts past it, naming the stuck rank)."""
-    if is_initialized():
+    if _state["explicit"]:
         raise RuntimeError("init_process_group: the default process group is already initialised; "
                            "call destroy_process_group() first")
     if store is not None:
@@ -203,7 +219,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     for var, value in (("RANK", env.rank), ("WORLD_SIZE", env.world_size), ("LOCAL_RANK", env.local_rank),
                        ("LOCAL_WORLD_SIZE", env.local_size)):
         os.environ.setdefault(var, str(value))  # as torchrun would have set them
-    _state.update(world=env.world, backend=name, env=env)
+    _state.update(world=env.world, backend=name, env=env, explicit=True, destroyed=False)
     set_default_data_parallel_group(env.dp_group)
 
 
@@ -211,14 +227,14 @@ def destroy_process_group(group=None) -> None:
     """Forgets the default group and every group made from it (group=None), or one group. MPI
     stays up (it ends with the process), so init_process_group may be called again."""
     if group is None or group is _state["world"]:
-        _state.update(world=None, backend=None, groups=[])
+        _state.update(world=None, backend=None, groups=[], explicit=False, destroyed=True)
         set_default_data_parallel_group(None)
     elif group in _state["groups"]:
         _state["groups"].remove(group)
 
 
 def _world():
-    if _state["world"] is None:
+    if _adopted() is None:
         raise RuntimeError("the default process group has not been initialised: call "
                            "infinitrain.distributed.init_process_group() first")
     return _state["world"]
@@ -234,6 +250,17 @@ def _resolve(group):
     if not isinstance(group, parallel.ProcessGroup):
         raise TypeError(f"group must be a process group from new_group() (or None), got {type(group).__name__}")
     return group
+
+
+def _host_collective(g, fn):
+    """fn(the group's MPI communicator) after whatever the group's communication thread still has
+    queued, so that every rank sees the same order (the NCCL groups' communicator only bootstraps)."""
+    result = []
+    if isinstance(g, parallel.MPIProcessGroup):
+        g._collective(lambda: result.append(fn(g.comm)), None, None, async_op=False)
+    else:
+        result.append(fn(g.comm))
+    return result[0]
 
 
 def get_rank(group=None) -> int:
@@ -292,8 +319,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     if not members or members[0] < 0 or members[-1] >= n:
         raise ValueError(f"new_group: ranks must be a non-empty list of ranks in 0..{n - 1}, got {ranks}")
     from mpi4py import MPI
+
     inside = world.rank in members
-    sub = world.comm.Split(0 if inside else MPI.UNDEFINED, members.index(world.rank) if inside else 0)
+    sub = _host_collective(world, lambda comm: comm.Split(0 if inside else MPI.UNDEFINED,
+                                                          members.index(world.rank) if inside else 0))
     if not inside:
         return GroupMember.NON_GROUP_MEMBER
     env = _state["env"]

@@ -190,6 +190,9 @@ def _check_devices(module: Module, group, device_ids, output_device):
     if on_gpu != (group_device is not None):
         raise ValueError(f"DistributedDataParallel: the module is on {device or 'no device'} but the process group "
                          f"{group!r} communicates {'CUDA' if group_device is not None else 'CPU'} tensors")
+    if on_gpu and group_device != device:
+        raise ValueError(f"DistributedDataParallel: the module is on {device} but the process group {group!r} "
+                         f"communicates on {group_device}")
     if not on_gpu:
         if device_ids or output_device is not None:
             raise ValueError(f"DistributedDataParallel: device_ids and output_device name a GPU; they must be None "
