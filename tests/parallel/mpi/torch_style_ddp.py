@@ -29,6 +29,35 @@ assert [g.tolist() for g in gathered] == [[float(r)] * 2 for r in range(world)],
 t = torch.full((1,), float(rank))
 dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
 assert t.item() == world - 1
+t = torch.full((2,), float(rank + 2))
+dist.reduce(t, dst=world - 1, op=dist.ReduceOp.PRODUCT)  # the others' tensors stay as they were
+want = float(np.prod(np.arange(2, world + 2))) if rank == world - 1 else float(rank + 2)
+assert t.tolist() == [want] * 2, t
+whole = torch.zeros(world, 2)
+dist.all_gather_into_tensor(whole, torch.full((2,), float(rank)))
+assert whole[:, 0].tolist() == [float(r) for r in range(world)], whole
+mine = torch.zeros(2)
+dist.reduce_scatter_tensor(mine, torch.arange(2 * world, dtype=torch.float32))
+assert mine.tolist() == [float(world * (2 * rank + i)) for i in range(2)], mine
+back = [torch.zeros(1) for _ in range(world)] if rank == 0 else None
+dist.gather(torch.full((1,), float(10 + rank)), back, dst=0)
+assert rank != 0 or [b.item() for b in back] == [10.0 + r for r in range(world)], back
+got = torch.zeros(3)
+dist.scatter(got, [torch.full((3,), float(r)) for r in range(world)] if rank == 0 else None, src=0)
+assert got.tolist() == [float(rank)] * 3, got
+last = dist.new_group([world - 1])
+assert (dist.get_rank(last), dist.get_world_size(last)) == ((0, 1) if rank == world - 1 else (-1, -1))
+objects = [None] * world
+dist.all_gather_object(objects, {"rank": rank})
+settings = [{"lr": 0.5}] if rank == 0 else [None]
+dist.broadcast_object_list(settings, src=0)
+assert objects == [{"rank": r} for r in range(world)] and settings == [{"lr": 0.5}], (objects, settings)
+if world > 1 and rank < 2:  # a message from rank 0 to rank 1
+    msg = torch.full((2,), 7.0) if rank == 0 else torch.zeros(2)
+    if rank == 0:
+        dist.send(msg, dst=1)
+    else:
+        assert dist.recv(msg, src=0) == 0 and msg.tolist() == [7.0, 7.0], msg
 dist.barrier()
 
 # the global batch, the same on every rank; each rank trains on its rows
