@@ -105,7 +105,8 @@ def test_a_world_of_one_started_like_torchrun(torchrun_env):
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         dist.get_rank()
-    dist.init_process_group()  # again, after destroy: backend None is mpi without a GPU (nccl with one)
+    # again, after destroy (backend None is mpi without a GPU; this process's groups are CPU ones)
+    dist.init_process_group(None if not dist.is_nccl_available() else "mpi")
     assert dist.get_world_size() == 1
 
 
