@@ -47,3 +47,12 @@ __all__ = [
     "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
 ]
+
+
+def __getattr__(name: str):
+    """Submodules loaded on first use (it.distributed, as torch.distributed, without every
+    `import infinitrain` paying for the parallel package)."""
+    if name == "distributed":
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from ...autograd import no_grad
+from ...autograd import is_grad_enabled, no_grad
 from ...autograd.engine import queue_callback
+from ...device import as_device
 from ..module import Module
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack, trainable
-from .process_group import ReduceOp, default_data_parallel_group
+from .process_group import ProcessGroup, ReduceOp, default_data_parallel_group
 
 
 class Reducer:
@@ -100,16 +101,67 @@ class Reducer:
 
 
 class DistributedDataParallel(Module):
-    def __init__(self, module: Module, process_group=None, bucket_cap_mb: float = 25.0,
+    """PyTorch's DistributedDataParallel: module replicated on every rank of process_group (the
+    default: the group of init_process_group / nn.parallel.init), rank 0's parameters and
+    buffers copied to the others at the start (init_sync), the gradients averaged by the
+    Reducer during backward, and the buffers copied from rank 0 before each forward that
+    computes gradients (broadcast_buffers, forward_sync_buffers). The module stays on its own
+    device: device_ids names it (one CUDA device, or None for a CPU module), as in PyTorch.
+
+    Accepted for PyTorch's programs and already how the Reducer works: find_unused_parameters
+    (a parameter without a gradient contributes zeros, whether or not it is set),
+    gradient_as_bucket_view (the gradients are always views into the buckets), static_graph,
+    check_reduction, batched_grad_copy, dim. first_bucket_mb: the first bucket's size
+    (communication starts early); broadcast_from: the rank whose replica the others copy."""
+
+    def __init__(self, module: Module, device_ids=None, output_device=None, dim: int = 0,
+                 broadcast_buffers: bool | None = None, init_sync: bool = True, process_group=None,
+                 bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
+                 check_reduction: bool = False, gradient_as_bucket_view: bool = False, static_graph: bool = False,
+                 delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
+                 device_mesh=None, skip_all_reduce_unused_params: bool = False, bucket_cap_mb_list=None,
+                 batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None, *,
                  first_bucket_mb: float = 1.0, broadcast_from: int = 0):
         super().__init__()
+        if isinstance(device_ids, ProcessGroup):
+            raise TypeError("DistributedDataParallel: the second argument is device_ids, as in PyTorch; pass the "
+                            "group as process_group=")
+        for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
+                            ("param_to_hook_all_reduce", param_to_hook_all_reduce),
+                            ("mixed_precision", mixed_precision), ("device_mesh", device_mesh),
+                            ("bucket_cap_mb_list", bucket_cap_mb_list)):
+            if value is not None:
+                raise ValueError(f"DistributedDataParallel: {name}= is not supported (leave it None)")
+        if skip_all_reduce_unused_params:
+            raise ValueError("DistributedDataParallel: skip_all_reduce_unused_params=True is not supported: "
+                             "parameters without a gradient are reduced as zeros")
         self.module = module
-        self.process_group = process_group if process_group is not None else default_data_parallel_group()
-        broadcast_replicas(list(module.parameters()) + list(module.buffers()), self.process_group, broadcast_from)
-        self.reducer = Reducer(module.parameters(), self.process_group, bucket_cap_mb, first_bucket_mb)
+        group = process_group if process_group is not None else default_data_parallel_group()
+        if not isinstance(group, ProcessGroup):
+            raise TypeError(f"DistributedDataParallel: process_group must be a process group of this rank, got "
+                            f"{group!r}")
+        self.process_group = group
+        self.device_ids, self.output_device = _check_devices(module, group, device_ids, output_device)
+        # broadcast_buffers (None: True) copies the buffers at the start and before each forward;
+        # forward_sync_buffers, when given, decides the latter alone (PyTorch 2.13's split)
+        self.broadcast_buffers = broadcast_buffers is not False
+        self.forward_sync_buffers = self.broadcast_buffers if forward_sync_buffers is None else forward_sync_buffers
+        self.dim = dim
+        self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
+        self.gradient_as_bucket_view = True  # what the Reducer does whatever was asked
+        self.broadcast_from = broadcast_from
+        if init_sync:
+            broadcast_replicas(list(module.parameters()) + (list(module.buffers()) if self.broadcast_buffers else []),
+                               group, broadcast_from)
+        self.reducer = Reducer(module.parameters(), group, 25.0 if bucket_cap_mb is None else bucket_cap_mb,
+                               first_bucket_mb)
         self._sync = True
 
     def forward(self, *args, **kwargs):
+        if self.forward_sync_buffers and self._sync and is_grad_enabled() and self.process_group.size > 1:
+            buffers = list(self.module.buffers())
+            if buffers:  # running statistics and the like: every replica starts the step with rank 0's
+                broadcast_replicas(buffers, self.process_group, self.broadcast_from)
         self.reducer.prepare(self._sync)
         return self.module(*args, **kwargs)
 
@@ -122,3 +174,43 @@ class DistributedDataParallel(Module):
             yield
         finally:
             self._sync = previous
+
+
+def _check_devices(module: Module, group, device_ids, output_device):
+    """(device_ids, output_device) as PyTorch keeps them: None for a CPU module, [index] for a
+    module on one CUDA device; anything else is refused, as are a module and group on different
+    kinds of device."""
+    devices = {p.device for p in module.parameters()}
+    if len(devices) > 1:
+        raise ValueError(f"DistributedDataParallel: the module's parameters are on several devices "
+                         f"({sorted(str(d) for d in devices)}); put the module on one device")
+    device = devices.pop() if devices else None
+    group_device = getattr(group, "device", None)  # NCCL groups have one; MPI groups work on the host
+    on_gpu = device is not None and device.type == "cuda"
+    if on_gpu != (group_device is not None):
+        raise ValueError(f"DistributedDataParallel: the module is on {device or 'no device'} but the process group "
+                         f"{group!r} communicates {'CUDA' if group_device is not None else 'CPU'} tensors")
+    if on_gpu and group_device != device:
+        raise ValueError(f"DistributedDataParallel: the module is on {device} but the process group {group!r} "
+                         f"communicates on {group_device}")
+    if not on_gpu:
+        if device_ids or output_device is not None:
+            raise ValueError(f"DistributedDataParallel: device_ids and output_device name a GPU; they must be None "
+                             f"for a module on the CPU (got device_ids={device_ids}, output_device={output_device})")
+        return None, None
+    if device_ids is None or len(device_ids) == 0:
+        return None, None
+    if len(device_ids) > 1:
+        raise ValueError("DistributedDataParallel: device_ids can only be None or contain a single element")
+    index = _device_index(device_ids[0])
+    out = index if output_device is None else _device_index(output_device)
+    if index != device.index or out != device.index:
+        raise ValueError(f"DistributedDataParallel: device_ids={device_ids} (output_device={output_device}) but the "
+                         f"module is on {device}; move it there first (module.to(device))")
+    return [index], out
+
+
+def _device_index(d) -> int:
+    if isinstance(d, int):
+        return d
+    return as_device(d).index or 0

@@ -73,7 +73,8 @@ def _mpi():
                                     "int32": MPI.INT32_T, "int64": MPI.INT64_T, "uint8": MPI.UINT8_T,
                                     "bfloat16": MPI.UINT16_T},
                     # by ReduceOp's value: a str hashes in C, an Enum member in Python
-                    ops={"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN})
+                    ops={"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN,
+                         "product": MPI.PROD})
     return _MPI
 
 

@@ -22,6 +22,14 @@ _OPS = {ReduceOp.SUM: lib.IT_COMM_SUM, ReduceOp.AVG: lib.IT_COMM_AVG, ReduceOp.M
         ReduceOp.MIN: lib.IT_COMM_MIN}
 
 
+def _native_op(op) -> int:
+    """The communicator's code for op, or an error naming the ops it has."""
+    op = ReduceOp(op)
+    if op not in _OPS:
+        raise ValueError(f"the NCCL process group reduces with {', '.join(o.name for o in _OPS)}, not {op.name}")
+    return _OPS[op]
+
+
 class NCCLWork(Work):
     def __init__(self, done: cuda.Event, keep: tuple):
         super().__init__(keep=keep)
@@ -101,11 +109,11 @@ class NCCLProcessGroup(ProcessGroup):
     @traced_collective(0)
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
         self._check(t)
-        op = ReduceOp(op)
-        if op is ReduceOp.AVG and not t.dtype.is_floating_point:
+        code = _native_op(op)
+        if ReduceOp(op) is ReduceOp.AVG and not t.dtype.is_floating_point:
             raise TypeError(f"all_reduce AVG of {t.dtype.name} tensors is not defined; use SUM")
         return self._run(lambda s: check(lib.it_comm_all_reduce(self._comm, t.dtype.native, t._ptr(), t._ptr(),
-                                                                t.numel(), _OPS[op], s)), (t,), async_op)
+                                                                t.numel(), code, s)), (t,), async_op)
 
     @traced_collective(0)
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False):
@@ -118,9 +126,9 @@ class NCCLProcessGroup(ProcessGroup):
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
         self._check(out, t)
         self._check_gathered("reduce_scatter", t, out)
-        op = ReduceOp(op)
+        code = _native_op(op)
         return self._run(lambda s: check(lib.it_comm_reduce_scatter(self._comm, t.dtype.native, t._ptr(),
-                                                                    out._ptr(), out.numel(), _OPS[op], s)),
+                                                                    out._ptr(), out.numel(), code, s)),
                          (out, t), async_op)
 
     @traced_collective(0)

@@ -121,6 +121,7 @@ class ReduceOp(Enum):
     AVG = "avg"
     MAX = "max"
     MIN = "min"
+    PRODUCT = "product"  # the MPI backend's (MPI_PROD); the native NCCL communicator has no product
 
 
 class Work:
@@ -246,5 +247,6 @@ def set_default_data_parallel_group(group) -> None:
 
 def default_data_parallel_group():
     if _default_dp_group is None:
-        raise RuntimeError("no process group: call infinitrain.nn.parallel.init() first, or pass process_group=")
+        raise RuntimeError("no process group: call infinitrain.distributed.init_process_group() (or "
+                           "infinitrain.nn.parallel.init()) first, or pass process_group=")
     return _default_dp_group
