@@ -28,6 +28,8 @@ from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort,
                         tanh, topk, transpose, tril, triu, unsqueeze, where)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
+# amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
+amp.GradScaler = optim.GradScaler
 
 __version__ = "0.1.0"
 
