@@ -85,6 +85,10 @@ class RNNBase(Module):
         for p in self.parameters():
             init.uniform_(p, -bound, bound)
 
+    def flatten_parameters(self) -> None:
+        """PyTorch's packs the weights into one cuDNN buffer; these stay separate tensors, so
+        there is nothing to do."""
+
     def _weights(self, layer: int, reverse: bool):
         suffix = f"_l{layer}" + ("_reverse" if reverse else "")
         get = self._parameters.get
