@@ -52,7 +52,7 @@ def child(framework: str, config: str, threads: int, steps: int, warmup: int, de
         for b in batches:
             x, y = it.from_numpy(b[:, :-1].copy()).to(device), it.from_numpy(b[:, 1:].copy()).to(device)
             t0 = time.perf_counter()
-            with it.autocast(dtype, enabled=dtype != "float32"):
+            with it.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != "float32"):
                 _, loss = model(x, y, return_logits=False)
             loss.backward()
             opt.step()

@@ -28,6 +28,9 @@ from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort,
                         tanh, topk, transpose, tril, triu, unsqueeze, where)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
+from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler below
+# amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
+amp.GradScaler = GradScaler
 
 __version__ = "0.1.0"
 
@@ -47,6 +50,7 @@ __all__ = [
     "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
 ]
+__all__ += ["GradScaler"]
 
 
 def __getattr__(name: str):

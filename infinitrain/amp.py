@@ -1,4 +1,6 @@
-"""Automatic mixed precision: autocast(dtype=bfloat16).
+"""Automatic mixed precision: autocast("cuda" or "cpu", dtype=bfloat16), as torch.autocast.
+GradScaler (torch.amp.GradScaler) works on gradients, so it lives in optim/grad_scaler.py and
+is attached here as amp.GradScaler by the package's __init__.
 
 Inside the context, matrix products (linear, matmul, attention) run with bfloat16 inputs and
 float32 accumulation; normalisation and softmax run in float32; elementwise ops on mixed
@@ -9,7 +11,10 @@ state is float32 too.
 """
 from __future__ import annotations
 
+import functools
 import threading
+from contextlib import contextmanager
+
 from . import dtypes as _dt
 
 _state = threading.local()
@@ -20,21 +25,55 @@ def autocast_dtype():
     return getattr(_state, "dtype", None)
 
 
+@contextmanager
+def dtype_set(dtype):
+    """The engine's own switch: inside, autocast lowers to dtype (None: off). autocast is the
+    user's form; this one replays a recorded dtype (recompute) or turns autocast off for a piece
+    that rounds by hand (tensor-parallel layers)."""
+    previous = autocast_dtype()
+    _state.dtype = dtype
+    try:
+        yield
+    finally:
+        _state.dtype = previous
+
+
 class autocast:
-    def __init__(self, dtype=None, enabled: bool = True):
+    """torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None). device_type is
+    'cpu' or 'cuda'; the engine autocasts the ops of every device alike. dtype None means
+    bfloat16 on both (the engine's autocast dtype; PyTorch's CUDA default would be float16);
+    float32 leaves autocast off. cache_enabled is accepted (the engine keeps no cast cache)."""
+
+    def __init__(self, device_type: str, dtype=None, enabled: bool = True, cache_enabled: bool | None = None):
+        if isinstance(device_type, _dt.dtype) or device_type in _dt._BY_NAME:
+            name = getattr(device_type, "name", device_type)
+            raise TypeError(f"autocast's first argument is the device type, as PyTorch's: write "
+                            f"autocast(\"cpu\", dtype={name}) (or \"cuda\"), not autocast({name})")
+        if not isinstance(device_type, str) or device_type.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"autocast: device_type must be 'cpu' or 'cuda', got {device_type!r}")
         dtype = _dt.bfloat16 if dtype is None else _dt.as_dtype(dtype)
         if dtype not in (_dt.bfloat16, _dt.float16, _dt.float32):
             raise TypeError(f"autocast: dtype must be bfloat16 (or float16/float32), got {dtype}")
+        self.device = device_type.split(":")[0]
+        self.fast_dtype = dtype
         self.dtype = dtype if enabled and dtype is not _dt.float32 else None
 
     def __enter__(self):
-        self._prev = autocast_dtype()
-        _state.dtype = self.dtype
+        self._context = dtype_set(self.dtype)
+        self._context.__enter__()
         return self
 
     def __exit__(self, *exc):
-        _state.dtype = self._prev
+        self._context.__exit__(*exc)
         return False
+
+    def __call__(self, fn):
+        """As a decorator: fn runs inside this autocast."""
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with autocast(self.device, self.fast_dtype, self.dtype is not None):
+                return fn(*args, **kwargs)
+        return wrapped
 
 
 def lower(*tensors):

@@ -36,7 +36,7 @@ class _Recompute(Function):
         rng_now = default_generator.get_state()
         default_generator.set_state(ctx.rng)
         try:
-            with enable_grad(), amp.autocast(ctx.autocast, enabled=ctx.autocast is not None):
+            with enable_grad(), amp.dtype_set(ctx.autocast):
                 out = ctx.fn(*inputs)
         finally:
             default_generator.set_state(rng_now)

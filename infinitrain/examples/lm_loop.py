@@ -68,7 +68,7 @@ class TrainingLoop:
         self.train_data = TokenLoader(args.input_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device)
         self.val_data = TokenLoader(args.input_val_bin, B, T, rank, dp, vocab_size=cfg.vocab_size, device=device) \
             if args.input_val_bin else None
-        self.forward_context = lambda: autocast(args.dtype, enabled=args.dtype != "float32")  # noqa: E731
+        self.forward_context = lambda: autocast(device.type, dtype=args.dtype, enabled=args.dtype != "float32")  # noqa: E731
         self.tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
         self.lr_schedule = WarmupDecayLR(self.optimizer, args.warmup_iters, args.num_iteration,
                                          min_lr_ratio=args.min_lr / args.learning_rate if args.learning_rate else 0.0,

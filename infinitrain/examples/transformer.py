@@ -229,7 +229,8 @@ def main(argv=None) -> int:
         mine = float((tgt_out.numpy() != PAD).sum())
         tokens = trainer.dp_mean(mine) * dp
         micro = [((src.to(env.device), tgt_in.to(env.device), mine * dp / tokens), tgt_out.to(env.device))]
-        loss, norm = trainer.step(micro, lambda: autocast(args.dtype, enabled=args.dtype != "float32"),
+        loss, norm = trainer.step(micro, lambda: autocast(env.device.type, dtype=args.dtype,
+                                                                 enabled=args.dtype != "float32"),
                                   args.grad_clip)
         stop_if_not_finite(args, env, model, step, "loss", loss)  # (a mean over the job: every rank stops)
         if norm is not None:

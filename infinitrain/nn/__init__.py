@@ -3,7 +3,10 @@ from . import functional, init, utils
 from .module import Module
 from .modules import (GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, ModuleDict,
                       ModuleList, MSELoss, ReLU, RMSNorm, Sequential, Sigmoid, SiLU, Softmax, Tanh)
+from .modules import BCELoss, BCEWithLogitsLoss, L1Loss, NLLLoss
+from .modules import ParameterDict, ParameterList
 from .parameter import Parameter
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from .transformer import (MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer,
                           TransformerEncoder, TransformerEncoderLayer)
 
@@ -13,3 +16,6 @@ __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "RMSNorm",
            "ModuleList", "ModuleDict", "MultiheadAttention", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
            "functional", "init", "utils"]
+__all__ += ["ParameterList", "ParameterDict"]
+__all__ += ["NLLLoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss"]
+__all__ += ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]

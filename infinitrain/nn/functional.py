@@ -7,6 +7,8 @@ from ..ops import index as _idx
 from ..ops import layers as _nn
 from ..ops import math as _m
 from ..tensor import Tensor
+from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,  # noqa: F401
+                     l1_loss, mse_loss, nll_loss)
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -68,34 +70,6 @@ def softmax(input: Tensor, dim: int = -1) -> Tensor:
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up, fused."""
     return _m.swiglu(gate, up)
-
-
-def cross_entropy(input: Tensor, target: Tensor, ignore_index: int = -100,
-                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """input [N, C] (or [..., C] with target [...]) logits; target class indices. With
-    label_smoothing e (PyTorch's): (1 - e) * the cross-entropy + e * the mean over classes of
-    -log softmax, targets equal to ignore_index counting for neither."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if input.shape[:-1] != target.shape:
-        raise ValueError(f"cross_entropy: logits {tuple(input.shape)} and targets {tuple(target.shape)} "
-                         "do not match (expected logits [..., C] and targets [...])")
-    flat, targets = input.reshape(-1, input.shape[-1]), target.reshape(-1)
-    if not label_smoothing:  # the fused kernel, reduction and all
-        out = _nn.cross_entropy(flat, targets, input.shape[-1], ignore_index, reduction)
-        return out.reshape(target.shape) if reduction == "none" else out
-    nll = _nn.cross_entropy(flat, targets, input.shape[-1], ignore_index, "none")
-    kept = (targets != ignore_index).to(dtype=nll.dtype)
-    uniform = -log_softmax(flat, -1).mean(-1) * kept
-    nll = (1 - label_smoothing) * nll + label_smoothing * uniform
-    if reduction == "none":
-        return nll.reshape(target.shape)
-    if reduction == "sum":
-        return nll.sum()
-    count = (targets != ignore_index).to(dtype=nll.dtype).sum()
-    return nll.sum() / count
 
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
@@ -195,36 +169,21 @@ def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
     return _idx.logsumexp(input, dim, keepdim)
 
 
-def nll_loss(input: Tensor, target: Tensor, ignore_index: int = -100,
-             reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of log-probabilities input [N, C] (or [C]) at class targets."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if target.dtype not in (_dt.int32, _dt.int64):
-        raise TypeError(f"nll_loss: target must be int32 or int64, got {target.dtype.name}")
-    if input.ndim not in (1, 2) or input.shape[:-1] != target.shape:
-        raise ValueError(f"nll_loss: expected input [N, C] with target [N] (or [C] with []), got "
-                         f"{tuple(input.shape)} and {tuple(target.shape)}")
-    keep = target != ignore_index
-    safe = _idx.where(keep, target, 0).long()
-    picked = _idx.gather(input, -1, safe.unsqueeze(-1)).squeeze(-1)
-    losses = _idx.where(keep, -picked, 0.0)
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / keep.float().sum()
-
-
-def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"mse_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if input.shape != target.shape:
-        raise ValueError(f"mse_loss: input {tuple(input.shape)} and target "
-                         f"{tuple(target.shape)} differ in shape")
-    diff = input - target
-    sq = diff * diff
-    return sq if reduction == "none" else (sq.sum() if reduction == "sum" else sq.mean())
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out=None) -> Tensor:
+    """input / max(its p-norm along dim, eps) (torch.nn.functional.normalize)."""
+    if out is not None:
+        raise NotImplementedError("normalize: out= is not implemented; use the returned tensor")
+    if p == float("inf"):
+        norm = input.abs().amax(dim, keepdim=True).clamp(min=eps)
+    elif p == 2:  # the clamp before the root: a zero row's gradient is zero, not 0 * inf
+        norm = (input * input).sum(dim, keepdim=True).clamp(min=eps * eps).sqrt()
+    elif p == 1:
+        norm = input.abs().sum(dim, keepdim=True).clamp(min=eps)
+    elif p > 0:
+        norm = (input.abs() ** p).sum(dim, keepdim=True).clamp(min=eps ** p) ** (1.0 / p)
+    else:
+        raise ValueError(f"normalize: p must be > 0, got {p}")
+    return input / norm
 
 
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:

@@ -165,3 +165,29 @@ def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, 
         out[todo[keep]] = values[keep]
         todo = todo[~keep]
     return tensor.copy_(from_numpy(out.reshape(tuple(tensor.shape))).to(dtype=tensor.dtype, device=tensor.device))
+
+
+@no_grad()
+def orthogonal_(tensor, gain: float = 1.0, generator=None):
+    """A (semi-)orthogonal matrix (torch.nn.init.orthogonal_): the Q of the QR decomposition of a
+    standard normal [rows, rest] draw (transposed when wider than tall), its columns' signs set
+    by R's diagonal so that Q is uniformly distributed, times gain. rows = the first dimension,
+    the rest flattened."""
+    import numpy as np
+    from ..creation import from_numpy
+    if tensor.ndim < 2:
+        raise ValueError(f"orthogonal_: only tensors with 2 or more dimensions are supported, got shape "
+                         f"{tuple(tensor.shape)}")
+    if _deferred[0] or tensor.numel() == 0:
+        return tensor.fill_(0)
+    rows = tensor.shape[0]
+    cols = tensor.numel() // rows
+    draw = from_numpy(np.empty((rows, cols), np.float32))
+    (generator or default_generator).fill_normal(draw, 0.0, 1.0)
+    flat = draw.numpy().astype(np.float64)
+    wide = rows < cols
+    q, r = np.linalg.qr(flat.T if wide else flat)
+    q = q * np.sign(np.diag(r))  # the sign each column would have for a positive diagonal of R
+    q = q.T if wide else q
+    out = from_numpy(np.ascontiguousarray(gain * q, dtype=np.float32).reshape(tuple(tensor.shape)))
+    return tensor.copy_(out.to(dtype=tensor.dtype, device=tensor.device))

@@ -1,5 +1,6 @@
-"""Layers and containers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations,
-CrossEntropyLoss, Sequential, ModuleList, ModuleDict."""
+"""Layers and containers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations, the
+losses (CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, BCELoss, BCEWithLogitsLoss), Sequential,
+ModuleList, ModuleDict, ParameterList, ParameterDict."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -8,6 +9,7 @@ from .. import creation
 from ..autograd import no_grad
 from . import functional as F
 from . import init
+from .losses import reduction_of
 from .module import Module
 from .parameter import Parameter
 
@@ -151,22 +153,63 @@ class Softmax(Module):
         return F.softmax(x, self.dim)
 
 
-class MSELoss(Module):
-    def __init__(self, reduction: str = "mean"):
+class _Loss(Module):
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean"):
         super().__init__()
-        self.reduction = reduction
+        self.reduction = reduction_of(type(self).__name__, size_average, reduce, reduction)
+
+
+class _WeightedLoss(_Loss):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction: str = "mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", weight)
+
+
+class L1Loss(_Loss):
+    def forward(self, input, target):
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class MSELoss(_Loss):
+    def forward(self, input, target):
+        return F.mse_loss(input, target, reduction=self.reduction)
+
+
+class NLLLoss(_WeightedLoss):
+    def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean"):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.ignore_index = ignore_index
 
     def forward(self, input, target):
-        return F.mse_loss(input, target, self.reduction)
+        return F.nll_loss(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
 
 
-class CrossEntropyLoss(Module):
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
-        super().__init__()
-        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+class CrossEntropyLoss(_WeightedLoss):
+    def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 
     def forward(self, input, target):
-        return F.cross_entropy(input, target, self.ignore_index, self.reduction, self.label_smoothing)
+        return F.cross_entropy(input, target, self.weight, ignore_index=self.ignore_index,
+                               reduction=self.reduction, label_smoothing=self.label_smoothing)
+
+
+class BCELoss(_WeightedLoss):
+    def forward(self, input, target):
+        return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction: str = "mean", pos_weight=None):
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", weight)
+        self.register_buffer("pos_weight", pos_weight)
+
+    def forward(self, input, target):
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, reduction=self.reduction,
+                                                  pos_weight=self.pos_weight)
 
 
 class Sequential(Module):
@@ -247,3 +290,97 @@ class ModuleDict(Module):
 
     def values(self):
         return self._modules.values()
+
+
+def _as_parameter(value):
+    """A tensor given to a ParameterList or ParameterDict becomes a Parameter, as in PyTorch."""
+    return value if value is None or isinstance(value, Parameter) else Parameter(value)
+
+
+class ParameterList(Module):
+    """Parameters held in a list, registered as "0", "1", ... so that parameters() and
+    state_dict() see them."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        for v in values or ():
+            self.append(v)
+
+    def append(self, value) -> "ParameterList":
+        self.register_parameter(str(len(self)), _as_parameter(value))
+        return self
+
+    def extend(self, values) -> "ParameterList":
+        for v in values:
+            self.append(v)
+        return self
+
+    def _key(self, i: int) -> str:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {i} is out of range for a ParameterList of {len(self)}")
+        return str(i % len(self))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return ParameterList(list(self._parameters.values())[i])
+        return self._parameters[self._key(i)]
+
+    def __setitem__(self, i, value):
+        self.register_parameter(self._key(i), _as_parameter(value))
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters.values())
+
+    def __iadd__(self, values):
+        return self.extend(values)
+
+
+class ParameterDict(Module):
+    """Parameters held by name, registered under their keys."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        if parameters is not None:
+            self.update(parameters)
+
+    def __getitem__(self, key: str):
+        return self._parameters[key]
+
+    def __setitem__(self, key: str, value):
+        if not isinstance(key, str):
+            raise TypeError(f"ParameterDict keys must be strings, got {type(key).__name__}")
+        self.register_parameter(key, _as_parameter(value))
+
+    def __delitem__(self, key: str):
+        del self._parameters[key]
+
+    def __contains__(self, key):
+        return key in self._parameters
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters)
+
+    def keys(self):
+        return self._parameters.keys()
+
+    def items(self):
+        return self._parameters.items()
+
+    def values(self):
+        return self._parameters.values()
+
+    def get(self, key: str, default=None):
+        return self._parameters.get(key, default)
+
+    def pop(self, key: str):
+        return self._parameters.pop(key)
+
+    def update(self, parameters) -> None:
+        for k, v in (parameters.items() if hasattr(parameters, "items") else parameters):
+            self[k] = v

@@ -12,6 +12,7 @@ class Optimizer:
     # The state a parameter carries once it has been stepped: name -> "tensor" or "int".
     # load_state_dict holds loaded state to it (a moment missing, a step that is a string).
     state_spec: dict = {}
+    optional_state: tuple = ()  # state_spec's entries kept only with some settings (RMSprop's momentum)
 
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
@@ -98,7 +99,7 @@ class Optimizer:
         exactly state_spec's entries, of their kinds."""
         if not state or not cls.state_spec:
             return
-        missing = [k for k in cls.state_spec if k not in state]
+        missing = [k for k in cls.state_spec if k not in state and k not in cls.optional_state]
         unknown = [k for k in state if k not in cls.state_spec]
         if missing or unknown:
             raise ValueError(f"the state of parameter {index} " + "; ".join(
@@ -106,6 +107,8 @@ class Optimizer:
                                   f"has unknown entries {', '.join(unknown)}" if unknown else "") if part)
                 + f" ({cls.__name__} keeps {', '.join(cls.state_spec)})")
         for k, kind in cls.state_spec.items():
+            if k not in state:
+                continue
             v = state[k]
             ok = (isinstance(v, (Tensor, np.ndarray)) if kind == "tensor" else
                   isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0)

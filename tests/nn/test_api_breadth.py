@@ -19,7 +19,7 @@ def test_softmax_and_mse_loss_modules_equal_pytorchs(rng):
     np.testing.assert_allclose(nn.Softmax(dim=1)(it.tensor(x)).numpy(),
                                torch.nn.Softmax(dim=1)(torch.tensor(x)).numpy(), rtol=1e-6)
     for reduction in ("mean", "sum", "none"):
-        np.testing.assert_allclose(nn.MSELoss(reduction)(it.tensor(x), it.tensor(y)).numpy(),
+        np.testing.assert_allclose(nn.MSELoss(reduction=reduction)(it.tensor(x), it.tensor(y)).numpy(),
                                    torch.nn.MSELoss(reduction=reduction)(torch.tensor(x), torch.tensor(y)).numpy(),
                                    rtol=1e-6)
     with pytest.raises(ValueError, match="give dim"):

@@ -14,7 +14,7 @@ def test_op_dtypes_under_autocast():
     lin = nn.Linear(8, 4)
     ln = nn.LayerNorm(4)
     x = it.randn(3, 8)
-    with it.autocast(it.bfloat16):
+    with it.autocast("cpu", dtype=it.bfloat16):
         h = lin(x)
         assert h.dtype is it.bfloat16                          # matrix products in bf16
         assert ln(h).dtype is it.float32                       # normalisation in fp32
@@ -22,13 +22,13 @@ def test_op_dtypes_under_autocast():
         assert (h + x[:, :4]).dtype is it.float32              # mixed elementwise: promoted
         assert (x @ x.t()).dtype is it.bfloat16
     assert lin(x).dtype is it.float32                          # off again outside
-    with it.autocast(it.bfloat16, enabled=False):
+    with it.autocast("cpu", dtype=it.bfloat16, enabled=False):
         assert lin(x).dtype is it.float32
 
 
 def test_master_weights_and_gradients_stay_fp32():
     lin = nn.Linear(8, 4)
-    with it.autocast("bfloat16"):
+    with it.autocast("cpu", dtype="bfloat16"):
         loss = F.cross_entropy(lin(it.randn(5, 8)), it.tensor([0, 1, 2, 3, 0]))
     loss.backward()
     assert lin.weight.dtype is it.float32 and lin.weight.grad.dtype is it.float32
@@ -45,7 +45,7 @@ def _train(tmp_path, dtype, steps=20):
         x, y = loader.next_batch()
         if i == 2:
             it.reset_peak_memory_stats()
-        with it.autocast(dtype, enabled=dtype != "float32"):
+        with it.autocast("cpu", dtype=dtype, enabled=dtype != "float32"):
             _, loss = model(x, y, return_logits=False)
         opt.zero_grad()
         loss.backward()

@@ -35,7 +35,7 @@ for comm in ("p2p", "all_gather"):
         for autocast in (False, True):
             cp = ContextParallel(env.world, comm, balanced)
             mine = lambda a: cp.shard(it.from_numpy(a), dim=2).numpy()  # noqa: E731
-            context = amp.autocast(it.bfloat16) if autocast else amp.autocast(enabled=False)
+            context = amp.autocast("cpu", dtype=it.bfloat16) if autocast else amp.autocast("cpu", enabled=False)
             with context:
                 got = run(cp.attention, (mine(q), mine(k), mine(v)), mine(g))
             for name, a, b in zip(("out", "dq", "dk", "dv"), got, whole):

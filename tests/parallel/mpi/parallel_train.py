@@ -99,7 +99,7 @@ if args.load:
 
 
 def context():
-    return autocast(args.dtype, enabled=args.dtype != "float32")
+    return autocast("cpu", dtype=args.dtype, enabled=args.dtype != "float32")
 
 
 B, T, M = args.batch // dp, args.seq, args.micro

@@ -85,7 +85,7 @@ for sp in (False, True):
             load(layer.weight, w_full)
             load(layer.bias, b_full)
             xin = it.from_numpy(seq_slice(x_np).copy() if sp else x_np).requires_grad_()
-            with it.autocast(dtype=low, enabled=low is not None):
+            with it.autocast("cpu", dtype=low, enabled=low is not None):
                 y = layer(xin)
             with profiler.profile() as prof:
                 (y.float() * it.from_numpy(gy_big[..., :OUT // N].copy())).sum().backward()

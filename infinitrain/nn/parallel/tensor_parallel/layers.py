@@ -134,7 +134,7 @@ class RowParallelLinear(Module):
         # accumulation. Rounding each rank's partial product before the sum would add a
         # rounding per rank, so the partial products of the rounded inputs are summed in float32
         # and rounded once, bias included (gradients are rounded where one process rounds them).
-        with amp.autocast(enabled=False):
+        with amp.dtype_set(None):
             xl = x.to(low).float()
             y = F.linear(xl, self.weight.to(low).float())
             if self.lora_on:

@@ -1,18 +1,19 @@
-"""Gradient utilities."""
+"""Gradient utilities (torch.nn.utils), and nn.utils.rnn."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from .._native import lib
-from ..creation import from_numpy
-from ..autograd import no_grad, zero_grads  # noqa: F401  (zero_grads re-exported)
-from ..device import as_device
-from ..dtypes import float64
-from ..kernels import elementwise as ew
-from ..kernels import reduce as kred
-from ..kernels.memory import cat, convert
+from ..._native import lib
+from ...creation import from_numpy
+from ...autograd import no_grad, zero_grads  # noqa: F401  (zero_grads re-exported)
+from ...device import as_device
+from ...dtypes import float64
+from ...kernels import elementwise as ew
+from ...kernels import reduce as kred
+from ...kernels.memory import cat, convert
+from . import rnn  # noqa: F401  (nn.utils.rnn, as torch's)
 
 
 def squared_norm(tensors, device):
