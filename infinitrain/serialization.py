@@ -14,6 +14,7 @@ torch_files, without PyTorch and without running any pickled code.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import math
 import os
@@ -195,34 +196,42 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
                         "only PyTorch's own checkpoint structure")
     if weights_only not in (None, True, False) or mmap not in (None, True, False):
         raise TypeError("infinitrain.load: weights_only and mmap are True, False or None")
-    name, data = _read_all(f)
+    name, source = _source(f)
+    with open(source, "rb") if isinstance(source, Path) else io.BytesIO(source) as fh:
+        head = fh.read(300)
+        if _maybe_ours(head):  # the whole safetensors header: its length, then its JSON
+            head += fh.read(max(0, min(int.from_bytes(head[:8], "little"), _HEADER_LIMIT) + 8 - len(head)))
     where = placement(map_location, name)
-    if data[:4] == b"PK\x03\x04" or data[:4] == b"PK\x05\x06":
-        return load_torch_zip(data, name, where)
-    if len(data) >= 10 and data[8:9] == b"{":
-        return _load_ours(data, name, where)
-    refuse_unknown(data, name)
+    if head[:4] == b"PK\x03\x04" or head[:4] == b"PK\x05\x06":
+        return load_torch_zip(source, name, where)
+    if _maybe_ours(head):
+        return _load_ours(source, head, name, where)
+    refuse_unknown(head, name)
 
 
-def _read_all(f) -> tuple:
+def _maybe_ours(head: bytes) -> bool:
+    return len(head) >= 9 and head[8:9] == b"{"
+
+
+def _source(f) -> tuple:
+    """(name for messages, the path to read from or the bytes that were read from f)."""
     if isinstance(f, (str, os.PathLike)):
         from .io import input_file
-        path = input_file(f, "infinitrain.load:")
-        return str(path), path.read_bytes()
+        return str(f), input_file(f, "infinitrain.load:")
     if not hasattr(f, "read"):
         raise TypeError(f"infinitrain.load: f must be a path or a binary file object, got {type(f).__name__}")
     data = f.read()
     if not isinstance(data, (bytes, bytearray)):
         raise TypeError("infinitrain.load: the file object must be opened in binary mode ('rb')")
-    return getattr(f, "name", None) or type(f).__name__, bytes(data)
+    return str(getattr(f, "name", None) or f"<{type(f).__name__}>"), bytes(data)
 
 
-def _load_ours(data: bytes, name: str, where):
-    n = int.from_bytes(data[:8], "little")
+def _load_ours(source, head: bytes, name: str, where):
+    n = int.from_bytes(head[:8], "little")
     try:
-        if n > min(len(data) - 8, _HEADER_LIMIT):
-            raise ValueError(f"its header claims {n} bytes, the file has {len(data) - 8} after the length")
-        metadata = json.loads(data[8:8 + n]).get("__metadata__") or {}
+        if n > min(len(head) - 8, _HEADER_LIMIT):
+            raise ValueError(f"its header claims {n} bytes, the file has {len(head) - 8} after the length")
+        metadata = json.loads(head[8:8 + n]).get("__metadata__") or {}
     except (ValueError, AttributeError, UnicodeDecodeError) as e:
         raise DataFormatError(f"{name} is neither infinitrain.save's file nor PyTorch's: it looks like a "
                               f"safetensors file but is damaged or truncated ({e})") from None
@@ -232,14 +241,31 @@ def _load_ours(data: bytes, name: str, where):
     if metadata.get("version") != str(VERSION):
         raise DataFormatError(f"{name} was written by infinitrain.save format version {metadata.get('version')}; "
                               f"this infinitrain reads version {VERSION}")
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.numpy import load as from_bytes
     try:
-        arrays = from_bytes(data)
         tree = json.loads(metadata["structure"])
+        if isinstance(source, Path):  # read storage by storage, not the whole file at once
+            with safe_open(str(source), framework="numpy") as opened:
+                return _Decoder(_Arrays(opened), name, where).decode(tree)
+        return _Decoder(from_bytes(source), name, where).decode(tree)
     except (SafetensorError, ValueError, KeyError) as e:
+        if isinstance(e, DataFormatError):
+            raise
         raise DataFormatError(f"{name} is damaged or truncated ({type(e).__name__}: {str(e)[:200]})") from None
-    return _Decoder(arrays, name, where).decode(tree)
+
+
+class _Arrays:
+    """The arrays of an open safetensors file, read when asked for."""
+
+    def __init__(self, opened):
+        self.opened, self.keys = opened, set(opened.keys())
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys
+
+    def __getitem__(self, key):
+        return self.opened.get_tensor(key)
 
 
 class _Decoder:

@@ -18,6 +18,7 @@ import math
 import pickle
 import zipfile
 from collections import Counter, OrderedDict
+from pathlib import Path
 
 import numpy as np
 
@@ -64,11 +65,32 @@ class _StorageType:
         self.torch_dtype = torch_dtype
 
 
+class _TypeName:
+    """torch.Tensor or torch.nn.Parameter as data.pkl names them: only _rebuild_from_type_v2 reads
+    them, so that no opcode can call or instantiate a tensor class itself."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_TENSOR, _PARAMETER = _TypeName("torch.Tensor"), _TypeName("torch.nn.Parameter")
+
+
 class _Stored:
     """One storage of the file: its bytes, read once, and its tensors on their device."""
 
     def __init__(self, raw: bytes, location: str, big_endian: bool):
         self.raw, self.location, self.big_endian, self.bases = raw, location, big_endian, {}
+
+
+class _StorageRef:
+    """A storage as data.pkl hands it to a tensor's rebuilding: the stored bytes and their dtype."""
+
+    def __init__(self, stored: _Stored, dtype: _dt.dtype):
+        self.stored, self.dtype = stored, dtype
 
 
 def _supported(torch_dtype: str, name: str) -> _dt.dtype:
@@ -118,8 +140,8 @@ class _Unpickler(pickle._Unpickler):
         plain = {("collections", "OrderedDict"): OrderedDict, ("collections", "Counter"): Counter,
                  ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "bytearray"): bytearray,
                  ("builtins", "complex"): complex, ("_codecs", "encode"): _encode, ("torch", "Size"): tuple,
-                 ("torch", "device"): _torch_device, ("torch", "Tensor"): Tensor,
-                 ("torch.nn.parameter", "Parameter"): Parameter,
+                 ("torch", "device"): _torch_device, ("torch", "Tensor"): _TENSOR,
+                 ("torch.nn.parameter", "Parameter"): _PARAMETER,
                  ("torch._utils", "_rebuild_tensor"): self._rebuild_tensor,
                  ("torch._utils", "_rebuild_tensor_v2"): self._rebuild_tensor_v2,
                  ("torch._utils", "_rebuild_tensor_v3"): self._rebuild_tensor_v3,
@@ -158,13 +180,13 @@ class _Unpickler(pickle._Unpickler):
         if len(stored.raw) < numel * dtype.itemsize:
             raise DataFormatError(f"{self.name}: storage {key} holds {len(stored.raw)} bytes, data.pkl says "
                                   f"{numel} elements of {dtype.name} (a damaged file)")
-        return stored, dtype
+        return _StorageRef(stored, dtype)
 
     # ---- tensors ---------------------------------------------------------------------------
     def _base(self, storage, dtype: _dt.dtype) -> Tensor:
         """The whole storage as a 1-D tensor of dtype, where map_location puts it (made once per
         storage and dtype, so tensors that share a storage in the file share it here)."""
-        stored = storage[0]
+        stored = storage.stored
         base = stored.bases.get(dtype)
         if base is None:
             raw_type = np.dtype(np.uint16) if dtype is _dt.bfloat16 else dtype.numpy
@@ -176,14 +198,14 @@ class _Unpickler(pickle._Unpickler):
         return base
 
     def _storage_of(self, storage):
-        if not (type(storage) is tuple and len(storage) == 2 and isinstance(storage[0], _Stored)):
+        if type(storage) is not _StorageRef:
             raise pickle.UnpicklingError(f"{self.name}: a tensor is rebuilt from {type(storage).__name__}, not "
                                          "from one of the file's storages (a damaged or crafted file)")
         return storage
 
     def _rebuild_tensor(self, storage, storage_offset, size, stride):
         storage = self._storage_of(storage)
-        return checked_view(self._base(storage, storage[1]), storage_offset, size, stride, self.name)
+        return checked_view(self._base(storage, storage.dtype), storage_offset, size, stride, self.name)
 
     def _rebuild_tensor_v2(self, storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
                            metadata=None):
@@ -206,9 +228,9 @@ class _Unpickler(pickle._Unpickler):
         if state:
             raise NotImplementedError(f"{self.name} holds a tensor with Python attributes "
                                       f"{sorted(map(str, state))[:5]}; infinitrain's tensors carry none")
-        if new_type is Parameter:
+        if new_type is _PARAMETER:
             return Parameter(t, t.requires_grad)
-        if new_type is not Tensor:
+        if new_type is not _TENSOR:
             raise NotImplementedError(f"{self.name} holds a tensor of a subclass; infinitrain reads dense tensors")
         return t
 
@@ -239,10 +261,11 @@ def _rebuild_parameter_with_state(data, requires_grad, backward_hooks, state):
     return _rebuild_parameter(data, requires_grad, backward_hooks)
 
 
-def load_torch_zip(data: bytes, name: str, where):
-    """The object torch.save wrote to a zip file (its bytes, data), tensors placed by where."""
+def load_torch_zip(source, name: str, where):
+    """The object torch.save wrote to a zip file (a path, or the file's bytes), tensors placed by
+    where."""
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
+        archive = zipfile.ZipFile(source if isinstance(source, Path) else io.BytesIO(source))
         names = archive.namelist()
     except (zipfile.BadZipFile, ValueError, OSError) as e:
         raise DataFormatError(f"{name} starts as a zip archive (PyTorch's checkpoint format) but cannot be read as "
@@ -261,13 +284,29 @@ def load_torch_zip(data: bytes, name: str, where):
         if order not in ("little", "big"):
             raise DataFormatError(f"{name}: its byteorder record says {order[:20]!r}, not 'little' or 'big'")
         unpickler = _Unpickler(archive.read(pickles[0]), archive, prefix, name, where, order == "big")
-        return unpickler.load()
+        out = unpickler.load()
+        _refuse_bare_storages(out, name)
+        return out
     except (zipfile.BadZipFile, EOFError, pickle.UnpicklingError, ValueError, KeyError, IndexError, TypeError,
             AttributeError, OverflowError) as e:
         if isinstance(e, (DataFormatError, pickle.UnpicklingError)) and str(e).startswith(name):
             raise
         raise DataFormatError(f"{name}: PyTorch checkpoint is damaged or not one torch.save wrote "
                               f"({type(e).__name__}: {str(e)[:300]})") from None
+
+
+def _refuse_bare_storages(obj, name: str, seen=None) -> None:
+    """A storage saved by itself (torch.save(t.untyped_storage())) has no counterpart here."""
+    if type(obj) is _StorageRef:
+        raise NotImplementedError(f"{name} holds a bare storage (torch.save of a tensor's storage()); infinitrain "
+                                  "has no storage objects: save the tensor instead")
+    if isinstance(obj, (dict, list, tuple, set, frozenset)):
+        seen = set() if seen is None else seen
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        for item in (list(obj.keys()) + list(obj.values())) if isinstance(obj, dict) else obj:
+            _refuse_bare_storages(item, name, seen)
 
 
 def refuse_unknown(data: bytes, name: str):
