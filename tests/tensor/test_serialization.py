@@ -200,6 +200,31 @@ def test_map_location_forms():
             it.load(io.BytesIO(data), map_location={"cpu": "cuda:0"})
 
 
+def _rewritten(data: bytes, change) -> bytes:
+    """A copy of torch.save's zip with each entry's bytes passed through change(name, bytes)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+        for name in src.namelist():
+            dst.writestr(name, change(name, src.read(name)))
+    return out.getvalue()
+
+
+def test_reads_a_gpu_checkpoint_onto_the_cpu_and_a_big_endian_one(tmp_path):
+    torch = _torch()
+    w = torch.arange(6.0).reshape(2, 3)
+    on_gpu = _rewritten(_torch_bytes({"w": w}), lambda name, b: b.replace(b"X\x03\x00\x00\x00cpu",
+                                                                          b"X\x06\x00\x00\x00cuda:0"))
+    (tmp_path / "ckpt.pt").write_bytes(on_gpu)
+    for where in ("cpu", it.device("cpu"), {"cuda:0": "cpu"}):
+        _same(w, it.load(tmp_path / "ckpt.pt", map_location=where)["w"])
+    if not it.cuda.is_available():
+        with pytest.raises(RuntimeError, match="saved on cuda:0.*no CUDA device; pass map_location='cpu'"):
+            it.load(tmp_path / "ckpt.pt")
+    big = _rewritten(_torch_bytes({"w": w}), lambda name, b: b"big" if name.endswith("byteorder") else
+                     np.frombuffer(b, np.float32).byteswap().tobytes() if "/data/" in name else b)
+    _same(w, it.load(io.BytesIO(big))["w"])
+
+
 def test_refuses_a_pickle_that_names_other_code(tmp_path):
     torch = _torch()
     marker = tmp_path / "ran"
@@ -209,28 +234,20 @@ def test_refuses_a_pickle_that_names_other_code(tmp_path):
             import os
             return (os.system, (f"touch {marker}",))
 
-    data = _torch_bytes({"w": torch.ones(1)})
-    crafted = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(crafted, "w") as dst:
-        for name in src.namelist():
-            dst.writestr(name, pickle.dumps({"x": Evil()}, protocol=2) if name.endswith("data.pkl") else src.read(name))
+    crafted = _rewritten(_torch_bytes({"w": torch.ones(1)}), lambda name, b: pickle.dumps({"x": Evil()}, protocol=2)
+                         if name.endswith("data.pkl") else b)
     with pytest.raises(pickle.UnpicklingError, match=r"needs (posix|os)\.system to load.*refuses"):
-        it.load(io.BytesIO(crafted.getvalue()))
+        it.load(io.BytesIO(crafted))
     assert not marker.exists()
 
 
 def test_refuses_setting_a_tensors_state_from_the_file():
     torch = _torch()
-    data = _torch_bytes(torch.ones(2))
-    crafted = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(crafted, "w") as dst:
-        for name in src.namelist():
-            body = src.read(name)
-            if name.endswith("data.pkl"):  # BUILD the tensor with a state, before STOP
-                body = body[:-1] + b"}(X\x07\x00\x00\x00_offsetJ\x00\x00\x00\x10ub."
-            dst.writestr(name, body)
+    # BUILD the tensor with a state (its offset far outside its memory), just before STOP
+    crafted = _rewritten(_torch_bytes(torch.ones(2)), lambda name, b: b[:-1] + b"}(X\x07\x00\x00\x00_offsetJ\x00\x00"
+                         b"\x00\x10ub." if name.endswith("data.pkl") else b)
     with pytest.raises(pickle.UnpicklingError, match="sets the state of a Tensor"):
-        it.load(io.BytesIO(crafted.getvalue()))
+        it.load(io.BytesIO(crafted))
 
 
 def test_refuses_truncated_foreign_and_legacy_files():
@@ -248,15 +265,15 @@ def test_refuses_truncated_foreign_and_legacy_files():
         it.load(io.BytesIO(pickle.dumps({"a": 1})))
 
 
-def test_refuses_a_view_past_its_storage():
+def test_refuses_a_tensor_past_its_storage():
     torch = _torch()
     data = _torch_bytes(torch.arange(8.0))
-    crafted = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(crafted, "w") as dst:
-        for name in src.namelist():  # the storage's bytes shortened to what a 4-element tensor holds
-            dst.writestr(name, src.read(name)[:16] if name.endswith("data/0") else src.read(name))
+    short = _rewritten(data, lambda name, b: b[:16] if name.endswith("data/0") else b)  # 4 of its 8 elements
     with pytest.raises(DataFormatError, match="holds 16 bytes"):
-        it.load(io.BytesIO(crafted.getvalue()))
+        it.load(io.BytesIO(short))
+    shifted = _rewritten(data, lambda name, b: b.replace(b"QK\x00", b"QK\x05") if name.endswith("data.pkl") else b)
+    with pytest.raises(DataFormatError, match="reaches past its storage of 8 elements"):
+        it.load(io.BytesIO(shifted))
 
 
 # ---- pickling in memory --------------------------------------------------------------------
