@@ -169,6 +169,10 @@ def save(obj, f, pickle_module=None, pickle_protocol: int = 2) -> None:
         from safetensors.numpy import save_file
         from .checkpoint.format import _write_safetensors
         path = Path(f)
+        if path.is_dir():
+            raise IsADirectoryError(f"infinitrain.save: {path} is a directory; give a file's path")
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"infinitrain.save: the folder {path.parent} does not exist")
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         try:
             _write_safetensors(save_file, arrays, tmp, metadata)

@@ -71,6 +71,8 @@ def test_save_refuses_what_it_cannot_store_naming_where():
         it.save({"a": [1, lambda: 0]}, io.BytesIO())
     with pytest.raises(TypeError, match="numpy.float64"):
         it.save([np.float64(1.0)], io.BytesIO())
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        it.save({}, "/nonexistent-folder/x.pt")
     loop = []
     loop.append(loop)
     with pytest.raises(ValueError, match="contains itself"):
