@@ -22,6 +22,8 @@ import pickle
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
+
 from . import dtypes as _dt
 from .device import device as Device
 from .io import DataFormatError
@@ -193,7 +195,8 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
     """Reads what infinitrain.save or torch.save wrote (see the module's docstring) from a path or
     a binary file object. weights_only: PyTorch's default (True) is the only behaviour: no
     pickled code runs, whatever is passed (a file that needs some is refused, naming what it
-    needs). mmap: accepted; the tensors are read into memory."""
+    needs). mmap=True (f a path): the tensors on the CPU are the file's bytes mapped copy-on-write,
+    not read (writes to them stay in this process)."""
     if pickle_module not in (None, pickle) or pickle_load_args:
         raise TypeError("infinitrain.load: pickle_module and pickle load arguments "
                         f"({', '.join(pickle_load_args) or 'pickle_module'}) are not supported; it unpickles "
@@ -201,15 +204,17 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
     if weights_only not in (None, True, False) or mmap not in (None, True, False):
         raise TypeError("infinitrain.load: weights_only and mmap are True, False or None")
     name, source = _source(f)
+    if mmap and not isinstance(source, Path):
+        raise ValueError("infinitrain.load: mmap=True needs f to be a file's path, not a file object")
     with open(source, "rb") if isinstance(source, Path) else io.BytesIO(source) as fh:
         head = fh.read(300)
         if _maybe_ours(head):  # the whole safetensors header: its length, then its JSON
             head += fh.read(max(0, min(int.from_bytes(head[:8], "little"), _HEADER_LIMIT) + 8 - len(head)))
     where = placement(map_location, name)
     if head[:4] == b"PK\x03\x04" or head[:4] == b"PK\x05\x06":
-        return load_torch_zip(source, name, where)
+        return load_torch_zip(source, name, where, bool(mmap))
     if _maybe_ours(head):
-        return _load_ours(source, head, name, where)
+        return _load_ours(source, head, name, where, bool(mmap))
     refuse_unknown(head, name)
 
 
@@ -230,7 +235,7 @@ def _source(f) -> tuple:
     return str(getattr(f, "name", None) or f"<{type(f).__name__}>"), bytes(data)
 
 
-def _load_ours(source, head: bytes, name: str, where):
+def _load_ours(source, head: bytes, name: str, where, mmap: bool):
     n = int.from_bytes(head[:8], "little")
     try:
         if n > min(len(head) - 8, _HEADER_LIMIT):
@@ -250,8 +255,9 @@ def _load_ours(source, head: bytes, name: str, where):
     try:
         tree = json.loads(metadata["structure"])
         if isinstance(source, Path):  # read storage by storage, not the whole file at once
-            with safe_open(str(source), framework="numpy") as opened:
-                return _Decoder(_Arrays(opened), name, where).decode(tree)
+            with safe_open(str(source), framework="numpy") as opened:  # (which checks the header)
+                arrays = _Mapped(source, json.loads(head[8:8 + n]), 8 + n) if mmap else _Arrays(opened)
+                return _Decoder(arrays, name, where).decode(tree)
         return _Decoder(from_bytes(source), name, where).decode(tree)
     except (SafetensorError, ValueError, KeyError) as e:
         if isinstance(e, DataFormatError):
@@ -270,6 +276,28 @@ class _Arrays:
 
     def __getitem__(self, key):
         return self.opened.get_tensor(key)
+
+
+class _Mapped:
+    """The arrays of a safetensors file whose header safe_open has checked, memory-mapped
+    copy-on-write when asked for."""
+
+    DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+              "U8": np.uint8, "U16": np.uint16, "BOOL": np.bool_}
+
+    def __init__(self, path: Path, header: dict, data_start: int):
+        self.path, self.header, self.start = path, header, data_start
+
+    def __contains__(self, key) -> bool:
+        return key != "__metadata__" and key in self.header
+
+    def __getitem__(self, key):
+        entry = self.header[key]
+        dtype, shape = self.DTYPES[entry["dtype"]], tuple(entry["shape"])
+        begin, end = entry["data_offsets"]
+        if end == begin:
+            return np.zeros(shape, dtype)
+        return np.memmap(self.path, dtype=dtype, mode="c", offset=self.start + begin, shape=shape)
 
 
 class _Decoder:
@@ -318,7 +346,6 @@ class _Decoder:
             base = self.bases.get((key, device))
             if base is None:
                 from .checkpoint.format import _from_numpy
-                import numpy as np
                 a = self.arrays[key]
                 base = self.where(_from_numpy(a if a.flags.writeable else np.array(a), dtype.name).reshape(-1),
                                   device)

@@ -108,9 +108,11 @@ class _Unpickler(pickle._Unpickler):
 
     dispatch = dict(pickle._Unpickler.dispatch)
 
-    def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, name: str, where, big_endian: bool):
+    def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, name: str, where, big_endian: bool,
+                 mapped: Path | None):
         super().__init__(io.BytesIO(data), encoding="utf-8")
         self.archive, self.prefix, self.name, self.where, self.big_endian = archive, prefix, name, where, big_endian
+        self.mapped = mapped
         self.stored = {}
 
     def _load_build(self):
@@ -170,7 +172,7 @@ class _Unpickler(pickle._Unpickler):
         if key not in self.stored:
             entry = f"{self.prefix}data/{key}"
             try:
-                raw = self.archive.read(entry)
+                raw = self.archive.read(entry) if self.mapped is None else self._map(entry)
             except KeyError:
                 raise DataFormatError(f"{self.name}: storage {key} ({entry}) is missing from the archive "
                                       "(a damaged file)") from None
@@ -182,6 +184,23 @@ class _Unpickler(pickle._Unpickler):
                                   f"{numel} elements of {dtype.name} (a damaged file)")
         return _StorageRef(stored, dtype)
 
+    def _map(self, entry: str):
+        """The bytes of an uncompressed entry of the file, memory-mapped copy-on-write (torch.load's
+        mmap=True: writes to the tensors stay in this process, the file is not changed)."""
+        info = self.archive.getinfo(entry)
+        if info.compress_type != zipfile.ZIP_STORED or not info.file_size:
+            return self.archive.read(entry)
+        with open(self.mapped, "rb") as fh:
+            fh.seek(info.header_offset)
+            local = fh.read(30)
+        if local[:4] != b"PK\x03\x04":
+            raise DataFormatError(f"{self.name}: the zip entry {entry} has no local header (a damaged file)")
+        name_and_extra = int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+        start = info.header_offset + 30 + name_and_extra
+        if start + info.file_size > self.mapped.stat().st_size:
+            raise DataFormatError(f"{self.name}: {entry} reaches past the end of the file (truncated)")
+        return np.memmap(self.mapped, dtype=np.uint8, mode="c", offset=start, shape=(info.file_size,))
+
     # ---- tensors ---------------------------------------------------------------------------
     def _base(self, storage, dtype: _dt.dtype) -> Tensor:
         """The whole storage as a 1-D tensor of dtype, where map_location puts it (made once per
@@ -191,8 +210,12 @@ class _Unpickler(pickle._Unpickler):
         if base is None:
             raw_type = np.dtype(np.uint16) if dtype is _dt.bfloat16 else dtype.numpy
             count = len(stored.raw) // dtype.itemsize
-            a = np.frombuffer(stored.raw, dtype=raw_type.newbyteorder(">" if stored.big_endian else "<"),
-                              count=count).astype(raw_type)  # astype copies: the tensor owns writable memory
+            if isinstance(stored.raw, np.memmap) and not stored.big_endian:
+                a = stored.raw[:count * dtype.itemsize].view(raw_type)  # the mapping itself
+                a = a if a.flags.aligned else a.copy()
+            else:
+                a = np.frombuffer(stored.raw, dtype=raw_type.newbyteorder(">" if stored.big_endian else "<"),
+                                  count=count).astype(raw_type)  # astype copies: the tensor owns writable memory
             a = a.view(dtype.numpy) if dtype is _dt.bfloat16 else a
             base = stored.bases[dtype] = self.where(from_numpy(a), stored.location)
         return base
@@ -261,9 +284,9 @@ def _rebuild_parameter_with_state(data, requires_grad, backward_hooks, state):
     return _rebuild_parameter(data, requires_grad, backward_hooks)
 
 
-def load_torch_zip(source, name: str, where):
+def load_torch_zip(source, name: str, where, mmap: bool = False):
     """The object torch.save wrote to a zip file (a path, or the file's bytes), tensors placed by
-    where."""
+    where; mmap: the storages are mapped from the file (a path), not read."""
     try:
         archive = zipfile.ZipFile(source if isinstance(source, Path) else io.BytesIO(source))
         names = archive.namelist()
@@ -283,7 +306,8 @@ def load_torch_zip(source, name: str, where):
         order = archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in names else "little"
         if order not in ("little", "big"):
             raise DataFormatError(f"{name}: its byteorder record says {order[:20]!r}, not 'little' or 'big'")
-        unpickler = _Unpickler(archive.read(pickles[0]), archive, prefix, name, where, order == "big")
+        unpickler = _Unpickler(archive.read(pickles[0]), archive, prefix, name, where, order == "big",
+                               source if mmap else None)
         out = unpickler.load()
         _refuse_bare_storages(out, name)
         return out

@@ -188,6 +188,24 @@ def test_nanogpt_checkpoint_resumes_as_torch_does():
         np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_mmap_maps_the_files_copy_on_write(tmp_path):
+    torch = _torch()
+    w = torch.arange(12.0).reshape(3, 4)
+    torch.save({"w": w, "t": w.t(), "b16": w.bfloat16(), "i": torch.arange(3)}, tmp_path / "theirs.pt")
+    it.save({"w": it.tensor(w.numpy()), "b16": it.tensor(w.numpy()).to(it.bfloat16), "e": it.zeros(0)},
+            tmp_path / "ours.pt")
+    for path in ("theirs.pt", "ours.pt"):
+        before = (tmp_path / path).read_bytes()
+        back = it.load(tmp_path / path, mmap=True)
+        _same(w, back["w"])
+        _same(w.bfloat16(), back["b16"])
+        back["w"][0, 0] = -5.0  # stays in this process
+        assert back["w"][0, 0].item() == -5.0 and (tmp_path / path).read_bytes() == before
+    assert back["e"].shape == (0,)
+    with pytest.raises(ValueError, match="mmap=True needs f to be a file's path"):
+        it.load(io.BytesIO(before), mmap=True)
+
+
 def test_map_location_forms():
     torch = _torch()
     data = _torch_bytes({"w": torch.arange(4.0)})
