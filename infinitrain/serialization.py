@@ -94,7 +94,7 @@ class _Encoder:
 
     def __init__(self):
         self.groups = {}  # (id(storage), dtype name) -> [storage, dtype, first element, end, key]
-        self.tensor_nodes = []  # (node, group)
+        self.tensor_nodes = []  # (node, group, its first element)
 
     def encode(self, v, path: str, active: set):
         t = type(v)
