@@ -4,7 +4,8 @@ The package is layered bottom to top, each layer importing only those below it: 
 binding (`_native`), dtypes and devices, `runtime` (threads, memory counters), `tensor`
 (data and raw views), `kernels` (checked native calls), `autograd`, `ops` (differentiable
 functions), `tensor_methods` (attaches the user-facing Tensor methods), `amp`, then `nn`,
-`optim`, `data`, `checkpoint`, `models`. This file only gathers the public names.
+`optim`, `data`, `checkpoint`, `serialization` (save/load, and
+`torch_files`: PyTorch's checkpoints), `models`. This file only gathers the public names.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .amp import autocast
 from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler below
 # amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
 amp.GradScaler = GradScaler
+from .serialization import load, save
 
 __version__ = "0.1.0"
 
@@ -49,6 +51,7 @@ __all__ = [
     "set_num_threads", "get_num_threads", "build_info", "memory_stats", "memory_allocated",
     "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
+    "save", "load",
 ]
 __all__ += ["GradScaler"]
 

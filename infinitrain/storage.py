@@ -34,6 +34,17 @@ class Storage:
         check(lib.it_storage_new(self.device.native, nbytes, out))
         self._init(out[0], nbytes, self.device, None)
 
+    def __reduce__(self):
+        """Pickles as its bytes and device (a copy, never the native handle), so that tensors
+        pickle for multiprocessing and tensors viewing one storage still share it after."""
+        if self.is_released:
+            raise RuntimeError(f"cannot pickle a released storage: {self.ptr.why}")
+        data = bytearray(self.nbytes)
+        if self.nbytes:
+            check(lib.it_memcpy(Device("cpu").native, ffi.from_buffer(data), self.device.native,
+                                ffi.cast("void *", self.ptr), self.nbytes))
+        return (_rebuild_storage, (bytes(data), str(self.device)))
+
     @property
     def is_released(self) -> bool:
         return isinstance(self.ptr, _Released)
@@ -60,6 +71,14 @@ class Storage:
         self = cls.__new__(cls)
         self._init(out[0], nbytes, device, keepalive)
         return self
+
+
+def _rebuild_storage(data: bytes, device: str) -> Storage:
+    storage = Storage(len(data), Device(device))
+    if data:
+        check(lib.it_memcpy(storage.device.native, ffi.cast("void *", storage.ptr), Device("cpu").native,
+                            ffi.from_buffer(data), len(data)))
+    return storage
 
 
 class _Released:

@@ -138,6 +138,7 @@ class Optimizer:
         state = {}
         for i, st in state_dict["state"].items():
             p = params[int(i)]
+            st = {k: _count(v) if self.state_spec.get(k) == "int" else v for k, v in st.items()}
             self.check_state(i, st)
             new = {}
             for k, v in st.items():
@@ -164,6 +165,14 @@ class Optimizer:
                            "params": list(range(at, at + len(g["params"])))})
             at += len(g["params"])
         return groups
+
+
+def _count(v):
+    """A step counter as PyTorch saves it (a one-element float tensor) as the int it counts; any
+    other value is left for check_state to judge."""
+    if isinstance(v, Tensor) and v.numel() == 1 and not isinstance(v.item(), bool) and float(v.item()).is_integer():
+        return int(v.item())
+    return v
 
 
 def _from_array(a):

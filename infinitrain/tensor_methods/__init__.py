@@ -15,6 +15,7 @@ Each module holds one family of methods as the body of a class, whose members ar
     arithmetic.py   + - * / // ** @ and their named forms, clamp, where, exp, log, sqrt, ...
     comparison.py   == != < <= > >=, eq and kin, __hash__, & | ~, logical_not
     reductions.py   sum, mean, max, min, var, std, all, any, softmax, cumsum, topk, sort, ...
+    serialization.py  __reduce_ex__: pickling (copy, multiprocessing)
 
 No name is defined by two families, so the order of attachment does not matter; it follows
 the order the families appeared in when they were one class."""
@@ -27,12 +28,13 @@ from .conversion import ConversionMethods, to_arguments
 from .grad import GradMethods
 from .inplace import InplaceMethods
 from .reductions import ReductionMethods
+from .serialization import PickleMethods
 from .views import ViewMethods
 
 __all__ = ["to_arguments"]
 
 _FAMILIES = (GradMethods, ViewMethods, ConversionMethods, InplaceMethods, ArithmeticMethods, ComparisonMethods,
-             ReductionMethods)
+             ReductionMethods, PickleMethods)
 
 _CLASS_INTERNALS = {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__",
                     "__firstlineno__", "__static_attributes__"}

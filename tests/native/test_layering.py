@@ -18,7 +18,7 @@ LAYERS = [
     ["infinitrain.ops"],
     ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions", "infinitrain.dlpack"],
     ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler",
-     "infinitrain.precision_checker",
+     "infinitrain.precision_checker", "infinitrain.torch_files", "infinitrain.serialization",
      "infinitrain.distributed"],
     ["infinitrain.models"],
     ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain"],
