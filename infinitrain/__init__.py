@@ -30,9 +30,9 @@ from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort,
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
 from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler below
+from .serialization import load, save
 # amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
 amp.GradScaler = GradScaler
-from .serialization import load, save
 
 __version__ = "0.1.0"
 

@@ -11,10 +11,10 @@
  * on the large activations that dominate memory).
  *
  * Bound: the cache holds at most as many free bytes as the most ever in use at once (a training
- * step's working set: what a step frees, the next takes back); beyond that a freed block goes
- * back to the system. Unbounded, work whose sizes never repeat (sampling, where each token's
- * sequence is one longer) kept every size it ever used: GPT-2 small held 2.6 GB for a 179 MB
- * peak after 300 tokens.
+ * step's working set: what a step frees, the next takes back); beyond that the blocks freed
+ * longest ago go back to the system. Unbounded, work whose sizes never repeat (sampling, where
+ * each token's sequence is one longer) kept every size it ever used: GPT-2 small held 2.6 GB
+ * for a 179 MB peak after 300 tokens.
  */
 #include <pthread.h>
 #ifdef __GLIBC__
@@ -40,14 +40,19 @@ struct it_storage {
 
 typedef struct it_free_block {
     void *ptr;
-    struct it_free_block *next;
+    size_t capacity;
+    int bin;
+    struct it_free_block *next, *prev;    /* in its bin, the most recently freed first */
+    struct it_free_block *newer, *older;  /* in the cache's age list */
 } it_free_block;
 
 typedef struct it_cpu_cache {
     pthread_mutex_t lock;
     it_free_block *bins[IT_NUM_BINS];
+    it_free_block *newest, *oldest;
+    uint64_t cached_bytes;    /* free bytes in the bins */
+    uint64_t most_allocated;  /* their bound: the most ever in use at once (not reset with the peaks) */
     it_memory_stats stats;
-    uint64_t most_allocated;  /* the bound of the free bytes cached: not reset with the peaks */
 } it_cpu_cache;
 
 static it_cpu_cache cpu_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -64,27 +69,49 @@ static size_t size_class(size_t n, int *bin) {
     return rounded;
 }
 
+/* Takes b out of its bin and the age list (the caller owns it then). */
+static void cache_unlink(it_free_block *b) {
+    if (b->prev) b->prev->next = b->next; else cpu_cache.bins[b->bin] = b->next;
+    if (b->next) b->next->prev = b->prev;
+    if (b->newer) b->newer->older = b->older; else cpu_cache.newest = b->older;
+    if (b->older) b->older->newer = b->newer; else cpu_cache.oldest = b->newer;
+    cpu_cache.cached_bytes -= b->capacity;
+}
+
 static void *cache_take(int bin) {
     it_free_block *b = cpu_cache.bins[bin];
     if (!b) return NULL;
-    cpu_cache.bins[bin] = b->next;
+    cache_unlink(b);
     void *p = b->ptr;
     free(b);
     return p;
 }
 
+/* Gives the oldest cached block back to the system. */
+static void cache_release_oldest(void) {
+    it_free_block *b = cpu_cache.oldest;
+    cache_unlink(b);
+    cpu_cache.stats.reserved_bytes -= b->capacity;
+    free(b->ptr);
+    free(b);
+}
+
+/* Caches a freed block (b holds it), then releases the oldest blocks beyond the bound. */
+static void cache_put(it_free_block *b) {
+    b->prev = NULL;
+    b->next = cpu_cache.bins[b->bin];
+    if (b->next) b->next->prev = b;
+    cpu_cache.bins[b->bin] = b;
+    b->newer = NULL;
+    b->older = cpu_cache.newest;
+    if (b->older) b->older->newer = b; else cpu_cache.oldest = b;
+    cpu_cache.newest = b;
+    cpu_cache.cached_bytes += b->capacity;
+    while (cpu_cache.cached_bytes > cpu_cache.most_allocated && cpu_cache.oldest) cache_release_oldest();
+}
+
 static void release_all_cached(void) {
-    for (int i = 0; i < IT_NUM_BINS; i++) {
-        it_free_block *b = cpu_cache.bins[i];
-        while (b) {
-            it_free_block *next = b->next;
-            free(b->ptr);
-            free(b);
-            b = next;
-        }
-        cpu_cache.bins[i] = NULL;
-    }
-    cpu_cache.stats.reserved_bytes = cpu_cache.stats.allocated_bytes;
+    while (cpu_cache.oldest) cache_release_oldest();
 }
 
 static void update_peaks(void) {
@@ -228,14 +255,10 @@ it_status it_storage_free(it_storage *s) {
         it_free_block *b = (it_free_block *)malloc(sizeof *b);
         pthread_mutex_lock(&cpu_cache.lock);
         cpu_cache.stats.allocated_bytes -= s->capacity;
-        /* free bytes cached once this block is (it is still counted in reserved_bytes) */
-        uint64_t cached = cpu_cache.stats.reserved_bytes - cpu_cache.stats.allocated_bytes;
-        if (b && cached <= cpu_cache.most_allocated) {
-            b->ptr = s->data;
-            b->next = cpu_cache.bins[bin];
-            cpu_cache.bins[bin] = b;
-        } else { /* over the bound, or cannot even cache it: give it back */
-            free(b);
+        if (b) {
+            *b = (it_free_block){.ptr = s->data, .capacity = s->capacity, .bin = bin};
+            cache_put(b);
+        } else { /* cannot even cache it: give it back */
             free(s->data);
             cpu_cache.stats.reserved_bytes -= s->capacity;
         }
