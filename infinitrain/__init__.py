@@ -28,6 +28,7 @@ from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort,
                         tanh, topk, transpose, tril, triu, unsqueeze, where)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
+from . import multiprocessing, utils  # noqa: F401  (it.multiprocessing, it.utils.data, it.utils.checkpoint)
 
 __version__ = "0.1.0"
 
@@ -46,4 +47,5 @@ __all__ = [
     "set_num_threads", "get_num_threads", "build_info", "memory_stats", "memory_allocated",
     "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
+    "utils", "multiprocessing",
 ]

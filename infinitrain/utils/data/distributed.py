@@ -3,6 +3,7 @@ the dataset's indices."""
 from __future__ import annotations
 
 import math
+import sys
 
 from ...random import Generator
 from ._random import randperm
@@ -10,12 +11,9 @@ from .sampler import Sampler
 
 
 def _default_group(what: str) -> int:
-    """The default process group's world size or rank (infinitrain.distributed, imported here:
-    the data layer does not need it otherwise)."""
-    try:
-        from ... import distributed
-    except ImportError:
-        distributed = None
+    """The default process group's world size or rank. It is looked up, not imported: a group
+    exists only once infinitrain.distributed was imported and init_process_group called."""
+    distributed = sys.modules.get("infinitrain.distributed")
     if distributed is None or not distributed.is_initialized():
         raise ValueError("Default process group has not been initialized, please make sure to call "
                          f"init_process_group (or pass {what} to DistributedSampler).")
