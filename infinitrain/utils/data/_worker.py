@@ -16,7 +16,7 @@ from ...functions import index_select
 from ...random import manual_seed
 from ...runtime import set_num_threads
 from ...tensor import Tensor
-from ._collate import default_collate
+from ._collate import _from_array, default_collate
 from .dataset import TensorDataset
 
 
@@ -55,7 +55,7 @@ def _gather_rows(dataset: TensorDataset, index) -> list:
         if isinstance(t, Tensor):
             out.append(index_select(t, 0, from_numpy(rows).to(t.device)))
         else:
-            out.append(default_collate([t[rows]])[0])  # the rows' array, checked and made a tensor
+            out.append(_from_array(t[rows]))
     return out
 
 
@@ -166,7 +166,8 @@ def worker_loop(dataset, iterable, auto_collation, collate_fn, drop_last, base_s
             if os.getppid() != parent:  # the main process is gone
                 return
             continue
-        if task is None:
+        if task is None:  # the main process wants nothing more: what is still queued may be dropped
+            results.cancel_join_thread()
             return
         if isinstance(task, Resume):
             if failed is None:
