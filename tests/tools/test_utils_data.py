@@ -183,18 +183,18 @@ def test_checkpoint_gradients_equal_running_without_it():
     it.manual_seed(0)
     net, x = _net(), it.randn(3, 4, requires_grad=True)
 
-    def grads(run):
+    def grads(forward):
         for t in [x, *net.parameters()]:
             t.grad = None
         it.manual_seed(5)  # the same dropout masks in every run
-        run().sum().backward()
+        forward().sum().backward()
         return [t.grad.numpy().copy() for t in [x, *net.parameters()]]
     want = grads(lambda: net(x))
-    for run in (lambda: checkpoint(net, x, use_reentrant=False),
+    for forward in (lambda: checkpoint(net, x, use_reentrant=False),
                 lambda: checkpoint(lambda a, scale: net(a) * scale, x, use_reentrant=False, scale=1.0),
                 lambda: checkpoint_sequential(net, 3, x, use_reentrant=False),
                 lambda: checkpoint_sequential(list(net), 6, x, use_reentrant=True, preserve_rng_state=False)):
-        assert all(np.array_equal(a, b) for a, b in zip(want, grads(run)))
+        assert all(np.array_equal(a, b) for a, b in zip(want, grads(forward)))
     with pytest.raises(ValueError, match="Unexpected keyword arguments: scale"):
         checkpoint(net, x, use_reentrant=True, scale=1.0)
 
@@ -203,14 +203,14 @@ def test_checkpoint_matches_torch_without_it():  # (torch's own checkpoint's fir
     w1, w2 = np.random.default_rng(0).standard_normal((2, 5, 5)).astype(np.float32)
     xs = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
 
-    def run(lib, ck=None):
+    def gradients(lib, ck=None):
         a, b = (lib.tensor(w, requires_grad=True) for w in (w1, w2))
         x = lib.tensor(xs, requires_grad=True)
         piece = lambda v: lib.tanh(v @ a) @ b  # noqa: E731
         out = ck(piece, x, use_reentrant=False) if ck else piece(x)
         (out * out).sum().backward()
         return [t.grad.numpy() for t in (x, a, b)] + [out.detach().numpy()]
-    for got, want in zip(run(it, checkpoint), run(torch)):
+    for got, want in zip(gradients(it, checkpoint), gradients(torch)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
