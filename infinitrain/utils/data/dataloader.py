@@ -172,7 +172,7 @@ class _InWorkers:
         self.tasks = {}  # task number -> [worker] while pending, [worker, batch] once arrived early
         self.active = [True] * len(self.workers)
         self.turn = itertools.cycle(range(len(self.workers)))
-        for _ in range(self.loader.prefetch_factor * len(self.workers)):
+        for _ in range(max(1, self.loader.prefetch_factor * len(self.workers))):  # at least one in flight
             self._send()
 
     def reset(self) -> None:
