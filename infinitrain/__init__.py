@@ -31,6 +31,7 @@ from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: pub
 from .amp import autocast
 from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler below
 from .serialization import load, save
+from . import multiprocessing, utils  # noqa: F401  (it.multiprocessing, it.utils.data, it.utils.checkpoint)
 # amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
 amp.GradScaler = GradScaler
 
@@ -52,6 +53,7 @@ __all__ = [
     "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
     "save", "load",
+    "utils", "multiprocessing",
 ]
 __all__ += ["GradScaler"]
 

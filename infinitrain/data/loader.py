@@ -1,5 +1,6 @@
-"""Datasets and loaders: map-style Dataset/DataLoader, and llm.c-style next-token batches
-from token shards."""
+"""Loaders beyond torch.utils.data's (whose DataLoader, datasets and samplers live in
+infinitrain.utils.data): length-grouped batches, and llm.c-style next-token batches from
+token shards."""
 from __future__ import annotations
 
 import glob
@@ -9,155 +10,46 @@ import numpy as np
 
 from ..creation import from_numpy
 from ..device import as_device
+from ..random import Generator
+from ..utils.data import BatchSampler
+from ..utils.data._random import randperm
 from .llmc import read_shard
 
 
-class Dataset:
-    def __getitem__(self, index):
-        raise NotImplementedError
+class LengthGroupedBatchSampler(BatchSampler):
+    """Batches of items of similar length, as Hugging Face's LengthGroupedSampler groups them,
+    for DataLoader(batch_sampler=...): the order of `sampler` (default: a random order drawn
+    from seed + epoch with shuffle, else 0, 1, ...) is cut into mega-batches of 50 batches,
+    each sorted by length (longest first) and cut into batches; with shuffle the batches then
+    come in a random order. Padding is little and every epoch (set_epoch) still differs; the
+    same seed and epoch give the same batches."""
 
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-
-class TensorDataset(Dataset):
-    """Rows of numpy arrays (or tensors) of equal length."""
-
-    def __init__(self, *arrays):
-        arrays = [np.asarray(a) for a in arrays]
-        if len({len(a) for a in arrays}) != 1:
-            raise ValueError(f"TensorDataset: arrays of different lengths {[len(a) for a in arrays]}")
-        self.arrays = arrays
-
-    def __getitem__(self, index):
-        return tuple(a[index] for a in self.arrays)
-
-    def __len__(self) -> int:
-        return len(self.arrays[0])
-
-
-class DistributedSampler:
-    """The indices of one data-parallel rank: every num_replicas-th index of the (seeded,
-    per-epoch) permutation, padded by wrapping so that every rank gets the same count."""
-
-    def __init__(self, dataset, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False):
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"DistributedSampler: rank {rank} is outside [0, {num_replicas})")
-        self.n, self.replicas, self.rank = len(dataset), num_replicas, rank
-        self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+    def __init__(self, lengths, batch_size: int, drop_last: bool = False, sampler=None, shuffle: bool = True,
+                 seed: int = 0):
+        super().__init__(sampler if sampler is not None else range(len(lengths)), batch_size, drop_last)
+        self.lengths, self.custom_order = np.asarray(lengths), sampler is not None
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self):
-        order = np.random.default_rng((self.seed, self.epoch)).permutation(self.n) if self.shuffle \
-            else np.arange(self.n)
-        per = self.n // self.replicas if self.drop_last else -(-self.n // self.replicas)
-        total = per * self.replicas
-        order = order[:total] if self.drop_last else np.resize(order, total)
-        return iter(order[self.rank:total:self.replicas].tolist())
-
-    def __len__(self) -> int:
-        return self.n // self.replicas if self.drop_last else -(-self.n // self.replicas)
-
-
-class DataLoader:
-    """Batches of a map-style dataset as tensors: seeded shuffling (a new order each epoch,
-    the same orders for the same seed), drop_last, an optional sampler of indices, and as in
-    PyTorch a collate_fn (a list of items -> numpy arrays; default: stack each field) run ahead
-    in num_workers processes. group_by_length (one length per item) batches items of similar
-    length together, as Hugging Face's LengthGroupedSampler: the order is cut into mega-batches
-    of 50 batches, each sorted by length, and the batches are shuffled, so padding is little
-    and every epoch still differs."""
-
-    def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False,
-                 drop_last: bool = False, seed: int = 0, sampler=None, collate_fn=None,
-                 num_workers: int = 0, group_by_length=None):
-        if batch_size <= 0:
-            raise ValueError(f"DataLoader: batch_size must be > 0, got {batch_size}")
-        if shuffle and sampler is not None:
-            raise ValueError("DataLoader: shuffle and sampler are mutually exclusive")
-        if num_workers < 0:
-            raise ValueError(f"DataLoader: num_workers must be >= 0, got {num_workers}")
-        if group_by_length is not None and len(group_by_length) != len(dataset):
-            raise ValueError(f"DataLoader: group_by_length has {len(group_by_length)} lengths for "
-                             f"{len(dataset)} items")
-        self.dataset, self.batch_size = dataset, batch_size
-        self.shuffle, self.drop_last, self.seed, self.sampler = shuffle, drop_last, seed, sampler
-        self.collate_fn, self.num_workers = collate_fn, num_workers
-        self.lengths = None if group_by_length is None else np.asarray(group_by_length)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _indices(self) -> np.ndarray:
-        if self.sampler is not None:
-            return np.asarray(list(self.sampler))
-        n = len(self.dataset)
-        if self.shuffle:
-            return np.random.default_rng((self.seed, self.epoch)).permutation(n)
-        return np.arange(n)
-
-    def _batches(self, idx: np.ndarray) -> list:
-        B = self.batch_size
-        if self.lengths is not None:
-            mega = B * 50
-            idx = np.concatenate([chunk[np.argsort(-self.lengths[chunk], kind="stable")]
-                                  for chunk in np.split(idx, range(mega, len(idx), mega))]) if len(idx) else idx
-        batches = [idx[i:i + B] for i in range(0, len(idx), B)]
-        if self.drop_last and batches and len(batches[-1]) < B:
+        g = Generator(self.seed + self.epoch)
+        if self.custom_order:
+            idx = np.fromiter(iter(self.sampler), dtype=np.int64)
+        else:
+            idx = randperm(len(self.lengths), g) if self.shuffle else np.arange(len(self.lengths))
+        if len(idx) and int(idx.max()) >= len(self.lengths):
+            raise ValueError(f"LengthGroupedBatchSampler: index {int(idx.max())} has no length "
+                             f"({len(self.lengths)} lengths)")
+        mega = self.batch_size * 50
+        idx = np.concatenate([chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+                              for chunk in np.split(idx, range(mega, len(idx), mega))]) if len(idx) else idx
+        batches = [idx[i:i + self.batch_size].tolist() for i in range(0, len(idx), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
-        if self.lengths is not None:
-            order = np.random.default_rng((self.seed, self.epoch, 1)).permutation(len(batches))
-            batches = [batches[i] for i in order]
-        return batches
-
-    def __len__(self) -> int:
-        n = len(self._indices())
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def __iter__(self):
-        batches = self._batches(self._indices())
-        self.epoch += 1
-        if self.num_workers == 0:
-            for batch in batches:
-                yield _as_tensors(self._collate(batch))
-            return
-        global _WORKER_LOADER
-        import multiprocessing
-        _WORKER_LOADER = self  # forked workers inherit it: no pickling of the dataset or collate_fn
-        with multiprocessing.get_context("fork").Pool(self.num_workers) as pool:
-            for arrays in pool.imap(_collate_in_worker, batches):  # runs ahead of the consumer
-                yield _as_tensors(arrays)
-
-    def _collate(self, batch) -> tuple:
-        if self.collate_fn is not None:
-            return tuple(self.collate_fn([self.dataset[int(i)] for i in batch]))
-        if hasattr(self.dataset, "arrays"):  # vectorised gather for array datasets
-            return tuple(a[batch] for a in self.dataset.arrays)
-        rows = [self.dataset[int(i)] for i in batch]
-        return tuple(np.stack([np.asarray(r[j]) for r in rows]) for j in range(len(rows[0])))
-
-
-_WORKER_LOADER = None
-
-
-def _collate_in_worker(batch):
-    return _WORKER_LOADER._collate(batch)
-
-
-def _as_tensors(arrays) -> tuple:
-    return tuple(from_numpy(np.ascontiguousarray(_tensor_dtype(np.asarray(a)))) for a in arrays)
-
-
-def _tensor_dtype(a: np.ndarray) -> np.ndarray:
-    if a.dtype == np.float64:
-        return a.astype(np.float32)
-    if a.dtype.kind in "iu" and a.dtype != np.uint8:
-        return a.astype(np.int64)
-    return a
+        order = randperm(len(batches), g) if self.shuffle else range(len(batches))
+        return iter([batches[i] for i in order])
 
 
 class TokenLoader:

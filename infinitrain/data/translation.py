@@ -22,7 +22,7 @@ import zipfile
 import numpy as np
 
 from ..io import DataFormatError, input_file
-from .loader import Dataset
+from ..utils.data import Dataset
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ["<pad>", "<s>", "</s>"]

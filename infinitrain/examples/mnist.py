@@ -15,7 +15,7 @@ import numpy as np
 
 import infinitrain as it
 import infinitrain.nn.functional as F
-from infinitrain.data import DataLoader, DistributedSampler, TensorDataset
+from infinitrain.utils.data import DataLoader, DistributedSampler, TensorDataset
 from infinitrain.data.prepare import load_mnist, mnist_file, on_every_node
 from infinitrain.examples.flags import (add_nan_check_flag, check_input_files, nonnegative_float, nonnegative_int,
                                         positive_int, probability, run_example, stop_if_not_finite)

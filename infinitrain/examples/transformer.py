@@ -30,9 +30,10 @@ import infinitrain as it
 from infinitrain import profiler
 from infinitrain.amp import autocast
 from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from infinitrain.data import DataLoader
+from infinitrain.data import LengthGroupedBatchSampler
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
+from infinitrain.utils.data import DataLoader, default_convert
 from infinitrain.examples.lm_loop import ProfileWindow
 from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, check_input_files, check_outputs,
                                         nonnegative_int, plan_of, positive_float, positive_int, probability, refuse,
@@ -190,9 +191,9 @@ def main(argv=None) -> int:
     # its share of each batch (every dp-th pair), so any DP layout trains on what one process
     # does, step by step (DistributedSampler would shard the order first and group after).
     rank = plan.coords.dp
-    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed, drop_last=True,
-                        collate_fn=lambda items: pad_collate(items[rank::dp], args.max_len),
-                        group_by_length=train_set.lengths(), num_workers=args.num_workers)
+    grouped = LengthGroupedBatchSampler(train_set.lengths(), args.batch_size, drop_last=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_sampler=grouped, num_workers=args.num_workers,
+                        collate_fn=lambda items: default_convert(pad_collate(items[rank::dp], args.max_len)))
     if len(loader) == 0:
         refuse(f"--batch_size {args.batch_size} is larger than the training split ({len(train_set):,} pairs): "
                "no full batch to train on; use a smaller --batch_size")
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
     done, per_epoch = first - 1, len(loader)
     if done % per_epoch:  # resumed within an epoch: its batches not yet trained on, in their order
         epoch = done // per_epoch + 1
-        loader.set_epoch(epoch)
+        grouped.set_epoch(epoch)
         batches = itertools.islice(iter(loader), done % per_epoch, None)
     else:
         epoch = done // per_epoch
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
             src, tgt_in, tgt_out = next(batches)
         except StopIteration:
             epoch += 1
-            loader.set_epoch(epoch)
+            grouped.set_epoch(epoch)
             batches = iter(loader)
             continue
         if profiling.starts(step):

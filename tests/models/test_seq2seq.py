@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import infinitrain as it
-from infinitrain.data import DataLoader, DistributedSampler
+from infinitrain.data import LengthGroupedBatchSampler
 from infinitrain.data.prepare import translation_file
 from infinitrain.data.translation import BOS, EOS, PAD, load_translation, pad_collate, parse_po
+from infinitrain.utils.data import DataLoader, DistributedSampler, default_convert
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer, sinusoidal_positions
 from helpers import example
 
@@ -72,9 +73,10 @@ def test_the_corpus_is_real_german_with_a_fixed_validation_split(corpus):
 def test_batches_grouped_by_length_cover_every_item_once_and_pad_little(corpus):
     _, train, _ = corpus
     sampler = DistributedSampler(train, 2, 1, shuffle=True, seed=3)
-    kw = dict(batch_size=16, sampler=sampler, collate_fn=lambda b: pad_collate(b, 64))
-    grouped = DataLoader(train, group_by_length=train.lengths(), **kw)
-    plain = DataLoader(train, **kw)
+    collate = lambda b: default_convert(pad_collate(b, 64))  # noqa: E731
+    by_length = LengthGroupedBatchSampler(train.lengths(), 16, sampler=sampler)
+    grouped = DataLoader(train, batch_sampler=by_length, collate_fn=collate)
+    plain = DataLoader(train, batch_size=16, sampler=sampler, collate_fn=collate)
     seen, padding = [], {}
     for name, loader in (("grouped", grouped), ("plain", plain)):
         pads = 0
@@ -90,8 +92,8 @@ def test_batches_grouped_by_length_cover_every_item_once_and_pad_little(corpus):
     first = next(iter(grouped))[0].numpy()
     sampler.set_epoch(2)
     assert not np.array_equal(first, next(iter(grouped))[0].numpy())
-    workers = DataLoader(train, group_by_length=train.lengths(), num_workers=2, **kw)
-    grouped.set_epoch(5), workers.set_epoch(5)
+    workers = DataLoader(train, batch_sampler=by_length, collate_fn=collate, num_workers=2)
+    by_length.set_epoch(5)
     for a, b in zip(grouped, workers):
         assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b))
 

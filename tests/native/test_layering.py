@@ -10,7 +10,8 @@ ROOT = Path(infinitrain.__file__).parent
 # bottom to top; a module may import its own layer (same package) and those listed before it
 LAYERS = [
     ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace",
-     "infinitrain.hf"],
+     "infinitrain.hf",
+     "infinitrain.multiprocessing"],
     ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda"],
     ["infinitrain.tensor"],
     ["infinitrain.kernels"],
@@ -19,7 +20,7 @@ LAYERS = [
     ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions", "infinitrain.dlpack"],
     ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler",
      "infinitrain.precision_checker", "infinitrain.torch_files", "infinitrain.serialization",
-     "infinitrain.distributed"],
+     "infinitrain.distributed", "infinitrain.utils"],
     ["infinitrain.models"],
     ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain"],
 ]

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from infinitrain.data import (DataFormatError, DataLoader, TensorDataset, Tokenizer, TokenLoader,
-                              read_shard, write_shard, write_tokenizer)
+import infinitrain as it
+from infinitrain.data import (DataFormatError, DataLoader, LengthGroupedBatchSampler, TensorDataset, Tokenizer,
+                              TokenLoader, read_shard, write_shard, write_tokenizer)
 
 
 def test_shard_round_trip_uint16_and_uint32(tmp_path):
@@ -103,12 +104,14 @@ def test_dataloader_batches_and_shuffles():
     ds = TensorDataset(np.arange(10, dtype=np.float64), np.arange(10))
     batches = list(DataLoader(ds, batch_size=4))
     assert [len(b[0]) for b in batches] == [4, 4, 2]
-    assert batches[0][0].numpy().dtype == np.float32
+    assert batches[0][0].numpy().dtype == np.float64  # as PyTorch's: the data's own dtype
     assert len(list(DataLoader(ds, batch_size=4, drop_last=True))) == 2
-    a = [b[1].numpy().tolist() for b in DataLoader(ds, batch_size=10, shuffle=True, seed=1)]
-    b = [b[1].numpy().tolist() for b in DataLoader(ds, batch_size=10, shuffle=True, seed=1)]
+    it.manual_seed(1)
+    a = [b[1].numpy().tolist() for b in DataLoader(ds, batch_size=10, shuffle=True)]
+    it.manual_seed(1)
+    b = [b[1].numpy().tolist() for b in DataLoader(ds, batch_size=10, shuffle=True)]
     assert a == b and a[0] != list(range(10)) and sorted(a[0]) == list(range(10))
-    loader = DataLoader(ds, batch_size=10, shuffle=True, seed=1)
+    loader = DataLoader(ds, batch_size=10, shuffle=True)
     e0, e1 = (next(iter(loader))[1].numpy().tolist() for _ in range(2))
     assert e0 != e1  # a new order each epoch
 
@@ -120,3 +123,18 @@ def test_prepare_into_a_place_it_cannot_write_is_one_line(tmp_path, dataset):
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit, match=f"prepare {dataset}: cannot write into {tmp_path}/file/out: Not a directory"):
         main([dataset, "--out", str(tmp_path / "file" / "out")])
+
+
+def test_length_grouped_batches_cover_every_item_once_and_follow_seed_and_epoch():
+    lengths = np.random.default_rng(0).integers(1, 100, 230)
+    grouped = LengthGroupedBatchSampler(lengths, 2, seed=4)
+    batches = list(grouped)
+    assert sorted(sum(batches, [])) == list(range(230)) and len(batches) == len(grouped) == 115
+    assert list(LengthGroupedBatchSampler(lengths, 2, seed=4)) == batches
+    grouped.set_epoch(1)
+    assert list(grouped) != batches
+    assert all(lengths[a] >= lengths[b] for a, b in batches)  # sorted within each mega-batch
+    plain = LengthGroupedBatchSampler(lengths, 2, drop_last=True, sampler=range(7), shuffle=False)
+    assert [len(b) for b in plain] == [2, 2, 2]
+    loader = DataLoader(list(lengths), batch_sampler=grouped)
+    assert [b.tolist() for b in loader] == [lengths[b].tolist() for b in grouped]
