@@ -1,5 +1,6 @@
 """Casts, strided copies, concatenation/split, triangular masks, fills, and the allocator."""
 import gc
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -7,6 +8,8 @@ import pytest
 
 import infinitrain as it
 from infinitrain.kernels import memory
+
+from helpers import run
 
 
 def test_bf16_rounding_matches_ml_dtypes(rng):
@@ -141,20 +144,19 @@ def test_allocator_reuses_blocks_and_counts():
     assert it.memory_stats()["reserved_bytes"] == it.memory_stats()["allocated_bytes"]
 
 
+@pytest.mark.slow
 def test_allocator_cache_is_bounded_by_the_most_in_use():
     """Sizes that never repeat (sampling: each token's sequence one longer) filled the cache with
     every size used once: GPT-2 small held 2.6 GB for a 179 MB peak. The free bytes cached stay
-    at most the most ever in use at once."""
-    gc.collect()
-    it.empty_cache()
-    for n in range(1, 400):
-        t = it.empty(10_000 * n + 7)
-        del t
-    stats = it.memory_stats()
-    cached = stats["reserved_bytes"] - stats["allocated_bytes"]
-    assert cached <= stats["peak_allocated_bytes"], stats
-    assert stats["reserved_bytes"] < 2.2 * 4 * 10_000 * 400  # was the sum of every size: ~80 x more
-    it.empty_cache()
+    at most the most ever in use at once (in a fresh process, where that is this loop's)."""
+    program = ("import infinitrain as it\n"
+               "for n in range(1, 400):\n"
+               "    t = it.empty(10_000 * n + 7)\n"
+               "    del t\n"
+               "s = it.memory_stats()\n"
+               "print(s['reserved_bytes'], s['peak_allocated_bytes'])\n")
+    reserved, peak = map(int, run([sys.executable, "-c", program], check=True).stdout.split())
+    assert peak <= 4 * 10_000 * 400 * 1.07 and reserved <= peak  # unbounded: the sum of all, ~80 x more
 
 
 @pytest.mark.slow
