@@ -49,7 +49,7 @@ def cumsum(input: Tensor, dim: int) -> Tensor:
 
 
 def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
-    return _idx.topk(input, k, dim, largest, sorted)
+    return input.topk(k, dim, largest, sorted)
 
 
 def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *,
@@ -171,8 +171,8 @@ def min(input: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
     return _max_or_min("min", input, dim, keepdim)
 
 
-def sort(input: Tensor, dim: int = -1, descending: bool = False):
-    return input.sort(dim, descending)
+def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    return input.sort(dim, descending, stable)
 
 
 def argsort(input: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
@@ -221,3 +221,67 @@ def tanh(input: Tensor) -> Tensor:
 
 def sigmoid(input: Tensor) -> Tensor:
     return input.sigmoid()
+
+
+# ---- the torch.* forms of the other Tensor methods: torch.sin(x) is x.sin() ------------------
+METHOD_FORMS = (
+    "sin", "cos", "rsqrt", "neg", "square", "reciprocal", "sign", "relu", "log1p", "expm1", "log2", "log10",
+    "erf", "round", "floor", "ceil", "trunc", "fix", "frac", "isnan", "isinf", "isfinite", "outer", "ger",
+    "clip", "roll", "flip", "narrow", "select", "unbind", "t", "numel", "clone", "detach", "all", "any", "var",
+    "std", "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "floor_divide", "nonzero", "is_floating_point",
+    "kthvalue", "median",
+)
+
+
+def _method_form(name: str):
+    def form(input: Tensor, *args, **kwargs):
+        if not isinstance(input, Tensor):
+            raise TypeError(f"{name}(): argument 'input' must be a Tensor, not {type(input).__name__}")
+        return getattr(input, name)(*args, **kwargs)
+    form.__name__ = form.__qualname__ = name
+    form.__doc__ = f"torch.{name}(input, ...): input.{name}(...)."
+    return form
+
+
+for _name in METHOD_FORMS:
+    if _name not in globals():
+        globals()[_name] = _method_form(_name)
+
+
+def pow(input, exponent) -> Tensor:  # noqa: A001
+    """input ** exponent, where input may be a number and exponent a tensor."""
+    if not isinstance(input, Tensor):
+        return _ops.rpow(exponent, input)
+    return input.pow(exponent)
+
+
+def repeat_interleave(input: Tensor, repeats=None, dim=None, *, output_size=None) -> Tensor:
+    """input.repeat_interleave(repeats, dim); with input alone (the counts), each index repeated so often."""
+    if repeats is None:
+        from .creation import arange
+        return arange(input.numel(), device=input.device).repeat_interleave(input, output_size=output_size)
+    return input.repeat_interleave(repeats, dim, output_size=output_size)
+
+
+def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, out=None, dtype=None) -> Tensor:
+    if out is not None:
+        raise NotImplementedError("norm(out=) is not supported")
+    return input.norm(p, dim, keepdim, dtype)
+
+
+def is_tensor(obj) -> bool:
+    return isinstance(obj, Tensor)
+
+
+def isclose(input: Tensor, other: Tensor, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+    """|input - other| <= atol + rtol * |other| elementwise (infinities equal when they match)."""
+    a, b = input.detach(), other.detach() if isinstance(other, Tensor) else other
+    close = ((a - b).abs() <= atol + rtol * (b.abs() if isinstance(b, Tensor) else abs(b))) | (a == b)
+    if equal_nan:
+        close = close | (a.isnan() & (b.isnan() if isinstance(b, Tensor) else (a != a)))
+    return close
+
+
+def equal(input: Tensor, other: Tensor) -> bool:
+    """True when both have the same shape and the same values."""
+    return tuple(input.shape) == tuple(other.shape) and bool((input.detach() == other.detach()).all())

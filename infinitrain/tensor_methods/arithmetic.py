@@ -1,13 +1,17 @@
 """Tensor methods of arithmetic and elementwise maths: the operators + - * / // ** @ and unary -,
 with their reflected forms, and their named forms (add, sub, mul, div, floor_divide, pow, neg,
 matmul, mm, bmm), maximum, minimum, clamp / clip, where, masked_fill, the unary functions (exp,
-log, sqrt, rsqrt, abs, tanh, sigmoid, relu, sin, cos, square, reciprocal, sign), tril, triu.
+log, sqrt, rsqrt, abs, tanh, sigmoid, relu, sin, cos, square, reciprocal, sign, log1p, expm1, log2, log10,
+erf, the roundings), isnan / isinf / isfinite, outer, tril, triu.
 (+= and the other in-place operators are in inplace.py; comparisons in comparison.py.)"""
 from __future__ import annotations
+
+import math
 
 from .._native import lib
 from ..ops import index as _idx
 from ..ops import math as _ops
+from ..ops import pointwise as _pw
 from ..tensor import Tensor
 
 
@@ -156,3 +160,52 @@ class ArithmeticMethods:
 
     def triu(self, diagonal: int = 0):
         return _ops.triangle(self, diagonal, True)
+
+    def log1p(self):
+        return _pw.log1p(self)
+
+    def expm1(self):
+        return _pw.expm1(self)
+
+    def log2(self):
+        return self.log() * (1 / math.log(2))
+
+    def log10(self):
+        return self.log() * (1 / math.log(10))
+
+    def erf(self):
+        return _pw.erf(self)
+
+    def round(self, *, decimals: int = 0):
+        return _pw.rounding(self, "round", decimals)
+
+    def floor(self):
+        return _pw.rounding(self, "floor")
+
+    def ceil(self):
+        return _pw.rounding(self, "ceil")
+
+    def trunc(self):
+        return _pw.rounding(self, "trunc")
+
+    fix = trunc
+
+    def frac(self):
+        return _pw.frac(self)
+
+    def isnan(self):
+        return _pw.isnan(self)
+
+    def isinf(self):
+        return _pw.isinf(self)
+
+    def isfinite(self):
+        return _pw.isfinite(self)
+
+    def outer(self, vec2):
+        if self.ndim != 1 or not isinstance(vec2, Tensor) or vec2.ndim != 1:
+            raise ValueError("outer(): both operands must be 1-D, got "
+                             f"{tuple(self.shape)} and {tuple(getattr(vec2, 'shape', ()))}")
+        return _ops.mul(self.unsqueeze(1), vec2.unsqueeze(0))
+
+    ger = outer

@@ -10,13 +10,15 @@ ROOT = Path(infinitrain.__file__).parent
 # bottom to top; a module may import its own layer (same package) and those listed before it
 LAYERS = [
     ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace",
-     "infinitrain.hf"],
-    ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda"],
+     "infinitrain.hf", "infinitrain.size", "infinitrain.return_types"],
+    ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda",
+     "infinitrain.backends", "infinitrain.accelerator"],
     ["infinitrain.tensor"],
     ["infinitrain.kernels"],
     ["infinitrain.autograd"],
     ["infinitrain.ops"],
-    ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions", "infinitrain.dlpack"],
+    ["infinitrain.tensor_methods", "infinitrain.creation", "infinitrain.functions", "infinitrain.dlpack",
+     "infinitrain.execution", "infinitrain.linalg"],
     ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler",
      "infinitrain.precision_checker"],
     ["infinitrain.models"],
