@@ -40,6 +40,10 @@ from .backends import get_float32_matmul_precision, set_float32_matmul_precision
 from . import accelerator, backends, linalg, return_types  # noqa: F401  (it.backends, it.linalg: submodules)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
+from . import functions as _functions
+
+_INPLACE = [_n for _n in _functions.INPLACE_FORMS if hasattr(_functions, _n)]
+globals().update({_n: getattr(_functions, _n) for _n in _INPLACE})  # torch.relu_ and kin, as Tensor has them
 
 __version__ = "0.1.0"
 
@@ -67,5 +71,5 @@ __all__ = [
     "rsqrt", "select", "sign", "sin", "square", "std", "t", "trunc", "unbind", "var",
     "are_deterministic_algorithms_enabled", "compile", "inference_mode", "is_inference_mode_enabled",
     "use_deterministic_algorithms", "get_float32_matmul_precision", "set_float32_matmul_precision",
-    "accelerator", "backends", "linalg", "return_types",
+    "accelerator", "backends", "linalg", "return_types", *_INPLACE,
 ]

@@ -2,6 +2,8 @@
 over the Tensor methods and ops, so that `it.where(c, a, b)` reads as it does in PyTorch."""
 from __future__ import annotations
 
+import builtins
+
 from .kernels import index as _kidx
 from .ops import index as _idx
 from .ops import math as _ops
@@ -247,6 +249,16 @@ for _name in METHOD_FORMS:
     if _name not in globals():
         globals()[_name] = _method_form(_name)
 
+# torch's top-level in-place forms (torch.relu_(x) is x.relu_()): made for those whose method Tensor has
+INPLACE_FORMS = (
+    "abs_", "ceil_", "clamp_", "clamp_max_", "clamp_min_", "clip_", "cos_", "detach_", "erf_", "exp_", "expm1_",
+    "fill_", "fix_", "floor_", "frac_", "log10_", "log1p_", "log2_", "log_", "neg_", "negative_", "reciprocal_",
+    "relu_", "round_", "rsqrt_", "sigmoid_", "sin_", "sqrt_", "square_", "tanh_", "trunc_", "zero_",
+)
+for _name in INPLACE_FORMS:
+    if hasattr(Tensor, _name):
+        globals()[_name] = _method_form(_name)
+
 
 def pow(input, exponent) -> Tensor:  # noqa: A001
     """input ** exponent, where input may be a number and exponent a tensor."""
@@ -276,7 +288,7 @@ def is_tensor(obj) -> bool:
 def isclose(input: Tensor, other: Tensor, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
     """|input - other| <= atol + rtol * |other| elementwise (infinities equal when they match)."""
     a, b = input.detach(), other.detach() if isinstance(other, Tensor) else other
-    close = ((a - b).abs() <= atol + rtol * (b.abs() if isinstance(b, Tensor) else abs(b))) | (a == b)
+    close = ((a - b).abs() <= atol + rtol * (b.abs() if isinstance(b, Tensor) else builtins.abs(b))) | (a == b)
     if equal_nan:
         close = close | (a.isnan() & (b.isnan() if isinstance(b, Tensor) else (a != a)))
     return close
