@@ -35,6 +35,11 @@ def current_device() -> int:
     return 0
 
 
+def is_bf16_supported() -> bool:
+    """Whether bfloat16 CUDA tensors can be used: on every CUDA device infinitrain runs on."""
+    return is_available()
+
+
 def manual_seed(seed: int) -> None:
     """Seeds the generator that CUDA tensors draw from. That is the default generator, which
     serves every device here (its numbers do not depend on the device), so this is
