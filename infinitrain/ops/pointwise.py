@@ -117,16 +117,25 @@ def _rounded(x: Tensor, mode: str) -> Tensor:
 
 
 # ---- entry points --------------------------------------------------------------------------
+def _in_float32(fn, x: Tensor) -> Tensor:
+    """fn of x, worked out in float32 for a 16-bit x (its several steps would each round to 8 or
+    11 bits) and rounded once at the end, as PyTorch's kernels do."""
+    x = _floating(x)
+    if x.dtype.itemsize < 4:
+        return cast(fn(cast(x, _dt.float32)), x.dtype)
+    return fn(x)
+
+
 def log1p(x: Tensor) -> Tensor:
-    return Log1p.apply(_floating(x))
+    return _in_float32(Log1p.apply, x)
 
 
 def expm1(x: Tensor) -> Tensor:
-    return Expm1.apply(_floating(x))
+    return _in_float32(Expm1.apply, x)
 
 
 def erf(x: Tensor) -> Tensor:
-    return Erf.apply(_floating(x))
+    return _in_float32(Erf.apply, x)
 
 
 def rounding(x: Tensor, mode: str, decimals: int = 0) -> Tensor:

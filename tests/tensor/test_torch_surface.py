@@ -79,6 +79,9 @@ def test_log1p_expm1_erf_keep_float32_accuracy_at_small_and_large_arguments():
             xs = np.append(xs, math.inf).astype(np.float32)
         ours = getattr(it, name)(it.tensor(xs)).numpy()
         np.testing.assert_allclose(ours, getattr(torch, name)(torch.tensor(xs)).numpy(), rtol=2e-6, atol=0)
+        half = getattr(it, name)(it.tensor(xs).bfloat16()).float().numpy()  # worked in float32, rounded once
+        np.testing.assert_allclose(half, getattr(torch, name)(torch.tensor(xs).bfloat16()).float().numpy(),
+                                   rtol=2 ** -8, atol=1e-6)
     assert it.round(it.tensor([0.5, 1.5, 2.5, -0.5, 1e9, 3.7]), decimals=0).tolist() == [0, 2, 2, -0.0, 1e9, 4]
     np.testing.assert_allclose(it.tensor([1.2345, -2.5678]).round(decimals=2).numpy(),
                                torch.tensor([1.2345, -2.5678]).round(decimals=2).numpy(), **TOL)
