@@ -34,6 +34,8 @@ from .functions import (all, any, ceil, clip, clone, cos, detach, eq, equal, erf
                         isinf, isnan, kthvalue, le, log10, log1p, log2, logical_not, lt, median, narrow, ne, neg,
                         nonzero, norm, numel, outer, pow, reciprocal, relu, repeat_interleave, roll, round, rsqrt,
                         select, sign, sin, square, std, t, trunc, unbind, var)
+from .functions import (addmm, bernoulli, count_nonzero, diag, dot, lerp, logical_and, logical_or,  # noqa: F401
+                        logical_xor, masked_select, meshgrid, normal, prod, tan)
 from .execution import (are_deterministic_algorithms_enabled, compile, inference_mode,  # noqa: F401
                         is_inference_mode_enabled, use_deterministic_algorithms)
 from .backends import get_float32_matmul_precision, set_float32_matmul_precision
@@ -71,5 +73,7 @@ __all__ = [
     "rsqrt", "select", "sign", "sin", "square", "std", "t", "trunc", "unbind", "var",
     "are_deterministic_algorithms_enabled", "compile", "inference_mode", "is_inference_mode_enabled",
     "use_deterministic_algorithms", "get_float32_matmul_precision", "set_float32_matmul_precision",
+    "addmm", "bernoulli", "count_nonzero", "diag", "dot", "lerp", "logical_and", "logical_or", "logical_xor",
+    "masked_select", "meshgrid", "normal", "prod", "tan",
     "accelerator", "backends", "linalg", "return_types", *_INPLACE,
 ]

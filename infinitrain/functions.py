@@ -231,7 +231,8 @@ METHOD_FORMS = (
     "erf", "round", "floor", "ceil", "trunc", "fix", "frac", "isnan", "isinf", "isfinite", "outer", "ger",
     "clip", "roll", "flip", "narrow", "select", "unbind", "t", "numel", "clone", "detach", "all", "any", "var",
     "std", "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "floor_divide", "nonzero", "is_floating_point",
-    "kthvalue", "median",
+    "kthvalue", "median", "tan", "lerp", "dot", "addmm", "diag", "logical_and", "logical_or", "logical_xor",
+    "count_nonzero", "masked_select", "bernoulli", "prod",
 )
 
 
@@ -297,3 +298,44 @@ def isclose(input: Tensor, other: Tensor, rtol: float = 1e-5, atol: float = 1e-8
 def equal(input: Tensor, other: Tensor) -> bool:
     """True when both have the same shape and the same values."""
     return tuple(input.shape) == tuple(other.shape) and bool((input.detach() == other.detach()).all())
+
+
+def normal(mean, std=1.0, size=None, *, generator=None, dtype=None, device=None,
+           requires_grad: bool = False) -> Tensor:
+    """Normal draws of the given mean and std (tensors broadcast together, or numbers with a size);
+    differentiable in a tensor mean and std, as PyTorch's."""
+    from .creation import randn
+    tensors = [t for t in (mean, std) if isinstance(t, Tensor)]
+    if not tensors:
+        if size is None:
+            raise TypeError("normal(mean, std, size): with numbers for mean and std, give size")
+        out = randn(size, generator=generator, dtype=dtype, device=device) * std + mean
+        return out.requires_grad_(requires_grad) if requires_grad else out
+    if size is not None:
+        raise TypeError("normal(): size is for numbers mean and std; tensors give the shape")
+    from .kernels.elementwise import broadcast_shapes
+    like = tensors[0]
+    shape = broadcast_shapes(*(t.shape for t in tensors))
+    return randn(shape, generator=generator, dtype=like.dtype, device=like.device) * std + mean
+
+
+def meshgrid(*tensors, indexing: str | None = None) -> tuple:
+    """Coordinate grids from 1-D tensors: 'ij' (PyTorch's default) gives them the shape
+    (len(t0), len(t1), ...), 'xy' swaps the first two dims, as numpy's."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    indexing = "ij" if indexing is None else indexing
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    swap = indexing == "xy" and len(tensors) >= 2
+    order = list(tensors)
+    if swap:
+        order[0], order[1] = order[1], order[0]
+    shape = tuple(t.numel() for t in order)
+    grids = []
+    for i, t in enumerate(order):
+        view = (1,) * i + (-1,) + (1,) * (len(order) - i - 1)
+        grids.append(t.reshape(view).expand(shape))
+    if swap:
+        grids[0], grids[1] = grids[1], grids[0]
+    return tuple(grids)

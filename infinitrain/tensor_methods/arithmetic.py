@@ -12,6 +12,8 @@ from .._native import lib
 from ..ops import index as _idx
 from ..ops import math as _ops
 from ..ops import pointwise as _pw
+from ..ops import shape as _shape
+from .. import dtypes as _dt
 from ..tensor import Tensor
 
 
@@ -209,3 +211,64 @@ class ArithmeticMethods:
         return _ops.mul(self.unsqueeze(1), vec2.unsqueeze(0))
 
     ger = outer
+
+    def tan(self):
+        return self.sin() / self.cos()
+
+    def lerp(self, end, weight):
+        return self + weight * (end - self)
+
+    def dot(self, other):
+        if self.ndim != 1 or not isinstance(other, Tensor) or other.ndim != 1 or other.shape != self.shape:
+            raise ValueError("dot(): expected two 1-D tensors of the same size, got "
+                             f"{tuple(self.shape)} and {tuple(getattr(other, 'shape', ()))}")
+        return (self * other).sum()
+
+    def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+        """beta * self + alpha * (mat1 @ mat2); with beta 0, self is not read (its nan stays out)."""
+        product = mat1.mm(mat2)
+        product = product if alpha == 1 else product * alpha
+        return product if beta == 0 else product + (self if beta == 1 else self * beta)
+
+    def diag(self, diagonal: int = 0):
+        """A 1-D tensor as the given diagonal of a square matrix, or a 2-D tensor's diagonal."""
+        import numpy as np
+        from ..creation import tensor, zeros
+        if self.ndim == 2:
+            rows, cols = self.shape
+            i = np.arange(max(0, -diagonal), min(rows, cols - diagonal))
+            flat = i * cols + i + diagonal
+            return self.reshape(-1).index_select(0, tensor(flat, dtype=_dt.int64, device=self.device))
+        if self.ndim != 1:
+            raise ValueError(f"diag(): expected a 1-D or 2-D tensor, got {self.ndim}-D")
+        k, n = abs(diagonal), self.shape[0]
+        pad = zeros(k, dtype=self.dtype, device=self.device)
+        # entry (i, j) of the result is column value j of v shifted by the diagonal, kept where j - i = diagonal
+        columns = self.unsqueeze(0) if k == 0 else \
+            _shape.cat([pad, self] if diagonal > 0 else [self, pad], 0).unsqueeze(0)
+        mask = tensor(np.eye(n + k, k=diagonal), dtype=self.dtype, device=self.device)
+        return mask * columns
+
+    def logical_and(self, other):
+        return self.bool() & other.bool()
+
+    def logical_or(self, other):
+        return self.bool() | other.bool()
+
+    def logical_xor(self, other):
+        return self.bool() != other.bool()
+
+    def count_nonzero(self, dim=None):
+        return (self != 0).long().sum(dim)
+
+    def masked_select(self, mask):
+        """The elements where mask (broadcast with self) is True, as a 1-D tensor."""
+        from ..kernels.elementwise import broadcast_shapes
+        shape = broadcast_shapes(self.shape, mask.shape)
+        return self.expand(shape)[mask.expand(shape)]
+
+    def bernoulli(self, p=None, *, generator=None):
+        """1 with probability self (or p), else 0, in self's dtype."""
+        from ..creation import rand
+        draws = rand(self.shape, generator=generator, device=self.device)
+        return (draws < (self.detach() if p is None else p)).to(dtype=self.dtype)

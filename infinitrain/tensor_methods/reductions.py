@@ -9,6 +9,7 @@ from ..ops import index as _idx
 from ..ops import math as _ops
 from ..ops import norms as _norms
 from ..ops import reductions as _reductions
+from ..ops.shape import cat as _cat
 from .. import return_types
 from ..tensor import Tensor, _wrap_dim
 
@@ -113,3 +114,29 @@ class ReductionMethods:
 
     def argsort(self, dim: int = -1, descending: builtins.bool = False):
         return self.sort(dim, descending)[1]
+
+    def prod(self, dim=None, keepdim: builtins.bool = False, *, dtype=None):
+        """The product over dim (None: everything), by pairwise products (exact gradients where
+        elements are zero); bool and integer tensors give int64."""
+        x = self if dtype is None else self.to(dtype=dtype)
+        if not x.dtype.is_floating_point:
+            x = x.long()
+        if dim is None:
+            out = _product_along(x.reshape(-1), 0).reshape(())
+            return out.reshape((1,) * x.ndim) if keepdim else out
+        d = _wrap_dim(dim, x.ndim)
+        out = _product_along(x, d)
+        return out if keepdim else out.squeeze(d)
+
+
+def _product_along(x, d: int):
+    """x's product along d, kept as a dim of size 1: the two halves multiplied until one is left."""
+    while x.shape[d] > 1:
+        n = x.shape[d]
+        half = n // 2
+        paired = x.narrow(d, 0, half) * x.narrow(d, half, half)
+        x = paired if n % 2 == 0 else _cat([paired, x.narrow(d, n - 1, 1)], d)
+    if x.shape[d] == 0:
+        from ..creation import ones
+        return ones(tuple(1 if i == d else n for i, n in enumerate(x.shape)), dtype=x.dtype, device=x.device)
+    return x

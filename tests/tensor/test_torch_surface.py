@@ -306,3 +306,41 @@ def test_compile_returns_the_model_and_inference_mode_is_no_grad():
     def k(t):
         return t * 3
     assert not h(x).requires_grad and not k(x).requires_grad and (x * 2).requires_grad
+
+
+def test_more_everyday_functions_match_pytorch(rng):
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    b = rng.standard_normal((3, 4)).astype(np.float32)
+    a[0, 1] = 0.0  # a zero in a product
+    _check(it.tan, torch.tan, a * 0.5)
+    _check(lambda x, y: it.lerp(x, y, 0.3), lambda x, y: torch.lerp(x, y, 0.3), a, b)
+    _check(lambda x, y: it.dot(x[1], y[2]), lambda x, y: torch.dot(x[1], y[2]), a, b)
+    _check(lambda x, y: it.addmm(x[0, :3], x, y.t(), beta=0.5, alpha=2),
+           lambda x, y: torch.addmm(x[0, :3], x, y.t(), beta=0.5, alpha=2), a, b)
+    for k in (0, 1, -2):
+        _check(lambda x: it.diag(x, k), lambda x: torch.diag(x, k), a)
+        _check(lambda x: it.diag(x[1], k), lambda x: torch.diag(x[1], k), a)
+    for dim, keepdim in ((None, False), (1, False), (0, True), (-1, True)):
+        _check(lambda x: it.prod(x) if dim is None else it.prod(x, dim, keepdim),
+               lambda x: torch.prod(x) if dim is None else torch.prod(x, dim, keepdim), a)
+    assert it.prod(it.tensor([[2, 3, 5]]), 1).tolist() == [30] and it.ones(0).prod().item() == 1
+    _check(lambda x: it.masked_select(x, x > 0), lambda x: torch.masked_select(x, x > 0), a)
+    _check(lambda x: it.masked_select(x, it.tensor([True, False, True, True])),
+           lambda x: torch.masked_select(x, torch.tensor([True, False, True, True])), a)
+    _check(lambda x, y: it.meshgrid(x[0], y[1, :3], indexing="xy")[1] * it.meshgrid(x[0], y[1, :3])[0].t(),
+           lambda x, y: torch.meshgrid(x[0], y[1, :3], indexing="xy")[1] * torch.meshgrid(x[0], y[1, :3],
+                                                                                          indexing="ij")[0].t(),
+           a, b)
+    p, q = it.tensor([True, False, True]), it.tensor([1, 1, 0])
+    tp, tq = torch.tensor([True, False, True]), torch.tensor([1, 1, 0])
+    for name in ("logical_and", "logical_or", "logical_xor"):
+        assert getattr(it, name)(p, q).tolist() == getattr(torch, name)(tp, tq).tolist()
+    assert it.count_nonzero(it.tensor(a), 1).tolist() == torch.count_nonzero(torch.tensor(a), 1).tolist()
+    it.manual_seed(0)
+    draws = it.bernoulli(it.full((4000,), 0.25))
+    assert set(draws.tolist()) <= {0.0, 1.0} and abs(draws.mean().item() - 0.25) < 0.03
+    mean, std = _pair(a)[0], _pair(np.abs(b) + 0.5)[0]
+    sample = it.normal(mean, std)
+    sample.sum().backward()
+    assert sample.shape == (3, 4) and np.allclose(mean.grad.numpy(), 1)
+    assert it.normal(2.0, 3.0, (2, 5)).shape == (2, 5)
