@@ -129,6 +129,8 @@ def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=N
         if high is None:
             raise TypeError("randint() needs high and size: randint(high, size) or randint(low, high, size)")
         low, high, size = 0, low, high
+    elif high is None:  # randint(high, size=...)
+        low, high = 0, low
     size = _parse_size(size if isinstance(size, (tuple, list)) else (size,))
     low, high = int(low), int(high)
     if high <= low:

@@ -216,7 +216,8 @@ def test_factories_match_pytorch():
     it.manual_seed(5)
     r = it.randint(3, 9, (1000,))
     assert r.dtype is it.int64 and r.min().item() == 3 and r.max().item() == 8
-    assert it.randint(10, (2, 3)).shape == (2, 3) and it.randint(2 ** 40, (8,)).max().item() > 2 ** 30
+    assert it.randint(10, (2, 3)).shape == (2, 3) == it.randint(4, size=(2, 3)).shape
+    assert it.randint(2 ** 40, (8,)).max().item() > 2 ** 30
     assert sorted(it.randperm(50).tolist()) == list(range(50)) and it.randperm(0).shape == (0,)
     base = it.zeros(2, 3, dtype=it.float64)
     for like in (it.rand_like(base), it.randn_like(base), it.randint_like(base, 5), it.zeros_like(base)):
