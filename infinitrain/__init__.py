@@ -44,8 +44,9 @@ from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: pub
 from .amp import autocast
 from . import functions as _functions
 
-_INPLACE = [_n for _n in _functions.INPLACE_FORMS if hasattr(_functions, _n)]
-globals().update({_n: getattr(_functions, _n) for _n in _INPLACE})  # torch.relu_ and kin, as Tensor has them
+# torch.<name> for every Tensor method PyTorch also has as a function (those written by other modules too)
+_FORMS = [_n for _n in _functions.METHOD_FORMS if _n not in globals()]
+globals().update({_n: getattr(_functions, _n) for _n in _FORMS})
 
 __version__ = "0.1.0"
 
@@ -75,5 +76,5 @@ __all__ = [
     "use_deterministic_algorithms", "get_float32_matmul_precision", "set_float32_matmul_precision",
     "addmm", "bernoulli", "count_nonzero", "diag", "dot", "lerp", "logical_and", "logical_or", "logical_xor",
     "masked_select", "meshgrid", "normal", "prod", "tan",
-    "accelerator", "backends", "linalg", "return_types", *_INPLACE,
+    "accelerator", "backends", "linalg", "return_types", *_FORMS,
 ]

@@ -51,6 +51,23 @@ class ArithmeticMethods:
     def floor_divide(self, other):
         return _idx.floor_divide(self, other)
 
+    def remainder(self, other):
+        """self - floor(self / other) * other: the sign of other, as Python's % (torch.remainder)."""
+        return self - _idx.floor_divide(self, other) * other
+
+    __mod__ = remainder
+
+    def __rmod__(self, other):
+        return other - _idx.rfloor_divide(self, other) * self
+
+    def fmod(self, other):
+        """self - trunc(self / other) * other: the sign of self, as C's fmod."""
+        quotient = (self.detach() / (other.detach() if isinstance(other, Tensor) else other)).trunc()
+        floats = isinstance(other, float) or (isinstance(other, Tensor) and other.dtype.is_floating_point)
+        if not self.dtype.is_floating_point and not floats:
+            quotient = quotient.to(dtype=self.dtype)
+        return self - quotient * other
+
     def __pow__(self, other):
         return _ops.pow(self, other)
 
@@ -62,6 +79,11 @@ class ArithmeticMethods:
 
     def neg(self):
         return -self
+
+    negative = neg
+
+    def positive(self):
+        return self
 
     def __matmul__(self, other):
         return _ops.matmul(self, other)
@@ -151,6 +173,9 @@ class ArithmeticMethods:
 
     def reciprocal(self):
         return _ops.unary(lib.IT_RECIPROCAL, self)
+
+    def sgn(self):
+        return self.sign()
 
     def sign(self):
         """-1, 0 or 1 in this tensor's dtype (no gradient: it is piecewise constant)."""
@@ -272,3 +297,18 @@ class ArithmeticMethods:
         from ..creation import rand
         draws = rand(self.shape, generator=generator, device=self.device)
         return (draws < (self.detach() if p is None else p)).to(dtype=self.dtype)
+
+    absolute = abs
+    multiply = mul
+    subtract = sub
+    divide = div
+    true_divide = div
+
+    def exp2(self):
+        return _ops.rpow(self, 2.0)
+
+    def clamp_min(self, min):  # noqa: A002
+        return _ops.clamp(self, min, None)
+
+    def clamp_max(self, max):  # noqa: A002
+        return _ops.clamp(self, None, max)

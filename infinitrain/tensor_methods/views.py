@@ -146,6 +146,33 @@ class ViewMethods:
         dims[d0], dims[d1] = dims[d1], dims[d0]
         return self.permute(dims)
 
+    swapaxes = swapdims = transpose
+
+    def movedim(self, source, destination) -> Tensor:
+        source = (source,) if isinstance(source, int) else tuple(source)
+        destination = (destination,) if isinstance(destination, int) else tuple(destination)
+        if len(source) != len(destination):
+            raise ValueError(f"movedim: {len(source)} source dims for {len(destination)} destinations")
+        src = [_wrap_dim(d, self.ndim) for d in source]
+        dst = [_wrap_dim(d, self.ndim) for d in destination]
+        rest = iter(d for d in range(self.ndim) if d not in src)
+        order = [None] * self.ndim
+        for s_, d_ in zip(src, dst):
+            order[d_] = s_
+        return self.permute([next(rest) if o is None else o for o in order])
+
+    moveaxis = movedim
+
+    def ravel(self) -> Tensor:
+        return self.reshape(-1)
+
+    def unflatten(self, dim: int, sizes) -> Tensor:
+        d = _wrap_dim(dim, self.ndim)
+        return self.reshape(self._shape[:d] + tuple(sizes) + self._shape[d + 1:])
+
+    def broadcast_to(self, size) -> Tensor:
+        return self.expand(size)
+
     def t(self) -> Tensor:
         if self.ndim > 2:
             raise ValueError(f"t() expects a tensor with <= 2 dimensions, got {self.ndim}")
@@ -290,6 +317,16 @@ class ViewMethods:
             if n:
                 out = out.index_select(d, _positions([(i - shift) % n for i in range(n)], self.device))
         return out
+
+    def fliplr(self):
+        return self.flip(1)
+
+    def flipud(self):
+        return self.flip(0)
+
+    def tile(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        return self.repeat((1,) * (self.ndim - len(dims)) + tuple(dims))
 
     def repeat(self, *sizes):
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes

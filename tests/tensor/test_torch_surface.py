@@ -345,3 +345,22 @@ def test_more_everyday_functions_match_pytorch(rng):
     sample.sum().backward()
     assert sample.shape == (3, 4) and np.allclose(mean.grad.numpy(), 1)
     assert it.normal(2.0, 3.0, (2, 5)).shape == (2, 5)
+
+
+def test_remainder_fmod_aliases_and_axis_moves(rng):
+    a = (rng.standard_normal((3, 4)) * 4).astype(np.float32)
+    b = np.where(rng.random((3, 4)) < 0.5, -1.5, 2.5).astype(np.float32)
+    _check(lambda x: x % it.tensor(b), lambda x: x % torch.tensor(b), a)  # (PyTorch has no gradient for b)
+    _check(lambda x, y: it.remainder(x, 1.5) + it.fmod(x, y), lambda x, y: torch.remainder(x, 1.5) + torch.fmod(x, y),
+           a, b)
+    np.testing.assert_allclose((7.0 % (it.tensor(a).abs() + 1)).numpy(), (7.0 % (torch.tensor(a).abs() + 1)).numpy(),
+                               **TOL)
+    assert (it.arange(-3, 4) % 3).tolist() == (torch.arange(-3, 4) % 3).tolist()
+    assert it.fmod(it.arange(-3, 4), 2).tolist() == torch.fmod(torch.arange(-3, 4), 2).tolist()
+    _check(lambda x: it.movedim(x.unflatten(1, (2, 2)), (0, 2), (2, 0)),
+           lambda x: torch.movedim(x.unflatten(1, (2, 2)), (0, 2), (2, 0)), a)
+    _check(lambda x: it.tile(x, (2, 1, 1)).swapaxes(0, 2).ravel(),
+           lambda x: torch.tile(x, (2, 1, 1)).swapaxes(0, 2).ravel(), a)
+    _check(lambda x: it.exp2(x) * it.multiply(x, 2) - it.subtract(x, 1), lambda x: torch.exp2(x) * torch.multiply(x, 2)
+           - torch.subtract(x, 1), a * 0.1)
+    assert it.greater(it.tensor(a), 0).tolist() == torch.greater(torch.tensor(a), 0).tolist()
