@@ -282,11 +282,6 @@ def _method_form(name: str):
     return form
 
 
-METHOD_FORMS = tuple(n for n in TORCH_METHOD_FORMS if n not in globals() and hasattr(Tensor, n))
-for _name in METHOD_FORMS:
-    globals()[_name] = _method_form(_name)
-
-
 def pow(input, exponent) -> Tensor:  # noqa: A001
     """input ** exponent, where input may be a number and exponent a tensor."""
     if not isinstance(input, Tensor):
@@ -365,3 +360,9 @@ def meshgrid(*tensors, indexing: str | None = None) -> tuple:
     if swap:
         grids[0], grids[1] = grids[1], grids[0]
     return tuple(grids)
+
+
+# last, so that the forms written above (pow, norm, isclose, ...) are not made twice
+METHOD_FORMS = tuple(n for n in TORCH_METHOD_FORMS if n not in globals() and hasattr(Tensor, n))
+for _name in METHOD_FORMS:
+    globals()[_name] = _method_form(_name)
