@@ -13,6 +13,8 @@ from ._native import InvalidArgumentError, NativeError, NoCudaError, NotSupporte
 from .device import device
 from .dtypes import (bfloat16, bool, double, dtype, float, float16, float32, float64, half, int,
                     int32, int64, long, promote_types, uint8)
+from .dtypes import finfo, get_default_dtype, iinfo, set_default_dtype
+from .size import Size
 from .runtime import (build_info, empty_cache, get_num_threads, max_memory_allocated,
                       memory_allocated, memory_stats, reset_peak_memory_stats, set_num_threads)
 from .tensor import Tensor
@@ -20,6 +22,7 @@ from . import tensor_methods  # noqa: F401  (attaches Tensor's methods)
 from .dlpack import as_tensor, from_dlpack
 from .creation import (arange, empty, empty_like, from_numpy, full, full_like, ones, ones_like,
                        rand, randn, tensor, zeros, zeros_like)
+from .creation import eye, linspace, logspace, rand_like, randint, randint_like, randn_like, randperm
 from .random import Generator, default_generator, initial_seed, manual_seed
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort, bmm, cat, chunk, clamp,
@@ -27,13 +30,29 @@ from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort,
                         masked_fill, matmul, max, maximum, mean, min, minimum, mm, mul, multinomial,
                         permute, reshape, sigmoid, softmax, sort, split, sqrt, squeeze, stack, sub, sum,
                         tanh, topk, transpose, tril, triu, unsqueeze, where)
+from .functions import (all, any, ceil, clip, clone, cos, detach, eq, equal, erf, expm1, fix, flip,  # noqa: F401
+                        floor, floor_divide, frac, ge, ger, gt, is_floating_point, is_tensor, isclose, isfinite,
+                        isinf, isnan, kthvalue, le, log10, log1p, log2, logical_not, lt, median, narrow, ne, neg,
+                        nonzero, norm, numel, outer, pow, reciprocal, relu, repeat_interleave, roll, round, rsqrt,
+                        select, sign, sin, square, std, t, trunc, unbind, var)
+from .functions import (addmm, bernoulli, count_nonzero, diag, dot, lerp, logical_and, logical_or,  # noqa: F401
+                        logical_xor, masked_select, meshgrid, normal, prod, tan)
+from .execution import (are_deterministic_algorithms_enabled, compile, inference_mode,  # noqa: F401
+                        is_inference_mode_enabled, use_deterministic_algorithms)
+from .backends import get_float32_matmul_precision, set_float32_matmul_precision
+from . import accelerator, backends, linalg, return_types  # noqa: F401  (it.backends, it.linalg: submodules)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
 from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler below
 from .serialization import load, save
 from . import multiprocessing, utils  # noqa: F401  (it.multiprocessing, it.utils.data, it.utils.checkpoint)
+from . import functions as _functions
 # amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
 amp.GradScaler = GradScaler
+
+# torch.<name> for every Tensor method PyTorch also has as a function (those written by other modules too)
+_FORMS = [_n for _n in _functions.METHOD_FORMS if _n not in globals()]
+globals().update({_n: getattr(_functions, _n) for _n in _FORMS})
 
 __version__ = "0.1.0"
 
@@ -54,6 +73,18 @@ __all__ = [
     "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
     "save", "load",
     "utils", "multiprocessing",
+    "Size", "finfo", "iinfo", "get_default_dtype", "set_default_dtype",
+    "eye", "linspace", "logspace", "rand_like", "randint", "randint_like", "randn_like", "randperm",
+    "all", "any", "ceil", "clip", "clone", "cos", "detach", "eq", "equal", "erf", "expm1", "fix", "flip",
+    "floor", "floor_divide", "frac", "ge", "ger", "gt", "is_floating_point", "is_tensor", "isclose", "isfinite",
+    "isinf", "isnan", "kthvalue", "le", "log10", "log1p", "log2", "logical_not", "lt", "median", "narrow", "ne",
+    "neg", "nonzero", "norm", "numel", "outer", "pow", "reciprocal", "relu", "repeat_interleave", "roll", "round",
+    "rsqrt", "select", "sign", "sin", "square", "std", "t", "trunc", "unbind", "var",
+    "are_deterministic_algorithms_enabled", "compile", "inference_mode", "is_inference_mode_enabled",
+    "use_deterministic_algorithms", "get_float32_matmul_precision", "set_float32_matmul_precision",
+    "addmm", "bernoulli", "count_nonzero", "diag", "dot", "lerp", "logical_and", "logical_or", "logical_xor",
+    "masked_select", "meshgrid", "normal", "prod", "tan",
+    "accelerator", "backends", "linalg", "return_types", *_FORMS,
 ]
 __all__ += ["GradScaler"]
 

@@ -1,4 +1,5 @@
-"""Tensor factories: empty, zeros, ones, full, arange, rand, randn, tensor, from_numpy."""
+"""Tensor factories: empty, zeros, ones, full, their _like forms, arange, linspace, logspace, eye,
+rand, randn, randint, randperm (and rand_like, randn_like, randint_like), tensor, from_numpy."""
 from __future__ import annotations
 
 import math
@@ -52,20 +53,36 @@ def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     return _leaf(_filled(_new(size, dtype, device), 1), requires_grad)
 
 
-def empty_like(t: Tensor, dtype=None) -> Tensor:
-    return _empty(t.shape, _dt.as_dtype(dtype or t.dtype), t.device)
+def empty_like(t: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _leaf(_empty(t.shape, _dt.as_dtype(dtype or t.dtype), as_device(device or t.device)), requires_grad)
 
 
-def zeros_like(t: Tensor, dtype=None) -> Tensor:
-    return _filled(empty_like(t, dtype), 0)
+def zeros_like(t: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _leaf(_filled(empty_like(t, dtype=dtype, device=device), 0), requires_grad)
 
 
-def ones_like(t: Tensor, dtype=None) -> Tensor:
-    return _filled(empty_like(t, dtype), 1)
+def ones_like(t: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _leaf(_filled(empty_like(t, dtype=dtype, device=device), 1), requires_grad)
 
 
-def full_like(t: Tensor, fill_value, dtype=None) -> Tensor:
-    return _filled(empty_like(t, dtype), fill_value)
+def full_like(t: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _leaf(_filled(empty_like(t, dtype=dtype, device=device), fill_value), requires_grad)
+
+
+def rand_like(t: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return rand(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
+
+
+def randn_like(t: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return randn(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
+
+
+def randint_like(t: Tensor, low=0, high=None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """randint_like(t, high) or randint_like(t, low, high): in t's shape, dtype and device."""
+    if high is None:
+        low, high = 0, low
+    return randint(low, high, t.shape, dtype=dtype or t.dtype, device=device or t.device,
+                   requires_grad=requires_grad)
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None,
@@ -93,6 +110,72 @@ def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = 
     """Standard normal."""
     return _leaf(_random(size, dtype, device, (generator or default_generator).fill_normal),
                  requires_grad)
+
+
+def _uniform64(n: int, generator, device) -> Tensor:
+    """n float64 numbers uniform on [0, 1) with 48 random bits each (two float32 draws, whose
+    24 bits alone would leave most integers of a range above 2^24 out of randint)."""
+    draws = _new((2, n), _dt.float32, device)
+    generator.fill_uniform(draws)
+    wide = draws.to(_dt.float64)
+    return wide[0] + wide[1] * 2.0 ** -24
+
+
+def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=None,
+            requires_grad: bool = False) -> Tensor:
+    """Integers uniform on [low, high): randint(high, size) or randint(low, high, size); int64
+    unless dtype says otherwise."""
+    if size is None:  # randint(high, size)
+        if high is None:
+            raise TypeError("randint() needs high and size: randint(high, size) or randint(low, high, size)")
+        low, high, size = 0, low, high
+    elif high is None:  # randint(high, size=...)
+        low, high = 0, low
+    size = _parse_size(size if isinstance(size, (tuple, list)) else (size,))
+    low, high = int(low), int(high)
+    if high <= low:
+        raise ValueError(f"randint(): expected low < high, got low={low}, high={high}")
+    dtype = _dt.as_dtype(dtype or _dt.int64)
+    if requires_grad and not dtype.is_floating_point:
+        raise TypeError(f"randint(): only floating-point tensors can require gradients, not {dtype.name}")
+    n = math.prod(size)
+    offset = (_uniform64(n, generator or default_generator, device) * (high - low)).to(_dt.int64)
+    out = (offset.clamp(max=high - low - 1) + low).to(dtype).reshape(size)
+    return _leaf(out, requires_grad)
+
+
+def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A random permutation of 0 .. n - 1 (the order that sorts n random keys)."""
+    if n < 0:
+        raise ValueError(f"randperm(): n must be non-negative, got {n}")
+    keys = _uniform64(n, generator or default_generator, device)
+    out = keys.argsort() if n else _new((0,), _dt.int64, device)
+    return _leaf(out.to(_dt.as_dtype(dtype or _dt.int64)), requires_grad)
+
+
+def _from_host(values: np.ndarray, dtype, device, requires_grad: bool) -> Tensor:
+    """A tensor of values computed in float64 on the host (linspace, logspace, eye)."""
+    return tensor(values, dtype=_dt.as_dtype(dtype or _dt.float32), device=device, requires_grad=requires_grad)
+
+
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    if steps < 0:
+        raise ValueError(f"linspace(): steps must be non-negative, got {steps}")
+    # from both ends toward the middle, as PyTorch, so that end is exact
+    i = np.arange(steps, dtype=np.float64)
+    step = (end - start) / (steps - 1) if steps > 1 else 0.0
+    values = np.where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
+    return _from_host(values, dtype, device, requires_grad)
+
+
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None,
+             requires_grad: bool = False) -> Tensor:
+    return _from_host(np.power(float(base), linspace(start, end, steps, dtype=_dt.float64).numpy()), dtype,
+                      device, requires_grad)
+
+
+def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _from_host(np.eye(n, n if m is None else m), dtype, device, requires_grad)
 
 
 def _random(size, dtype, device, fill) -> Tensor:

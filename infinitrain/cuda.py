@@ -1,5 +1,5 @@
 """CUDA devices with PyTorch's torch.cuda names: is_available(), device_count(), synchronize(),
-memory_stats(), Stream and Event, `with infinitrain.cuda.stream(s):`.
+memory_stats(), manual_seed(), get_device_name(), Stream and Event, `with infinitrain.cuda.stream(s):`.
 
 Importing infinitrain needs no GPU, driver or CUDA library: without them is_available() is
 False and a CUDA tensor raises NoCudaError saying what is missing (build_info() too)."""
@@ -9,8 +9,9 @@ import threading
 from contextlib import contextmanager
 
 from . import runtime
-from ._native import check, ffi, lib
+from ._native import NoCudaError, check, ffi, lib
 from .device import as_device
+from .random import default_generator
 
 
 def device_count() -> int:
@@ -28,6 +29,45 @@ def _cuda(device):
     if d.type != "cuda":
         raise ValueError(f"expected a CUDA device, got {d}")
     return d
+
+
+def current_device() -> int:
+    return 0
+
+
+def is_bf16_supported() -> bool:
+    """Whether bfloat16 CUDA tensors can be used: on every CUDA device infinitrain runs on."""
+    return is_available()
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the generator that CUDA tensors draw from. That is the default generator, which
+    serves every device here (its numbers do not depend on the device), so this is
+    infinitrain.manual_seed: a program seeding both with one seed gets PyTorch's behaviour."""
+    default_generator.manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    manual_seed(seed)
+
+
+def seed_all() -> None:
+    import random
+    manual_seed(random.getrandbits(63))
+
+
+def get_device_name(device=None) -> str:
+    """The GPU's name as the CUDA driver gives it ("NVIDIA H100 80GB HBM3")."""
+    import ctypes
+    index = _cuda(device).index
+    if index >= device_count():
+        raise NoCudaError(f"get_device_name: no CUDA device {index} ({device_count()} available)")
+    driver = ctypes.CDLL("libcuda.so.1")
+    handle, name = ctypes.c_int(), ctypes.create_string_buffer(256)
+    if driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(handle), index) or \
+            driver.cuDeviceGetName(name, len(name), handle):
+        raise NoCudaError(f"get_device_name: the CUDA driver could not name device {index}")
+    return name.value.decode()
 
 
 def synchronize(device=None) -> None:

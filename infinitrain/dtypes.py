@@ -1,6 +1,8 @@
 """Tensor element types, named as in PyTorch (infinitrain.float32, infinitrain.bfloat16, ...)."""
 from __future__ import annotations
 
+import builtins
+
 import ml_dtypes
 import numpy as np
 
@@ -88,9 +90,61 @@ def result_type_scalar(t: dtype, value) -> dtype:
     """The dtype of `tensor op python_number`: the tensor's, unless the number is of a higher
     kind (a float with an integer or bool tensor gives float32, an int with a bool gives
     int64), as PyTorch does."""
-    import builtins
     if isinstance(value, builtins.bool):
         return t
     if isinstance(value, builtins.float) or (isinstance(value, np.floating)):
         return t if t.is_floating_point else float32
     return int64 if t is bool else t
+
+
+def get_default_dtype() -> dtype:
+    """The dtype of new floating-point tensors: float32, the one infinitrain supports."""
+    return float32
+
+
+def set_default_dtype(d) -> None:
+    """Accepts float32 (the default already); another default is refused (PyTorch allows the
+    other floating types, which infinitrain does not support as a default)."""
+    d = as_dtype(d)
+    if not d.is_floating_point:
+        raise TypeError(f"only floating-point types are supported as the default type, got {d}")
+    if d is not float32:
+        raise NotImplementedError(f"set_default_dtype({d}): infinitrain's default dtype is float32 only; "
+                                  "pass dtype= to the factories or call .to() instead")
+
+
+class finfo:
+    """Machine limits of a floating-point dtype, as torch.finfo: bits, eps, max, min, tiny
+    (= smallest_normal), resolution, dtype (its name)."""
+
+    def __init__(self, type=None):  # noqa: A002
+        d = get_default_dtype() if type is None else as_dtype(type)
+        if not d.is_floating_point:
+            raise TypeError(f"finfo() needs a floating-point dtype, got {d}; use iinfo() for integers")
+        info = ml_dtypes.finfo(d.numpy)
+        self.bits = d.itemsize * 8
+        self.eps, self.max, self.min = builtins.float(info.eps), builtins.float(info.max), builtins.float(info.min)
+        self.tiny = self.smallest_normal = builtins.float(info.smallest_normal)
+        self.resolution = 10.0 ** -info.precision
+        self.dtype = d.name
+
+    def __repr__(self) -> str:
+        return (f"finfo(resolution={self.resolution}, min={self.min:g}, max={self.max:g}, eps={self.eps:g}, "
+                f"smallest_normal={self.tiny:g}, tiny={self.tiny:g}, dtype={self.dtype})")
+
+
+class iinfo:
+    """Limits of an integer dtype, as torch.iinfo: bits, max, min, dtype (its name)."""
+
+    def __init__(self, type):  # noqa: A002
+        d = as_dtype(type)
+        if d.is_floating_point or d is bool:
+            raise TypeError(f"iinfo() needs an integer dtype, got {d}; use finfo() for floating point")
+        info = np.iinfo(d.numpy)
+        self.bits = d.itemsize * 8
+        self.max, self.min = builtins.int(info.max), builtins.int(info.min)
+        self.dtype = d.name
+
+    def __repr__(self) -> str:
+        return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype})"
+

@@ -20,6 +20,7 @@ from . import dtypes as _dt
 from ._native import check, ffi, int64_array, lib
 from .device import CPU
 from .device import device as Device
+from .size import Size
 from .storage import Storage
 
 
@@ -74,7 +75,7 @@ class Tensor:
         t._hooks = None
         t._post_acc_hooks = None
         t._storage = storage
-        t._shape = tuple(shape)
+        t._shape = Size(shape)
         t._strides = tuple(strides)
         t._offset = offset
         t.dtype = dtype

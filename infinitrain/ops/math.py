@@ -375,16 +375,33 @@ def rdiv(a, s):
     return RDiv.apply(*_floats(a, s))
 
 
+def _integer_pow(a: Tensor, b) -> Tensor:
+    """An integer tensor to a non-negative integer power stays an integer tensor (PyTorch's):
+    computed in float64, so exactly while the result is below 2^53."""
+    wide = convert(a, _dt.float64)
+    out = ew.pow(wide, convert(b, _dt.float64) if isinstance(b, Tensor) else b)
+    return convert(out, a.dtype)
+
+
 def pow(a, b):  # noqa: A001
     if not isinstance(b, Tensor):
         a, b = _arith(a, b)
         if not a.dtype.is_floating_point and (isinstance(b, float) or b < 0):
             a = cast(a, _dt.float32)
+        if not a.dtype.is_floating_point:
+            return _integer_pow(a, b)
         return PowScalar.apply(a, b)
+    if not a.dtype.is_floating_point and not b.dtype.is_floating_point:
+        a, b = _arith(a, b)
+        return _integer_pow(a, b)
     return Pow.apply(*_floats(a, b))
 
 
 def rpow(a, s):  # s ** a
+    if not a.dtype.is_floating_point and isinstance(scalar_value(s), int):
+        base = _zeros((), _dt.int64 if a.dtype is _dt.bool else a.dtype, a.device)
+        ew.scalar(lib.IT_SCALAR_ADD, base, scalar_value(s), out=base)
+        return _integer_pow(base, cast(a, base.dtype))
     a, s = _floats(a, s)
     base = _zeros((), a.dtype, a.device)
     ew.scalar(lib.IT_SCALAR_ADD, base, s, out=base)

@@ -19,6 +19,17 @@ class Reshape(Function):  # view, reshape, flatten, squeeze, unsqueeze
         return g._contiguous_raw()._reshape_raw(ctx.shape), None
 
 
+class View(Function):  # view / reshape of a tensor whose strides allow it (split pieces included)
+    @staticmethod
+    def forward(ctx, x, shape, strides):
+        ctx.shape = x.shape
+        return x._view(shape, strides)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g._contiguous_raw()._reshape_raw(ctx.shape), None, None
+
+
 class Permute(Function):  # transpose, permute, t
     @staticmethod
     def forward(ctx, x, dims):

@@ -48,6 +48,8 @@ class ComparisonMethods:
     def ge(self, other):
         return self >= other
 
+    greater, greater_equal, less, less_equal, not_equal = gt, ge, lt, le, ne
+
     def __and__(self, other):
         return _logical(self, other, lib.IT_MINIMUM)
 

@@ -1,7 +1,7 @@
 """Tensor methods that copy or convert: contiguous, clone, deepcopy, pinned memory (pin_memory,
-is_pinned), to() and its dtype and device shorthands (type, float, double, bfloat16, half, long,
+is_pinned), to() and its dtype and device shorthands (type, type_as, float, double, bfloat16, half, long,
 int, bool, cpu), is_floating_point, the DLPack protocol (__dlpack__, __dlpack_device__),
-new_zeros / new_ones / new_tensor; and `to_arguments`, the reading of to()'s arguments that
+new_zeros / new_ones / new_tensor, __format__; and `to_arguments`, the reading of to()'s arguments that
 Tensor.to and Module.to share."""
 from __future__ import annotations
 
@@ -65,6 +65,15 @@ class ConversionMethods:
 
     def type(self, dtype) -> Tensor:
         return self.to(dtype)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        return self.to(other.dtype)
+
+    def __format__(self, format_spec: str) -> str:
+        """f"{loss:.4f}": a 0-d tensor formats as its number; others only with an empty spec (PyTorch's)."""
+        if self.ndim == 0:
+            return format(self.item(), format_spec)
+        return object.__format__(self, format_spec)
 
     def float(self) -> Tensor:
         return self.to(_dt.float32)

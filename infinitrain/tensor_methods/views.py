@@ -2,7 +2,8 @@
 mT, unsqueeze, squeeze, expand, expand_as, narrow, split, chunk, unbind, select, iteration,
 x[key] and x[key] = v (PyTorch's advanced indexing with one index tensor, list or bool mask
 included), index_select, gather, and those built by index_select and reshape: flip, roll,
-repeat, nonzero."""
+repeat, repeat_interleave, nonzero. view() and reshape() give a view wherever the strides allow one
+(PyTorch's rule, _view_strides), so a piece of split() can be viewed."""
 from __future__ import annotations
 
 import builtins
@@ -11,7 +12,7 @@ from .. import dtypes as _dt
 from ..kernels import memory
 from ..ops import index as _idx
 from ..ops import shape as _shape
-from ..tensor import Tensor, _wrap_dim
+from ..tensor import Tensor, _contiguous_strides, _wrap_dim
 
 
 def _values_per_row(value, n: int, row_shape: tuple) -> str:
@@ -70,19 +71,60 @@ def _positions(values, device) -> Tensor:
     return tensor(list(values), dtype=_dt.int64, device=device)
 
 
+def _view_strides(shape: tuple, strides: tuple, new_shape: tuple):
+    """Strides that read a tensor of (shape, strides) in the new shape without a copy, or None
+    when there are none (PyTorch's rule): the old dims are cut into runs in which each dim steps
+    over exactly the next one (a run is one block of memory, read in order), and the new dims must
+    tile each run in turn; size-1 dims fit anywhere."""
+    if math.prod(shape) == 0 or not shape:
+        return _contiguous_strides(new_shape)
+    out = [0] * len(new_shape)
+    j = len(new_shape) - 1
+    base, run, tiled = strides[-1], 1, 1  # the run's innermost stride, its size, what the new dims cover
+    for i in range(len(shape) - 1, -1, -1):
+        run *= shape[i]
+        if i > 0 and (shape[i - 1] == 1 or strides[i - 1] == run * base):
+            continue  # the run goes on through dim i - 1
+        while j >= 0 and (tiled < run or new_shape[j] == 1):
+            out[j] = tiled * base
+            tiled *= new_shape[j]
+            j -= 1
+        if tiled != run:
+            return None
+        if i > 0:
+            base, run, tiled = strides[i - 1], 1, 1
+    return tuple(out) if j == -1 else None
+
+
+def _as_view(t: Tensor, shape: tuple, strides: tuple) -> Tensor:
+    return _shape.View.apply(t, shape, strides) if t._tracks() else t._view(shape, strides)
+
+
 class ViewMethods:
     def view(self, *shape) -> Tensor:
+        if len(shape) == 1 and isinstance(shape[0], _dt.dtype):
+            raise NotImplementedError("view(dtype) (reinterpreting the bytes) is not supported; use .to(dtype)")
         shape = self._infer_shape(shape)
-        if not self.is_contiguous():
-            raise ValueError(f"view(): a tensor with shape {self._shape} and strides "
-                             f"{self._strides} is not contiguous; use reshape() or "
-                             ".contiguous().view()")
-        return _shape.Reshape.apply(self, shape) if self._tracks() else self._reshape_raw(shape)
+        strides = _view_strides(self._shape, self._strides, shape)
+        if strides is None:
+            raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
+                               "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
+        return _as_view(self, shape, strides)
+
+    def view_as(self, other: Tensor) -> Tensor:
+        return self.view(other.shape)
 
     def reshape(self, *shape) -> Tensor:
+        """A view where the strides allow one (as view()), else a copy."""
         shape = self._infer_shape(shape)
-        t = self if self.is_contiguous() else self.contiguous()
+        strides = _view_strides(self._shape, self._strides, shape)
+        if strides is not None:
+            return _as_view(self, shape, strides)
+        t = self.contiguous()
         return _shape.Reshape.apply(t, shape) if t._tracks() else t._reshape_raw(shape)
+
+    def reshape_as(self, other: Tensor) -> Tensor:
+        return self.reshape(other.shape)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         if self.ndim == 0:
@@ -103,6 +145,33 @@ class ViewMethods:
         dims = list(range(self.ndim))
         dims[d0], dims[d1] = dims[d1], dims[d0]
         return self.permute(dims)
+
+    swapaxes = swapdims = transpose
+
+    def movedim(self, source, destination) -> Tensor:
+        source = (source,) if isinstance(source, int) else tuple(source)
+        destination = (destination,) if isinstance(destination, int) else tuple(destination)
+        if len(source) != len(destination):
+            raise ValueError(f"movedim: {len(source)} source dims for {len(destination)} destinations")
+        src = [_wrap_dim(d, self.ndim) for d in source]
+        dst = [_wrap_dim(d, self.ndim) for d in destination]
+        rest = iter(d for d in range(self.ndim) if d not in src)
+        order = [None] * self.ndim
+        for s_, d_ in zip(src, dst):
+            order[d_] = s_
+        return self.permute([next(rest) if o is None else o for o in order])
+
+    moveaxis = movedim
+
+    def ravel(self) -> Tensor:
+        return self.reshape(-1)
+
+    def unflatten(self, dim: int, sizes) -> Tensor:
+        d = _wrap_dim(dim, self.ndim)
+        return self.reshape(self._shape[:d] + tuple(sizes) + self._shape[d + 1:])
+
+    def broadcast_to(self, size) -> Tensor:
+        return self.expand(size)
 
     def t(self) -> Tensor:
         if self.ndim > 2:
@@ -249,6 +318,16 @@ class ViewMethods:
                 out = out.index_select(d, _positions([(i - shift) % n for i in range(n)], self.device))
         return out
 
+    def fliplr(self):
+        return self.flip(1)
+
+    def flipud(self):
+        return self.flip(0)
+
+    def tile(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        return self.repeat((1,) * (self.ndim - len(dims)) + tuple(dims))
+
     def repeat(self, *sizes):
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
         if len(sizes) < self.ndim:
@@ -259,6 +338,32 @@ class ViewMethods:
             inter += [r, n]
         expanded = x.reshape(tuple(v for n in x.shape for v in (1, n))).expand(*inter)
         return expanded.reshape(tuple(r * n for r, n in zip(sizes, x.shape)))
+
+    def repeat_interleave(self, repeats, dim=None, *, output_size=None):
+        """Each element (each slice along dim) repeated `repeats` times in place, an int or one
+        count per element; dim None repeats the flattened tensor. Differentiable (index_select)."""
+        import numpy as np
+        from ..creation import tensor
+        x = self.reshape(-1) if dim is None else self
+        d = 0 if dim is None else _wrap_dim(dim, x.ndim)
+        n = x.shape[d] if x.ndim else 1
+        if isinstance(repeats, Tensor):
+            if repeats.dtype.is_floating_point or repeats.ndim > 1:
+                raise TypeError("repeat_interleave: repeats must be an int or a 0-d or 1-D integer tensor, "
+                                f"got a {repeats.dtype.name} tensor of shape {tuple(repeats.shape)}")
+            counts = np.asarray(repeats.tolist(), dtype=np.int64).reshape(-1)
+            if counts.size not in (1, n):
+                raise ValueError(f"repeat_interleave: {counts.size} repeats for a dimension of size {n}")
+        else:
+            counts = np.asarray([int(repeats)], dtype=np.int64)
+        if (counts < 0).any():
+            raise ValueError("repeat_interleave: repeats must be non-negative")
+        index = np.repeat(np.arange(n), counts if counts.size == n else counts[0])
+        if output_size is not None and output_size != index.size:
+            raise ValueError(f"repeat_interleave: output_size={output_size} but the repeats give {index.size}")
+        if x.ndim == 0:
+            x = x.reshape(1)
+        return x.index_select(d, tensor(index, dtype=_dt.int64, device=self.device))
 
     def nonzero(self, *, as_tuple: builtins.bool = False):
         """The indices of the non-zero elements, [n, ndim] int64 (read on the host)."""
