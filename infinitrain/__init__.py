@@ -47,6 +47,7 @@ from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler belo
 from .serialization import load, save
 from . import multiprocessing, utils  # noqa: F401  (it.multiprocessing, it.utils.data, it.utils.checkpoint)
 from . import functions as _functions
+from .cuda import amp as _cuda_amp  # noqa: F401  (torch.cuda.amp: torch.amp's older spelling, above optim)
 # amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
 amp.GradScaler = GradScaler
 

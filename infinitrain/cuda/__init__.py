@@ -8,10 +8,10 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
-from . import runtime
-from ._native import NoCudaError, check, ffi, lib
-from .device import as_device
-from .random import default_generator
+from .. import runtime
+from .._native import NoCudaError, check, ffi, lib
+from ..device import as_device
+from ..random import default_generator
 
 
 def device_count() -> int:
