@@ -4,6 +4,10 @@ from .module import Module
 from .modules import (GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, ModuleDict,
                       ModuleList, MSELoss, ReLU, RMSNorm, Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .parameter import Parameter
+from .conv import Conv1d, Conv2d
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm
+from .flatten import Flatten, Unflatten
 from .transformer import (MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer,
                           TransformerEncoder, TransformerEncoderLayer)
 
@@ -12,4 +16,8 @@ __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "RMSNorm",
            "Sequential",
            "ModuleList", "ModuleDict", "MultiheadAttention", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
-           "functional", "init", "utils"]
+           "functional", "init", "utils",
+           "Conv1d", "Conv2d",
+           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+           "BatchNorm1d", "BatchNorm2d", "GroupNorm",
+           "Flatten", "Unflatten"]
