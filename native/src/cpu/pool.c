@@ -39,7 +39,7 @@ static it_status check_pool(const char *fn, it_device device, it_dtype dtype, co
         IT_CHECK_ARG(positive[i] > 0 && positive[i] <= IT_MAX_ELEMENTS,
                      "%s: %s must be in [1, 2^58], got %lld", fn, names[i], (long long)positive[i]);
     IT_CHECK_FLAG(p->ceil_mode, fn);
-    IT_CHECK_ARG(p->pad_h >= 0 && p->pad_w >= 0 && 2 * p->pad_h <= p->kernel_h && 2 * p->pad_w <= p->kernel_w,
+    IT_CHECK_ARG(p->pad_h >= 0 && p->pad_w >= 0 && p->pad_h <= p->kernel_h / 2 && p->pad_w <= p->kernel_w / 2,
                  "%s: padding (%lld, %lld) must be >= 0 and at most half the kernel (%lld, %lld)", fn,
                  (long long)p->pad_h, (long long)p->pad_w, (long long)p->kernel_h, (long long)p->kernel_w);
     IT_CHECK_ARG(!average || (p->dilation_h == 1 && p->dilation_w == 1),
