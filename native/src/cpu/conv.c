@@ -8,6 +8,7 @@
 #include "common.h"
 
 #define COL_BUDGET ((int64_t)1 << 23) /* floats of scratch per block (32 MB) */
+#define SKINNY ((int64_t)1 << 16)     /* a weight gradient with fewer outputs runs sgemm on one thread */
 
 typedef struct conv_dims {
     int64_t N, C, H, W, Co, kh, kw, sh, sw, ph, pw, dh, dw, G;
@@ -206,8 +207,12 @@ it_status it_conv2d_backward(it_device device, it_dtype dtype, void *dinp, void 
             gather_group(grad, (const float *)dout, &d, n0, nb, g);
             if (dweight) { /* dW[g] += dout[g] [Cog, width] @ col^T [width, K] */
                 im2col(col, (const float *)inp, &d, n0, nb, g);
+                /* few outputs over a long sum: OpenBLAS's threads only wait on each other there
+                 * (64 x 64 over 8192 took 8 ms on one thread, 800 ms on two of a busy machine) */
+                int threads = d.Cog * d.K < SKINNY ? it_blas_set_threads_local(1) : 0;
                 it_sgemm(0, 1, d.Cog, d.K, width, 1.0f, grad, width, col, width, 1.0f,
                          (float *)dweight + g * d.Cog * d.K, d.K);
+                if (threads > 1) it_blas_set_threads_local(threads);
             }
             if (dinp) { /* dcol = W[g]^T [K, Cog] @ dout[g] [Cog, width], then back to pixels */
                 it_sgemm(1, 0, d.K, width, d.Cog, 1.0f, (const float *)weight + g * d.Cog * d.K, d.K, grad,
