@@ -42,17 +42,20 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
     x, unbatched = _batched("conv2d", input, 2)
     x, weight, bias = amp.full(x, weight, bias)
     stride, dilation = _tuple(stride, 2, "stride"), _tuple(dilation, 2, "dilation")
+    crop = (0, 0)
     if isinstance(padding, str):
         if padding not in ("same", "valid"):
             raise ValueError(f"conv2d: padding must be 'same', 'valid', an int or a tuple, got {padding!r}")
         pads = [(0, 0), (0, 0)] if padding == "valid" else \
             _same_padding("conv2d", tuple(weight.shape[2:]), stride, dilation)
-        if any(a != b for a, b in pads):  # an even kernel: the extra row/column after, by explicit zeros
-            from .functional import pad
-            x = pad(x, (0, pads[1][1] - pads[1][0], 0, pads[0][1] - pads[0][0]))
-        padding = (pads[0][0], pads[1][0])
+        # an even kernel pads one more after than before: both sides by the larger amount, and
+        # the output's first row/column (one padded position too early) dropped
+        padding, crop = tuple(b for _, b in pads), tuple(b - a for a, b in pads)
     padding = _tuple(padding, 2, "padding")
     out = _conv.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    for dim, extra in ((2, crop[0]), (3, crop[1])):
+        if extra:
+            out = out.narrow(dim, extra, x.shape[dim])
     return out.squeeze(0) if unbatched else out
 
 
