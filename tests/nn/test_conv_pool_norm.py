@@ -34,7 +34,7 @@ def _check_grads(ours_out, theirs_out, ours_in, theirs_in, rng):
 
 @pytest.mark.parametrize("stride,padding,dilation,groups", [
     (1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), ((2, 1), (1, 0), (1, 2), 2), (1, "same", 1, 3), (1, "same", 2, 1),
-    (2, "valid", 1, 6)])
+    (2, "valid", 1, 6), ((1, 2), 2, (2, 1), 6), (1, "same", 1, 6)])
 def test_conv2d_values_and_gradients_equal_pytorchs(rng, stride, padding, dilation, groups):
     cin, cout = 6, 6 if groups != 3 else 9
     (x, w, b), (tx, tw, tb) = _both(rng, (2, cin, 7, 6), (cout, cin // groups, 3, 2), (cout,))

@@ -1,4 +1,4 @@
-/* 2-D convolution as im2col + sgemm. The columns of several samples are laid side by side
+/* 2-D convolution as im2col + sgemm (depthwise layers: direct loops over the taps). The columns of several samples are laid side by side
  * (a block of `nb` samples, as many as fit a scratch budget), so that each group's product is
  * one large sgemm: out[g] [Cout/G, nb*L] = W[g] [Cout/G, K] @ col [K, nb*L], where K = Cin/G *
  * kh * kw and L = out_h * out_w. The weight gradient accumulates over the blocks in batch
@@ -145,6 +145,86 @@ static void scatter_group(float *dst, const float *src, const float *bias, const
         }
 }
 
+/* ---- depthwise (one input and one output channel per group) -------------------------------- */
+/* Here each group's product is [1, 9] @ [9, L]: sgemm's call and the column copy cost more than
+ * the arithmetic, so the taps run directly over each (sample, channel) plane. */
+static int depthwise(const conv_dims *d) { return d->Cg == 1 && d->Cog == 1; }
+
+/* For tap (ki, kj): the outputs [o0, o1) along one side whose input i = o s - pad + k dil is in [0, in). */
+static void tap_range(int64_t k, int64_t s, int64_t pad, int64_t dil, int64_t in, int64_t out, int64_t *o0,
+                      int64_t *o1) {
+    int64_t off = k * dil - pad;  /* i = o s + off */
+    int64_t lo = off >= 0 ? 0 : (-off + s - 1) / s, hi = in - off <= 0 ? 0 : (in - off - 1) / s + 1;
+    *o0 = lo;
+    *o1 = hi < out ? hi : out;
+}
+
+static void depthwise_forward(float *out, const float *x, const float *w, const float *bias, const conv_dims *d) {
+#pragma omp parallel for schedule(static) if (d->N * d->C * d->L > 32768)
+    for (int64_t p = 0; p < d->N * d->C; p++) {
+        int64_t c = p % d->C;
+        const float *plane = x + p * d->H * d->W, *taps = w + c * d->kh * d->kw;
+        float *y = out + p * d->L;
+        for (int64_t l = 0; l < d->L; l++) y[l] = bias ? bias[c] : 0.0f;
+        for (int64_t ki = 0; ki < d->kh; ki++)
+            for (int64_t kj = 0; kj < d->kw; kj++) {
+                int64_t y0, y1, x0, x1;
+                tap_range(ki, d->sh, d->ph, d->dh, d->H, d->OH, &y0, &y1);
+                tap_range(kj, d->sw, d->pw, d->dw, d->W, d->OW, &x0, &x1);
+                float t = taps[ki * d->kw + kj];
+                for (int64_t oy = y0; oy < y1; oy++) {
+                    const float *row = plane + (oy * d->sh - d->ph + ki * d->dh) * d->W - d->pw + kj * d->dw;
+                    for (int64_t ox = x0; ox < x1; ox++) y[oy * d->OW + ox] += t * row[ox * d->sw];
+                }
+            }
+    }
+}
+
+/* dx per (sample, channel) plane; dw per channel, samples in order */
+static void depthwise_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                               const conv_dims *d) {
+    if (dx) {
+#pragma omp parallel for schedule(static) if (d->N * d->C * d->L > 32768)
+        for (int64_t p = 0; p < d->N * d->C; p++) {
+            const float *g = dout + p * d->L, *taps = w + p % d->C * d->kh * d->kw;
+            float *plane = dx + p * d->H * d->W;
+            memset(plane, 0, (size_t)(d->H * d->W) * sizeof(float));
+            for (int64_t ki = 0; ki < d->kh; ki++)
+                for (int64_t kj = 0; kj < d->kw; kj++) {
+                    int64_t y0, y1, x0, x1;
+                    tap_range(ki, d->sh, d->ph, d->dh, d->H, d->OH, &y0, &y1);
+                    tap_range(kj, d->sw, d->pw, d->dw, d->W, d->OW, &x0, &x1);
+                    float t = taps[ki * d->kw + kj];
+                    for (int64_t oy = y0; oy < y1; oy++) {
+                        float *row = plane + (oy * d->sh - d->ph + ki * d->dh) * d->W - d->pw + kj * d->dw;
+                        for (int64_t ox = x0; ox < x1; ox++) row[ox * d->sw] += t * g[oy * d->OW + ox];
+                    }
+                }
+        }
+    }
+    if (dw) {
+#pragma omp parallel for schedule(static) if (d->N * d->C * d->L > 32768)
+        for (int64_t c = 0; c < d->C; c++)
+            for (int64_t ki = 0; ki < d->kh; ki++)
+                for (int64_t kj = 0; kj < d->kw; kj++) {
+                    int64_t y0, y1, x0, x1;
+                    tap_range(ki, d->sh, d->ph, d->dh, d->H, d->OH, &y0, &y1);
+                    tap_range(kj, d->sw, d->pw, d->dw, d->W, d->OW, &x0, &x1);
+                    double s = 0.0;
+                    for (int64_t n = 0; n < d->N; n++) {
+                        const float *g = dout + (n * d->C + c) * d->L, *plane = x + (n * d->C + c) * d->H * d->W;
+                        float part = 0.0f;
+                        for (int64_t oy = y0; oy < y1; oy++) {
+                            const float *row = plane + (oy * d->sh - d->ph + ki * d->dh) * d->W - d->pw + kj * d->dw;
+                            for (int64_t ox = x0; ox < x1; ox++) part += g[oy * d->OW + ox] * row[ox * d->sw];
+                        }
+                        s += part;
+                    }
+                    dw[(c * d->kh + ki) * d->kw + kj] = (float)s;
+                }
+    }
+}
+
 it_status it_conv2d_forward(it_device device, it_dtype dtype, void *out, const void *inp,
                             const void *weight, const void *bias, const it_conv2d_params *params) {
     const char *fn = "it_conv2d_forward";
@@ -154,6 +234,10 @@ it_status it_conv2d_forward(it_device device, it_dtype dtype, void *out, const v
     IT_CHECK_NO_ALIAS(out, inp, fn);
     IT_DISPATCH(conv2d_forward, device, dtype, out, inp, weight, bias, params);
     conv_dims d = dims_of(params);
+    if (depthwise(&d)) {
+        depthwise_forward((float *)out, (const float *)inp, (const float *)weight, (const float *)bias, &d);
+        return IT_OK;
+    }
     int64_t nb_max = block_samples(&d);
     float *col = (float *)it_scratch_alloc((size_t)((d.K + d.Cog) * nb_max * d.L) * sizeof(float));
     IT_REQUIRE(col, IT_ERR_OUT_OF_MEMORY, "%s: out of memory for the im2col columns", fn);
@@ -197,6 +281,11 @@ it_status it_conv2d_backward(it_device device, it_dtype dtype, void *dinp, void 
         if (d.N) bias_grad((float *)dbias, (const float *)dout, &d);
     }
     if (d.N == 0 || (!dinp && !dweight)) return IT_OK;
+    if (depthwise(&d)) {
+        depthwise_backward((float *)dinp, (float *)dweight, (const float *)dout, (const float *)inp,
+                           (const float *)weight, &d);
+        return IT_OK;
+    }
     int64_t nb_max = block_samples(&d);
     float *col = (float *)it_scratch_alloc((size_t)((d.K + d.Cog) * nb_max * d.L) * sizeof(float));
     IT_REQUIRE(col, IT_ERR_OUT_OF_MEMORY, "%s: out of memory for the im2col columns", fn);
