@@ -3,6 +3,7 @@ infinitrain.nn.functional). 1-D convolution is the 2-D one over images of height
 from __future__ import annotations
 
 from .. import amp
+from .. import dtypes as _dt
 from ..ops import conv as _conv
 from ..ops import layers as _nn
 from ..tensor import Tensor
@@ -17,6 +18,17 @@ def _tuple(value, n: int, name: str) -> tuple:
     if len(value) != n or not all(isinstance(v, int) for v in value):
         raise ValueError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
     return value
+
+
+def _widened(*tensors):
+    """16-bit tensors in float32 for the kernels (float32 only; PyTorch's 16-bit CPU kernels
+    accumulate in float32 too), and the dtype to round the result back to."""
+    wide = tuple(t.float() if t is not None and t.dtype in (_dt.bfloat16, _dt.float16) else t for t in tensors)
+    return wide, tensors[0].dtype
+
+
+def _narrowed(out, dtype):
+    return out if out.dtype is dtype else out.to(dtype)
 
 
 def _batched(op: str, x: Tensor, dims: int):
@@ -40,7 +52,7 @@ def _same_padding(op: str, kernel: tuple, stride: tuple, dilation: tuple):
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
            groups: int = 1) -> Tensor:
     x, unbatched = _batched("conv2d", input, 2)
-    x, weight, bias = amp.full(x, weight, bias)
+    (x, weight, bias), dtype = _widened(*amp.lower(x, weight, bias))
     stride, dilation = _tuple(stride, 2, "stride"), _tuple(dilation, 2, "dilation")
     crop = (0, 0)
     if isinstance(padding, str):
@@ -56,6 +68,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
     for dim, extra in ((2, crop[0]), (3, crop[1])):
         if extra:
             out = out.narrow(dim, extra, x.shape[dim])
+    out = _narrowed(out, dtype)
     return out.squeeze(0) if unbatched else out
 
 
@@ -83,7 +96,9 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, c
                return_indices: bool = False):
     x, unbatched = _batched("max_pool2d", input, 2)
     kernel, stride, padding = _pool_args(kernel_size, stride, padding)
+    (x,), dtype = _widened(x)
     out = _conv.max_pool2d(x, kernel, stride, padding, _tuple(dilation, 2, "dilation"), ceil_mode, return_indices)
+    out = (_narrowed(out[0], dtype), out[1]) if return_indices else _narrowed(out, dtype)
     if unbatched:
         return tuple(t.squeeze(0) for t in out) if return_indices else out.squeeze(0)
     return out
@@ -96,7 +111,8 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
                                   "(avg_pool2d(x, k, count_include_pad=True) * k*k / divisor)")
     x, unbatched = _batched("avg_pool2d", input, 2)
     kernel, stride, padding = _pool_args(kernel_size, stride, padding)
-    out = _conv.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad)
+    (x,), dtype = _widened(x)
+    out = _narrowed(_conv.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad), dtype)
     return out.squeeze(0) if unbatched else out
 
 
@@ -108,7 +124,8 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     size = tuple(x.shape[2 + i] if s is None else s for i, s in enumerate(size))
     if any(not isinstance(s, int) or s < 1 for s in size):
         raise ValueError(f"adaptive_avg_pool2d: output_size must be positive, got {output_size!r}")
-    out = _conv.adaptive_avg_pool2d(x, size)
+    (x,), dtype = _widened(x)
+    out = _narrowed(_conv.adaptive_avg_pool2d(x, size), dtype)
     return out.squeeze(0) if unbatched else out
 
 
@@ -119,9 +136,9 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
     if weight is None and bias is not None:  # the kernel takes a bias only with a weight
         from ..creation import ones
         weight = ones(input.shape[1], dtype=bias.dtype, device=bias.device)
-    x, weight, bias = amp.full(input, weight, bias)
-    return _conv.batch_norm(x, weight, bias, running_mean, running_var, training,
-                            0.0 if momentum is None else momentum, eps)
+    (x, weight, bias), dtype = _widened(*amp.full(input, weight, bias))
+    return _narrowed(_conv.batch_norm(x, weight, bias, running_mean, running_var, training,
+                                      0.0 if momentum is None else momentum, eps), dtype)
 
 
 def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:

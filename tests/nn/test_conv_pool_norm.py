@@ -147,8 +147,8 @@ def test_layers_build_as_pytorchs_and_refuse_what_they_do_not_support(rng):
         nn.Conv2d(3, 3, 3, stride=2, padding="same")
     with pytest.raises(ValueError, match="groups"):
         nn.Conv2d(3, 4, 3, groups=2)
-    with pytest.raises(NotImplementedError, match="float32"):
-        F.conv2d(it.ones(1, 1, 3, 3, dtype=it.bfloat16), it.ones(1, 1, 1, 1, dtype=it.bfloat16))
+    with pytest.raises(NotImplementedError, match="running_mean is bfloat16"):
+        nn.BatchNorm2d(2, dtype=it.bfloat16)(it.ones(2, 2, 3, 3, dtype=it.bfloat16))
     with pytest.raises(ValueError, match="smaller than the dilated kernel"):
         F.conv2d(it.ones(1, 1, 3, 3), it.ones(1, 1, 5, 5))
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.AvgPool2d(1),
@@ -160,3 +160,22 @@ def test_layers_build_as_pytorchs_and_refuse_what_they_do_not_support(rng):
     theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in model.state_dict().items()})
     a = rng.standard_normal((2, 1, 10, 10)).astype(np.float32)
     np.testing.assert_allclose(model(it.tensor(a)).detach().numpy(), theirs(torch.tensor(a)).detach().numpy(), **TOL)
+
+
+def test_bfloat16_layers_compute_in_float32_and_round_as_pytorch(rng):
+    """The kernels are float32: 16-bit inputs are widened and the result rounded back, as
+    PyTorch's CPU kernels accumulate in float32; gradients come back in bfloat16."""
+    (x, w, b), (tx, tw, tb) = _both(rng, (2, 4, 6, 6), (3, 4, 3, 3), (3,))
+    ours = [t.detach().to(it.bfloat16).requires_grad_() for t in (x, w, b)]
+    theirs = [t.detach().to(torch.bfloat16).requires_grad_() for t in (tx, tw, tb)]
+    for fn, tfn in ((lambda a, c, d: F.max_pool2d(F.conv2d(a, c, d, padding=1), 2),
+                     lambda a, c, d: TF.max_pool2d(TF.conv2d(a, c, d, padding=1), 2)),
+                    (lambda a, c, d: F.adaptive_avg_pool2d(F.avg_pool2d(a, 2), 1),
+                     lambda a, c, d: TF.adaptive_avg_pool2d(TF.avg_pool2d(a, 2), 1))):
+        y, ty = fn(*ours), tfn(*theirs)
+        assert y.dtype is it.bfloat16
+        np.testing.assert_allclose(y.detach().float().numpy(), ty.detach().float().numpy(), rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    ty.float().sum().backward()
+    assert ours[0].grad.dtype is it.bfloat16
+    np.testing.assert_allclose(ours[0].grad.float().numpy(), theirs[0].grad.float().numpy(), rtol=2e-2, atol=1e-3)
