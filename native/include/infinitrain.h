@@ -334,8 +334,8 @@ it_status it_conv2d_backward(it_device device, it_dtype dtype, void *dinp, void 
                              void *dbias, const void *dout, const void *inp, const void *weight,
                              const it_conv2d_params *params);
 /* Pooling over `planes` images [height, width] (batch * channels of an NCHW tensor), windows
- * kernel_h x kernel_w, zero-free padding (padded positions never win a max; an average counts
- * them only with count_include_pad) of at most half the kernel. out_h = (height + 2 pad_h -
+ * kernel_h x kernel_w, padding of at most half the kernel (a padded position never wins a max;
+ * an average counts it in its divisor only with count_include_pad). out_h = (height + 2 pad_h -
  * dilation_h (kernel_h - 1) - 1) / stride_h + 1, rounded up with ceil_mode, less one when the
  * last window would start in the bottom padding (likewise out_w). Average pooling takes no
  * dilation (1). */
