@@ -7,6 +7,10 @@ from .modules import BCELoss, BCEWithLogitsLoss, L1Loss, NLLLoss
 from .modules import ParameterDict, ParameterList
 from .parameter import Parameter
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
+from .conv import Conv1d, Conv2d
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm
+from .flatten import Flatten, Unflatten
 from .transformer import (MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer,
                           TransformerEncoder, TransformerEncoderLayer)
 
@@ -19,3 +23,5 @@ __all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "RMSNorm",
 __all__ += ["ParameterList", "ParameterDict"]
 __all__ += ["NLLLoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss"]
 __all__ += ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
+__all__ += ["Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
+            "GroupNorm", "Flatten", "Unflatten"]

@@ -225,3 +225,7 @@ def pad(input: Tensor, pad: tuple, mode: str = "constant", value: float = 0.0) -
                 parts.append(full(shape, value, dtype=out.dtype, device=out.device))
         out = cat(parts, d) if len(parts) > 1 else out
     return out
+
+
+from .functional_conv import (adaptive_avg_pool2d, avg_pool2d, batch_norm, conv1d, conv2d,  # noqa: E402,F401
+                              group_norm, max_pool2d)

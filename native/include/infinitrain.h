@@ -315,6 +315,74 @@ it_status it_cross_entropy_backward(it_device device, it_dtype dtype, void *dlog
                                     it_dtype target_dtype, const float *dlosses, int64_t rows,
                                     int64_t vocab, int64_t padded_vocab, int64_t ignore_index);
 
+/* ---- convolution, pooling, batch normalisation -------------------------------------- */
+/* Images are NCHW and contiguous; float32 only (other dtypes: IT_ERR_NOT_SUPPORTED). Every
+ * sum over the batch is taken in a fixed order, so results do not depend on the thread count.
+ * A 2-D convolution: input [batch, in_channels, height, width], weight [out_channels,
+ * in_channels / groups, kernel_h, kernel_w], bias [out_channels] (may be NULL), out [batch,
+ * out_channels, out_h, out_w] with out_h = (height + 2 pad_h - dilation_h (kernel_h - 1) - 1)
+ * / stride_h + 1 (floor; likewise out_w), which must be >= 1. Zero padding on both sides. */
+typedef struct it_conv2d_params {
+    int64_t batch, in_channels, height, width;
+    int64_t out_channels, kernel_h, kernel_w;
+    int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups;
+} it_conv2d_params;
+it_status it_conv2d_forward(it_device device, it_dtype dtype, void *out, const void *inp,
+                            const void *weight, const void *bias, const it_conv2d_params *params);
+/* dinp, dweight, dbias (each may be NULL: not wanted) are overwritten. */
+it_status it_conv2d_backward(it_device device, it_dtype dtype, void *dinp, void *dweight,
+                             void *dbias, const void *dout, const void *inp, const void *weight,
+                             const it_conv2d_params *params);
+/* Pooling over `planes` images [height, width] (batch * channels of an NCHW tensor), windows
+ * kernel_h x kernel_w, padding of at most half the kernel (a padded position never wins a max;
+ * an average counts it in its divisor only with count_include_pad). out_h = (height + 2 pad_h -
+ * dilation_h (kernel_h - 1) - 1) / stride_h + 1, rounded up with ceil_mode, less one when the
+ * last window would start in the bottom padding (likewise out_w). Average pooling takes no
+ * dilation (1). */
+typedef struct it_pool2d_params {
+    int64_t planes, height, width;
+    int64_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+    int32_t ceil_mode;
+} it_pool2d_params;
+/* out [planes, out_h, out_w]; indices (int64, same shape) hold the flat position y * width + x
+ * of each maximum within its plane (NaN counts as the maximum). */
+it_status it_max_pool2d_forward(it_device device, it_dtype dtype, void *out, int64_t *indices,
+                                const void *inp, const it_pool2d_params *params);
+/* dinp (overwritten) gets each dout at its index; an index outside the plane is
+ * IT_ERR_INDEX_OUT_OF_RANGE. */
+it_status it_max_pool2d_backward(it_device device, it_dtype dtype, void *dinp, const void *dout,
+                                 const int64_t *indices, const it_pool2d_params *params);
+it_status it_avg_pool2d_forward(it_device device, it_dtype dtype, void *out, const void *inp,
+                                const it_pool2d_params *params, int32_t count_include_pad);
+it_status it_avg_pool2d_backward(it_device device, it_dtype dtype, void *dinp, const void *dout,
+                                 const it_pool2d_params *params, int32_t count_include_pad);
+/* Output cell (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)) and the
+ * columns likewise. */
+it_status it_adaptive_avg_pool2d_forward(it_device device, it_dtype dtype, void *out,
+                                         const void *inp, int64_t planes, int64_t height,
+                                         int64_t width, int64_t out_h, int64_t out_w);
+it_status it_adaptive_avg_pool2d_backward(it_device device, it_dtype dtype, void *dinp,
+                                          const void *dout, int64_t planes, int64_t height,
+                                          int64_t width, int64_t out_h, int64_t out_w);
+/* Batch normalisation of inp [batch, channels, spatial] per channel. training = 1: batch
+ * statistics (biased variance), written to save_mean / save_rstd (float32 [channels]), and
+ * running_mean / running_var (float32 [channels], both NULL or neither) moved towards them by
+ * momentum: r = (1 - momentum) r + momentum * s, with the unbiased variance (needs batch *
+ * spatial > 1). training = 0: the running statistics normalise (and are saved for the backward
+ * pass). weight and bias may be NULL (no affine). */
+it_status it_batchnorm_forward(it_device device, it_dtype dtype, void *out, float *save_mean,
+                               float *save_rstd, float *running_mean, float *running_var,
+                               const void *inp, const void *weight, const void *bias,
+                               int64_t batch, int64_t channels, int64_t spatial,
+                               int32_t training, float momentum, float eps);
+/* dinp, dweight, dbias (each may be NULL) are overwritten; `training` as in the forward pass
+ * (0: the statistics were constants). */
+it_status it_batchnorm_backward(it_device device, it_dtype dtype, void *dinp, void *dweight,
+                                void *dbias, const void *dout, const void *inp,
+                                const void *weight, const float *save_mean,
+                                const float *save_rstd, int64_t batch, int64_t channels,
+                                int64_t spatial, int32_t training);
+
 /* ---- attention and positions ---------------------------------------------------------- */
 /* Scaled-dot-product attention with grouped-query heads.
  * q, out: [B, H, Tq, D]; k, v: [B, H_kv, Tk, D] with H % H_kv == 0 (head h reads kv head

@@ -197,6 +197,46 @@ def test_kernels_against_the_cpu(dtype):
 
 
 @needs_gpu
+def test_convolution_pooling_and_batch_norm_against_the_cpu():
+    """Values and input/weight/bias gradients of the direct CUDA kernels (float32 only) against
+    the CPU's im2col ones, over strides, padding, dilation and groups; the pools' overlapping
+    windows; batch norm's running statistics."""
+    F = nn.functional
+    x, xg = _pair((2, 4, 9, 8), "float32")
+    w, wg = _pair((6, 2, 3, 2), "float32")
+    b, bg = _pair((6,), "float32")
+    g, gg = _pair((2, 6, 5, 8), "float32")
+    for t in (x, xg, w, wg, b, bg):
+        t.requires_grad_()
+    yc, yg = F.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2), \
+        F.conv2d(xg, wg, bg, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    _same(yg, yc)
+    (yc * g).sum().backward()
+    (yg * gg).sum().backward()
+    for ours, cpu in ((xg, x), (wg, w), (bg, b)):
+        _same(ours.grad, cpu.grad)
+    for pool in (lambda t: F.max_pool2d(t, 3, 2, 1, ceil_mode=True), lambda t: F.max_pool2d(t, 2, 1, dilation=2),
+                 lambda t: F.avg_pool2d(t, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+                 lambda t: F.adaptive_avg_pool2d(t, (4, 3))):
+        x.grad = xg.grad = None
+        pc, pg = pool(x), pool(xg)
+        _same(pg, pc)
+        (pc * pc).sum().backward()
+        (pg * pg).sum().backward()
+        _same(xg.grad, x.grad)
+    bn, bng = nn.BatchNorm2d(4), nn.BatchNorm2d(4).to("cuda")
+    x.grad = xg.grad = None
+    yc, yg = bn(x), bng(xg)
+    _same(yg, yc)
+    (yc * yc * x).sum().backward()
+    (yg * yg * xg).sum().backward()
+    _same(xg.grad, x.grad)
+    _same(bng.weight.grad, bn.weight.grad)
+    _same(bng.running_var, bn.running_var)
+    _same(bng.eval()(xg), bn.eval()(x))
+
+
+@needs_gpu
 @pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "float64"])
 def test_every_dtype_the_cpu_takes_works_on_cuda(dtype):
     """Integer, bool and float64 tensors: arithmetic with tensors and scalars, comparisons,

@@ -38,6 +38,18 @@ def _options(**fields):
     return ffi.new("it_attention_options *", dict(bias=BUF + 256, **fields))
 
 
+def _conv(**fields):
+    base = dict(batch=1, in_channels=6, height=8, width=8, out_channels=6, kernel_h=3, kernel_w=3, stride_h=1,
+                stride_w=1, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1, groups=1)
+    return ffi.new("it_conv2d_params *", dict(base, **fields))
+
+
+def _pool(**fields):
+    base = dict(planes=1, height=8, width=8, kernel_h=2, kernel_w=2, stride_h=2, stride_w=2, pad_h=0, pad_w=0,
+                dilation_h=1, dilation_w=1, ceil_mode=0)
+    return ffi.new("it_pool2d_params *", dict(base, **fields))
+
+
 def calls(rng):
     f32 = lib.IT_FLOAT32
     b = BUF
@@ -80,6 +92,22 @@ def calls(rng):
     yield "memcpy_async", lambda s: lib.it_memcpy_async(CPU, b, CPU, b + 8, s[0] % 2**64 if s[0] < 0
                                                         else min(s[0] * 8, 2**64 - 1), ffi.NULL), 1
 
+    # (batch, in_channels, height, width) of a 1x1 convolution; (kernel_h, stride_h, dilation_h, groups) of a
+    # 3x3 one over [1, 6, 8, 8]
+    yield "conv2d", lambda s: lib.it_conv2d_forward(CPU, f32, b, b + 2048, b, ffi.NULL, _conv(
+        batch=s[0], in_channels=s[1], height=s[2], width=s[3], out_channels=1, kernel_h=1, kernel_w=1)), 4
+    yield "conv2d_geometry", lambda s: lib.it_conv2d_backward(CPU, f32, b, b, b, b, b, b, _conv(
+        kernel_h=s[0], stride_h=s[1], dilation_h=s[2], groups=s[3])), 4
+    # (planes, height, width); (kernel_h, stride_h, pad_h) over [1, 8, 8]
+    yield "max_pool2d", lambda s: lib.it_max_pool2d_forward(CPU, f32, b, I64, b, _pool(
+        planes=s[0], height=s[1], width=s[2])), 3
+    yield "avg_pool2d_geometry", lambda s: lib.it_avg_pool2d_backward(CPU, f32, b, b + 2048, _pool(
+        kernel_h=s[0], stride_h=s[1], pad_h=s[2]), 1), 3
+    yield "adaptive_avg_pool2d", lambda s: lib.it_adaptive_avg_pool2d_forward(CPU, f32, b, b, *s), 5
+    yield "batchnorm", lambda s: lib.it_batchnorm_forward(CPU, f32, b, b, b, b, b, b, b, b, *s, 1, 0.1, 1e-5), 3
+    yield "batchnorm_backward", lambda s: lib.it_batchnorm_backward(CPU, f32, b, b, b, b + 1024, b + 2048, b, b,
+                                                                    b, *s, 1), 3
+
     def strided(s):
         shape = ffi.new("int64_t[]", s)
         return lib.it_copy_strided(CPU, f32, b, I64, b, I64, shape, len(s))
@@ -119,6 +147,25 @@ def main(cases: int) -> None:
         lambda: lib.it_matmul(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, 1, 4, 4, 4, 0, 0, NAN, 0.0, 0, 0, 0),
         lambda: lib.it_layernorm_backward(CPU, lib.IT_FLOAT32, BUF, ffi.NULL, ffi.NULL, BUF, BUF + 64, ffi.NULL,
                                           BUF + 128, BUF + 132, 2, 4),
+        # convolution, pooling and batch norm: no geometry, options that are not 0/1 or finite, an index
+        # outside its plane, a dtype the kernels do not take, a dilated average pool
+        lambda: lib.it_conv2d_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 1024, BUF + 2048, ffi.NULL, ffi.NULL),
+        lambda: lib.it_conv2d_forward(CPU, lib.IT_BFLOAT16, BUF, BUF + 1024, BUF + 2048, ffi.NULL, _conv()),
+        lambda: lib.it_conv2d_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 1024, BUF + 2048, ffi.NULL,
+                                      _conv(in_channels=4, groups=3)),
+        lambda: lib.it_max_pool2d_forward(CPU, lib.IT_FLOAT32, BUF, I64, BUF + 1024, _pool(ceil_mode=2)),
+        lambda: lib.it_max_pool2d_backward(CPU, lib.IT_FLOAT32, BUF, BUF + 1024, ffi.new("int64_t[16]", [99] * 16),
+                                           _pool()),
+        lambda: lib.it_avg_pool2d_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 1024, _pool(dilation_h=2), 0),
+        lambda: lib.it_avg_pool2d_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 1024, _pool(), 5),
+        lambda: lib.it_batchnorm_forward(CPU, lib.IT_FLOAT32, BUF, BUF, BUF, BUF, BUF, BUF + 64, BUF, BUF, 2, 2, 2,
+                                         1, NAN, 1e-5),
+        lambda: lib.it_batchnorm_forward(CPU, lib.IT_FLOAT32, BUF, BUF, BUF, BUF, BUF, BUF + 64, BUF, BUF, 2, 2, 2,
+                                         3, 0.1, 1e-5),
+        lambda: lib.it_batchnorm_forward(CPU, lib.IT_FLOAT32, BUF, BUF, BUF, BUF, BUF, BUF + 64, BUF, BUF, 1, 2, 1,
+                                         1, 0.1, 1e-5),
+        lambda: lib.it_batchnorm_forward(CPU, lib.IT_FLOAT32, BUF, BUF, BUF, ffi.NULL, ffi.NULL, BUF + 64, BUF, BUF,
+                                         2, 2, 2, 0, 0.1, 1e-5),
         lambda: lib.it_arange(CPU, lib.IT_FLOAT32, BUF, 0.0, NAN, 4),
         lambda: lib.it_attention_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 64, BUF + 128, BUF + 192, BUF + 256, 1, 1,
                                          1, 2, 2, 4, 1.0, 0, _options(dropout_p=NAN)),

@@ -502,3 +502,32 @@ def test_a_collective_timeout_that_is_not_a_number_of_seconds_is_refused(value, 
     with pytest.raises(SystemExit):
         parse_args(["--collective_timeout", value], "", GPT2_PRESETS, "gpt2")
     assert "--collective_timeout" in capsys.readouterr().err
+
+
+def test_convolution_pooling_and_batch_norm_sizes_that_overflow_are_refused_by_the_library():
+    """N*C*H*W past 2^58 elements, negative and huge sizes: a status and a message naming the
+    call, before any memory is touched (the buffers here hold 16 floats)."""
+    from infinitrain._native import ffi, lib
+    cpu, buf = ffi.new("it_device *", [lib.IT_CPU, 0])[0], ffi.new("float[16]")
+    big = 2**20
+    conv = dict(batch=big, in_channels=big, height=big, width=big, out_channels=1, kernel_h=1, kernel_w=1, stride_h=1,
+                stride_w=1, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1, groups=1)
+    pool = dict(planes=big, height=big, width=big, kernel_h=2, kernel_w=2, stride_h=2, stride_w=2, pad_h=0, pad_w=0,
+                dilation_h=1, dilation_w=1, ceil_mode=0)
+    calls = {
+        "it_conv2d_forward": lambda: lib.it_conv2d_forward(cpu, lib.IT_FLOAT32, buf, buf, buf, ffi.NULL,
+                                                           ffi.new("it_conv2d_params *", conv)),
+        "it_conv2d_backward": lambda: lib.it_conv2d_backward(cpu, lib.IT_FLOAT32, buf, buf, buf, buf, buf, buf,
+                                                             ffi.new("it_conv2d_params *", dict(conv, batch=-1))),
+        "it_max_pool2d_forward": lambda: lib.it_max_pool2d_forward(cpu, lib.IT_FLOAT32, buf, ffi.cast("int64_t *", buf),
+                                                                   buf, ffi.new("it_pool2d_params *", pool)),
+        "it_avg_pool2d_forward": lambda: lib.it_avg_pool2d_forward(
+            cpu, lib.IT_FLOAT32, buf, buf, ffi.new("it_pool2d_params *", dict(pool, planes=1, kernel_h=2**62)), 1),
+        "it_adaptive_avg_pool2d_forward": lambda: lib.it_adaptive_avg_pool2d_forward(cpu, lib.IT_FLOAT32, buf, buf,
+                                                                                     big, big, big, 1, 1),
+        "it_batchnorm_forward": lambda: lib.it_batchnorm_forward(cpu, lib.IT_FLOAT32, buf, buf, buf, buf, buf, buf,
+                                                                 buf, buf, big, big, big, 1, 0.1, 1e-5),
+    }
+    for name, call in calls.items():
+        assert call() == lib.IT_ERR_INVALID_ARGUMENT, name
+        assert ffi.string(lib.it_last_error()).decode().startswith(name)
