@@ -21,10 +21,14 @@ class Context:
         # must then leave its saved tensors intact (no reuse of their memory)
         self.retain_graph = False
         self._saved = ()
+        self._versions = ()
         self._released = False
 
     def save_for_backward(self, *tensors) -> None:
         self._saved = tensors
+        # the version of each one's storage now: an in-place write before backward reads them
+        # makes backward raise instead of computing with the changed values
+        self._versions = [t._storage.version if isinstance(t, Tensor) else None for t in tensors]
 
     @property
     def saved_tensors(self) -> tuple:
@@ -32,14 +36,27 @@ class Context:
             raise RuntimeError("trying to run backward through the graph a second time (its "
                                "saved tensors were freed after the first); call "
                                "backward(retain_graph=True) the first time if you need that")
+        for t, version in zip(self._saved, self._versions):
+            if version is not None and t._storage.version != version:
+                _modified(t, version)
         return self._saved
 
     def release(self) -> None:
         self._saved = ()
+        self._versions = ()
         self._released = True
         for name in [k for k in vars(self) if k not in ("needs_input_grad", "_saved", "_released",
-                                                        "retain_graph")]:
+                                                        "retain_graph", "_versions")]:
             delattr(self, name)  # anything else forward stashed (tensors kept as attributes)
+
+
+def _modified(t, version: int) -> None:
+    made_by = f", which is output {t._output_nr} of {t.grad_fn.name()}," if t.grad_fn is not None else ""
+    raise RuntimeError(f"one of the variables needed for gradient computation has been modified by an "
+                       f"inplace operation: [{t.dtype.name} {list(t.shape)}]{made_by} is at version "
+                       f"{t._storage.version}; expected version {version} instead. Hint: find the in-place "
+                       f"write (x += ..., x.add_(...), relu_(), x[key] = ...) to this tensor, a view of it or "
+                       f"its .detach() between the forward pass and backward, and make it out of place")
 
 
 class Node:
