@@ -28,6 +28,7 @@ from .functions import (abs, add, allclose, amax, amin, argmax, argmin, argsort,
                         tanh, topk, transpose, tril, triu, unsqueeze, where)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
+from .ops.scatter import index_add, scatter, scatter_add
 
 __version__ = "0.1.0"
 
@@ -47,3 +48,4 @@ __all__ = [
     "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled", "nn", "optim", "amp", "autocast",
 ]
+__all__ += ["scatter", "scatter_add", "index_add"]

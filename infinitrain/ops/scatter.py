@@ -19,6 +19,7 @@ from ..autograd import Function
 from ..kernels import elementwise as ew
 from ..kernels import index as kidx
 from ..kernels import reduce as kred
+from ..device import CPU
 from ..kernels.memory import convert, copy_into
 from ..tensor import Tensor, _empty, _wrap_dim
 from .math import _zeros
@@ -115,12 +116,9 @@ def _scatter_on_host(x: Tensor, d: int, index: Tensor, src: Tensor) -> Tensor:
     grid = list(np.indices(idx.shape, sparse=True))
     grid[d] = idx
     out[tuple(grid)] = values
-    return convert(_from_array(out, x.dtype), x.dtype, x.device)
-
-
-def _from_array(arr, dtype) -> Tensor:
-    from ..creation import from_numpy
-    return from_numpy(np.ascontiguousarray(arr))
+    host = _empty(out.shape, x.dtype, CPU)
+    host._array()[...] = out
+    return convert(host, x.dtype, x.device)
 
 
 class ScatterAdd(Function):

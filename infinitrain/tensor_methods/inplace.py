@@ -46,10 +46,12 @@ class Copy(Function):
 
     @staticmethod
     def backward(ctx, g):
+        # the old value gets zeros, as PyTorch's (its leaves get a .grad of zeros, not None)
+        gdst = _ops._zeros_like(g) if ctx.needs_input_grad[0] else None
         if ctx.src is None:
-            return None, None
+            return gdst, None
         shape, dtype, device = ctx.src
-        return None, memory.convert(_ops.sum_to(g, shape), dtype, device)
+        return gdst, memory.convert(_ops.sum_to(g, shape), dtype, device)
 
 
 class CopySlices(Function):
@@ -126,13 +128,16 @@ class InplaceMethods:
             result = _ops.cast(result, self.dtype)
         ctx = result.grad_fn.ctx
         # what backward will read must survive the write: a saved tensor that shares self's
-        # memory is copied first; the result itself is swapped for self, which holds its value
-        saved = [t if not isinstance(t, Tensor) or t is result or t._storage is not self._storage
+        # memory is copied first. The output of relu_, exp_, sqrt_ (and kin), saved as PyTorch's
+        # are, is swapped for self, which holds its value (no second copy of the activation; a
+        # later write into self is then refused in backward, as PyTorch does)
+        swap = result.grad_fn.function is _ops.Unary
+        saved = [t if not isinstance(t, Tensor) or (swap and t is result) or t._storage is not self._storage
                  else t._clone_raw() for t in ctx._saved]
         memory.copy_into(self, result)
         self._storage.version += 1
         if saved:
-            ctx.save_for_backward(*(self if t is result else t for t in saved))
+            ctx.save_for_backward(*(self if swap and t is result else t for t in saved))
         self.grad_fn, self._output_nr, self.requires_grad = result.grad_fn, result._output_nr, True
         return self
 
