@@ -79,12 +79,19 @@ class Node:
 
 
 def _edge(t):
+    if t._base is not None and getattr(t.grad_fn.ctx, "view_version", None) != t._storage.version:
+        from .views import refresh  # views.py builds on this module
+        refresh(t)
     if t.grad_fn is not None:
         return (t.grad_fn, t._output_nr)
     return (None, t)  # a leaf that requires grad
 
 
 class Function:
+    # True for the view ops (reshape, permute, expand, indexing): an output that shares its
+    # input's memory remembers the tensor it views, as ._base
+    makes_view = False
+
     @staticmethod
     def forward(ctx, *args, **kwargs):
         raise NotImplementedError
@@ -122,4 +129,8 @@ class Function:
                 o.requires_grad = True
                 o.grad_fn = node
                 o._output_nr = i
+        if cls.makes_view and outputs[0]._storage is args[0]._storage:
+            # an in-place write into the view must re-base the tensor it views (inplace.py)
+            outputs[0]._base = args[0] if args[0]._base is None else args[0]._base
+            ctx.view_version = outputs[0]._storage.version
         return outputs if isinstance(out, tuple) else outputs[0]

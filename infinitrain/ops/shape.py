@@ -9,6 +9,8 @@ from .math import cast, sum_to
 
 
 class Reshape(Function):  # view, reshape, flatten, squeeze, unsqueeze
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
@@ -20,6 +22,8 @@ class Reshape(Function):  # view, reshape, flatten, squeeze, unsqueeze
 
 
 class Permute(Function):  # transpose, permute, t
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, dims):
         ctx.inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
@@ -31,6 +35,8 @@ class Permute(Function):  # transpose, permute, t
 
 
 class Expand(Function):
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
@@ -42,6 +48,8 @@ class Expand(Function):
 
 
 class Index(Function):  # slicing, select, narrow, split pieces
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, key):
         ctx.meta = (x.shape, x.dtype, x.device)

@@ -16,17 +16,14 @@ import builtins
 from .. import dtypes as _dt
 from ..autograd.function import Function
 from ..autograd.grad_mode import is_grad_enabled
+from ..autograd.views import rebase
 from ..kernels import memory
 from ..kernels.elementwise import broadcast_shapes
 from ..ops import index as _idx
 from ..ops import math as _ops
 from ..ops import scatter as _scatter
-from ..ops import shape as _shape
 from ..tensor import Tensor, _empty
 
-# the recorded ops whose output shares its input's memory: writing into one would change the
-# input behind autograd's back
-_VIEW_FUNCTIONS = (_shape.Reshape, _shape.Permute, _shape.Expand, _shape.Index)
 
 
 def _kind(dt) -> int:
@@ -54,7 +51,7 @@ class Copy(Function):
         return gdst, memory.convert(_ops.sum_to(g, shape), dtype, device)
 
 
-class CopySlices(Function):
+class IndexPut(Function):
     """x with x[key] = value: the gradient of the written positions goes to value, the rest to x."""
 
     @staticmethod
@@ -90,11 +87,13 @@ class InplaceMethods:
         if self.grad_fn is None:
             raise RuntimeError(f"{what}: a leaf Variable that requires grad is being used in an in-place "
                                "operation; do it under infinitrain.no_grad() or on .detach()")
-        if self.grad_fn.function in _VIEW_FUNCTIONS:
-            raise RuntimeError(f"{what}: this tensor is a view ({self.grad_fn.name()}) of a tensor that "
-                               "requires grad, and in-place writes into such views are not supported "
-                               "(PyTorch re-bases the view's base); write into a .clone() of the view, or "
-                               "compute the new value out of place")
+        base = self._base
+        if base is not None and base.grad_fn is None and base.requires_grad:
+            raise RuntimeError(f"{what}: a view of a leaf Variable that requires grad is being used in an "
+                               "in-place operation; do it under infinitrain.no_grad() or on .detach()")
+        if base is not None and not base.is_contiguous():
+            raise RuntimeError(f"{what}: in-place writes into a view of a strided (non-contiguous) tensor that "
+                               "requires grad are not supported; write into a view of a .contiguous() copy")
 
     def _records(self, what: str, *values) -> builtins.bool:
         """Checks the write, and says whether autograd records it: grad mode on, and this tensor or
@@ -139,10 +138,12 @@ class InplaceMethods:
         if saved:
             ctx.save_for_backward(*(self if swap and t is result else t for t in saved))
         self.grad_fn, self._output_nr, self.requires_grad = result.grad_fn, result._output_nr, True
+        if self._base is not None:
+            rebase(self)
         return self
 
     def _setitem_recorded(self, key, value) -> None:
-        self._write(CopySlices.apply(self, value, key), True)
+        self._write(IndexPut.apply(self, value, key), True)
 
     def _check_source(self, src) -> None:
         if isinstance(src, Tensor) and broadcast_shapes(self._shape, src.shape) != self._shape:
