@@ -78,10 +78,14 @@ class Node:
         return f"<{self.name()}>"
 
 
+# views.refresh, set by views.py (which builds on this module): brings a view whose memory was
+# written through another view up to date before it is used
+refresh_view = None
+
+
 def _edge(t):
     if t._base is not None and getattr(t.grad_fn.ctx, "view_version", None) != t._storage.version:
-        from .views import refresh  # views.py builds on this module
-        refresh(t)
+        refresh_view(t)
     if t.grad_fn is not None:
         return (t.grad_fn, t._output_nr)
     return (None, t)  # a leaf that requires grad

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..kernels.memory import copy_into
 from ..tensor import Tensor, _empty
+from . import function as _function
 from .function import Function
 
 
@@ -79,3 +80,6 @@ def refresh(view: Tensor) -> None:
     """A view whose memory was written since its grad_fn was made (through another view, which
     re-based the base) is made a view of its base's present grad_fn again before it is used."""
     _view_of(view, view._base, (view._base.detach(), view.detach()))
+
+
+_function.refresh_view = refresh
