@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 from .. import dtypes as _dt
+from .._native import lib
 from ..autograd.function import Function
 from ..autograd.grad_mode import is_grad_enabled
 from ..autograd.views import rebase
@@ -123,16 +124,17 @@ class InplaceMethods:
             memory.copy_into(self, result)
             self._storage.version += 1
             return self
-        if result.dtype is not self.dtype:
-            result = _ops.cast(result, self.dtype)
         ctx = result.grad_fn.ctx
         # what backward will read must survive the write: a saved tensor that shares self's
         # memory is copied first. The output of relu_, exp_, sqrt_ (and kin), saved as PyTorch's
         # are, is swapped for self, which holds its value (no second copy of the activation; a
         # later write into self is then refused in backward, as PyTorch does)
-        swap = result.grad_fn.function is _ops.Unary
-        saved = [t if not isinstance(t, Tensor) or (swap and t is result) or t._storage is not self._storage
-                 else t._clone_raw() for t in ctx._saved]
+        swap = result.grad_fn.function is _ops.Unary and result.dtype is self.dtype
+        relu = swap and ctx.op == lib.IT_RELU  # its mask reads the same from its output as its input
+        saved = [t if not isinstance(t, Tensor) or (swap and t is result) or (relu and t is self)
+                 or t._storage is not self._storage else t._clone_raw() for t in ctx._saved]
+        if result.dtype is not self.dtype:
+            result = _ops.cast(result, self.dtype)
         memory.copy_into(self, result)
         self._storage.version += 1
         if saved:
