@@ -22,8 +22,9 @@ class Storage:
         self.nbytes = nbytes
         self.device = device
         self._keepalive = keepalive
-        if not hasattr(self, "version"):  # allocate() keeps it: ZeRO-3 refills the same values
-            self.version = 0
+        # allocate() starts it again: ZeRO-3 refills released memory with the same values, the
+        # same way each time, so a tensor saved between two refills still reads as unchanged
+        self.version = 0
 
     def release(self, why: str) -> None:
         """Gives the memory back now, while tensors still view this storage (ZeRO-3 frees a
