@@ -52,8 +52,12 @@ def silu(input: Tensor) -> Tensor:
     return _m.unary(lib.IT_SILU, input)
 
 
-def relu(input: Tensor) -> Tensor:
-    return _m.unary(lib.IT_RELU, input)
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    return input.relu_() if inplace else _m.unary(lib.IT_RELU, input)
+
+
+def relu_(input: Tensor) -> Tensor:
+    return input.relu_()
 
 
 def sigmoid(input: Tensor) -> Tensor:
