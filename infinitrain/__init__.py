@@ -43,6 +43,7 @@ from .backends import get_float32_matmul_precision, set_float32_matmul_precision
 from . import accelerator, backends, linalg, return_types  # noqa: F401  (it.backends, it.linalg: submodules)
 from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: public submodules)
 from .amp import autocast
+from .ops.scatter import index_add, scatter, scatter_add
 from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler below
 from .serialization import load, save
 from . import multiprocessing, utils  # noqa: F401  (it.multiprocessing, it.utils.data, it.utils.checkpoint)
@@ -87,6 +88,7 @@ __all__ = [
     "masked_select", "meshgrid", "normal", "prod", "tan",
     "accelerator", "backends", "linalg", "return_types", *_FORMS,
 ]
+__all__ += ["scatter", "scatter_add", "index_add"]
 __all__ += ["GradScaler"]
 
 

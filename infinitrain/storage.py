@@ -7,7 +7,9 @@ from .device import device as Device
 
 
 class Storage:
-    __slots__ = ("handle", "ptr", "nbytes", "device", "_keepalive", "__weakref__")
+    # version: bumped by every in-place write through a tensor method, so that autograd can tell
+    # that a tensor it saved for backward was changed since (through it, a view or .detach())
+    __slots__ = ("handle", "ptr", "nbytes", "device", "_keepalive", "version", "__weakref__")
 
     def __init__(self, nbytes: int, device: Device):
         out = ffi.new("it_storage **")
@@ -20,6 +22,9 @@ class Storage:
         self.nbytes = nbytes
         self.device = device
         self._keepalive = keepalive
+        # allocate() starts it again: ZeRO-3 refills released memory with the same values, the
+        # same way each time, so a tensor saved between two refills still reads as unchanged
+        self.version = 0
 
     def release(self, why: str) -> None:
         """Gives the memory back now, while tensors still view this storage (ZeRO-3 frees a

@@ -62,7 +62,7 @@ class _ArrayOwner:
 
 class Tensor:
     __slots__ = ("_storage", "_shape", "_strides", "_offset", "dtype", "requires_grad", "grad",
-                 "grad_fn", "_output_nr", "_hooks", "_post_acc_hooks", "__weakref__")
+                 "grad_fn", "_output_nr", "_hooks", "_post_acc_hooks", "_base", "__weakref__")
 
     def __init__(self, *args, **kwargs):
         raise TypeError("create tensors with infinitrain.tensor(), empty(), zeros(), "
@@ -74,6 +74,7 @@ class Tensor:
         t._output_nr = 0
         t._hooks = None
         t._post_acc_hooks = None
+        t._base = None  # for a recorded view: the tensor it views (in-place writes re-base it)
         t._storage = storage
         t._shape = Size(shape)
         t._strides = tuple(strides)

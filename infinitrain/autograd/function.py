@@ -21,10 +21,14 @@ class Context:
         # must then leave its saved tensors intact (no reuse of their memory)
         self.retain_graph = False
         self._saved = ()
+        self._versions = ()
         self._released = False
 
     def save_for_backward(self, *tensors) -> None:
         self._saved = tensors
+        # the version of each one's storage now: an in-place write before backward reads them
+        # makes backward raise instead of computing with the changed values
+        self._versions = [t._storage.version if isinstance(t, Tensor) else None for t in tensors]
 
     @property
     def saved_tensors(self) -> tuple:
@@ -32,14 +36,27 @@ class Context:
             raise RuntimeError("trying to run backward through the graph a second time (its "
                                "saved tensors were freed after the first); call "
                                "backward(retain_graph=True) the first time if you need that")
+        for t, version in zip(self._saved, self._versions):
+            if version is not None and t._storage.version != version:
+                _modified(t, version)
         return self._saved
 
     def release(self) -> None:
         self._saved = ()
+        self._versions = ()
         self._released = True
         for name in [k for k in vars(self) if k not in ("needs_input_grad", "_saved", "_released",
-                                                        "retain_graph")]:
+                                                        "retain_graph", "_versions")]:
             delattr(self, name)  # anything else forward stashed (tensors kept as attributes)
+
+
+def _modified(t, version: int) -> None:
+    made_by = f", which is output {t._output_nr} of {t.grad_fn.name()}," if t.grad_fn is not None else ""
+    raise RuntimeError(f"one of the variables needed for gradient computation has been modified by an "
+                       f"inplace operation: [{t.dtype.name} {list(t.shape)}]{made_by} is at version "
+                       f"{t._storage.version}; expected version {version} instead. Hint: find the in-place "
+                       f"write (x += ..., x.add_(...), relu_(), x[key] = ...) to this tensor, a view of it or "
+                       f"its .detach() between the forward pass and backward, and make it out of place")
 
 
 class Node:
@@ -61,13 +78,24 @@ class Node:
         return f"<{self.name()}>"
 
 
+# views.refresh, set by views.py (which builds on this module): brings a view whose memory was
+# written through another view up to date before it is used
+refresh_view = None
+
+
 def _edge(t):
+    if t._base is not None and getattr(t.grad_fn.ctx, "view_version", None) != t._storage.version:
+        refresh_view(t)
     if t.grad_fn is not None:
         return (t.grad_fn, t._output_nr)
     return (None, t)  # a leaf that requires grad
 
 
 class Function:
+    # True for the view ops (reshape, permute, expand, indexing): an output that shares its
+    # input's memory remembers the tensor it views, as ._base
+    makes_view = False
+
     @staticmethod
     def forward(ctx, *args, **kwargs):
         raise NotImplementedError
@@ -105,4 +133,8 @@ class Function:
                 o.requires_grad = True
                 o.grad_fn = node
                 o._output_nr = i
+        if cls.makes_view and outputs[0]._storage is args[0]._storage:
+            # an in-place write into the view must re-base the tensor it views (inplace.py)
+            outputs[0]._base = args[0] if args[0]._base is None else args[0]._base
+            ctx.view_version = outputs[0]._storage.version
         return outputs if isinstance(out, tuple) else outputs[0]

@@ -30,7 +30,10 @@ def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: flo
 
 def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = None) -> Tensor:
     _check_normalized(input, normalized_shape)
-    return _nn.rms_norm(input, weight, 1e-6 if eps is None else eps)
+    if eps is None:  # PyTorch's default: the machine epsilon of the input's dtype
+        import ml_dtypes
+        eps = float(ml_dtypes.finfo(input.dtype.numpy).eps)
+    return _nn.rms_norm(input, weight, eps)
 
 
 def _check_normalized(x: Tensor, normalized_shape) -> None:
@@ -51,8 +54,12 @@ def silu(input: Tensor) -> Tensor:
     return _m.unary(lib.IT_SILU, input)
 
 
-def relu(input: Tensor) -> Tensor:
-    return _m.unary(lib.IT_RELU, input)
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    return input.relu_() if inplace else _m.unary(lib.IT_RELU, input)
+
+
+def relu_(input: Tensor) -> Tensor:
+    return input.relu_()
 
 
 def sigmoid(input: Tensor) -> Tensor:

@@ -5,6 +5,7 @@ import math
 import sys
 
 from .. import amp
+from .. import dtypes as _dt
 from .._native import lib
 from ..autograd import Function
 from ..kernels import elementwise as ew
@@ -117,8 +118,12 @@ class Embedding(Function):
     def backward(ctx, g):
         (indices,) = ctx.saved_tensors
         shape, dtype, device = ctx.weight_meta
-        dweight = _empty(shape, dtype, device).fill_(0)
-        return None, knn.embedding_backward(dweight, g.contiguous(), indices)
+        if dtype is _dt.float32 or dtype is _dt.float64:
+            return None, knn.embedding_backward(_empty(shape, dtype, device).fill_(0), g.contiguous(), indices)
+        # a 16-bit table's rows are summed in float32 (the kernel rounds its running sum to the
+        # table's dtype after every token: a row met often drifts), then rounded once, as PyTorch
+        wide = _empty(shape, _dt.float32, device).fill_(0)
+        return None, convert(knn.embedding_backward(wide, convert(g, _dt.float32), indices), dtype)
 
 
 class Attention(Function):

@@ -9,6 +9,8 @@ from .math import cast, sum_to
 
 
 class Reshape(Function):  # view, reshape, flatten, squeeze, unsqueeze
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
@@ -31,6 +33,8 @@ class View(Function):  # view / reshape of a tensor whose strides allow it (spli
 
 
 class Permute(Function):  # transpose, permute, t
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, dims):
         ctx.inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
@@ -42,6 +46,8 @@ class Permute(Function):  # transpose, permute, t
 
 
 class Expand(Function):
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
@@ -53,6 +59,8 @@ class Expand(Function):
 
 
 class Index(Function):  # slicing, select, narrow, split pieces
+    makes_view = True  # its output may share its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, key):
         ctx.meta = (x.shape, x.dtype, x.device)

@@ -268,7 +268,10 @@ class ViewMethods:
         return _shape.Index.apply(self, key) if self._tracks() else self._getitem_raw(key)
 
     def __setitem__(self, key, value) -> None:
-        self._check_inplace("item assignment")
+        if self._records("item assignment", value):  # autograd follows it (inplace.py)
+            self._setitem_recorded(key, value)
+            return
+        self._storage.version += 1
         found = _advanced_index(self, key)
         if found is None:
             memory.copy_into(self._getitem_raw(key), value)

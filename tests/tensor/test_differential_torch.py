@@ -6,6 +6,7 @@ float32 inputs. Tolerances are fixed per dtype up front. A failing case prints a
 reproducer; INFINITRAIN_DIFF_SEED / INFINITRAIN_DIFF_CASES pick other seeds locally."""
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -182,8 +183,29 @@ def _case(rng, i):
         k = int(rng.integers(1, shape[1] + 1))
         return f"topk({k})", [x], lambda m, t: t[0].topk(k, -1)[0]
     # nn functionals
-    op = str(rng.choice(["layer_norm", "cross_entropy", "mse", "nll", "linear", "autocast_linear"]))
+    op = str(rng.choice(["layer_norm", "cross_entropy", "mse", "nll", "linear", "autocast_linear",
+                         "norm_of_expanded", "tied_embedding"]))
     n, c = (int(v) for v in rng.integers(2, 6, size=2))
+    if op == "norm_of_expanded":  # a stride-0 input; rms_norm's default eps is its dtype's epsilon
+        c = int(rng.integers(1, 6))
+        lead = _shape(rng, int(rng.integers(1, 3)))
+        src = tuple(1 if rng.random() < 0.5 else k for k in lead) + (c,)
+        rms, ran_in = bool(rng.random() < 0.5), {}
+
+        def norm(m, t):
+            x = t[0].expand(*lead, c)
+            if m is it:  # runs first: PyTorch's reference (in float64) takes the eps of our dtype
+                ran_in["eps"] = float(ml_dtypes.finfo(t[0].dtype.numpy).eps)
+                return F.rms_norm(x, (c,), t[1]) if rms else F.layer_norm(x, (c,), t[1], t[2])
+            return torch.nn.functional.rms_norm(x, (c,), t[1], eps=ran_in["eps"]) if rms else \
+                torch.nn.functional.layer_norm(x, (c,), t[1], t[2])
+        return f"{'rms' if rms else 'layer'}_norm(expand{src}->{lead + (c,)})", \
+            [rng.normal(size=src), rng.normal(size=(c,)), rng.normal(size=(c,))], norm
+    if op == "tied_embedding":  # one weight reached twice: its two gradients summed
+        vocab = int(rng.integers(2, 9))
+        ids = rng.integers(0, vocab, size=int(rng.integers(1, 9)))
+        return "tied_embedding", [rng.normal(size=(vocab, c))], \
+            lambda m, t: (F if m is it else torch.nn.functional).embedding(m.tensor(ids), t[0]) @ t[0].T
     if op == "layer_norm":
         return "layer_norm", [rng.normal(size=(n, c)), rng.normal(size=(c,)), rng.normal(size=(c,))], \
             lambda m, t: (F if m is it else torch.nn.functional).layer_norm(t[0], (c,), t[1], t[2])
@@ -270,3 +292,11 @@ def test_errors_raise_in_both(make):
         make(torch)
     with pytest.raises(Exception):
         make(it)
+
+
+def test_a_16_bit_embeddings_repeated_rows_are_summed_in_float32():
+    """300 gradients of 1 into one bfloat16 row: summed in bfloat16 the row stops at 256 (256 + 1
+    rounds back to 256), as PyTorch's CPU kernel gives; its CUDA kernel, and ours, sum in float32."""
+    w = it.zeros(3, 2, dtype=it.bfloat16, requires_grad=True)
+    F.embedding(it.zeros(300, dtype=it.int64), w).float().sum().backward()
+    assert w.grad.dtype is it.bfloat16 and w.grad.float().tolist() == [[300.0, 300.0], [0.0, 0.0], [0.0, 0.0]]
