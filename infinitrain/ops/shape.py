@@ -22,6 +22,8 @@ class Reshape(Function):  # view, reshape, flatten, squeeze, unsqueeze
 
 
 class View(Function):  # view / reshape of a tensor whose strides allow it (split pieces included)
+    makes_view = True  # its output shares its input's memory (see Function.apply)
+
     @staticmethod
     def forward(ctx, x, shape, strides):
         ctx.shape = x.shape
