@@ -10,17 +10,18 @@ import argparse
 import time
 
 import infinitrain as it
+from infinitrain.examples.flags import positive_float, positive_int
 from infinitrain.kernels import neural as nn, optim
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--batch_size", type=int, default=512)
-    p.add_argument("--features", type=int, default=256)
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--learning_rate", type=float, default=0.05)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--steps", type=positive_int, default=60)
+    p.add_argument("--batch_size", type=positive_int, default=512)
+    p.add_argument("--features", type=positive_int, default=256)
+    p.add_argument("--classes", type=positive_int, default=10)
+    p.add_argument("--learning_rate", type=positive_float, default=0.05)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=42)
     a = p.parse_args(argv)

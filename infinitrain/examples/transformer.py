@@ -36,8 +36,8 @@ from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.utils.data import DataLoader, default_convert
 from infinitrain.examples.lm_loop import ProfileWindow
 from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, check_input_files, check_outputs,
-                                        nonnegative_int, plan_of, positive_float, positive_int, probability, refuse,
-                                        run_example, stop_if_not_finite)
+                                        nonnegative_float, nonnegative_int, plan_of, positive_float, positive_int,
+                                        probability, refuse, run_example, stop_if_not_finite)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
@@ -56,8 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--num_iteration", type=positive_int, default=1500)
     p.add_argument("--learning_rate", type=positive_float, default=1e-3, help="the schedule's peak")
     p.add_argument("--warmup_iters", type=nonnegative_int, default=200)
-    p.add_argument("--weight_decay", type=float, default=0.0)
-    p.add_argument("--grad_clip", type=float, default=1.0, help="max gradient norm (0 = no clipping)")
+    p.add_argument("--weight_decay", type=nonnegative_float, default=0.0)
+    p.add_argument("--grad_clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = no clipping)")
     p.add_argument("--dropout", type=probability, default=0.1)
     p.add_argument("--label_smoothing", type=probability, default=0.1)
     p.add_argument("--norm_first", action="store_true", help="pre-LayerNorm blocks (the paper: post)")

@@ -531,3 +531,17 @@ def test_convolution_pooling_and_batch_norm_sizes_that_overflow_are_refused_by_t
     for name, call in calls.items():
         assert call() == lib.IT_ERR_INVALID_ARGUMENT, name
         assert ffi.string(lib.it_last_error()).decode().startswith(name)
+
+
+@pytest.mark.parametrize("module,flag,value", [
+    ("transformer", "--grad_clip", "nan"), ("transformer", "--grad_clip", "-1"),
+    ("transformer", "--weight_decay", "-0.1"), ("transformer", "--weight_decay", "inf"),
+    ("demo", "--steps", "-1"), ("demo", "--learning_rate", "nan"), ("demo", "--batch_size", "0"),
+])
+def test_meaningless_numbers_on_the_command_line_are_refused(module, flag, value, capsys):
+    """Flags parsed as bare float/int took NaN, infinities and negative values without a word."""
+    import importlib
+    example = importlib.import_module(f"infinitrain.examples.{module}")
+    with pytest.raises(SystemExit):
+        (example.parse_args if hasattr(example, "parse_args") else example.main)([flag, value])
+    assert flag in capsys.readouterr().err
