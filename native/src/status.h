@@ -29,6 +29,13 @@ it_status it_set_error(it_status status, const char *fmt, ...)
 #define IT_CHECK_SIZE(x, fn)                                                                 \
     IT_CHECK_ARG((x) >= 0 && (x) <= IT_MAX_ELEMENTS, "%s: %s must be in [0, 2^58], got %lld", \
                  fn, #x, (long long)(x))
+/* A window [start, start + count) inside [0, total), checked without forming start + count
+ * (which wraps in int64 for a start near 2^63 and then passes a `start + count <= total` test). */
+#define IT_CHECK_RANGE(start, count, total, fn)                                              \
+    IT_CHECK_ARG((start) >= 0 && (count) >= 0 && (total) >= 0 && (start) <= (total) &&       \
+                     (count) <= (total) - (start),                                           \
+                 "%s: [%s, %s + %s) = [%lld, +%lld) falls outside [0, %lld)", fn, #start,     \
+                 #start, #count, (long long)(start), (long long)(count), (long long)(total))
 /* Byte counts (size_t): a negative size converted to size_t is above 2^63. */
 #define IT_CHECK_BYTES(x, fn)                                                                \
     IT_CHECK_ARG((uint64_t)(x) <= ((uint64_t)IT_MAX_ELEMENTS << 3),                           \

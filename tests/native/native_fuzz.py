@@ -59,9 +59,9 @@ def calls(rng):
     # a mask's row stride (the batch and head strides of a one-head batch of one reach nothing)
     yield "attention_bias", lambda s: lib.it_attention_forward(CPU, f32, b, b, b, b, b, 1, 1, 1, 2, 2, 1, 1.0, 0,
                                                                _options(bias_stride_query=s[0])), 1
-    # (groups, rows, block_rows, head_dim)
-    yield "attention_merge", lambda s: lib.it_attention_merge(CPU, f32, b, b, b, b, s[0], s[1], s[2], 0,
-                                                              s[3]), 4
+    # (groups, rows, block_rows, head_dim, row_offset): a hostile offset near 2^63 wrapped the range check
+    yield "attention_merge", lambda s: lib.it_attention_merge(CPU, f32, b, b, b, b, s[0], s[1], s[2], s[4],
+                                                              s[3]), 5
     yield "layernorm", lambda s: lib.it_layernorm_forward(CPU, f32, b, b, b, b, b, b, *s, 1e-5), 2
     yield "rmsnorm", lambda s: lib.it_rmsnorm_forward(CPU, f32, b, b, b, b, *s, 1e-5), 2
     yield "softmax", lambda s: lib.it_softmax_forward(CPU, f32, b, b, *s), 2

@@ -289,10 +289,9 @@ it_status it_attention_merge(it_device device, it_dtype dtype, float *out, float
     IT_CHECK_FLOAT(dtype, "it_attention_merge");
     IT_CHECK_SIZE(groups, "it_attention_merge");
     IT_CHECK_SIZE(block_rows, "it_attention_merge");
-    IT_CHECK_ARG(head_dim > 0 && row_offset >= 0 && row_offset + block_rows <= rows,
-                 "it_attention_merge: rows [%lld, %lld) of the block fall outside the %lld rows "
-                 "of the output (head_dim %lld)", (long long)row_offset,
-                 (long long)(row_offset + block_rows), (long long)rows, (long long)head_dim);
+    IT_CHECK_SIZE(rows, "it_attention_merge");
+    IT_CHECK_ARG(head_dim > 0, "it_attention_merge: head_dim must be positive, got %lld", (long long)head_dim);
+    IT_CHECK_RANGE(row_offset, block_rows, rows, "it_attention_merge");
     IT_CHECK_PRODUCT("it_attention_merge", groups, rows, head_dim);
     if (groups * block_rows == 0) return IT_OK;
     IT_CHECK_ARG(out && lse && block_out && block_lse, "it_attention_merge: NULL pointer");
