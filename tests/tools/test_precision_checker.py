@@ -156,3 +156,37 @@ def test_parallel_runs_against_a_one_process_baseline(tmp_path):
                   check=False)
     assert bad.returncode == 0, bad.stderr  # step 1 equal; step 2 starts from other weights
     assert "first divergence from the baseline: step 2, transformer.wte_0_forward" in bad.stderr, bad.stderr
+
+
+@pytest.mark.mpi
+def test_tensor_parallel_round_off_is_no_divergence_and_a_wrong_weight_is(tmp_path):
+    """bfloat16 GPT-2 tiny at TP 2 against one process: the reduction order's round-off (which
+    the former elementwise rtol 1e-5 / atol 1e-6 named, at the first backward) passes; a wrong
+    weight in rank 1's columns of h.1's MLP projection is named there, at step 1."""
+    from infinitrain.data import write_shard
+    from infinitrain.models.gpt2 import PRESETS
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    model = GPT2(PRESETS["tiny"], seed=3)
+    model.save_llmc(tmp_path / "good.bin")
+    with it.no_grad():  # a row-parallel weight: input feature 200 of 256 lives on rank 1
+        model.transformer.h[1].mlp.c_proj.weight[5, 200] += 0.1
+    model.save_llmc(tmp_path / "wrong.bin")
+    args = ["--input_bin", tmp_path / "t.bin", "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "2",
+            "--total_batch_size", "128", "--dtype", "bfloat16", "--precision_check"]
+    example(1, "gpt2", ["--llmc_filepath", tmp_path / "good.bin", *args,
+                        f"level=1,save_tensors=true,output_path={tmp_path / 'one'}"])
+    out = example(2, "gpt2", ["--llmc_filepath", tmp_path / "good.bin", "--tensor_parallel", "2", *args,
+                              f"level=1,baseline={tmp_path / 'one'},save_tensors=true,output_path={tmp_path / 'tp'}"])
+    counts = re.findall(r"(\d+) tensors compared with .*?, (\d+) beyond the round-off bound .*?"
+                        r"the largest \|diff\| was ([\d.e+-]+) of its tolerance", out)
+    assert len(counts) == 2 and all(int(n) > 100 and bad == "0" and float(worst) < 0.5 for n, bad, worst in counts), out
+    # the former rule named this round-off: rank 0's first backward tensors, elementwise
+    mine, theirs = tmp_path / "tp" / "rank_0" / "step_1", tmp_path / "one" / "rank_0" / "step_1"
+    a, b = (np.load(d / "transformer.ln_f_0_backward.npy") for d in (mine, theirs))
+    assert not np.isclose(a, b, rtol=1e-5, atol=1e-6).all() and np.abs(a - b).max() > 0
+    bad = example(2, "gpt2", ["--llmc_filepath", tmp_path / "wrong.bin", "--tensor_parallel", "2", *args,
+                              f"level=1,baseline={tmp_path / 'one'},output_path={tmp_path / 'bad'}"], check=False)
+    assert bad.returncode == 0, bad.stderr
+    for rank in (0, 1):
+        assert (f"precision check (rank {rank}): first divergence from the baseline: step 1, "
+                "transformer.h.1.mlp.c_proj_0_forward: max |diff|") in bad.stderr, bad.stderr
