@@ -89,15 +89,15 @@ class PrecisionCheckConfig:
                     value = int(value)
                 elif kind == "float":
                     value = float(value)
-                    if not np.isfinite(value) or value < 0:
+                    if not np.isfinite(value) or value < 0:  # a tolerance: finite, never negative
                         raise ValueError(value)
-                    value = float(value)
                 elif kind in ("bool", bool):
                     if value.lower() not in ("true", "false", "1", "0"):
                         raise ValueError(value)
                     value = value.lower() in ("true", "1")
             except ValueError:
-                raise ValueError(f"precision check: {key}={value} is not a valid {kind}") from None
+                raise ValueError(f"precision check: {key}={value} is not a valid {kind}"
+                                 + (" (finite, >= 0)" if kind == "float" else "")) from None
             setattr(cfg, key, value)
         if cfg.level not in (0, 1, 2):
             raise ValueError(f"precision check: level must be 0, 1 or 2, not {cfg.level}")
