@@ -15,6 +15,37 @@ compared as it is made, with the baseline's own rank or else its rank 0 (a one-p
 under data parallelism rank r's micro-batch m is the baseline's micro-batch m * DP + r (llm.c's
 data order) and its gradients are DP times the baseline's (each rank's loss is a mean over its
 own part); a tensor whose shape differs (a tensor-parallel shard) is skipped and counted.
+
+The tolerance follows the reductions, not a fixed rtol. A parallel layout sums the same terms in
+another order (a tensor-parallel all-reduce adds the ranks' partial sums, a one-process matmul
+sums in one go), which changes a sum of K terms by about sqrt(K) * u * ||terms|| (K * u * sum|terms|
+at worst), u the unit round-off. That is relative to the sum's terms, not to each element: an
+element that cancels to near zero keeps the absolute error of its terms, so an elementwise rtol
+names it. Each tensor is therefore compared with a bound on its own scale (its baseline's largest
+finite |value|):
+
+    |mine - baseline| <= steps * sqrt(D) * (2 * u_store + sqrt(K) * u_acc) * max|baseline|
+
+- u_store: the unit round-off of the least precise floating dtype the run has made so far
+  (2^-8 bfloat16, 2^-11 float16, 2^-24 float32, 2^-53 float64). Two sums that differ by a hair
+  can round to neighbouring values, 2 u apart; a float32 gradient behind a bfloat16 matmul
+  carries bfloat16's error, hence "so far" and not this tensor's dtype.
+- u_acc: the accumulation's round-off, float32 at most (bfloat16 products accumulate in float32).
+- K: the longest reduction the model runs: the largest in/out features of its layers (a Linear
+  sums over in_features forward and out_features backward, the LM head over the vocabulary) and
+  the longest axis of a tensor seen (an attention sums over the sequence). A TP all-reduce over
+  R ranks reorders these same K terms, so it is covered by K.
+- D: twice the model's leaf modules, a bound on how many reductions lie between the input and a
+  tensor (forward and backward). Each passes on the error it received and adds its own; errors
+  of independent roundings add in quadrature, hence sqrt(D).
+- steps: the steps checked so far. The weights a step starts from carry the earlier steps'
+  differences (and Adam turns a round-off sign flip of a near-zero gradient into a whole step of
+  the learning rate), so the bound grows with each step.
+
+In float32 the bound sits one to two orders above what TP round-off reaches and an order below a
+1e-3 change of one weight's effect; in bfloat16 it is a few percent of a tensor's scale, the
+resolution bfloat16 has. Giving rtol or atol replaces the rule with numpy's elementwise
+isclose(rtol, atol) (a missing one is 0): the explicit option wins.
 """
 from __future__ import annotations
 
@@ -39,8 +70,8 @@ class PrecisionCheckConfig:
     output_path: str = "./log_precision_check"
     save_tensors: bool = False     # dump each tensor as .npy
     baseline: str | None = None    # compare with the tensors a run saved there
-    rtol: float = 1e-5
-    atol: float = 1e-6
+    rtol: float | None = None      # given: an elementwise isclose replaces the round-off bound
+    atol: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> "PrecisionCheckConfig":
@@ -52,18 +83,21 @@ class PrecisionCheckConfig:
             if not eq or key not in kinds:
                 raise ValueError(f"precision check: '{item}' is not key=value with a key of "
                                  f"{', '.join(kinds)}")
-            value = value.strip()
+            value, kind = value.strip(), str(kinds[key]).replace(" | None", "")
             try:
-                if kinds[key] in ("int", int):
+                if kind in ("int", int):
                     value = int(value)
-                elif kinds[key] in ("float", float):
+                elif kind == "float":
                     value = float(value)
-                elif kinds[key] in ("bool", bool):
+                    if not np.isfinite(value) or value < 0:  # a tolerance: finite, never negative
+                        raise ValueError(value)
+                elif kind in ("bool", bool):
                     if value.lower() not in ("true", "false", "1", "0"):
                         raise ValueError(value)
                     value = value.lower() in ("true", "1")
             except ValueError:
-                raise ValueError(f"precision check: {key}={value} is not a valid {kinds[key]}") from None
+                raise ValueError(f"precision check: {key}={value} is not a valid {kind}"
+                                 + (" (finite, >= 0)" if kind == "float" else "")) from None
             setattr(cfg, key, value)
         if cfg.level not in (0, 1, 2):
             raise ValueError(f"precision check: level must be 0, 1 or 2, not {cfg.level}")
@@ -93,6 +127,11 @@ class PrecisionChecker:
         self.first_nonfinite = self.first_divergence = None
         self.compared = self.skipped = self.diverged = 0
         self.names = {id(m): n or "model" for n, m in model.named_modules()}
+        # the round-off bound's K (grows with the tensors seen), D and u_store (see the module's note)
+        self.reduction = max([1] + [int(getattr(m, a, 0) or 0) for m in model.modules()
+                                    for a in ("in_features", "out_features")])
+        self.depth = 2 * max(1, sum(1 for m in model.modules() if next(m.children(), None) is None))
+        self.u_store, self.worst = 0.0, 0.0  # worst: the largest |diff| / tolerance compared
         self.stack = []
         self.handles = []
         for m in model.modules():
@@ -131,8 +170,9 @@ class PrecisionChecker:
                  + (f"first NaN/Inf at {self.first_nonfinite}" if self.first_nonfinite else "no NaN/Inf")]
         if self.cfg.baseline:
             lines.append(f"precision check: rank {self.rank}: {self.compared} tensors compared with "
-                         f"{self.cfg.baseline}, {self.diverged} beyond rtol {self.cfg.rtol:g} / atol "
-                         f"{self.cfg.atol:g}, {self.skipped} skipped (other shape or not in the baseline)"
+                         f"{self.cfg.baseline}, {self.diverged} beyond {self._rule()} (the largest |diff| "
+                         f"was {self.worst:.3g} of its tolerance), {self.skipped} skipped (other shape or "
+                         "not in the baseline)"
                          + (f"; first divergence: {self.first_divergence}" if self.first_divergence else ""))
         summary = "\n".join(lines)
         self._write(summary)
@@ -172,6 +212,8 @@ class PrecisionChecker:
 
     def _one(self, key: str, base: str, idx: int, stage: str, t: Tensor) -> None:
         raw = np.ascontiguousarray(t.cpu().numpy())
+        self.u_store = max(self.u_store, _UNIT_ROUNDOFF.get(t.dtype.name, 2.0 ** -24))
+        self.reduction = max([self.reduction, *t.shape[1:]])
         a = raw.astype(np.float32) if raw.dtype != np.float32 and raw.dtype != np.float64 else raw
         finite = np.isfinite(a)
         nan, inf = int(np.isnan(a).sum()), int((~finite).sum() - np.isnan(a).sum())
@@ -231,21 +273,52 @@ class PrecisionChecker:
             self.skipped += 1
             return
         self.compared += 1
-        close = np.isclose(a, b, rtol=self.cfg.rtol, atol=self.cfg.atol, equal_nan=True)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        diff = np.abs(a64 - b64)  # NaN where either is NaN or both are the same infinity
+        same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+        if self.cfg.rtol is None and self.cfg.atol is None:
+            finite = np.isfinite(b64)
+            tol = self.tolerance(float(np.abs(b64[finite]).max()) if finite.any() else 0.0)
+        else:  # the user's elementwise rule
+            tol = (self.cfg.atol or 0.0) + (self.cfg.rtol or 0.0) * np.abs(b64)
+        close = same | (diff <= tol)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff / tol))
+        if ratio.size:
+            self.worst = max(self.worst, float(ratio.max()))
         if close.all():
             return
         self.diverged += 1
         if self.first_divergence is None:
             where = np.unravel_index(int(np.argmax(~close)), a.shape) if a.ndim else ()
-            diff = np.abs(a.astype(np.float64) - b)
+            bound = tol if np.ndim(tol) == 0 else tol[where]
             self.first_divergence = (f"step {self.step_no}, {base}_{idx}_{stage}: max |diff| "
-                                     f"{float(np.nanmax(diff)):.3g}, first at {tuple(int(i) for i in where)} "
-                                     f"({float(a[where]):.8g} vs baseline {float(b[where]):.8g})")
+                                     f"{float(np.nanmax(diff)):.3g} (tolerance {float(bound):.3g}), first at "
+                                     f"{tuple(int(i) for i in where)} ({float(a[where]):.8g} vs baseline "
+                                     f"{float(b[where]):.8g})")
             print(f"precision check (rank {self.rank}): first divergence from the baseline: "
                   f"{self.first_divergence}", file=sys.stderr, flush=True)
 
+    def tolerance(self, scale: float, steps: int | None = None) -> float:
+        """The round-off bound on |mine - baseline| for a tensor whose baseline's largest |value| is
+        `scale`, in the step being checked or after `steps` (the module's note derives it)."""
+        u_acc = min(self.u_store, 2.0 ** -24)
+        per_reduction = 2 * self.u_store + np.sqrt(self.reduction) * u_acc
+        steps = self.steps_checked + 1 if steps is None else steps
+        return steps * np.sqrt(self.depth) * per_reduction * scale
+
+    def _rule(self) -> str:
+        if self.cfg.rtol is None and self.cfg.atol is None:
+            return (f"the round-off bound (u {self.u_store:.3g}, longest reduction K {self.reduction}, "
+                    f"depth D {self.depth}: {self.tolerance(1.0, 1):.3g} of a tensor's scale per step)")
+        return f"rtol {self.cfg.rtol or 0:g} / atol {self.cfg.atol or 0:g}"
+
     def _write(self, line: str) -> None:
         self.log.write(line + "\n")
+
+
+# half the gap between 1 and the next number: the largest relative error of one rounding
+_UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
 def _file_name(key: str) -> str:

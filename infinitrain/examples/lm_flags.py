@@ -126,7 +126,7 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--precision_check", default=None, metavar="CONFIG",
                    help="InfiniTrain's precision checker, e.g. 'level=1,format=simple,output_md5=true,"
                         "save_tensors=true,output_path=PATH' (level 2: every op) or with 'baseline=PATH' "
-                        "to name the first tensor that differs from a run saved there")
+                        "to name the first tensor that differs from a run saved there by more than round-off")
     p.set_defaults(presets=presets)
     args = p.parse_args(argv)
     args.model_given = args.model is not None  # (else --load's checkpoint may say which model it holds)
