@@ -162,7 +162,7 @@ def import_(kind: str, cfg, config: dict, theirs) -> tuple:
     for module, ab in modules.items():
         if set(ab) != {"A", "B"}:
             raise PeftFormatError(f"{module} has lora_{'A' if 'A' in ab else 'B'} without its partner")
-        A, B = (np.asarray(theirs[ab[x]], np.float32) for x in "AB")
+        A, B = (np.array(theirs[ab[x]], np.float32) for x in "AB")  # copies: the files are mapped read-only
         if A.ndim != 2 or B.ndim != 2 or B.shape[1] != A.shape[0]:
             raise PeftFormatError(f"{module}: lora_A {A.shape} and lora_B {B.shape} are not [r, in] and [out, r]")
         grouped.setdefault(ours_of(kind, module), {})[module] = (A, B * (_scale(config, module, A.shape[0]) / target))
