@@ -208,3 +208,40 @@ def test_adapters_peft_writes_load_here_and_save_back(kind, tmp_path):
     with torch.no_grad():
         back = peft.PeftModel.from_pretrained(base, tmp_path / "back").eval()(torch.tensor(IDX)).logits.numpy()
     np.testing.assert_allclose(back, theirs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_the_example_trains_adapters_that_peft_applies_on_one_and_two_ranks(tmp_path):
+    """--lora_rank with --save_pretrained and --lora_save_path: the base and PEFT adapters that
+    name it, the same from one process and from TP 2; PEFT applies them with the logits
+    infinitrain gives, and the merge command folds them in."""
+    from infinitrain.data import write_shard
+    from helpers import example
+    write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
+    common = ["--input_bin", tmp_path / "t.bin", "--model", "tiny", "--batch_size", "2", "--sequence_length", "32",
+              "--num_iteration", "3", "--learning_rate", "1e-2", "--lora_rank", "4", "--lora_alpha", "8"]
+    for ranks, layout in ((1, []), (2, ["--tensor_parallel", "2"])):
+        example(ranks, "llama3", [*common, *layout, "--save_pretrained", tmp_path / f"base{ranks}",
+                                  "--lora_save_path", tmp_path / f"ad{ranks}"])
+    config = json.loads((tmp_path / "ad2" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((tmp_path / "base2").resolve())
+    one, two = (load_file(str(tmp_path / f"ad{r}" / "adapter_model.safetensors")) for r in (1, 2))
+    assert sorted(one) == sorted(two)
+    for k in one:  # AdamW's round-off is ~1e-4 of an element; a misplaced shard would be off by O(1)
+        assert np.linalg.norm(two[k] - one[k]) <= 1e-3 * np.linalg.norm(one[k]), k
+    model = LLaMA3.from_pretrained(tmp_path / "base2")
+    load_lora(model, tmp_path / "ad2")
+    lora_cli.main(["merge", "--adapter", str(tmp_path / "ad2"), "--out", str(tmp_path / "merged")])
+    idx = IDX % model.config.vocab_size
+    with it.no_grad():
+        want = model(it.tensor(idx))[0].numpy()[..., :model.config.vocab_size]
+        np.testing.assert_allclose(LLaMA3.from_pretrained(tmp_path / "merged")(it.tensor(idx))[0].numpy()
+                                   [..., :model.config.vocab_size], want, rtol=0, atol=1e-5)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base2", dtype=torch.float32)
+    with torch.no_grad():
+        theirs = peft.PeftModel.from_pretrained(base, tmp_path / "ad2").eval()(torch.tensor(idx)).logits.numpy()
+    np.testing.assert_allclose(theirs, want, rtol=0, atol=1e-5)
