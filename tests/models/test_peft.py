@@ -191,7 +191,8 @@ def test_adapters_peft_writes_load_here_and_save_back(kind, tmp_path):
     torch.manual_seed(0)
     if kind == "gpt2":
         config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["c_attn", "mlp.c_proj"], fan_in_fan_out=True,
-                                 init_lora_weights=False, rank_pattern={"h.1.attn.c_attn": 2}, task_type="CAUSAL_LM")
+                                 init_lora_weights=False, rank_pattern={"h.1.attn.c_attn": 2}, use_rslora=True,
+                                 task_type="CAUSAL_LM")  # rsLoRA: alpha / sqrt(r)
     else:  # q and v with their own A's, down_proj of another rank, v of another alpha
         config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
                                  init_lora_weights=False, rank_pattern={"down_proj": 2}, alpha_pattern={"v_proj": 3},
