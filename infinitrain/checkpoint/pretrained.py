@@ -211,12 +211,13 @@ def read_lora_config(folder) -> dict:
 
 
 @no_grad()
-def load_lora(model, folder) -> list:
+def load_lora(model, folder, alpha: float | None = None) -> list:
     """Loads adapters (PEFT's format, or what save_lora wrote before it wrote PEFT's) into a
     model under any layout, each rank taking its slice of each tensor, and returns the adapted
     layers' names. PEFT adapters are applied as their config says when the model has none yet
-    (nn.lora.apply_lora); a model with adapters must have them on the same layers, of the same
-    ranks (their scale is the model's: B is rescaled to it)."""
+    (nn.lora.apply_lora; `alpha`, if given, instead of theirs); a model with adapters must have
+    them on the same layers, of the same ranks. Their scale is the model's: B is rescaled to
+    it, so the model computes what the file's adapters compute."""
     from .. import hf, hf_peft
     from ..nn.lora import apply_lora, lora_layers
     config = read_lora_config(folder)
@@ -234,7 +235,7 @@ def load_lora(model, folder) -> list:
         raise CheckpointError(f"{folder}: {e}") from None
     if getattr(model, "lora_config", None) is None:
         try:
-            apply_lora(model, config["r"], config["lora_alpha"], sorted(lora), ranks=ranks)
+            apply_lora(model, config["r"], config["lora_alpha"] if alpha is None else alpha, sorted(lora), ranks=ranks)
         except ValueError as e:
             raise CheckpointError(f"{folder}: {e}") from None
     modules = dict(model.named_modules())

@@ -21,7 +21,7 @@ from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples.lm_loop import TrainingLoop, restart_count
 from infinitrain.nn import parallel
-from infinitrain.nn.lora import apply_lora
+from infinitrain.nn.lora import DEFAULT_TARGETS, apply_lora
 from infinitrain.nn.parallel.memory_plan import memory_plan
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.runtime import check_fits_in_memory
@@ -287,12 +287,13 @@ def setup_lora(model, args, log) -> None:
         if saved is not None:
             rank = rank or saved["r"]
             alpha = alpha if alpha is not None else saved["lora_alpha"]
-        # PEFT's adapters say which layers they adapt (load_lora applies them so); flags, or the
-        # earlier format, say it here
-        if saved is None or args.lora_rank or "peft_type" not in saved:
+        # PEFT's adapters say which layers they adapt (load_lora applies them so, with their alpha
+        # unless --lora_alpha is given); a rank or targets given, or the earlier format, say it here
+        given = args.lora_rank or args.lora_target_modules != ",".join(DEFAULT_TARGETS)
+        if saved is None or given or "peft_type" not in saved:
             names = apply_lora(model, rank, alpha, targets, seed=args.seed)
         if saved is not None:
-            names = load_lora(model, args.lora_load_path)
+            names = load_lora(model, args.lora_load_path, alpha=alpha)
     except (ValueError, CheckpointError) as e:
         sys.exit(f"cannot set up LoRA: {e}")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -81,6 +81,10 @@ def test_the_files_are_peft_s_and_merging_them_is_peft_s_arithmetic(kind, tmp_pa
     apply_lora(other, 4, alpha=2, seed=9)  # another alpha: B is rescaled to it
     load_lora(other, tmp_path / "ad")
     np.testing.assert_allclose(ours(other), ours(model), rtol=0, atol=1e-5)
+    third = tiny(kind)
+    load_lora(third, tmp_path / "ad", alpha=1.0)  # (--lora_alpha with PEFT's adapters)
+    assert third.lora_config["lora_alpha"] == 1.0
+    np.testing.assert_allclose(ours(third), ours(model), rtol=0, atol=1e-5)
 
 
 def test_adapters_that_are_not_plain_lora_or_do_not_fit_are_refused(tmp_path):
