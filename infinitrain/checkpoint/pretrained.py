@@ -26,14 +26,17 @@ from .sharded import _gathered, _stage_suffix
 
 
 @no_grad()
-def save_pretrained(model, folder, write: bool = True) -> Path:
+def save_pretrained(model, folder, write: bool = True, merge_lora: bool = False) -> Path:
     """The model in Hugging Face transformers' format (infinitrain.hf): config.json and
     model.safetensors that `transformers`' AutoModelForCausalLM.from_pretrained loads, GPT-2 as
     GPT2LMHeadModel, LLaMA-3 as LlamaForCausalLM. Under tensor parallelism every rank of the
     group calls it (shards are gathered) and `write` says which one writes; a pipeline stage
-    holds part of the model, so save from one process (or save_checkpoint, then reload)."""
+    holds part of the model, so save from one process (or save_checkpoint, then reload).
+    A model with LoRA adapters is written as its base (the adapters go with save_lora), or
+    with `merge_lora` as W + (alpha/r) B A, PEFT's merge_and_unload."""
     from safetensors.numpy import save_file
     from .. import hf
+    from ..nn.lora import lora_layers
     if getattr(model, "pp", None) is not None:
         raise CheckpointError("save_pretrained writes a whole model: a pipeline stage holds part of one. Save a "
                               "checkpoint (save_checkpoint) and call save_pretrained on a one-process model "
@@ -42,6 +45,12 @@ def save_pretrained(model, folder, write: bool = True) -> Path:
     # and each rank would write its own slice)
     full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy())
             for name, t in model.state_dict(keep_vars=True).items()}
+    for name, layer in lora_layers(model):
+        A, B = full.pop(name + ".lora_A"), full.pop(name + ".lora_B")
+        delta = (B @ A) * np.float32(layer.lora_scale)
+        # a merged layer (nn.lora.merge_lora) holds W + delta already
+        base = full[name + ".weight"] - (0 if layer.lora_on else delta)
+        full[name + ".weight"] = base + delta if merge_lora else base
     config, tensors = hf.export(model, full)
     folder = Path(folder)
     if not write:
@@ -131,20 +140,36 @@ def _from_earlier_format(cls, folder: Path, cfg: dict, tp, pp, cp):
 
 # ---- LoRA adapters alone -------------------------------------------------------------------
 
-def save_lora(model, folder, write: bool = True, optimizer=None) -> Path:
-    """Writes the model's LoRA adapters alone, as one-process tensors under one-process names:
-    folder/adapter_model.safetensors (a pipeline stage: adapter_model-stage-S-of-P.safetensors)
-    and folder/adapter_config.json (rank, alpha, targets). Collective over TP (shards are
-    gathered) and, given a ZeRO-3 optimizer, over DP; `write` says whether this rank writes
-    (one per pipeline stage)."""
+def save_lora(model, folder, write: bool = True, optimizer=None, base_model: str | None = None) -> Path:
+    """Writes the model's LoRA adapters alone, in PEFT's format for GPT-2 and LLaMA-3
+    (infinitrain.hf_peft: adapter_config.json and adapter_model.safetensors that
+    peft.PeftModel.from_pretrained applies to the transformers model save_pretrained writes;
+    `base_model` is recorded as base_model_name_or_path), in this package's own format (our
+    names) for other models. A pipeline stage writes its layers to
+    adapter_model-stage-S-of-P.safetensors (load_lora reads them together; PEFT wants one file).
+    Collective over TP (shards are gathered) and, given a ZeRO-3 optimizer, over DP; `write`
+    says whether this rank writes (one per pipeline stage)."""
     from safetensors.numpy import save_file
-    from ..nn.lora import lora_state
+    from .. import hf_peft
+    from ..nn.lora import _matches, lora_state
     config = getattr(model, "lora_config", None)
     if config is None:
         raise CheckpointError("this model has no LoRA adapters to save (nn.lora.apply_lora adds them)")
     with no_grad(), _gathered(optimizer):
         tensors = {n: np.ascontiguousarray(full_tensor(p).float().cpu().numpy())
                    for n, p in lora_state(model).items()}
+    kind = type(model).__name__
+    if kind in ("GPT2", "LLaMA3"):
+        cfg, ranks = model.config, config.get("ranks", {})
+        lora = {n[:-len(".lora_A")]: (a, tensors[n[:-1] + "B"]) for n, a in tensors.items() if n.endswith("_A")}
+        subs = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj") + (("mlp.c_fc2",) if kind == "LLaMA3" else ())
+        adapted = [f"transformer.h.{i}.{s}" for i in range(cfg.n_layer) for s in subs
+                   if _matches(f"transformer.h.{i}.{s}", config["target_modules"])]
+        try:
+            config, tensors = hf_peft.export(kind, cfg, lora, ranks, config["r"], config["lora_alpha"], adapted,
+                                             base_model)
+        except hf_peft.PeftFormatError as e:
+            raise CheckpointError(f"cannot write PEFT adapters: {e}") from None
     folder = Path(folder)
     if not write:
         return folder
@@ -152,16 +177,17 @@ def save_lora(model, folder, write: bool = True, optimizer=None) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"adapter_model{_stage_suffix(model)}.safetensors"
         tmp = path.with_name(f".{path.name}.tmp")
-        _write_safetensors(save_file, tensors, tmp, metadata={"format": "np"})
+        _write_safetensors(save_file, tensors, tmp, metadata={"format": "pt"})
         os.replace(tmp, path)
-        atomic_write(folder / "adapter_config.json", json.dumps(config, indent=1).encode())
+        atomic_write(folder / "adapter_config.json", json.dumps(config, indent=2).encode())
     except OSError as e:
         raise CheckpointError(f"could not write LoRA adapters to {folder}: {e.strerror or e}") from None
     return folder
 
 
 def read_lora_config(folder) -> dict:
-    """adapter_config.json of a folder save_lora wrote, checked."""
+    """adapter_config.json of a folder of adapters (PEFT's, or this package's earlier format), checked."""
+    from .. import hf_peft
     path = Path(folder) / "adapter_config.json"
     try:
         config = json.loads(path.read_text())
@@ -169,23 +195,74 @@ def read_lora_config(folder) -> dict:
         raise CheckpointError(f"{folder} holds no LoRA adapters (no adapter_config.json)") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path} is not a readable adapter config: {e}") from None
-    ok = isinstance(config, dict) and isinstance(config.get("r"), int) and config["r"] >= 1 \
-        and isinstance(config.get("lora_alpha"), (int, float)) \
-        and isinstance(config.get("target_modules"), list) \
-        and all(isinstance(t, str) for t in config["target_modules"])
+    targets = config.get("target_modules") if isinstance(config, dict) else None
+    ok = isinstance(config, dict) and type(config.get("r")) is int and config["r"] >= 1 \
+        and isinstance(config.get("lora_alpha"), (int, float)) and not isinstance(config["lora_alpha"], bool) \
+        and (isinstance(targets, str) or isinstance(targets, list) and all(isinstance(t, str) for t in targets))
     if not ok:
         raise CheckpointError(f"{path} must hold r (a positive integer), lora_alpha (a number) and "
                               f"target_modules (names); it holds {str(config)[:200]}")
+    if hf_peft.is_peft_config(config):
+        try:
+            hf_peft.check_config(config, path)
+        except hf_peft.PeftFormatError as e:
+            raise CheckpointError(str(e)) from None
     return config
 
 
 @no_grad()
-def load_lora(model, folder) -> None:
-    """Loads adapters that save_lora wrote (under any layout) into a model with adapters of the
-    same rank: each rank takes its slice of each tensor."""
+def load_lora(model, folder, alpha: float | None = None) -> list:
+    """Loads adapters (PEFT's format, or what save_lora wrote before it wrote PEFT's) into a
+    model under any layout, each rank taking its slice of each tensor, and returns the adapted
+    layers' names. PEFT adapters are applied as their config says when the model has none yet
+    (nn.lora.apply_lora; `alpha`, if given, instead of theirs); a model with adapters must have
+    them on the same layers, of the same ranks. Their scale is the model's: B is rescaled to
+    it, so the model computes what the file's adapters compute."""
+    from .. import hf, hf_peft
+    from ..nn.lora import apply_lora, lora_layers
+    config = read_lora_config(folder)
+    if not hf_peft.is_peft_config(config):
+        _load_earlier_lora(model, folder, config)
+        return [n for n, _ in lora_layers(model)]
+    files = sorted(Path(folder).glob("adapter_model*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder} has no adapter_model.safetensors")
+    try:
+        stored = hf.SafetensorsFiles(files)
+        lora, ranks = hf_peft.import_(type(model).__name__, model.config, config,
+                                      {n: stored(n) for n in stored.where})
+    except (DataFormatError, hf_peft.PeftFormatError) as e:
+        raise CheckpointError(f"{folder}: {e}") from None
+    if getattr(model, "lora_config", None) is None:
+        try:
+            apply_lora(model, config["r"], config["lora_alpha"] if alpha is None else alpha, sorted(lora), ranks=ranks)
+        except ValueError as e:
+            raise CheckpointError(f"{folder}: {e}") from None
+    modules = dict(model.named_modules())
+    mine = dict(lora_layers(model))
+    stray = sorted(n for n in lora if n in modules and n not in mine)
+    if stray or set(mine) - set(lora):
+        raise CheckpointError(f"{folder} adapts other layers than this model: "
+                              + "; ".join(([f"it adapts {', '.join(stray[:4])}"] if stray else [])
+                                          + ([f"it has no adapter for {', '.join(sorted(set(mine) - set(lora))[:4])}"]
+                                             if set(mine) - set(lora) else [])))
+    scale = config["lora_alpha"] / config["r"]
+    for name, layer in mine.items():
+        A, B = lora[name]
+        for p, a in ((layer.lora_A, A), (layer.lora_B, B * np.float32(scale / layer.lora_scale))):
+            shard = getattr(p, "tp_shard", None)
+            want = shard.full_shape(p.shape) if shard is not None else tuple(p.shape)
+            if a.shape != tuple(want):
+                raise CheckpointError(f"{folder}: the adapter of {name} is rank {A.shape[0]} ({a.shape}), this "
+                                      f"model's is {tuple(want)}")
+            load_full(p, from_numpy(np.ascontiguousarray(a, dtype=np.float32)))
+    return list(mine)
+
+
+def _load_earlier_lora(model, folder, config: dict) -> None:
+    """Adapters as save_lora wrote them before PEFT's format: our names, one-process tensors."""
     from safetensors.numpy import load_file
     from ..nn.lora import lora_state
-    config = read_lora_config(folder)
     own = lora_state(model)
     mine = getattr(model, "lora_config", None)
     if not own or mine is None:

@@ -112,9 +112,12 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--lora_alpha", type=positive_float, default=None, help="LoRA scale numerator (default: the rank)")
     p.add_argument("--lora_target_modules", default=",".join(DEFAULT_TARGETS),
                    help="comma-separated layer names (or name suffixes) that get adapters")
-    p.add_argument("--lora_save_path", default=None, help="save the adapters alone to this folder at the end")
+    p.add_argument("--lora_save_path", default=None,
+                   help="save the adapters alone to this folder at the end, in PEFT's format (adapter_config.json + "
+                        "adapter_model.safetensors; with --save_pretrained, the base they go with)")
     p.add_argument("--lora_load_path", default=None,
-                   help="start from adapters saved so (their rank, alpha and targets unless given)")
+                   help="start from adapters in PEFT's format (their rank, alpha and layers unless given) or "
+                        "this package's earlier one")
     p.add_argument("--peak_tflops", type=positive_float, default=None,
                    help="per-rank peak TFLOP/s for the MFU figure (default: measured at start from "
                         "matrix products in --dtype on all ranks at once)")

@@ -331,8 +331,10 @@ class TrainingLoop:
             for line in self.checker.close().splitlines():  # a line per write: ranks' lines stay whole
                 print(line, flush=True)
         if args.lora_save_path:
-            save_lora(model, args.lora_save_path, write=self.plan.writes_files,
-                      optimizer=self.optimizer)
+            # PEFT's adapter_config names the base: the transformers folder this run writes or started from
+            base = args.save_pretrained or args.from_pretrained
+            save_lora(model, args.lora_save_path, write=self.plan.writes_files, optimizer=self.optimizer,
+                      base_model=str(Path(base).resolve()) if base else None)
             env.world.barrier()
             self.log(f"saved LoRA adapters to {args.lora_save_path}", flush=True)
         self.export_pretrained()

@@ -21,7 +21,7 @@ from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples.lm_loop import TrainingLoop, restart_count
 from infinitrain.nn import parallel
-from infinitrain.nn.lora import apply_lora
+from infinitrain.nn.lora import DEFAULT_TARGETS, apply_lora
 from infinitrain.nn.parallel.memory_plan import memory_plan
 from infinitrain.nn.parallel.train_step import TrainStep, decay_groups
 from infinitrain.runtime import check_fits_in_memory
@@ -87,8 +87,6 @@ def setup_plan(args):
     if args.save_pretrained and plan.pipelined:
         refuse("--save_pretrained writes a whole model, which no pipeline stage holds: save a checkpoint (--save) "
                "and export it from one process (--load it with --save_pretrained --eval_only)")
-    if args.save_pretrained and (args.lora_rank or args.lora_load_path):
-        refuse("--save_pretrained writes the base model's weights: with LoRA save the adapters (--lora_save_path)")
     if args.sequence_parallel and plan.tp == 1 and env.is_main:
         print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
     if plan.zero_has_no_effect and env.is_main:
@@ -285,13 +283,17 @@ def setup_lora(model, args, log) -> None:
     rank, alpha = args.lora_rank, args.lora_alpha
     targets = [t for t in args.lora_target_modules.split(",") if t]
     try:
-        if args.lora_load_path:
-            saved = read_lora_config(args.lora_load_path)
+        saved = read_lora_config(args.lora_load_path) if args.lora_load_path else None
+        if saved is not None:
             rank = rank or saved["r"]
             alpha = alpha if alpha is not None else saved["lora_alpha"]
-        names = apply_lora(model, rank, alpha, targets, seed=args.seed)
-        if args.lora_load_path:
-            load_lora(model, args.lora_load_path)
+        # PEFT's adapters say which layers they adapt (load_lora applies them so, with their alpha
+        # unless --lora_alpha is given); a rank or targets given, or the earlier format, say it here
+        given = args.lora_rank or args.lora_target_modules != ",".join(DEFAULT_TARGETS)
+        if saved is None or given or "peft_type" not in saved:
+            names = apply_lora(model, rank, alpha, targets, seed=args.seed)
+        if saved is not None:
+            names = load_lora(model, args.lora_load_path, alpha=alpha)
     except (ValueError, CheckpointError) as e:
         sys.exit(f"cannot set up LoRA: {e}")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -36,12 +36,16 @@ def _matches(name: str, targets) -> bool:
 
 
 def apply_lora(model, rank: int, alpha: float | None = None, targets=DEFAULT_TARGETS,
-               seed: int = 0) -> list:
+               seed: int = 0, ranks: dict | None = None) -> list:
     """Adds adapters to every linear layer of `model` whose name matches a target, freezes
     every other parameter, and returns the adapted layers' names. alpha defaults to rank
-    (scale 1)."""
-    if not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}")
+    (scale 1). `ranks` gives layers (by name) a rank of their own; every layer scales by
+    alpha / rank all the same (PEFT's rank_pattern, and LLaMA's q, k, v adapters with three
+    A's fused into one, need it)."""
+    ranks = dict(ranks or {})
+    for r in [rank, *ranks.values()]:
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            raise ValueError(f"LoRA rank must be a positive integer, got {r!r}")
     alpha = float(rank if alpha is None else alpha)
     kinds = (Linear, ColumnParallelLinear, RowParallelLinear)
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, kinds) and _matches(n, targets)]
@@ -52,12 +56,14 @@ def apply_lora(model, rank: int, alpha: float | None = None, targets=DEFAULT_TAR
     for p in model.parameters():
         p.requires_grad = False
     for name, layer in layers:
-        _add_adapter(layer, name, rank, alpha, seed)
+        _add_adapter(layer, name, ranks.get(name, rank), alpha / rank, seed)
     model.lora_config = {"r": rank, "lora_alpha": alpha, "target_modules": list(targets), "seed": seed}
+    if ranks:
+        model.lora_config["ranks"] = ranks
     return [n for n, _ in layers]
 
 
-def _add_adapter(layer, name: str, rank: int, alpha: float, seed: int) -> None:
+def _add_adapter(layer, name: str, rank: int, scale: float, seed: int) -> None:
     if "lora_A" in layer._parameters:
         raise ValueError(f"{name} has a LoRA adapter already")
     w, dtype = layer.weight, layer.weight.dtype
@@ -77,7 +83,7 @@ def _add_adapter(layer, name: str, rank: int, alpha: float, seed: int) -> None:
     init.uniform_(A, -bound, bound, generator=Generator(seed * 1_000_003 + zlib.crc32(name.encode())))
     init.zeros_(B)
     layer.lora_A, layer.lora_B = A, B
-    layer.lora_scale, layer.lora_on = alpha / rank, True
+    layer.lora_scale, layer.lora_on = scale, True
 
 
 def lora_layers(model) -> list:

@@ -10,7 +10,7 @@ ROOT = Path(infinitrain.__file__).parent
 # bottom to top; a module may import its own layer (same package) and those listed before it
 LAYERS = [
     ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace",
-     "infinitrain.hf", "infinitrain.size", "infinitrain.return_types",
+     "infinitrain.hf", "infinitrain.hf_peft", "infinitrain.size", "infinitrain.return_types",
      "infinitrain.multiprocessing"],
     ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda",
      "infinitrain.backends", "infinitrain.accelerator"],
@@ -24,7 +24,8 @@ LAYERS = [
      "infinitrain.precision_checker", "infinitrain.torch_files", "infinitrain.serialization",
      "infinitrain.distributed", "infinitrain.utils"],
     ["infinitrain.models"],
-    ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.cuda.amp", "infinitrain"],
+    ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.lora", "infinitrain.cuda.amp",
+     "infinitrain"],
 ]
 
 

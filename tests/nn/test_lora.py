@@ -93,23 +93,21 @@ def test_adapters_save_and_load_alone(tmp_path):
     train(model, [p for p in model.parameters() if p.requires_grad], steps=2)
     save_lora(model, tmp_path / "a")
     stored = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))
-    assert stored and all(k.endswith((".lora_A", ".lora_B")) for k in stored), sorted(stored)
+    assert stored and all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in stored), sorted(stored)
     fresh = tiny()
     apply_lora(fresh, 4, seed=99)  # other starting adapters, then the saved ones
     load_lora(fresh, tmp_path / "a")
     x, _ = batch(1)
     with it.no_grad():
         np.testing.assert_array_equal(fresh(x)[0].numpy(), model(x)[0].numpy())
-    with pytest.raises(CheckpointError, match="no LoRA adapters"):
-        load_lora(tiny(), tmp_path / "a")
     other = tiny()
     apply_lora(other, 2)
-    with pytest.raises(CheckpointError, match="rank-4 adapters"):
+    with pytest.raises(CheckpointError, match="the adapter of .* is rank 4"):
         load_lora(other, tmp_path / "a")
     with pytest.raises(CheckpointError, match="no adapter_config"):
         load_lora(fresh, tmp_path / "nothing")
     (tmp_path / "a" / "adapter_model.safetensors").write_bytes(b"\x00" * 20)
-    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+    with pytest.raises(CheckpointError, match="is not a safetensors file"):
         load_lora(fresh, tmp_path / "a")
     with pytest.raises(ValueError, match="no linear layer matches"):
         apply_lora(tiny(), 4, targets=["nope"])
