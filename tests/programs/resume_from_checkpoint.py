@@ -26,11 +26,11 @@ def init_from_numpy(model, seed):
             p.copy_(torch.from_numpy(rng.uniform(-bound, bound, p.shape).astype(np.float32)))
 
 
-def build(steps):
+def build(steps, compile):
     model = make_model()
     init_from_numpy(model, 0)
-    # the eager backend: the comparison wants PyTorch's arithmetic, not a generated kernel's
-    model = torch.compile(model, backend="eager")
+    if compile:
+        model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=1e-2)
     scheduler = CosineAnnealingLR(optimizer, T_max=steps)
     return model, optimizer, scheduler
@@ -48,14 +48,17 @@ def train_steps(model, optimizer, scheduler, x, y, first, last, losses):
         losses.append(loss.item())
 
 
-def main(steps=6):
+def main(steps=6, compile=True, resume=True):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.standard_normal((steps + 1, 16, 10)), dtype=torch.float32)
     y = (x[..., :3].sum(-1, keepdim=True) * 0.5).sin()
 
-    model, optimizer, scheduler = build(steps)
+    model, optimizer, scheduler = build(steps, compile)
     losses = []
+    if not resume:  # the same run without the round trip, to hold the resumed one against
+        train_steps(model, optimizer, scheduler, x, y, 0, steps, losses)
+        return losses + [validate(model, x[steps], y[steps])]
     train_steps(model, optimizer, scheduler, x, y, 0, steps // 2, losses)
     with tempfile.TemporaryDirectory() as out_dir:
         path = os.path.join(out_dir, "ckpt.pt")
@@ -63,20 +66,29 @@ def main(steps=6):
                     "scheduler": scheduler.state_dict(), "step": steps // 2}, path)
         del model, optimizer, scheduler
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    # a compiled model's names carry a prefix in PyTorch (nanoGPT strips it the same way)
+    unwanted_prefix = "_orig_mod."
+    state_dict = checkpoint["model"]
+    for k in list(state_dict):
+        if k.startswith(unwanted_prefix):
+            state_dict[k[len(unwanted_prefix):]] = state_dict.pop(k)
 
-    model, optimizer, scheduler = build(steps)
+    model, optimizer, scheduler = build(steps, compile)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()  # so that nothing below passes unless the checkpoint restores it
-    model.load_state_dict(checkpoint["model"])
+    getattr(model, "_orig_mod", model).load_state_dict(state_dict)
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
     train_steps(model, optimizer, scheduler, x, y, checkpoint["step"], steps, losses)
 
+    return losses + [validate(model, x[steps], y[steps])]
+
+
+def validate(model, x, y):
     model.eval()
     with torch.inference_mode():
-        val_loss = nn.functional.mse_loss(model(x[steps]), y[steps]).item()
-    return losses + [val_loss]
+        return nn.functional.mse_loss(model(x), y).item()
 
 
 if __name__ == "__main__":
