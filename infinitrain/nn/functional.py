@@ -161,6 +161,14 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator=None
     return _nn.Dropout.apply(input, p, generator)
 
 
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """x where x > 0, else negative_slope * x; the gradient at 0 is negative_slope, as PyTorch's."""
+    if inplace:
+        raise NotImplementedError("leaky_relu: inplace=True is not supported yet; write "
+                                  "x = F.leaky_relu(x, negative_slope) (the same values, a new tensor)")
+    return _idx.where(input > 0, input, input * negative_slope)
+
+
 def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
     return _idx.log_softmax(input, dim)
 
@@ -229,3 +237,4 @@ def pad(input: Tensor, pad: tuple, mode: str = "constant", value: float = 0.0) -
 
 from .functional_conv import (adaptive_avg_pool2d, avg_pool2d, batch_norm, conv1d, conv2d,  # noqa: E402,F401
                               group_norm, max_pool2d)
+from .functional_conv import conv_transpose2d  # noqa: E402,F401

@@ -57,7 +57,8 @@ def init_from_numpy(model, seed):
     with torch.no_grad():
         for name, p in model.named_parameters():
             base = 1.0 if p.dim() == 1 and name.endswith("weight") else 0.0
-            p.copy_(torch.from_numpy((base + 0.02 * rng.standard_normal(p.shape)).astype(np.float32)))
+            scale = 0.3 if p.dim() > 1 else 0.02
+            p.copy_(torch.from_numpy((base + scale * rng.standard_normal(p.shape)).astype(np.float32)))
 
 
 def main(steps=3):
