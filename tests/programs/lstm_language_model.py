@@ -1,7 +1,8 @@
 """A word-level LSTM language model in the style of PyTorch's word_language_model example:
 Embedding, a two-layer batch-first LSTM whose hidden state is carried from batch to batch and
 detached (truncated backpropagation through time), a Linear decoder, CrossEntropyLoss over the
-flattened logits, clip_grad_norm_ and Adam; perplexity of a held-out batch at the end."""
+flattened logits, clip_grad_norm_, Adam and ReduceLROnPlateau halving the rate when the loss
+stalls; perplexity of a held-out batch at the end."""
 import math
 
 import numpy as np
@@ -70,6 +71,7 @@ def main(steps=4):
     init_from_numpy(model, 0)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.01)
     losses = []
     model.train()
     hidden = model.init_hidden(batch_size)
@@ -85,6 +87,7 @@ def main(steps=4):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
+        scheduler.step(loss.item())
         losses.append(loss.item())
         i += bptt
 
@@ -93,7 +96,7 @@ def main(steps=4):
         data, targets = get_batch(val_data, 0, bptt)
         output, _ = model(data, model.init_hidden(batch_size))
         val_loss = criterion(output, targets).item()
-    assert math.exp(val_loss) < 2 * ntokens
+    assert math.exp(val_loss) < 2 * ntokens and scheduler.get_last_lr()[0] < 1e-2
     return losses + [val_loss]
 
 
