@@ -10,6 +10,7 @@ from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBas
 from .conv import Conv1d, Conv2d
 from .conv import ConvTranspose2d
 from .modules import LeakyReLU
+from .modules import Dropout2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm
 from .flatten import Flatten, Unflatten
@@ -29,3 +30,4 @@ __all__ += ["Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "
             "GroupNorm", "Flatten", "Unflatten"]
 __all__ += ["ConvTranspose2d"]
 __all__ += ["LeakyReLU"]
+__all__ += ["Dropout2d"]

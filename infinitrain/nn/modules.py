@@ -153,6 +153,23 @@ class Softmax(Module):
         return F.softmax(x, self.dim)
 
 
+class Dropout2d(Dropout):
+    """Dropout of whole channels (F.dropout2d)."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__(p)
+        if inplace:
+            raise NotImplementedError("Dropout2d: inplace=True is not supported yet; Dropout2d(p) gives the same "
+                                      "values in a new tensor")
+        self.inplace = inplace
+
+    def forward(self, x):
+        return F.dropout2d(x, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}, inplace={self.inplace}"
+
+
 class LeakyReLU(Module):
     def __init__(self, negative_slope: float = 1e-2, inplace: bool = False):
         super().__init__()

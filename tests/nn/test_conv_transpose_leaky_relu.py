@@ -1,6 +1,6 @@
 """ConvTranspose2d and LeakyReLU against PyTorch (fp32, 1e-5): values and the gradients of
 input, weight and bias over strides, padding, output_padding, dilation and groups; the layer's
-shape, initialisation bounds and output_size; what they refuse."""
+shape, initialisation bounds and output_size; what they refuse. Dropout2d: whole channels."""
 import numpy as np
 import pytest
 
@@ -68,3 +68,24 @@ def test_leaky_relu_values_and_gradients_equal_pytorchs(rng):
     assert repr(nn.LeakyReLU(0.2)) == repr(torch.nn.LeakyReLU(0.2))
     with pytest.raises(NotImplementedError, match="inplace"):
         nn.LeakyReLU(0.2, inplace=True)
+
+
+def test_dropout2d_drops_whole_channels_as_pytorchs(rng):
+    """The masks are infinitrain's draws (not PyTorch's stream): each channel is all zeros or
+    all scaled by 1 / (1 - p), about p of them zeros, the gradient the same mask; in eval mode
+    the identity, and the layer's repr is PyTorch's."""
+    it.manual_seed(0)
+    x = it.tensor(rng.standard_normal((8, 16, 3, 3)).astype(np.float32) + 5.0, requires_grad=True)
+    y = nn.Dropout2d(0.25)(x)
+    ys, xs = y.detach().numpy().reshape(128, 9), x.detach().numpy().reshape(128, 9)
+    dropped = (ys == 0).all(1)
+    np.testing.assert_allclose(ys[~dropped], xs[~dropped] / 0.75, rtol=1e-6)
+    assert 0.1 < dropped.mean() < 0.4
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy().reshape(128, 9), np.where(dropped, 0.0, 1 / 0.75)[:, None]
+                               * np.ones((1, 9)), rtol=1e-6)
+    layer = nn.Dropout2d(0.25).eval()
+    assert layer(x) is x and repr(layer) == repr(torch.nn.Dropout2d(0.25))
+    assert F.dropout2d(x[0], 0.5).shape == (16, 3, 3)
+    with pytest.raises(ValueError, match="4-D"):
+        F.dropout2d(x.view(8, 144))

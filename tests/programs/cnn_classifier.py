@@ -1,5 +1,5 @@
 """A small CNN classifier in the style of PyTorch's MNIST example, on random 1x28x28 images:
-Conv2d, BatchNorm2d, ReLU, MaxPool2d, Dropout, Flatten and Linear; CrossEntropyLoss, SGD with
+Conv2d, BatchNorm2d, ReLU, MaxPool2d, Dropout2d, Dropout, Flatten and Linear; CrossEntropyLoss, SGD with
 momentum and a StepLR schedule, a DataLoader over a TensorDataset, and an evaluation loop under
 torch.no_grad that counts correct predictions."""
 import math
@@ -20,6 +20,7 @@ class Net(nn.Module):
             nn.BatchNorm2d(8),
             nn.ReLU(),
             nn.MaxPool2d(2),
+            nn.Dropout2d(p_drop / 2),
             nn.Conv2d(8, 16, kernel_size=3, stride=1, padding=1),
             nn.BatchNorm2d(16),
             nn.ReLU(),
