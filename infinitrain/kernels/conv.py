@@ -39,9 +39,11 @@ def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation
 
 
 # ---- convolution -------------------------------------------------------------------------------
-def _conv_params(x: Tensor, weight: Tensor, stride, padding, dilation, groups):
+def _conv_params(x, weight: Tensor, stride, padding, dilation, groups):
+    """x: the input tensor, or its shape where there is no input (a transposed convolution's)."""
+    shape = x.shape if isinstance(x, Tensor) else tuple(x)
     return ffi.new("it_conv2d_params *", dict(
-        batch=x.shape[0], in_channels=x.shape[1], height=x.shape[2], width=x.shape[3], out_channels=weight.shape[0],
+        batch=shape[0], in_channels=shape[1], height=shape[2], width=shape[3], out_channels=weight.shape[0],
         kernel_h=weight.shape[2], kernel_w=weight.shape[3], stride_h=stride[0], stride_w=stride[1],
         pad_h=padding[0], pad_w=padding[1], dilation_h=dilation[0], dilation_w=dilation[1], groups=groups))
 
@@ -88,6 +90,29 @@ def conv2d_backward(dout: Tensor, x: Tensor, weight: Tensor, stride, padding, di
                                  _ptr_or_null(db), dout._ptr(), x._ptr(), weight._ptr(),
                                  _conv_params(x, weight, stride, padding, dilation, groups)))
     return dx, dw, db
+
+
+@_trace.traced("kernel")
+def conv2d_input_grad(dout: Tensor, weight: Tensor, input_shape, stride, padding, dilation, groups: int) -> Tensor:
+    """The gradient of conv2d's input of input_shape for dout, alone (no input needed): the
+    transposed convolution of dout by weight."""
+    dout = _image("conv_transpose2d", dout)
+    _checks.same_device("conv_transpose2d", input=dout, weight=weight)
+    _float32("conv_transpose2d", weight=weight)
+    if weight.ndim != 4 or groups < 1 or dout.shape[1] != weight.shape[0] or weight.shape[0] % groups:
+        raise ValueError(f"conv_transpose2d: input of {dout.shape[1]} channels and weight {tuple(weight.shape)} "
+                         f"do not match groups={groups} (expected a 4-D weight [in_channels, out_channels/groups, "
+                         f"kh, kw] with in_channels divisible by groups)")
+    weight = weight._contiguous_raw()
+    for i in range(2):
+        if conv_output_size(input_shape[2 + i], weight.shape[2 + i], stride[i], padding[i], dilation[i]) != \
+                dout.shape[2 + i]:
+            raise ValueError(f"conv_transpose2d: an output of {tuple(input_shape[2:])} does not convolve back to the "
+                             f"input's {tuple(dout.shape[2:])} (output_padding must be smaller than the stride)")
+    dx = _empty(tuple(input_shape), dout.dtype, dout.device)
+    check(lib.it_conv2d_backward(dout.device.native, dout.dtype.native, dx._ptr(), _NULL, _NULL, dout._ptr(), _NULL,
+                                 weight._ptr(), _conv_params(input_shape, weight, stride, padding, dilation, groups)))
+    return dx
 
 
 # ---- pooling ------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ from .modules import ParameterDict, ParameterList
 from .parameter import Parameter
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from .conv import Conv1d, Conv2d
+from .conv import ConvTranspose2d
+from .modules import LeakyReLU
+from .modules import Dropout2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm
 from .flatten import Flatten, Unflatten
@@ -25,3 +28,6 @@ __all__ += ["NLLLoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss"]
 __all__ += ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 __all__ += ["Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
             "GroupNorm", "Flatten", "Unflatten"]
+__all__ += ["ConvTranspose2d"]
+__all__ += ["LeakyReLU"]
+__all__ += ["Dropout2d"]

@@ -1,4 +1,5 @@
-"""Convolution layers: Conv1d and Conv2d (torch.nn's names, arguments and initialisation)."""
+"""Convolution layers: Conv1d, Conv2d and ConvTranspose2d (torch.nn's names, arguments and
+initialisation)."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,7 @@ from .parameter import Parameter
 
 class _ConvNd(Module):
     _dims = 2
+    _transposed = False  # a transposed convolution's weight is [in_channels, out_channels/groups, ...]
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None):
@@ -37,7 +39,8 @@ class _ConvNd(Module):
         else:
             self.padding = _tuple(padding, n, "padding")
         self.padding_mode = padding_mode
-        shape = (out_channels, in_channels // groups) + self.kernel_size
+        shape = ((in_channels, out_channels // groups) if self._transposed else
+                 (out_channels, in_channels // groups)) + self.kernel_size
         self.weight = Parameter(creation.empty(*shape, dtype=dtype, device=device))
         self.bias = Parameter(creation.empty(out_channels, dtype=dtype, device=device)) if bias else None
         self.reset_parameters()
@@ -73,3 +76,30 @@ class Conv2d(_ConvNd):
 
     def forward(self, x):
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class ConvTranspose2d(_ConvNd):
+    _dims = 2
+    _transposed = True
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                 groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", device=None, dtype=None):
+        if isinstance(padding, str):
+            raise ValueError(f"ConvTranspose2d: padding must be an int or a tuple, got {padding!r}")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device, dtype)
+        self.output_padding = _tuple(output_padding, 2, "output_padding")
+
+    def forward(self, x, output_size=None):
+        output_padding = self.output_padding
+        if output_size is not None:  # the output_padding that gives that size, as PyTorch works it out
+            output_size = list(output_size)[-2:]
+            smallest = [(x.shape[-2 + i] - 1) * self.stride[i] - 2 * self.padding[i]
+                        + self.dilation[i] * (self.kernel_size[i] - 1) + 1 for i in range(2)]
+            output_padding = tuple(int(want) - low for want, low in zip(output_size, smallest))
+        return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
+                                  self.dilation)
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        return s + (f", output_padding={self.output_padding}" if any(self.output_padding) else "")

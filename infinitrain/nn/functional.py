@@ -168,6 +168,33 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator=None
     return _nn.Dropout.apply(input, p, generator)
 
 
+def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Whole channels of an (N, C, H, W) or (C, H, W) input zeroed with probability p, the
+    others scaled by 1 / (1 - p); the mask is drawn from infinitrain's generator."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout2d probability must be in [0, 1], got {p}")
+    if inplace:
+        raise NotImplementedError("dropout2d: inplace=True is not supported yet; use the returned tensor")
+    if input.ndim not in (3, 4):
+        raise ValueError(f"dropout2d: expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape "
+                         f"{tuple(input.shape)}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return input * 0.0
+    from ..creation import rand
+    keep = rand(tuple(input.shape[:-2]) + (1, 1), device=input.device) >= p
+    return input * (keep.to(dtype=input.dtype) * (1.0 / (1.0 - p)))
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """x where x > 0, else negative_slope * x; the gradient at 0 is negative_slope, as PyTorch's."""
+    if inplace:
+        raise NotImplementedError("leaky_relu: inplace=True is not supported yet; write "
+                                  "x = F.leaky_relu(x, negative_slope) (the same values, a new tensor)")
+    return _idx.where(input > 0, input, input * negative_slope)
+
+
 def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
     return _idx.log_softmax(input, dim)
 
@@ -236,3 +263,4 @@ def pad(input: Tensor, pad: tuple, mode: str = "constant", value: float = 0.0) -
 
 from .functional_conv import (adaptive_avg_pool2d, avg_pool2d, batch_norm, conv1d, conv2d,  # noqa: E402,F401
                               group_norm, max_pool2d)
+from .functional_conv import conv_transpose2d  # noqa: E402,F401

@@ -72,6 +72,31 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
     return out.squeeze(0) if unbatched else out
 
 
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    """PyTorch's (its argument order: groups before dilation); weight [in_channels,
+    out_channels/groups, kh, kw]. output_padding must be smaller than the stride."""
+    x, unbatched = _batched("conv_transpose2d", input, 2)
+    (x, weight, bias), dtype = _widened(*amp.lower(x, weight, bias))
+    stride, padding = _tuple(stride, 2, "stride"), _tuple(padding, 2, "padding")
+    output_padding, dilation = _tuple(output_padding, 2, "output_padding"), _tuple(dilation, 2, "dilation")
+    if weight.ndim != 4:
+        raise ValueError(f"conv_transpose2d: weight must be 4-D [in_channels, out_channels/groups, kh, kw], "
+                         f"got shape {tuple(weight.shape)}")
+    if any(not 0 <= p < s for p, s in zip(output_padding, stride)):
+        raise ValueError(f"conv_transpose2d: output_padding {output_padding} must be at least 0 and smaller than "
+                         f"the stride {stride}")
+    out_hw = tuple((x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
+                   + output_padding[i] + 1 for i in range(2))
+    if min(out_hw) < 1:
+        raise ValueError(f"conv_transpose2d: the output would be {out_hw[0]} x {out_hw[1]}")
+    out = _conv.conv_transpose2d(x, weight, out_hw, stride, padding, dilation, groups)
+    if bias is not None:
+        out = out + bias.view(1, -1, 1, 1)
+    out = _narrowed(out, dtype)
+    return out.squeeze(0) if unbatched else out
+
+
 def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
            groups: int = 1) -> Tensor:
     x, unbatched = _batched("conv1d", input, 1)

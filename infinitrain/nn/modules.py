@@ -160,6 +160,38 @@ class Softmax(Module):
         return F.softmax(x, self.dim)
 
 
+class Dropout2d(Dropout):
+    """Dropout of whole channels (F.dropout2d)."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__(p)
+        if inplace:
+            raise NotImplementedError("Dropout2d: inplace=True is not supported yet; Dropout2d(p) gives the same "
+                                      "values in a new tensor")
+        self.inplace = inplace
+
+    def forward(self, x):
+        return F.dropout2d(x, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}, inplace={self.inplace}"
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 1e-2, inplace: bool = False):
+        super().__init__()
+        if inplace:
+            raise NotImplementedError("LeakyReLU: inplace=True is not supported yet; LeakyReLU(negative_slope) "
+                                      "gives the same values in a new tensor")
+        self.negative_slope, self.inplace = negative_slope, inplace
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}"
+
+
 class _Loss(Module):
     def __init__(self, size_average=None, reduce=None, reduction: str = "mean"):
         super().__init__()

@@ -21,6 +21,26 @@ class Conv2d(Function):
         return dx, dw, db, None, None, None, None
 
 
+class ConvTranspose2d(Function):
+    """conv2d run backwards: the forward pass is conv2d's input gradient, the backward pass a
+    conv2d of the gradient (for the input) and conv2d's weight gradient with the roles of input
+    and output gradient exchanged (for the weight). The bias is added outside, by the caller."""
+    @staticmethod
+    def forward(ctx, x, weight, out_hw, stride, padding, dilation, groups):
+        ctx.save_for_backward(x, weight)
+        ctx.geometry = (stride, padding, dilation, groups)
+        shape = (x.shape[0], weight.shape[1] * groups, *out_hw)
+        return kconv.conv2d_input_grad(x, weight, shape, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        dx = kconv.conv2d(g, weight, None, *ctx.geometry) if ctx.needs_input_grad[0] else None
+        dw = kconv.conv2d_backward(x, g, weight, *ctx.geometry, want=(False, True, False))[1] \
+            if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None, None, None, None
+
+
 class MaxPool2d(Function):
     """Returns (values, int64 indices); only the values take a gradient."""
 
@@ -80,6 +100,10 @@ class BatchNorm(Function):
 
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
     return Conv2d.apply(x, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose2d(x, weight, out_hw, stride, padding, dilation, groups):
+    return ConvTranspose2d.apply(x, weight, out_hw, stride, padding, dilation, groups)
 
 
 def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode, return_indices=False):

@@ -275,3 +275,62 @@ class OneCycleLR(LRScheduler):
                             g["momentum"] = m
                     break
                 start = end
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """The learning rate times factor once a watched metric (step(metric), a validation loss)
+    has not improved by threshold for more than patience steps; then cooldown steps before
+    counting again, and never below min_lr (a number, or one per parameter group)."""
+
+    def __init__(self, optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr=0, eps: float = 1e-8):
+        if factor >= 1.0:
+            raise ValueError("ReduceLROnPlateau: factor should be < 1.0")
+        if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"ReduceLROnPlateau: mode must be 'min' or 'max' and threshold_mode 'rel' or 'abs', "
+                             f"got {mode!r}, {threshold_mode!r}")
+        groups = optimizer.param_groups
+        if isinstance(min_lr, (list, tuple)):
+            if len(min_lr) != len(groups):
+                raise ValueError(f"ReduceLROnPlateau: expected {len(groups)} min_lrs, got {len(min_lr)}")
+            self.min_lrs = list(min_lr)
+        else:
+            self.min_lrs = [min_lr] * len(groups)
+        # no LRScheduler.__init__: the rate changes only when a metric says so
+        self.optimizer, self.mode, self.factor, self.patience = optimizer, mode, factor, patience
+        self.threshold, self.threshold_mode, self.cooldown, self.eps = threshold, threshold_mode, cooldown, eps
+        self.cooldown_counter, self.num_bad_epochs, self.last_epoch = 0, 0, 0
+        self.best = math.inf if mode == "min" else -math.inf
+        self._last_lr = [g["lr"] for g in groups]
+
+    def is_better(self, a: float, best: float) -> bool:
+        if self.mode == "min":
+            return a < (best * (1.0 - self.threshold) if self.threshold_mode == "rel" else best - self.threshold)
+        return a > (best * (self.threshold + 1.0) if self.threshold_mode == "rel" else best + self.threshold)
+
+    def step(self, metrics) -> None:  # noqa: D102  (PyTorch's name for the watched value)
+        current = float(metrics)
+        self.last_epoch += 1
+        if self.is_better(current, self.best):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for g, low in zip(self.optimizer.param_groups, self.min_lrs):
+                new = max(float(g["lr"]) * self.factor, low)
+                if float(g["lr"]) - new > self.eps:
+                    g["lr"] = new
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list:
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
