@@ -66,12 +66,14 @@ def _block(key, v) -> dict:
 # prefetch, pinned buffers), logging services this engine does not run, and checks of its own
 NO_EFFECT_TOP = {"prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "zero_allow_untested_optimizer",
                  "zero_force_ds_cpu_optimizer", "communication_data_type", "dump_state", "memory_breakdown",
-                 "wandb", "comet", "comms_logger", "elasticity", "checkpoint", "data_types", "seq_parallel_communication_data_type",
-                 "graph_harvesting", "use_data_before_expert_parallelism", "amp"}
+                 "wandb", "comet", "comms_logger", "elasticity", "checkpoint", "data_types",
+                 "seq_parallel_communication_data_type", "graph_harvesting",
+                 "use_data_before_expert_parallelism", "amp"}
 NO_EFFECT_ZERO = {"overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
                   "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-                  "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-                  "stage3_gather_fp16_weights_on_model_save", "sub_group_size", "round_robin_gradients",
+                  "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                  "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                  "sub_group_size", "round_robin_gradients",
                   "elastic_checkpoint", "ignore_unused_parameters", "load_from_fp32_weights", "memory_efficient_linear",
                   "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
                   "stage3_module_granularity_threshold", "mics_shard_size", "mics_hierarchical_params_gather",
