@@ -310,3 +310,38 @@ def parse_config(config, dp: int = 1, device_type: str = "cpu") -> DeepSpeedConf
         warnings.warn(f"DeepSpeed config: unknown key {name!r} ignored", stacklevel=2)
     cfg.notes = reader.notes
     return cfg
+
+
+def settings(cfg: DeepSpeedConfig) -> dict:
+    """What the config sets that a trainer's flags also set, by the config's key: the batch
+    sizes (always), and each other key only where the config has it. The optimizer's type is
+    given as the class it trains with ("AdamW", "Adam" or "SGD")."""
+    raw = cfg.raw
+    out = {"train_batch_size": cfg.train_batch_size,
+           "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
+           "gradient_accumulation_steps": cfg.gradient_accumulation_steps}
+    if "gradient_clipping" in raw:
+        out["gradient_clipping"] = cfg.gradient_clipping
+    if cfg.optimizer is not None:
+        params = cfg.optimizer["params"]
+        adamw = cfg.optimizer["type"] == "AdamW" or (cfg.optimizer["type"] == "Adam" and
+                                                     params.get("adam_w_mode", True))
+        out["optimizer.type"] = "AdamW" if adamw else cfg.optimizer["type"]
+        for k in ("lr", "betas", "eps", "weight_decay"):
+            if k in params:
+                out[f"optimizer.params.{k}"] = tuple(params[k]) if k == "betas" else params[k]
+    zero = raw.get("zero_optimization", {})
+    if "stage" in zero:
+        out["zero_optimization.stage"] = cfg.zero_stage
+    for what in ("offload_optimizer", "offload_param"):
+        if what in zero:
+            out[f"zero_optimization.{what}.device"] = getattr(cfg, what) or "none"
+    if cfg.offload_path:
+        out["zero_optimization.offload_optimizer.nvme_path"] = cfg.offload_path
+    if "bf16" in raw or "bfloat16" in raw:
+        out["bf16.enabled"] = cfg.bf16
+    if cfg.activation_checkpointing:
+        out["activation_checkpointing"] = True
+    if cfg.scheduler is not None:
+        out["scheduler"] = cfg.scheduler
+    return out
