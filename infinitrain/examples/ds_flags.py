@@ -32,7 +32,9 @@ def take_deepspeed_config(args, argv, dp: int, device_type: str, table: dict, is
         with warnings.catch_warnings(record=True) as unknown:
             warnings.simplefilter("always")
             cfg = parse_config(args.deepspeed_config, dp, device_type)
-    except (ConfigError, FileNotFoundError) as e:
+    except FileNotFoundError:
+        refuse(f"--deepspeed_config {args.deepspeed_config}: no such file")
+    except ConfigError as e:
         refuse(f"--deepspeed_config {args.deepspeed_config}: {e}")
     if is_main:
         for w in unknown:
