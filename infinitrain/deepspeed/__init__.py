@@ -156,8 +156,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if config is not None and config_params is not None:
         raise ValueError("initialize: give config or config_params, not both")
     config = config if config is not None else config_params
-    if config is None and args is not None:
-        config = getattr(args, "deepspeed_config", None)
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if config is not None and from_args is not None:
+        raise ValueError(f"initialize: config given and args.deepspeed_config ({from_args}) too; keep one of them")
+    config = config if config is not None else from_args
     if config is None:
         raise ValueError("initialize: no DeepSpeed config: pass config= (a dict or a ds_config.json path) or "
                          "args with --deepspeed_config")

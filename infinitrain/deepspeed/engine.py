@@ -137,7 +137,7 @@ class DeepSpeedEngine:
         self._times["backward"] += time.perf_counter() - t0
         return loss
 
-    def step(self) -> None:
+    def step(self, lr_kwargs: dict | None = None) -> None:
         """At the accumulation boundary: the optimizer step (gradients reduced and fixed up,
         clipped to gradient_clipping, the update, zero_grad), then the schedule's step.
         Elsewhere it only counts the micro-batch."""
@@ -147,7 +147,7 @@ class DeepSpeedEngine:
             self._grad_norm = self.trainer.optimizer_step(self.config.gradient_clipping)
             self._step_applied = True
             if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
+                self.lr_scheduler.step(**(lr_kwargs or {}))
             self.global_steps += 1
             self.global_samples += self.config.train_batch_size
             self._times["step"] += time.perf_counter() - t0

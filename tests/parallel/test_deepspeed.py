@@ -191,6 +191,24 @@ def test_the_engine_loop_is_trainsteps_step_bit_for_bit():
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
 
 
+def test_bf16_is_the_flags_autocast_and_activation_checkpointing_recomputes(capsys):
+    from infinitrain.amp import autocast
+    cfg = config(bf16={"enabled": True}, activation_checkpointing={"partition_activations": True},
+                 flops_profiler={"enabled": True, "profile_step": 1})
+    engine, _, _, _ = _engine(cfg)
+    assert engine.module.recompute == "full" and engine.bfloat16_enabled()
+    ref = GPT2(CFG, seed=3)
+    trainer = TrainStep(ref, ONE, [{"params": list(ref.parameters())}], AdamW, lr=1e-2, betas=(0.9, 0.95),
+                        weight_decay=0.1)
+    got = _loop(engine, [0])
+    loss, _ = trainer.step(batches(0), lambda: autocast("cpu", dtype=it.bfloat16), grad_clip=0.5)
+    assert sum(got) / 2 == pytest.approx(loss, rel=1e-12)
+    for p, q in zip(engine.module.parameters(), ref.parameters()):
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
+    out = capsys.readouterr().out
+    assert "partition_activations" in out and "profile of step 1:" in out, out
+
+
 def test_a_checkpoint_round_trips_client_state_and_resumes_bit_for_bit(tmp_path):
     cfg = config(scheduler={"type": "WarmupDecayLR", "params": {"total_num_steps": 8, "warmup_max_lr": 1e-2,
                                                                 "warmup_num_steps": 3}})
