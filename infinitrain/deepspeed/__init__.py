@@ -93,9 +93,18 @@ def _config_optimizer(block: dict):
     for k in params:
         if k not in allowed:
             raise ConfigError(f"optimizer.params.{k}: {kind} takes {', '.join(sorted(allowed))}")
-    if "betas" in params:
-        params["betas"] = tuple(params["betas"]) if isinstance(params["betas"], list) else params["betas"]
+    for k, v in params.items():
+        if k == "betas":
+            if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(b) for b in v)):
+                raise ConfigError(f"optimizer.params.betas must be two numbers, got {v!r}")
+            params[k] = tuple(v)
+        elif k != "nesterov" and not _number(v):
+            raise ConfigError(f"optimizer.params.{k} must be a number, got {v!r}")
     return cls, params
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _client_optimizer(optimizer, groups):

@@ -312,36 +312,36 @@ def parse_config(config, dp: int = 1, device_type: str = "cpu") -> DeepSpeedConf
     return cfg
 
 
+# DeepSpeed's defaults for what a config leaves out of its optimizer block (its fused Adam's)
+OPTIMIZER_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+
+
 def settings(cfg: DeepSpeedConfig) -> dict:
-    """What the config sets that a trainer's flags also set, by the config's key: the batch
-    sizes (always), and each other key only where the config has it. The optimizer's type is
-    given as the class it trains with ("AdamW", "Adam" or "SGD")."""
-    raw = cfg.raw
+    """What the config decides that a trainer's flags also set, by the config's key: as
+    DeepSpeed runs it, a key left out takes DeepSpeed's default (no clipping, ZeRO stage 0, no
+    offload, float32, no recomputation; Adam's lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight
+    decay), not the trainer's. The optimizer's settings only with an optimizer block (its type
+    given as the class it trains with: "AdamW", "Adam" or "SGD"); the schedule only with a
+    scheduler block."""
     out = {"train_batch_size": cfg.train_batch_size,
            "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
-           "gradient_accumulation_steps": cfg.gradient_accumulation_steps}
-    if "gradient_clipping" in raw:
-        out["gradient_clipping"] = cfg.gradient_clipping
+           "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+           "gradient_clipping": cfg.gradient_clipping}
     if cfg.optimizer is not None:
         params = cfg.optimizer["params"]
         adamw = cfg.optimizer["type"] == "AdamW" or (cfg.optimizer["type"] == "Adam" and
                                                      params.get("adam_w_mode", True))
         out["optimizer.type"] = "AdamW" if adamw else cfg.optimizer["type"]
-        for k in ("lr", "betas", "eps", "weight_decay"):
-            if k in params:
-                out[f"optimizer.params.{k}"] = tuple(params[k]) if k == "betas" else params[k]
-    zero = raw.get("zero_optimization", {})
-    if "stage" in zero:
-        out["zero_optimization.stage"] = cfg.zero_stage
-    for what in ("offload_optimizer", "offload_param"):
-        if what in zero:
-            out[f"zero_optimization.{what}.device"] = getattr(cfg, what) or "none"
+        for k, default in OPTIMIZER_DEFAULTS.items():
+            v = params.get(k, default)
+            out[f"optimizer.params.{k}"] = tuple(v) if k == "betas" else v
+    out["zero_optimization.stage"] = cfg.zero_stage
+    out["zero_optimization.offload_optimizer.device"] = cfg.offload_optimizer or "none"
+    out["zero_optimization.offload_param.device"] = cfg.offload_param or "none"
     if cfg.offload_path:
         out["zero_optimization.offload_optimizer.nvme_path"] = cfg.offload_path
-    if "bf16" in raw or "bfloat16" in raw:
-        out["bf16.enabled"] = cfg.bf16
-    if cfg.activation_checkpointing:
-        out["activation_checkpointing"] = True
+    out["bf16.enabled"] = cfg.bf16
+    out["activation_checkpointing"] = cfg.activation_checkpointing
     if cfg.scheduler is not None:
         out["scheduler"] = cfg.scheduler
     return out

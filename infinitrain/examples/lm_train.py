@@ -104,7 +104,7 @@ def setup_plan(args):
 DEEPSPEED_FLAGS = {**COMMON, "train_micro_batch_size_per_gpu": ("batch_size", same),
                    "train_batch_size": ("total_batch_size", lambda v, args: v * args.sequence_length),  # tokens
                    "gradient_accumulation_steps": (None, lambda v, args: None),  # total / (micro x DP)
-                   "activation_checkpointing": ("recompute", lambda v, args: "full")}
+                   "activation_checkpointing": ("recompute", lambda v, args: "full" if v else "none")}
 
 
 def make_plan(args, env):

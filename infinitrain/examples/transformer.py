@@ -103,7 +103,7 @@ def parse_args(argv=None):
 DEEPSPEED_FLAGS = {**COMMON, "train_batch_size": ("batch_size", same),
                    "train_micro_batch_size_per_gpu": (None, lambda v, args: None),  # batch / (accumulation x DP)
                    "gradient_accumulation_steps": ("grad_accumulation_steps", same),
-                   "activation_checkpointing": ("recompute", lambda v, args: True),
+                   "activation_checkpointing": ("recompute", lambda v, args: v),
                    "scheduler": (None, setter("ds_scheduler"))}
 
 

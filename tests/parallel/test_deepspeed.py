@@ -98,6 +98,8 @@ def test_the_optimizer_block_is_read_as_deepspeed_reads_it():
     assert _config_optimizer({"type": "Adam", "params": {"adam_w_mode": False}})[0] is Adam
     assert _config_optimizer({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}) == (SGD, {"lr": 0.1,
                                                                                                  "momentum": 0.9})
+    with pytest.raises(ConfigError, match="optimizer.params.lr must be a number"):
+        _config_optimizer({"type": "AdamW", "params": {"lr": "1e-3"}})
     with pytest.raises(ConfigError, match="optimizer.params.momentum"):
         _config_optimizer({"type": "AdamW", "params": {"momentum": 0.9}})
 
@@ -253,11 +255,13 @@ def test_the_examples_refuse_a_flag_the_config_also_sets(tmp_path, capsys):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(config(zero_optimization={"stage": 2}, bf16={"enabled": True})))
     table = {**COMMON, "train_batch_size": ("batch_size", same), "train_micro_batch_size_per_gpu": (None, same),
-             "gradient_accumulation_steps": ("grad_accumulation_steps", same)}
+             "gradient_accumulation_steps": ("grad_accumulation_steps", same),
+             "activation_checkpointing": ("recompute", same)}
     args = argparse.Namespace(deepspeed=True, deepspeed_config=str(path))
     take_deepspeed_config(args, [], 1, "cpu", table)
     assert (args.batch_size, args.grad_accumulation_steps, args.grad_clip, args.learning_rate, args.betas,
-            args.weight_decay, args.zero_stage, args.dtype) == (4, 2, 0.5, 1e-2, (0.9, 0.95), 0.1, 2, "bfloat16")
+            args.weight_decay, args.zero_stage, args.dtype, args.eps, args.offload_optimizer, args.recompute) == \
+        (4, 2, 0.5, 1e-2, (0.9, 0.95), 0.1, 2, "bfloat16", 1e-8, "none", False)  # eps: DeepSpeed's default
     with pytest.raises(SystemExit):
         take_deepspeed_config(args, ["--zero_stage", "1"], 1, "cpu", table)
     assert "--zero_stage and --deepspeed_config's zero_optimization.stage both set zero_stage" in \
