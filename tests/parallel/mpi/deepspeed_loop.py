@@ -1,6 +1,6 @@
 """A DeepSpeed-style program (`loss = engine(x, y)`, `engine.backward(loss)`, `engine.step()`)
 on every rank of the job, under each of infinitrain.deepspeed's example configs (ZeRO 1, 2 and
-3 with offload: on a CPU the offload is where the state is already), against TrainStep given the
+3 with offload: on a CPU the offload is where the state is already) and stage 0 (DDP), against TrainStep given the
 same settings by hand, in the same processes: the losses and, at the end, every parameter must
 be bit-equal (the engine runs TrainStep's code). Then save_checkpoint after 2 steps with a
 client_state, 2 more steps, load_checkpoint and the same 2 steps again: bit-equal too.
@@ -51,8 +51,12 @@ def params(model) -> list:
     return [p.detach().numpy().copy() for p in model.parameters()]
 
 
-for name in ("ds_config_stage1.json", "ds_config_stage2.json", "ds_config_stage3_offload.json"):
-    cfg = json.loads((deepspeed.CONFIGS / name).read_text())
+for name in ("ds_config_stage0", "ds_config_stage1.json", "ds_config_stage2.json", "ds_config_stage3_offload.json"):
+    if name == "ds_config_stage0":  # DDP, its reduction held back (no_sync) on all but the last micro-batch
+        cfg = json.loads((deepspeed.CONFIGS / "ds_config_stage1.json").read_text())
+        cfg["zero_optimization"] = {"stage": 0}
+    else:
+        cfg = json.loads((deepspeed.CONFIGS / name).read_text())
     cfg["steps_per_print"] = 100
     cfg["scheduler"]["params"]["warmup_num_steps"] = 3  # (the lr moves within the test's steps)
     model = GPT2(CFG, seed=3)
