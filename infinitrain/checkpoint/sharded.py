@@ -59,16 +59,16 @@ def _stage_suffix(model) -> str:
 
 
 def save_checkpoint(root, step: int, model, optimizer=None, extra: dict | None = None,
-                    keep: int | None = None, write: bool = True) -> Path:
-    """Writes DIR/step_<step>/ atomically and points DIR/latest at it; with `keep`, only the
+                    keep: int | None = None, write: bool = True, name: str | None = None) -> Path:
+    """Writes DIR/step_<step>/ (or DIR/<name>/) atomically and points DIR/latest at it; with `keep`, only the
     newest `keep` checkpoints are kept. Collective over the layout: under tensor parallelism
     every rank calls it (shards are gathered over their group); `write` says whether this rank
     writes. Under pipeline parallelism exactly one rank per stage, all of one pipeline (say
     DP rank 0, TP rank 0), writes: each its stage's part, stage 0 the rest."""
     with _gathered(optimizer):  # ZeRO-3: the parameters whole while they are read and written
-        snap = _snapshot(root, step, model, optimizer, extra, keep, write, copy=False)
+        snap = _snapshot(root, step, model, optimizer, extra, keep, write, copy=False, folder=name)
         if snap is None:
-            return Path(root) / f"step_{step:06d}"
+            return Path(root) / (name or f"step_{step:06d}")
         snap.begin()
         snap.write_files()  # the arrays are the tensors' own memory: written before it is released
     return snap.commit()
@@ -83,7 +83,7 @@ def save_checkpoint_async(root, step: int, model, optimizer=None, extra: dict | 
     return AsyncSave(snap)
 
 
-def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool):
+def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool, folder: str | None = None):
     """The state this rank writes, gathered (a collective: every rank calls it), as numpy arrays
     (copies when copy=True, so that training may go on changing the tensors); None when this
     rank does not write. Called inside _gathered(optimizer)."""
@@ -117,7 +117,7 @@ def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool)
             a, dtypes[f"{prefix}/{k}"] = _to_numpy(t)
             arrays[k] = a.copy() if copy else a
     kind = getattr(optimizer, "state_type", type(optimizer).__name__)  # ZeRO: its inner one's
-    return _Snapshot(Path(root), f"step_{step:06d}", step, getattr(model, "pp", None), _stage_suffix(model),
+    return _Snapshot(Path(root), folder or f"step_{step:06d}", step, getattr(model, "pp", None), _stage_suffix(model),
                      kind, model_arrays, opt_arrays, dtypes, scalars, groups, extra, keep, optimizer is not None)
 
 

@@ -3,9 +3,11 @@ them, llm.c's defaults, every value checked when read (examples/flags.py)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, nonnegative_float, nonnegative_int,
                                        positive_float, positive_int)
+from infinitrain.examples.ds_flags import add_config_arguments
 from infinitrain.nn.lora import DEFAULT_TARGETS
 
 
@@ -130,8 +132,10 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="InfiniTrain's precision checker, e.g. 'level=1,format=simple,output_md5=true,"
                         "save_tensors=true,output_path=PATH' (level 2: every op) or with 'baseline=PATH' "
                         "to name the first tensor that differs from a run saved there by more than round-off")
-    p.set_defaults(presets=presets)
+    add_config_arguments(p)
+    p.set_defaults(presets=presets, betas=(0.9, 0.95), eps=1e-8)  # AdamW's (GPT-3's); a DeepSpeed config may set them
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # the flags typed (a DeepSpeed config may not repeat them)
     args.model_given = args.model is not None  # (else --load's checkpoint may say which model it holds)
     args.model = args.model or default_model
     if args.from_pretrained and args.llmc_filepath:

@@ -17,6 +17,7 @@ from infinitrain.checkpoint import CheckpointError, load_lora, read_lora_config,
 from infinitrain.checkpoint.writer import newest_checkpoint
 from infinitrain.data import DataFormatError, Tokenizer, read_shard
 from infinitrain.examples.flags import check_input_files, plan_of, refuse
+from infinitrain.examples.ds_flags import COMMON, same, take_deepspeed_config
 from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples.lm_loop import TrainingLoop, restart_count
@@ -42,7 +43,8 @@ def train(args, build_model) -> int:
     model = build(args, env, plan, build_model, log)
     try:
         trainer = TrainStep(model, plan, decay_groups(model, args.weight_decay), AdamW,
-                            pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+                            pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=args.betas,
+                            eps=args.eps)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
     log_setup(args, env, plan, model, accum, log)
@@ -83,6 +85,7 @@ def setup_plan(args):
         refuse(str(e))
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
         refuse(f"--device {args.device}: {e}")
+    take_deepspeed_config(args, args.argv, env.layout.dp, env.device.type, DEEPSPEED_FLAGS, env.is_main)
     plan = make_plan(args, env)
     if args.save_pretrained and plan.pipelined:
         refuse("--save_pretrained writes a whole model, which no pipeline stage holds: save a checkpoint (--save) "
@@ -93,6 +96,13 @@ def setup_plan(args):
         print(f"note: --zero_stage {args.zero_stage} has no effect with one data-parallel rank (there is nothing "
               "to shard the optimizer state over); it trains as without ZeRO", flush=True)
     return env, plan
+
+
+# what a --deepspeed_config sets here (ds_flags.take_deepspeed_config); the schedule stays the flags'
+DEEPSPEED_FLAGS = {**COMMON, "train_micro_batch_size_per_gpu": ("batch_size", same),
+                   "train_batch_size": ("total_batch_size", lambda v, args: v * args.sequence_length),  # tokens
+                   "gradient_accumulation_steps": (None, lambda v, args: None),  # total / (micro x DP)
+                   "activation_checkpointing": ("recompute", lambda v, args: "full" if v else "none")}
 
 
 def make_plan(args, env):

@@ -1,11 +1,14 @@
 """Trains the original encoder-decoder Transformer to translate English to German, on the real
 parallel text of Django's and Wagtail's German catalogs (prepared offline on first use, see
 infinitrain.data.translation), then translates the validation sentences with greedy and beam
-search and scores them with BLEU (sacrebleu) against copying the source:
+search and scores them with BLEU (sacrebleu) against copying the source. A DeepSpeed config
+(--deepspeed_config, see infinitrain/deepspeed/configs) sets the batch, accumulation, clipping,
+AdamW's settings, the schedule, ZeRO, offload and bf16 in place of their flags:
 
     python -m infinitrain.examples.transformer --model small
     mpirun -np 2 python -m infinitrain.examples.transformer --zero_stage 1
     mpirun -np 4 python -m infinitrain.examples.transformer --tensor_parallel 2
+    mpirun -np 2 python -m infinitrain.examples.transformer --deepspeed --deepspeed_config ds_config.json
 
     step 1500/1500 | train loss 1.279285 | lr 3.65e-04 | (202.7 ms | 2333 tok/s | DP=1, TP=1)
     BLEU on 124 validation pairs: greedy 50.2, beam 4 47.7, copying the source 41.8
@@ -35,6 +38,8 @@ from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.utils.data import DataLoader, default_convert
 from infinitrain.examples.lm_loop import ProfileWindow
+from infinitrain.examples.ds_flags import (COMMON, add_config_arguments, same, setter, take_deepspeed_config,
+                                          typed_flags)
 from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, check_input_files, check_outputs,
                                         nonnegative_float, nonnegative_int, plan_of, positive_float, positive_int,
                                         probability, refuse, run_example, stop_if_not_finite)
@@ -52,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--data", default=None, help="translation_en_de.npz (default: prepared under $INFINITRAIN_DATA)")
     p.add_argument("--model", default="small", choices=sorted(SEQ2SEQ_PRESETS))
     p.add_argument("--batch_size", type=positive_int, default=64, help="sentence pairs per step over all ranks")
+    p.add_argument("--grad_accumulation_steps", type=positive_int, default=1,
+                   help="micro-batches each rank's share of a step is split into (gradients accumulated)")
     p.add_argument("--max_len", type=positive_int, default=64, help="longer sentences are cut to this many tokens")
     p.add_argument("--num_iteration", type=positive_int, default=1500)
     p.add_argument("--learning_rate", type=positive_float, default=1e-3, help="the schedule's peak")
@@ -87,7 +94,28 @@ def parse_args(argv=None):
     p.add_argument("--num_workers", type=nonnegative_int, default=0, help="processes that collate batches ahead")
     p.add_argument("--profile", default=None, help="profile the second step: a table and this Chrome trace")
     p.add_argument("--plot", default=None, help="draw the loss curves to this image")
+    add_config_arguments(p)
+    p.set_defaults(betas=(0.9, 0.98), eps=1e-9, ds_scheduler=None)  # the paper's AdamW; a config may set them
     return p.parse_args(argv)
+
+
+# what a --deepspeed_config sets here (ds_flags.take_deepspeed_config)
+DEEPSPEED_FLAGS = {**COMMON, "train_batch_size": ("batch_size", same),
+                   "train_micro_batch_size_per_gpu": (None, lambda v, args: None),  # batch / (accumulation x DP)
+                   "gradient_accumulation_steps": ("grad_accumulation_steps", same),
+                   "activation_checkpointing": ("recompute", lambda v, args: v),
+                   "scheduler": (None, setter("ds_scheduler"))}
+
+
+def schedule_of(args, optimizer):
+    """The paper's schedule, or the DeepSpeed config's (stepped once per step as DeepSpeed does)."""
+    if args.ds_scheduler is None:
+        return LambdaLR(optimizer, inverse_sqrt(max(args.warmup_iters, 1)))
+    from infinitrain.deepspeed.lr_schedules import SCHEDULES
+    try:
+        return SCHEDULES[args.ds_scheduler["type"]](optimizer, **args.ds_scheduler["params"])
+    except (TypeError, ValueError) as e:
+        refuse(f"--deepspeed_config's scheduler ({args.ds_scheduler['type']}): {e}")
 
 
 def inverse_sqrt(warmup: int):
@@ -139,6 +167,10 @@ def main(argv=None) -> int:
         env = parallel.init(args.tensor_parallel, device=args.device)
     except ValueError as e:
         refuse(f"cannot lay out the job: {e}")
+    argv = sys.argv[1:] if argv is None else argv
+    if take_deepspeed_config(args, argv, env.layout.dp, env.device.type, DEEPSPEED_FLAGS, env.is_main) \
+            and args.ds_scheduler is not None and "warmup_iters" in typed_flags(argv):
+        refuse("--warmup_iters and --deepspeed_config's scheduler both set the schedule: give one of them")
     plan = plan_of(env, zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
                    offload_param=args.offload_param, offload_path=args.offload_path,
                    async_tensor_parallel=not args.no_async_tensor_model_parallel_allreduce)
@@ -148,8 +180,9 @@ def main(argv=None) -> int:
         for what, n in (("the attention heads", preset["nhead"]), ("dim_feedforward", preset["dim_feedforward"])):
             if n % tp.size:
                 refuse(f"--tensor_parallel {tp.size} does not divide {what} ({n}) of --model {args.model}")
-    if args.batch_size % dp:
-        refuse(f"--batch_size {args.batch_size} must be a multiple of the {dp} data-parallel ranks")
+    if args.batch_size % (dp * args.grad_accumulation_steps):
+        refuse(f"--batch_size {args.batch_size} must be a multiple of the {dp} data-parallel ranks x "
+               f"--grad_accumulation_steps {args.grad_accumulation_steps}")
     try:
         import sacrebleu  # noqa: F401  (checked before training, not after)
     except ImportError:
@@ -175,10 +208,10 @@ def main(argv=None) -> int:
             layer.recompute = True
     try:
         trainer = TrainStep(model, plan, decay_groups(model, args.weight_decay), AdamW,
-                            lr=args.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+                            lr=args.learning_rate, betas=args.betas, eps=args.eps)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
-    schedule = LambdaLR(trainer.optimizer, inverse_sqrt(max(args.warmup_iters, 1)))
+    schedule = schedule_of(args, trainer.optimizer)
     first = 1
     if args.load:
         try:
@@ -186,7 +219,10 @@ def main(argv=None) -> int:
         except CheckpointError as e:  # (every rank reads the same checkpoint, so every rank says it)
             refuse(f"cannot resume from --load {args.load}: {e}")
         first = int(meta["step"]) + 1
-        schedule.load_state_dict({"last_epoch": first - 1, "base_lrs": schedule.base_lrs})
+        if args.ds_scheduler is None:
+            schedule.load_state_dict({"last_epoch": first - 1, "base_lrs": schedule.base_lrs})
+        else:  # DeepSpeed's schedules count from -1: first - 1 steps taken
+            schedule.load_state_dict({**schedule.state_dict(), "last_batch_iteration": first - 2})
     # One global order of length-grouped batches, the same on every rank; each rank collates
     # its share of each batch (every dp-th pair), so any DP layout trains on what one process
     # does, step by step (DistributedSampler would shard the order first and group after).
@@ -229,7 +265,15 @@ def main(argv=None) -> int:
         # its share of them (DDP and ZeRO then average the ranks' gradients)
         mine = float((tgt_out.numpy() != PAD).sum())
         tokens = trainer.dp_mean(mine) * dp
-        micro = [((src.to(env.device), tgt_in.to(env.device), mine * dp / tokens), tgt_out.to(env.device))]
+        # with accumulation each micro-batch's loss is weighed by its tokens' share (TrainStep
+        # divides each by the number of micro-batches)
+        M, rows = args.grad_accumulation_steps, src.shape[0] // args.grad_accumulation_steps
+        micro = []
+        for j in range(M):
+            part = slice(j * rows, (j + 1) * rows)
+            share = float((tgt_out[part].numpy() != PAD).sum()) * M * dp / tokens
+            micro.append(((src[part].to(env.device), tgt_in[part].to(env.device), share),
+                          tgt_out[part].to(env.device)))
         loss, norm = trainer.step(micro, lambda: autocast(env.device.type, dtype=args.dtype,
                                                                  enabled=args.dtype != "float32"),
                                   args.grad_clip)

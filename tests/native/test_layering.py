@@ -23,7 +23,7 @@ LAYERS = [
     ["infinitrain.nn", "infinitrain.optim", "infinitrain.data", "infinitrain.checkpoint", "infinitrain.profiler",
      "infinitrain.precision_checker", "infinitrain.torch_files", "infinitrain.serialization",
      "infinitrain.distributed", "infinitrain.utils"],
-    ["infinitrain.models"],
+    ["infinitrain.models", "infinitrain.deepspeed"],
     ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.lora", "infinitrain.cuda.amp",
      "infinitrain"],
 ]
