@@ -223,3 +223,15 @@ def test_the_example_stops_on_a_loss_that_is_not_finite(corpus):
                   timeout=600, check=False)
     assert out.returncode == 1 and "Training diverged" in out.stderr, out.stderr[-2000:]
     assert "--no_check_for_nan_in_loss_and_grad trains on regardless" in out.stderr
+
+
+def test_beam_search_runs_without_recording_and_check_beam_is_static():
+    """check_beam was placed between beam_search and its no_grad decorator: no_grad wrapped the
+    staticmethod, which then took the model as its config when called on the model (a TypeError
+    at the end of every run of the example), and beam search lost no_grad."""
+    it.manual_seed(0)
+    model = Seq2SeqTransformer(Seq2SeqConfig(20, dropout=0.0, max_len=8, **SEQ2SEQ_PRESETS["tiny"])).eval()
+    model.check_beam(model.config, 2, 8)
+    Seq2SeqTransformer.check_beam(model.config, 2, 8)
+    src = it.from_numpy(np.array([[5, 6, 7, EOS]], np.int64))
+    assert len(model.beam_search(src, beam=2, max_len=4)) == 1
