@@ -57,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--learning_rate", type=positive_float, default=1e-3, help="the schedule's peak")
     p.add_argument("--warmup_iters", type=nonnegative_int, default=200)
     p.add_argument("--weight_decay", type=nonnegative_float, default=0.0)
+    p.add_argument("--adam_eps", type=positive_float, default=1e-9,
+                   help="AdamW's eps (the paper's 1e-9; larger damps the round-off of near-zero second moments)")
     p.add_argument("--grad_clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = no clipping)")
     p.add_argument("--dropout", type=probability, default=0.1)
     p.add_argument("--label_smoothing", type=probability, default=0.1)
@@ -175,7 +177,7 @@ def main(argv=None) -> int:
             layer.recompute = True
     try:
         trainer = TrainStep(model, plan, decay_groups(model, args.weight_decay), AdamW,
-                            lr=args.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+                            lr=args.learning_rate, betas=(0.9, 0.98), eps=args.adam_eps)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
     schedule = LambdaLR(trainer.optimizer, inverse_sqrt(max(args.warmup_iters, 1)))
