@@ -15,10 +15,11 @@ example (dropout off, the same flags), for one AdamW eps after another:
 then the parameters whose values two one-process runs (one, halves) disagree on most after the
 last step, with their AdamW second moments (an update m / (sqrt(v) + eps) of a gradient that
 is round-off, as the attention's key bias, whose exact gradient is zero, is of size lr either
-way). Not a test: it prints figures (tiny model, ~3 minutes on 2 loaded cores).
+way). Not a test: it prints figures (tiny: ~3 minutes per eps on 2 loaded cores, small: ~8).
 
     python benchmarks/seq2seq_drift.py                       # the tests' flags, eps 1e-9 and 1e-6
-    python benchmarks/seq2seq_drift.py --steps 30 --eps 1e-9 1e-8 1e-6 --no_torch
+    python benchmarks/seq2seq_drift.py --model small         # the figures of docs/training.md
+    python benchmarks/seq2seq_drift.py --eps 1e-9 1e-8 1e-6 --no_torch
 """
 from __future__ import annotations
 
