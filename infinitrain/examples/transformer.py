@@ -64,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--learning_rate", type=positive_float, default=1e-3, help="the schedule's peak")
     p.add_argument("--warmup_iters", type=nonnegative_int, default=200)
     p.add_argument("--weight_decay", type=nonnegative_float, default=0.0)
+    p.add_argument("--adam_eps", type=positive_float, default=1e-9,
+                   help="AdamW's eps (the paper's 1e-9; larger damps the round-off of near-zero second moments)")
     p.add_argument("--grad_clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = no clipping)")
     p.add_argument("--dropout", type=probability, default=0.1)
     p.add_argument("--label_smoothing", type=probability, default=0.1)
@@ -95,12 +97,12 @@ def parse_args(argv=None):
     p.add_argument("--profile", default=None, help="profile the second step: a table and this Chrome trace")
     p.add_argument("--plot", default=None, help="draw the loss curves to this image")
     add_config_arguments(p)
-    p.set_defaults(betas=(0.9, 0.98), eps=1e-9, ds_scheduler=None)  # the paper's AdamW; a config may set them
+    p.set_defaults(betas=(0.9, 0.98), ds_scheduler=None)  # the paper's AdamW; a config may set them
     return p.parse_args(argv)
 
 
 # what a --deepspeed_config sets here (ds_flags.take_deepspeed_config)
-DEEPSPEED_FLAGS = {**COMMON, "train_batch_size": ("batch_size", same),
+DEEPSPEED_FLAGS = {**COMMON, "train_batch_size": ("batch_size", same), "optimizer.params.eps": ("adam_eps", same),
                    "train_micro_batch_size_per_gpu": (None, lambda v, args: None),  # batch / (accumulation x DP)
                    "gradient_accumulation_steps": ("grad_accumulation_steps", same),
                    "activation_checkpointing": ("recompute", lambda v, args: v),
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
             layer.recompute = True
     try:
         trainer = TrainStep(model, plan, decay_groups(model, args.weight_decay), AdamW,
-                            lr=args.learning_rate, betas=args.betas, eps=args.eps)
+                            lr=args.learning_rate, betas=args.betas, eps=args.adam_eps)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
     schedule = schedule_of(args, trainer.optimizer)

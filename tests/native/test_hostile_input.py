@@ -536,6 +536,7 @@ def test_convolution_pooling_and_batch_norm_sizes_that_overflow_are_refused_by_t
 @pytest.mark.parametrize("module,flag,value", [
     ("transformer", "--grad_clip", "nan"), ("transformer", "--grad_clip", "-1"),
     ("transformer", "--weight_decay", "-0.1"), ("transformer", "--weight_decay", "inf"),
+    ("transformer", "--adam_eps", "0"), ("transformer", "--adam_eps", "nan"),
     ("demo", "--steps", "-1"), ("demo", "--learning_rate", "nan"), ("demo", "--batch_size", "0"),
 ])
 def test_meaningless_numbers_on_the_command_line_are_refused(module, flag, value, capsys):
