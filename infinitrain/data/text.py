@@ -121,6 +121,8 @@ def _tokenizer_json(path: Path) -> TextTokenizer:
     except Exception as e:  # the library raises its own Exception for any malformed file
         raise DataFormatError(f"--tokenizer {path}: not a tokenizer.json `tokenizers` reads ({str(e)[:200]})") \
             from None
+    if hasattr(tok, "encode_special_tokens"):  # "<|endoftext|>" in a document is text, as tiktoken's encode_ordinary
+        tok.encode_special_tokens = True
     vocab = tok.get_vocab(with_added_tokens=True)
     found = [vocab[d] for d in DELIMITERS if d in vocab]
     if not found:

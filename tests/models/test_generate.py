@@ -10,7 +10,7 @@ import infinitrain as it
 from infinitrain.checkpoint import save_checkpoint
 from infinitrain.data.text import gpt2_tokenizer
 from infinitrain.generate import main
-from infinitrain.models import gpt2
+from infinitrain.models import gpt2, llama3
 
 PROMPT = "The quick brown fox"
 
@@ -47,6 +47,16 @@ def test_generate_from_a_checkpoint_greedy_and_sampled(tiny, tmp_path, capsys):
     assert capsys.readouterr().out == first  # the seed decides
     samples = re.split(r"---- sample \d ----\n", first)[1:]
     assert len(samples) == 2 and all(s.startswith(PROMPT) for s in samples)
+
+
+def test_generate_from_a_llama_checkpoint(tmp_path, capsys):
+    """The class the checkpoint records is the one rebuilt (LLaMA-3 tiny, GPT-2's vocabulary)."""
+    it.manual_seed(4)
+    model = llama3("tiny")
+    _checkpoint(model, tmp_path / "ck")
+    main(["--load", str(tmp_path / "ck" / "step_000001"), "--prompt", PROMPT, "--max_new_tokens", "4",
+          "--temperature", "0"])
+    assert capsys.readouterr().out == _greedy(model, 4) + "\n"
 
 
 def test_generate_from_an_llmc_file(tiny, tmp_path, capsys):

