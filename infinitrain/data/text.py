@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ DELIMITERS = ("<|begin_of_text|>", "<|endoftext|>", "<s>", "</s>")
 TEXT_SUFFIXES, JSONL_SUFFIXES = (".txt", ".md", ".text"), (".jsonl",)
 DEFAULT_SHARD_SIZE = 10 ** 8
 PIECE_CHARS = 1 << 20  # what one encode call gets from a long document
+BATCH_CHARS = 1 << 23  # what the tokenizer's threads get at once
 HOW_TO_GET_LLAMA3 = ("LLaMA-3's tokenizer is not downloaded at run time (Meta's license gates it): pass --tokenizer "
                      "PATH to its tokenizer.model (original/tokenizer.model in meta-llama/Meta-Llama-3-8B or "
                      "Llama-3.2-1B, after accepting the license: huggingface-cli download meta-llama/Llama-3.2-1B "
@@ -58,9 +60,12 @@ class TextTokenizer:
     """encode(str) -> ids without special tokens, decode(ids) -> str, the document delimiter's
     id, the vocabulary size, and (tiktoken's) every token's bytes for an llm.c tokenizer.bin."""
 
-    def __init__(self, name: str, encode, decode, delimiter: int, vocab_size: int, token_bytes=None):
+    def __init__(self, name: str, encode, decode, delimiter: int, vocab_size: int, token_bytes=None,
+                 encode_batch=None):
         self.name, self.encode, self.decode = name, encode, decode
         self.delimiter, self.vocab_size, self.token_bytes = delimiter, vocab_size, token_bytes
+        # many texts at once, on the library's threads (every core: the tokenizing is the slow part)
+        self.encode_batch = encode_batch or (lambda texts: [encode(t) for t in texts])
 
     @property
     def shard_model(self) -> str:
@@ -70,7 +75,8 @@ class TextTokenizer:
 
 def _from_tiktoken(name: str, enc, delimiter: int) -> TextTokenizer:
     return TextTokenizer(name, enc.encode_ordinary, lambda ids: enc.decode([int(i) for i in ids]), delimiter,
-                         enc.n_vocab, lambda: [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)])
+                         enc.n_vocab, lambda: [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)],
+                         encode_batch=lambda texts: enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1))
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,7 +135,8 @@ def _tokenizer_json(path: Path) -> TextTokenizer:
         raise DataFormatError(f"--tokenizer {path}: it has none of {', '.join(DELIMITERS)} to put between documents")
     return TextTokenizer(str(path), lambda s: tok.encode(s, add_special_tokens=False).ids,
                          lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=False),
-                         found[0], tok.get_vocab_size(with_added_tokens=True))
+                         found[0], tok.get_vocab_size(with_added_tokens=True),
+                         encode_batch=lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)])
 
 
 def open_tokenizer(spec: str) -> TextTokenizer:
@@ -304,18 +311,19 @@ def prepare_text(files, out: Path, tokenizer: str = "gpt2", val_fraction: float 
         f"(vocabulary {tok.vocab_size:,}, llm.c {tok.shard_model} shards of up to {shard_size:,} tokens) ...")
     out.mkdir(parents=True, exist_ok=True)
     writers = {s: ShardWriter(out, s, shard_size, tok.shard_model) for s in ("val", "train")}
-    done_bytes, t0, shown = 0, time.time(), time.time()
+    progress = {"bytes": 0, "documents": 0, "start": time.time(), "shown": time.time()}
+    pending, chars = [], 0  # (writer, whether the piece starts a document, piece): encoded together, in order
     for i, doc in enumerate(documents(paths, field)):
-        writer = writers["val" if i < n_val else "train"]
-        writer.add([tok.delimiter])
+        writer, first = writers["val" if i < n_val else "train"], True
         for piece in doc:
-            writer.add(tok.encode(piece))
-            done_bytes += len(piece.encode("utf-8"))
-            if time.time() - shown > 5:
-                shown = time.time()
-                written = sum(w.tokens + w.filled for w in writers.values())
-                log(f"  {min(done_bytes, total_bytes) / 1e6:,.1f} of {total_bytes / 1e6:,.1f} MB, {i + 1:,} documents, "
-                    f"{written:,} tokens ({done_bytes / 1e6 / (shown - t0):.2f} MB/s)")
+            pending.append((writer, first, piece))
+            first, chars = False, chars + len(piece)
+            if chars > BATCH_CHARS or len(pending) >= 4096:
+                _write_batch(tok, pending, writers, progress, total_bytes, log)
+                pending, chars = [], 0
+        if first:  # an empty document: its delimiter alone
+            pending.append((writer, True, ""))
+    _write_batch(tok, pending, writers, progress, total_bytes, log)
     for w in writers.values():
         w.flush()
         w.remove_stale()
@@ -325,8 +333,25 @@ def prepare_text(files, out: Path, tokenizer: str = "gpt2", val_fraction: float 
         write_tokenizer(result["tokenizer"], tok.token_bytes(), tok.delimiter)
     log(f"wrote {len(result['train'])} training shard(s) ({writers['train'].tokens:,} tokens) and "
         f"{len(result['val'])} validation shard(s) ({writers['val'].tokens:,} tokens) to {out}"
-        + (", and tokenizer.bin" if result["tokenizer"] else "") + f" in {time.time() - t0:.1f} s")
+        + (", and tokenizer.bin" if result["tokenizer"] else "") + f" in {time.time() - progress['start']:.1f} s")
     return result
+
+
+def _write_batch(tok, pending, writers, progress, total_bytes: int, log) -> None:
+    """Encodes the pending pieces at once and writes them in order, a delimiter before each
+    document; a progress line every few seconds."""
+    for (writer, starts, piece), ids in zip(pending, tok.encode_batch([p for _, _, p in pending])):
+        if starts:
+            writer.add([tok.delimiter])
+            progress["documents"] += 1
+        writer.add(ids)
+        progress["bytes"] += len(piece.encode("utf-8"))
+    if time.time() - progress["shown"] > 5:
+        progress["shown"] = now = time.time()
+        written = sum(w.tokens + w.filled for w in writers.values())
+        log(f"  {min(progress['bytes'], total_bytes) / 1e6:,.1f} of {total_bytes / 1e6:,.1f} MB, "
+            f"{progress['documents']:,} documents, {written:,} tokens "
+            f"({progress['bytes'] / 1e6 / (now - progress['start']):.2f} MB/s)")
 
 
 def add_text_arguments(p) -> None:
