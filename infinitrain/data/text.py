@@ -11,7 +11,7 @@ delimiter followed by its tokens, as llm.c's fineweb.py writes them: GPT-2's <|e
 --val_fraction of the documents (in the order the files are given; at least one document
 when the fraction is above 0), written to val_000000.bin...; the rest to train_000000.bin...,
 each shard --shard_size tokens (100M, as fineweb.py's) but the last. GPT-2's vocabulary is
-stored as uint16 (llm.c's GPT-2 shards), a vocabulary of 65,536 or more as uint32 (llm.c's
+stored as uint16 (llm.c's GPT-2 shards), a vocabulary of more than 65,536 as uint32 (llm.c's
 LLaMA-3 shards). With a tokenizer whose token bytes are known (tiktoken's), tokenizer.bin is
 written too, so the training examples print samples (--tokenizer_bin).
 
