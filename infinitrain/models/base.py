@@ -327,6 +327,8 @@ class CausalLM(Module):
         temperature 0 takes the most likely token each time (greedy), top_k keeps the k likeliest.
         forward(idx) -> logits replaces the model's own forward (a pipeline passes its
         PipelineParallel.logits, which every stage runs along)."""
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
         rng = np.random.default_rng(seed)
         forward = forward or (lambda x: self(x)[0])
         tokens = idx.cpu().numpy().astype(np.int64)
