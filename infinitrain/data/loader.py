@@ -16,6 +16,14 @@ from ..utils.data._random import randperm
 from .llmc import read_shard
 
 
+def shard_files(pattern) -> list:
+    """The token shards a path or glob (train_*.bin) names, sorted; FileNotFoundError for none."""
+    files = sorted(glob.glob(str(pattern))) if any(c in str(pattern) for c in "*?[") else [str(pattern)]
+    if not files or not all(Path(f).is_file() for f in files):
+        raise FileNotFoundError(f"no token shard matches {pattern}")
+    return files
+
+
 class LengthGroupedBatchSampler(BatchSampler):
     """Batches of items of similar length, as Hugging Face's LengthGroupedSampler groups them,
     for DataLoader(batch_sampler=...): the order of `sampler` (default: a random order drawn
@@ -62,11 +70,7 @@ class TokenLoader:
 
     def __init__(self, pattern, batch_size: int, seq_len: int, process_rank: int = 0,
                  num_processes: int = 1, vocab_size: int | None = None, device="cpu"):
-        files = sorted(glob.glob(str(pattern))) if any(c in str(pattern) for c in "*?[") \
-            else [str(pattern)]
-        if not files or not all(Path(f).is_file() for f in files):
-            raise FileNotFoundError(f"no token shard matches {pattern}")
-        self.files = files
+        self.files = files = shard_files(pattern)
         self.B, self.T = batch_size, seq_len
         self.rank, self.world = process_rank, num_processes
         self.vocab_size = vocab_size

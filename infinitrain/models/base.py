@@ -323,9 +323,12 @@ class CausalLM(Module):
     @no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  seed: int = 0, forward=None):
-        """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix).
+        """Samples continuations of idx [B, T] (no KV cache: each token reruns the prefix);
+        temperature 0 takes the most likely token each time (greedy), top_k keeps the k likeliest.
         forward(idx) -> logits replaces the model's own forward (a pipeline passes its
         PipelineParallel.logits, which every stage runs along)."""
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
         rng = np.random.default_rng(seed)
         forward = forward or (lambda x: self(x)[0])
         tokens = idx.cpu().numpy().astype(np.int64)
@@ -339,7 +342,11 @@ class CausalLM(Module):
             # keeps the padding out of the real positions' logits)
             ctx = np.pad(ctx, ((0, 0), (0, (-n) % multiple)))
             logits = forward(creation.from_numpy(np.ascontiguousarray(ctx)).to(device))
-            last = logits[:, n - 1, :].float().cpu().numpy().astype(np.float64) / max(temperature, 1e-6)
+            last = logits[:, n - 1, :].float().cpu().numpy().astype(np.float64)
+            if temperature == 0:  # greedy: the most likely token (the first of equals, as argmax picks)
+                tokens = np.concatenate([tokens, last.argmax(-1)[:, None]], axis=1)
+                continue
+            last = last / temperature
             if top_k:
                 kth = np.sort(last, axis=-1)[:, -top_k][:, None]
                 last = np.where(last < kth, -np.inf, last)

@@ -5,7 +5,9 @@ command runs, and every relative link lands on a file of this repository (and a 
 so a renamed or misspelt flag, file or section fails here, naming the page, rather than for a
 reader."""
 import contextlib
+import glob
 import io
+import json
 import re
 import shlex
 import sys
@@ -164,11 +166,32 @@ def test_every_training_command_in_the_pages_runs(line, tmp_path):
     if "--from_pretrained" in line:  # the transformers folder the page's other command exports
         (saver,) = [ln for ln in RUNNABLE if "--save_pretrained" in ln]
         _run_as_written(saver, tmp_path, SHORT["lm"])
+    if "my_data/" in line:  # the text the page's `prepare text` line prepares, from files of its names
+        _prepare_own_text(tmp_path)
     kind = re.search(r"examples\.(\w+)", line).group(1)
     out = _run_as_written(line, tmp_path, SHORT.get(kind, SHORT["lm"]))
     assert re.search(r"step +2/2 .*train loss|epoch 1", out), f"{where}\n{out[-2000:]}"
+    for generate in [ln for _, b in _blocks("bash") for ln in _lines(b) if "infinitrain.generate --load my_run" in ln
+                     and "--save my_run" in line]:  # generation from the checkpoint the run saved
+        prompt = shlex.split(generate)[shlex.split(generate).index("--prompt") + 1]
+        assert prompt in _run_as_written(generate, tmp_path), f"{where}: {generate}"
     if "--profile" in line:
         assert (tmp_path / "trace.json").stat().st_size > 0, where
+
+
+def _prepare_own_text(cwd) -> None:
+    """The README's `prepare text` line into my_data/, run on three documents of the kinds it
+    names (its globs expanded as a shell would)."""
+    (line,) = {ln for page, b in _blocks("bash") for ln in _lines(b) if page == "README.md"
+               and ln.startswith("python -m infinitrain.data.prepare text") and "--out my_data" in ln}
+    words = " ".join(["the cat sat on the mat and then it ran away."] * 40)
+    (cwd / "my_texts").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (cwd / "my_texts" / name).write_text(words)
+    (cwd / "my_texts" / "c.jsonl").write_text(json.dumps({"text": words}) + "\n")
+    expanded = [w2 for w in shlex.split(line) for w2 in (sorted(glob.glob(w, root_dir=cwd)) if "*" in w else [w])]
+    out = run([sys.executable if w == "python" else w for w in expanded], cwd=cwd)
+    assert out.returncode == 0 and (cwd / "my_data" / "val_000000.bin").is_file(), f"{line}\n{out.stderr[-2000:]}"
 
 
 def test_the_pages_have_training_commands_to_run():
