@@ -24,7 +24,8 @@ LAYERS = [
      "infinitrain.precision_checker", "infinitrain.torch_files", "infinitrain.serialization",
      "infinitrain.distributed", "infinitrain.utils"],
     ["infinitrain.models"],
-    ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.cuda.amp", "infinitrain"],
+    ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.monitor", "infinitrain.cuda.amp",
+     "infinitrain"],
 ]
 
 
