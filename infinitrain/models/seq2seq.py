@@ -145,7 +145,6 @@ class Seq2SeqTransformer(Module):
                 break
         return [_until_eos(row[1:]) for row in out]
 
-    @no_grad()
     @staticmethod
     def check_beam(config: Seq2SeqConfig, beam: int, max_len: int) -> None:
         """Refuse a beam whose decoding cannot fit in memory, before it starts: each step decodes
@@ -155,6 +154,7 @@ class Seq2SeqTransformer(Module):
         check_fits_in_memory(2 * 4 * beam * max_len * per_position, f"beam search with a beam of {beam}",
                              "Use a smaller beam (4 to 10 is usual).")
 
+    @no_grad()
     def beam_search(self, src, beam: int = 4, max_len: int = 64, length_penalty: float = 0.6) -> list:
         """Each source's best of `beam` hypotheses by log-probability / ((5 + len) / 6)^alpha
         (GNMT's length penalty), as ids without BOS/EOS."""
