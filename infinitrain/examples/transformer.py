@@ -35,9 +35,10 @@ from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.utils.data import DataLoader, default_convert
 from infinitrain.examples.lm_loop import ProfileWindow
-from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, check_input_files, check_outputs,
-                                        nonnegative_float, nonnegative_int, plan_of, positive_float, positive_int,
-                                        probability, refuse, run_example, stop_if_not_finite)
+from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, add_nan_check_flag, check_input_files,
+                                        check_outputs, nonnegative_float, nonnegative_int, open_monitor, plan_of,
+                                        positive_float, positive_int, probability, refuse, run_example,
+                                        stop_if_not_finite)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
@@ -87,6 +88,7 @@ def parse_args(argv=None):
     p.add_argument("--num_workers", type=nonnegative_int, default=0, help="processes that collate batches ahead")
     p.add_argument("--profile", default=None, help="profile the second step: a table and this Chrome trace")
     p.add_argument("--plot", default=None, help="draw the loss curves to this image")
+    add_monitor_flags(p)
     return p.parse_args(argv)
 
 
@@ -159,6 +161,7 @@ def main(argv=None) -> int:
     check_input_files(env, [("--data", args.data, load_translation)])
     check_outputs(folders=[("--save", args.save)], files=[("--profile", args.profile), ("--plot", args.plot)],
                   plot=args.plot)
+    monitor = open_monitor(args, env)
     vocab, train_set, val_set = load_translation(args.data)
 
     it.manual_seed(args.seed)
@@ -224,6 +227,7 @@ def main(argv=None) -> int:
             continue
         if profiling.starts(step):
             prof.__enter__()
+        it.reset_peak_memory_stats(env.device)
         t0 = time.perf_counter()
         # the loss is the mean over the global batch's target tokens: this rank's token sum over
         # its share of them (DDP and ZeRO then average the ranks' gradients)
@@ -246,13 +250,19 @@ def main(argv=None) -> int:
         if env.is_main:
             print(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
                   f"({ms:.1f} ms | {tokens / ms * 1000:.0f} tok/s | DP={dp}, TP={env.layout.tp})", flush=True)
+        memory = it.memory_stats(env.device)
+        monitor.log(step, train_loss=loss, lr=lr, grad_norm=norm, tokens_per_s=tokens / ms * 1000,
+                    peak_used_mb=memory["peak_allocated_bytes"] // 2**20,
+                    peak_reserved_mb=memory["peak_reserved_bytes"] // 2**20)
         if (args.val_loss_every and step % args.val_loss_every == 0) or step == args.num_iteration:
             with trainer.gathered_parameters():
                 v = val_loss(model, val_set, args.max_len)
             curves["val"].append((step, v))
             if env.is_main:
                 print(f"val loss {v:.4f}", flush=True)
+            monitor.log(step, val_loss=v)
         step += 1
+    monitor.close()
     if args.save:
         try:
             save_checkpoint(args.save, args.num_iteration, model, trainer.optimizer, write=plan.writes_files)
