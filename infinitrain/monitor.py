@@ -26,8 +26,16 @@ class MonitorError(RuntimeError):
     """A monitor that cannot write: its library missing, its folder or file not writable."""
 
 
-def _summary_writer():
+def _summary_writer(writes: bool):
+    """tensorboardX's SummaryWriter where this process writes; elsewhere only whether it is
+    installed (importing it imports torch where that is installed: seconds and memory on
+    every rank for nothing)."""
+    import importlib.util
     try:
+        if not writes:
+            if importlib.util.find_spec("tensorboardX") is None:
+                raise ImportError("No module named 'tensorboardX'")
+            return None
         from tensorboardX import SummaryWriter
     except ImportError as e:
         raise MonitorError(f"--tensorboard_dir: TensorBoard event files need tensorboardX ({e}): "
@@ -48,7 +56,7 @@ class Monitor:
         self.log_dir = Path(output_path, job_name) if output_path is not None else None
         self.csv_path = Path(csv_path) if csv_path is not None else None
         self._events = self._csv_file = self._csv = None
-        writer = _summary_writer() if self.log_dir is not None else None  # missing on any rank: all refuse
+        writer = _summary_writer(enabled) if self.log_dir is not None else None  # missing anywhere: all refuse
         if not enabled:
             return
         try:

@@ -4,6 +4,7 @@ TensorBoard's own reader, the examples' --tensorboard_dir / --csv_log, and the p
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import re
 import sys
@@ -52,9 +53,15 @@ def test_monitor_off_rank_writes_nothing_and_bad_places_are_refused(tmp_path, mo
     assert not (tmp_path / "m.csv").exists() and not m.active
     with pytest.raises(MonitorError, match="is a folder"):
         Monitor(csv_path=tmp_path)
-    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # the library missing: refused at start
+    # the library missing: refused at start, on every rank (looked for, not imported, where it
+    # would not write), so that all stop together
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
     with pytest.raises(MonitorError, match=re.escape("pip install 'infinitrain[tensorboard]'")):
-        Monitor(tmp_path / "runs", enabled=False)  # on every rank, so that all stop together
+        Monitor(tmp_path / "runs")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(MonitorError, match=re.escape("pip install 'infinitrain[tensorboard]'")):
+        Monitor(tmp_path / "runs", enabled=False)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_monitor_from_deepspeed_config_blocks(tmp_path):
