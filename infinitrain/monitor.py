@@ -38,7 +38,7 @@ def _summary_writer(writes: bool):
             return None
         from tensorboardX import SummaryWriter
     except ImportError as e:
-        raise MonitorError(f"--tensorboard_dir: TensorBoard event files need tensorboardX ({e}): "
+        raise MonitorError(f"TensorBoard event files need tensorboardX ({e}): "
                            f"{TENSORBOARD_INSTALL}") from None
     return SummaryWriter
 
@@ -65,7 +65,7 @@ class Monitor:
                 self._events = writer(logdir=str(self.log_dir), flush_secs=10)
             if self.csv_path is not None:
                 if self.csv_path.is_dir():
-                    raise MonitorError(f"--csv_log {self.csv_path} is a folder; give a file name (such as "
+                    raise MonitorError(f"the CSV log {self.csv_path} is a folder; give a file name (such as "
                                        f"{self.csv_path / 'metrics.csv'})")
                 self.csv_path.parent.mkdir(parents=True, exist_ok=True)
                 fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
@@ -77,8 +77,7 @@ class Monitor:
         except OSError as e:
             self.close()
             where = e.filename or self.log_dir or self.csv_path
-            raise MonitorError(f"cannot write the metrics to {where}: {e.strerror or e} (--tensorboard_dir, "
-                               "--csv_log)") from None
+            raise MonitorError(f"cannot write the metrics to {where}: {e.strerror or e}") from None
 
     @classmethod
     def from_deepspeed_config(cls, tensorboard: dict | None = None, csv_monitor: dict | None = None,

@@ -60,7 +60,8 @@ def open_monitor(args, env):
     try:
         return Monitor(args.tensorboard_dir, csv_path=args.csv_log, enabled=env.is_main)
     except MonitorError as e:
-        refuse(str(e))  # (the library is checked on every rank: all refuse together; a place, on rank 0 alone)
+        # (the library is looked for on every rank: all refuse together; a place, on rank 0 alone)
+        refuse(f"--tensorboard_dir / --csv_log: {e}")
 
 
 def add_nan_check_flag(p: argparse.ArgumentParser) -> None:
