@@ -33,6 +33,7 @@ from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkp
 from infinitrain.data import LengthGroupedBatchSampler
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
+from infinitrain.io import progress
 from infinitrain.utils.data import DataLoader, default_convert
 from infinitrain.examples.lm_loop import ProfileWindow
 from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, add_nan_check_flag, check_input_files,
@@ -105,7 +106,7 @@ def val_loss(model, dataset, max_len: int, batch: int = 64) -> float:
     """Mean cross-entropy (no smoothing) per target token over the validation pairs."""
     model.eval()
     total, count = 0.0, 0
-    for i in range(0, len(dataset), batch):
+    for i in progress(range(0, len(dataset), batch), desc="validation loss", unit="batch"):
         src, tgt_in, tgt_out = pad_collate([dataset[j] for j in range(i, min(i + batch, len(dataset)))], max_len)
         logits, _ = model((it.from_numpy(src), it.from_numpy(tgt_in)))
         losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), it.from_numpy(tgt_out.reshape(-1)),
@@ -122,7 +123,7 @@ def bleu_table(model, vocab, dataset, args) -> str:
     sources, refs = [vocab.decode(s) for s, _ in pairs], [vocab.decode(t) for _, t in pairs]
     model.eval()
     greedy, beam = [], []
-    for i in range(0, n, 32):
+    for i in progress(range(0, n, 32), desc="translating", unit="batch"):
         src, _, _ = pad_collate(pairs[i:i + 32], args.max_len)
         src = it.from_numpy(src)
         greedy += [vocab.decode(ids) for ids in model.greedy(src, args.max_len)]
