@@ -17,7 +17,7 @@ import numpy as np
 from safetensors import SafetensorError
 
 from ..autograd import no_grad
-from ..io import DataFormatError, atomic_write, input_file
+from ..io import DataFormatError, atomic_write, input_file, progress
 from ..creation import from_numpy
 from ..runtime import check_fits_in_memory
 from ..nn.parallel.tensor_parallel import full_tensor, load_full
@@ -43,8 +43,9 @@ def save_pretrained(model, folder, write: bool = True, merge_lora: bool = False)
                               "loaded from it")
     # keep_vars: the parameters themselves, which know their TP shard (a detached copy does not,
     # and each rank would write its own slice)
+    state = model.state_dict(keep_vars=True)
     full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy())
-            for name, t in model.state_dict(keep_vars=True).items()}
+            for name, t in progress(state.items(), total=len(state), desc="exporting", unit="tensor")}
     for name, layer in lora_layers(model):
         A, B = full.pop(name + ".lora_A"), full.pop(name + ".lora_B")
         delta = (B @ A) * np.float32(layer.lora_scale)
@@ -100,8 +101,8 @@ def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
         raise DataFormatError(f"{folder} does not hold the model its config.json describes: "
                               + "; ".join(([f"missing {', '.join(missing[:6])}"] if missing else []) + wrong[:6]))
     model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
-    arrays = hf.ours_from_theirs(cls, cfg, files, tied)
-    for name, p in model.state_dict(keep_vars=True).items():
+    arrays, state = hf.ours_from_theirs(cls, cfg, files, tied), model.state_dict(keep_vars=True)
+    for name, p in progress(state.items(), total=len(state), desc=f"loading {folder.name}", unit="tensor"):
         load_full(p, from_numpy(arrays[name]()))
     return model
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from safetensors import SafetensorError
 
-from ..io import sha256_file
+from ..io import progress, sha256_file
 from ..random import default_generator
 from ..tensor import Tensor
 from ..nn.parallel.tensor_parallel import full_tensor
@@ -113,7 +113,7 @@ def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool,
         return None
     dtypes, model_arrays, opt_arrays = {}, {}, {}
     for prefix, tensors, arrays in (("model", model_tensors, model_arrays), ("optimizer", opt_tensors, opt_arrays)):
-        for k, t in tensors.items():
+        for k, t in progress(tensors.items(), total=len(tensors), desc=f"saving the {prefix}", unit="tensor"):
             a, dtypes[f"{prefix}/{k}"] = _to_numpy(t)
             arrays[k] = a.copy() if copy else a
     kind = getattr(optimizer, "state_type", type(optimizer).__name__)  # ZeRO: its inner one's
@@ -171,7 +171,8 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
     of the model and cuts out its shards. Raises CheckpointError naming any mismatch."""
     folder = resolve(path)
     meta = _read_meta(folder)
-    for name, digest in meta["sha256"].items():
+    for name, digest in progress(meta["sha256"].items(), total=len(meta["sha256"]), desc="checking checksums",
+                                 unit="file"):
         f = folder / name
         if not f.is_file():
             raise CheckpointError(f"{f} is missing")
@@ -196,7 +197,8 @@ def _load(folder: Path, meta: dict, model, optimizer) -> dict:
     if missing or unexpected:
         raise CheckpointError(f"{folder} does not fit this model: missing keys: {', '.join(missing[:8]) or '-'}; "
                               f"unexpected keys: {', '.join(unexpected[:8]) or '-'}")
-    state = {k: stored.part(source[k], t, f"{folder}: {k}") for k, t in own.items()}
+    state = {k: stored.part(source[k], t, f"{folder}: {k}")
+             for k, t in progress(own.items(), total=len(own), desc=f"loading {folder.name}", unit="tensor")}
     try:
         with _gathered(optimizer, write=True):
             model.load_state_dict(state, strict=True)

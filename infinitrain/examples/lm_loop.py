@@ -18,8 +18,9 @@ from infinitrain.checkpoint import (CheckpointError, load_checkpoint, resolve, s
                                     save_lora, save_pretrained)
 from infinitrain.checkpoint.writer import recorded_step
 from infinitrain.data import Tokenizer, TokenLoader
+from infinitrain.io import progress
 from infinitrain.examples import mfu
-from infinitrain.examples.flags import check_outputs, refuse, stop_if_not_finite
+from infinitrain.examples.flags import check_outputs, open_monitor, refuse, stop_if_not_finite
 from infinitrain.nn import parallel
 from infinitrain.optim.lr_scheduler import WarmupDecayLR
 from infinitrain.plot import plot_losses
@@ -76,6 +77,7 @@ class TrainingLoop:
         self.first = self.resume() + 1
         self.current_step = self.first
         self.check_outputs()
+        self.monitor = open_monitor(args, env)  # --tensorboard_dir, --csv_log (rank 0 writes)
         self.pending_save = None  # an --async_save in flight
         self.prof = profiler.profile()
         self.profiling = ProfileWindow(args.profile, self.first, args.num_iteration, args.profile_steps)
@@ -193,6 +195,7 @@ class TrainingLoop:
         self.curves["val"].append((after_step, evaluate(self.model, self.val_data, self.args.val_max_steps,
                                                         self.trainer)))
         self.log(f"val loss {self.curves['val'][-1][1]:.6f}", flush=True)
+        self.monitor.log(after_step, val_loss=self.curves["val"][-1][1])
 
     def evaluate_only(self) -> None:
         """--eval_only: the validation loss of the model as loaded (or initialised), nothing trained
@@ -200,6 +203,7 @@ class TrainingLoop:
         if self.val_data is None:
             refuse("--eval_only computes the validation loss: give --input_val_bin (a validation token shard)")
         self.evaluate(self.first - 1)
+        self.monitor.close()
         self.export_pretrained()
 
     def export_pretrained(self) -> None:
@@ -264,6 +268,7 @@ class TrainingLoop:
             self.finish_save(block=True)
         saved = f"; saved {resolve(self.args.save)}" if self.args.save else " (no --save: nothing is kept)"
         self.log(f"preempted: SIGTERM received, stopping after step {step}{saved}", flush=True)
+        self.monitor.close()
         self.env.world.barrier()
         sys.exit(PREEMPTED_EXIT_CODE)
 
@@ -304,6 +309,8 @@ class TrainingLoop:
         self.log(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
                  f"({ms:.2f} ms | {args.total_batch_size / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
                  f"peak used: {peak_mb:5d} MB | peak reserved: {reserved_mb:5d} MB | {self.layout})", flush=True)
+        self.monitor.log(step, train_loss=loss, lr=lr, grad_norm=norm, tokens_per_s=args.total_batch_size / ms * 1e3,
+                         mfu=utilisation, peak_used_mb=peak_mb, peak_reserved_mb=reserved_mb)
 
     def stop_if_not_finite(self, step: int, what: str, value: float) -> None:
         stop_if_not_finite(self.args, self.env, self.model, step, what, value)
@@ -340,6 +347,7 @@ class TrainingLoop:
         self.export_pretrained()
         if self.val_data is not None and args.val_loss_every:
             self.evaluate(args.num_iteration)
+        self.monitor.close()
         if args.plot and env.is_main:
             try:
                 plot_losses({type(model).__name__: self.curves}, args.plot, f"{type(model).__name__} {self.layout}")
@@ -427,7 +435,7 @@ def evaluate(model, loader, max_steps: int, trainer) -> float:
     loader.reset()
     steps = max(1, min(max_steps, len(loader.shards[0]) // (loader.B * loader.T * loader.world)))
     total = 0.0
-    for _ in range(steps):
+    for _ in progress(range(steps), desc="evaluating", unit="batch"):
         x, y = loader.next_batch()
         total += pipe.eval_step([(x, y)]) if pipe is not None else model(x, y, return_logits=False)[1].item()
     model.train()

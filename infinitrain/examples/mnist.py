@@ -17,8 +17,9 @@ import infinitrain as it
 import infinitrain.nn.functional as F
 from infinitrain.utils.data import DataLoader, DistributedSampler, TensorDataset
 from infinitrain.data.prepare import load_mnist, mnist_file, on_every_node
-from infinitrain.examples.flags import (add_nan_check_flag, check_input_files, nonnegative_float, nonnegative_int,
-                                        positive_int, probability, run_example, stop_if_not_finite)
+from infinitrain.examples.flags import (add_monitor_flags, add_nan_check_flag, check_input_files, nonnegative_float,
+                                        nonnegative_int, open_monitor, positive_int, probability, run_example,
+                                        stop_if_not_finite)
 from infinitrain.models.mlp import MLP
 from infinitrain.nn import parallel
 
@@ -37,6 +38,7 @@ def parse_args(argv=None):
                    help="train on the first N images (0 = all 50,000)")
     p.add_argument("--seed", type=int, default=42)
     add_nan_check_flag(p)
+    add_monitor_flags(p)
     return p.parse_args(argv)
 
 
@@ -63,6 +65,7 @@ def main(argv=None) -> int:
         args.data = on_every_node(env, mnist_file)
     check_input_files(env, [("--data", args.data, load_mnist)])
     data = load_mnist(args.data)
+    monitor = open_monitor(args, env)
     train_x, train_y = data["train_images"], data["train_labels"]
     if args.train_subset:
         train_x, train_y = train_x[:args.train_subset], train_y[:args.train_subset]
@@ -79,9 +82,11 @@ def main(argv=None) -> int:
         print(f"MLP {[784, *args.hidden, 10]} | {model.num_parameters():,} parameters | "
               f"{len(train_x):,} training images, {len(data['test_labels']):,} test images | "
               f"{env.layout.describe()}", flush=True)
+    step = 0  # optimizer steps so far: the monitor's x axis
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
         t0, total, n = time.perf_counter(), 0.0, 0
+        it.reset_peak_memory_stats()
         for x, y in loader:
             loss = F.cross_entropy(net(x), y)
             opt.zero_grad()
@@ -92,13 +97,21 @@ def main(argv=None) -> int:
                 env.world.all_reduce(both)
                 stop_if_not_finite(args, env, model, epoch, "loss", both.item())
             opt.step()
+            step += 1
             total, n = total + batch_loss * len(y), n + len(y)
         sums = it.tensor([total, float(n)])
         env.world.all_reduce(sums)
         if main_rank:
+            seconds = time.perf_counter() - t0
             acc = accuracy(model, data["test_images"], data["test_labels"])
             print(f"epoch {epoch} | train loss {sums[0].item() / sums[1].item():.4f} | "
-                  f"test accuracy {acc:.2f}% | ({time.perf_counter() - t0:.1f} s)", flush=True)
+                  f"test accuracy {acc:.2f}% | ({seconds:.1f} s)", flush=True)
+            memory = it.memory_stats()
+            monitor.log(step, train_loss=sums[0].item() / sums[1].item(), test_accuracy=acc,
+                        lr=opt.param_groups[0]["lr"], images_per_s=sums[1].item() / seconds,
+                        peak_used_mb=memory["peak_allocated_bytes"] // 2**20,
+                        peak_reserved_mb=memory["peak_reserved_bytes"] // 2**20)
+    monitor.close()
     return 0
 
 

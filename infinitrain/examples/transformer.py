@@ -36,13 +36,15 @@ from infinitrain.checkpoint import CheckpointError, load_checkpoint, save_checkp
 from infinitrain.data import LengthGroupedBatchSampler
 from infinitrain.data.prepare import on_every_node, translation_file
 from infinitrain.data.translation import PAD, load_translation, pad_collate
+from infinitrain.io import progress
 from infinitrain.utils.data import DataLoader, default_convert
 from infinitrain.examples.lm_loop import ProfileWindow
 from infinitrain.examples.ds_flags import (COMMON, add_config_arguments, same, setter, take_deepspeed_config,
                                           typed_flags)
-from infinitrain.examples.flags import (add_async_tp_flag, add_nan_check_flag, check_input_files, check_outputs,
-                                        nonnegative_float, nonnegative_int, plan_of, positive_float, positive_int,
-                                        probability, refuse, run_example, stop_if_not_finite)
+from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, add_nan_check_flag, check_input_files,
+                                        check_outputs, nonnegative_float, nonnegative_int, open_monitor, plan_of,
+                                        positive_float, positive_int, probability, refuse, run_example,
+                                        stop_if_not_finite)
 from infinitrain.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from infinitrain.nn import functional as F
 from infinitrain.nn import parallel
@@ -97,6 +99,7 @@ def parse_args(argv=None):
     p.add_argument("--profile", default=None, help="profile the second step: a table and this Chrome trace")
     p.add_argument("--plot", default=None, help="draw the loss curves to this image")
     add_config_arguments(p)
+    add_monitor_flags(p)
     p.set_defaults(betas=(0.9, 0.98), ds_scheduler=None)  # the paper's AdamW; a config may set them
     return p.parse_args(argv)
 
@@ -133,7 +136,7 @@ def val_loss(model, dataset, max_len: int, batch: int = 64) -> float:
     """Mean cross-entropy (no smoothing) per target token over the validation pairs."""
     model.eval()
     total, count = 0.0, 0
-    for i in range(0, len(dataset), batch):
+    for i in progress(range(0, len(dataset), batch), desc="validation loss", unit="batch"):
         src, tgt_in, tgt_out = pad_collate([dataset[j] for j in range(i, min(i + batch, len(dataset)))], max_len)
         logits, _ = model((it.from_numpy(src), it.from_numpy(tgt_in)))
         losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), it.from_numpy(tgt_out.reshape(-1)),
@@ -150,7 +153,7 @@ def bleu_table(model, vocab, dataset, args) -> str:
     sources, refs = [vocab.decode(s) for s, _ in pairs], [vocab.decode(t) for _, t in pairs]
     model.eval()
     greedy, beam = [], []
-    for i in range(0, n, 32):
+    for i in progress(range(0, n, 32), desc="translating", unit="batch"):
         src, _, _ = pad_collate(pairs[i:i + 32], args.max_len)
         src = it.from_numpy(src)
         greedy += [vocab.decode(ids) for ids in model.greedy(src, args.max_len)]
@@ -194,6 +197,7 @@ def main(argv=None) -> int:
     check_input_files(env, [("--data", args.data, load_translation)])
     check_outputs(folders=[("--save", args.save)], files=[("--profile", args.profile), ("--plot", args.plot)],
                   plot=args.plot)
+    monitor = open_monitor(args, env)
     vocab, train_set, val_set = load_translation(args.data)
 
     it.manual_seed(args.seed)
@@ -262,6 +266,7 @@ def main(argv=None) -> int:
             continue
         if profiling.starts(step):
             prof.__enter__()
+        it.reset_peak_memory_stats(env.device)
         t0 = time.perf_counter()
         # the loss is the mean over the global batch's target tokens: this rank's token sum over
         # its share of them (DDP and ZeRO then average the ranks' gradients)
@@ -292,13 +297,19 @@ def main(argv=None) -> int:
         if env.is_main:
             print(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
                   f"({ms:.1f} ms | {tokens / ms * 1000:.0f} tok/s | DP={dp}, TP={env.layout.tp})", flush=True)
+        memory = it.memory_stats(env.device)
+        monitor.log(step, train_loss=loss, lr=lr, grad_norm=norm, tokens_per_s=tokens / ms * 1000,
+                    peak_used_mb=memory["peak_allocated_bytes"] // 2**20,
+                    peak_reserved_mb=memory["peak_reserved_bytes"] // 2**20)
         if (args.val_loss_every and step % args.val_loss_every == 0) or step == args.num_iteration:
             with trainer.gathered_parameters():
                 v = val_loss(model, val_set, args.max_len)
             curves["val"].append((step, v))
             if env.is_main:
                 print(f"val loss {v:.4f}", flush=True)
+            monitor.log(step, val_loss=v)
         step += 1
+    monitor.close()
     if args.save:
         try:
             save_checkpoint(args.save, args.num_iteration, model, trainer.optimizer, write=plan.writes_files)

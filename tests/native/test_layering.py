@@ -25,7 +25,7 @@ LAYERS = [
      "infinitrain.distributed", "infinitrain.utils"],
     ["infinitrain.models", "infinitrain.deepspeed"],
     ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.lora", "infinitrain.cuda.amp",
-     "infinitrain.generate", "infinitrain"],
+     "infinitrain.generate", "infinitrain.monitor", "infinitrain"],
 ]
 
 
