@@ -11,6 +11,7 @@ import infinitrain.distributed as dist
 import infinitrain.nn as nn
 import infinitrain.nn.functional as F
 from infinitrain.nn.parallel import DistributedDataParallel as DDP
+from infinitrain.utils.data.distributed import DistributedSampler
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -59,6 +60,13 @@ if world > 1 and rank < 2:  # a message from rank 0 to rank 1
     else:
         assert dist.recv(msg, src=0) == 0 and msg.tolist() == [7.0, 7.0], msg
 dist.barrier()
+
+# DistributedSampler(dataset) takes its rank and size from the default group, as PyTorch's
+assert list(DistributedSampler(range(16), shuffle=False)) == list(range(rank, 16, world))
+shuffled = DistributedSampler(range(16), seed=3)
+everyone = [None] * world
+dist.all_gather_object(everyone, list(shuffled))
+assert sorted(sum(everyone, [])) == list(range(16)), everyone
 
 # the global batch, the same on every rank; each rank trains on its rows
 data = np.random.default_rng(0)
