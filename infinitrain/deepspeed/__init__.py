@@ -203,8 +203,4 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if env is None or env.is_main:
         if notes:
             print(f"DeepSpeed config: accepted, no effect here: {', '.join(notes)}", flush=True)
-        enabled = [k for k, v in cfg.monitor.items() if v.get("enabled")]
-        if enabled:
-            print(f"DeepSpeed config: {' and '.join(enabled)} take effect through the trainer's --tensorboard_dir / "
-                  "--csv_log (engine.monitor holds their settings)", flush=True)
     return engine, trainer.optimizer, loader, scheduler

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..amp import autocast
 from ..checkpoint import load_checkpoint, resolve, save_checkpoint
 from ..dtypes import bfloat16
+from ..monitor import Monitor
 from ..nn.parallel.finalize import scale_loss
 from ..profiler import profile
 
@@ -49,6 +50,12 @@ class DeepSpeedEngine:
         self._step_applied = False
         self._times = {"forward": 0.0, "backward": 0.0, "step": 0.0}
         self._profiler = None
+        # the config's tensorboard / csv_monitor blocks (DeepSpeed's engine.monitor): rank 0 writes
+        # Train/Samples/train_loss and lr at each optimizer step, against the samples trained on
+        blocks = config.monitor
+        self.monitor = Monitor.from_deepspeed_config(blocks.get("tensorboard"), blocks.get("csv_monitor"),
+                                                     enabled=self._is_main())
+        self._losses = []  # this step's micro-batch losses, kept only while the monitor writes
 
     # ---- what DeepSpeed's engine answers --------------------------------------------------
     def train_batch_size(self) -> int:
@@ -72,10 +79,6 @@ class DeepSpeedEngine:
     def fp16_enabled(self) -> bool:
         return False
 
-    @property
-    def monitor(self) -> dict:
-        """The config's tensorboard / csv_monitor blocks, for the trainer's metric writers."""
-        return self.config.monitor
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the micro-batch now being run ends the accumulation (its step() steps)."""
@@ -134,6 +137,8 @@ class DeepSpeedEngine:
         t0 = time.perf_counter()
         scaled = scale_loss(loss, self.config.gradient_accumulation_steps) if scale_wrt_gas else loss
         scaled.backward(retain_graph=retain_graph)
+        if self.monitor.active:
+            self._losses.append(float(loss.detach().float().item()))
         self._times["backward"] += time.perf_counter() - t0
         return loss
 
@@ -151,6 +156,11 @@ class DeepSpeedEngine:
             self.global_steps += 1
             self.global_samples += self.config.train_batch_size
             self._times["step"] += time.perf_counter() - t0
+            if self.monitor.active:
+                self.monitor.log(self.global_samples, **{
+                    "Train/Samples/train_loss": sum(self._losses) / len(self._losses) if self._losses else None,
+                    "Train/Samples/lr": self.get_lr()[0]})
+                self._losses = []
             self._report()
         self.micro_steps += 1
 

@@ -41,10 +41,6 @@ def take_deepspeed_config(args, argv, dp: int, device_type: str, table: dict, is
             print(f"--deepspeed_config {args.deepspeed_config}: {w.message}", flush=True)
         if cfg.notes:
             print(f"--deepspeed_config: accepted, no effect here: {', '.join(cfg.notes)}", flush=True)
-        enabled = [k for k, v in cfg.monitor.items() if v.get("enabled")]
-        if enabled:
-            print(f"--deepspeed_config: {' and '.join(enabled)} take effect with --tensorboard_dir / --csv_log",
-                  flush=True)
     given = typed_flags(argv)
     for key, value in settings(cfg).items():
         if key not in table:

@@ -57,7 +57,14 @@ def open_monitor(args, env):
     """The run's Monitor of --tensorboard_dir and --csv_log (writing on rank 0), opened before
     training: a missing library or an unwritable place ends the job at start, saying which."""
     from infinitrain.monitor import Monitor, MonitorError
+    blocks = {k: v for k, v in (getattr(args, "monitor", None) or {}).items() if v.get("enabled")}
+    if blocks and (args.tensorboard_dir or args.csv_log):
+        refuse(f"--tensorboard_dir / --csv_log and --deepspeed_config's {' and '.join(blocks)} both say where the "
+               "metrics go: give one of them")
     try:
+        if blocks:  # a DeepSpeed config's tensorboard / csv_monitor blocks
+            return Monitor.from_deepspeed_config(blocks.get("tensorboard"), blocks.get("csv_monitor"),
+                                                 enabled=env.is_main)
         return Monitor(args.tensorboard_dir, csv_path=args.csv_log, enabled=env.is_main)
     except MonitorError as e:
         # (the library is looked for on every rank: all refuse together; a place, on rank 0 alone)

@@ -10,6 +10,7 @@ ROOT = Path(infinitrain.__file__).parent
 # bottom to top; a module may import its own layer (same package) and those listed before it
 LAYERS = [
     ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace",
+     "infinitrain.monitor",
      "infinitrain.hf", "infinitrain.hf_peft", "infinitrain.size", "infinitrain.return_types",
      "infinitrain.multiprocessing"],
     ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda",
@@ -25,7 +26,7 @@ LAYERS = [
      "infinitrain.distributed", "infinitrain.utils"],
     ["infinitrain.models", "infinitrain.deepspeed"],
     ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.lora", "infinitrain.cuda.amp",
-     "infinitrain.generate", "infinitrain.monitor", "infinitrain"],
+     "infinitrain.generate", "infinitrain"],
 ]
 
 

@@ -193,6 +193,22 @@ def test_the_engine_loop_is_trainsteps_step_bit_for_bit():
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
 
 
+def test_the_configs_tensorboard_and_csv_blocks_log_each_step_as_deepspeed_names_them(tmp_path):
+    pytest.importorskip("tensorboardX")
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    engine, *_ = _engine(config(tensorboard={"enabled": True, "output_path": str(tmp_path), "job_name": "tb"},
+                                csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "csv"}))
+    losses = _loop(engine, [0, 1])
+    engine.monitor.close()
+    acc = accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={accumulator.SCALARS: 0})
+    acc.Reload()
+    logged = [(e.step, e.value) for e in acc.Scalars("Train/Samples/train_loss")]
+    assert logged == [(4, pytest.approx(sum(losses[:2]) / 2)), (8, pytest.approx(sum(losses[2:]) / 2))]
+    assert [e.value for e in acc.Scalars("Train/Samples/lr")] == [pytest.approx(1e-2)] * 2
+    rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,name,value" and rows[1].startswith("4,Train/Samples/train_loss,")
+
+
 def test_bf16_is_the_flags_autocast_and_activation_checkpointing_recomputes(capsys):
     from infinitrain.amp import autocast
     cfg = config(bf16={"enabled": True}, activation_checkpointing={"partition_activations": True},
