@@ -18,7 +18,7 @@ from infinitrain.checkpoint.writer import newest_checkpoint
 from infinitrain.data import DataFormatError, Tokenizer, read_shard
 from infinitrain.data.loader import shard_files
 from infinitrain.examples.flags import check_input_files, plan_of, refuse
-from infinitrain.examples.ds_flags import COMMON, same, take_deepspeed_config
+from infinitrain.examples.ds_flags import COMMON, same, take_deepspeed_config, typed_flags
 from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples.lm_loop import TrainingLoop, restart_count
@@ -91,12 +91,39 @@ def setup_plan(args):
     if args.save_pretrained and plan.pipelined:
         refuse("--save_pretrained writes a whole model, which no pipeline stage holds: save a checkpoint (--save) "
                "and export it from one process (--load it with --save_pretrained --eval_only)")
-    if args.sequence_parallel and plan.tp == 1 and env.is_main:
-        print("note: --sequence_parallel has no effect without --tensor_parallel > 1", flush=True)
     if plan.zero_has_no_effect and env.is_main:
         print(f"note: --zero_stage {args.zero_stage} has no effect with one data-parallel rank (there is nothing "
               "to shard the optimizer state over); it trains as without ZeRO", flush=True)
+    if env.is_main:
+        for flag, why in idle_flags(args, plan, env.world_size):
+            print(f"note: --{flag} has no effect {why}", flush=True)
     return env, plan
+
+
+def idle_flags(args, plan, world_size: int) -> list:
+    """(flag, why) for each flag typed on the command line that does nothing in this run, so
+    that it is said once instead of silently ignored."""
+    given = typed_flags(getattr(args, "argv", None) or [])
+    lora = args.lora_rank or args.lora_load_path
+    idle = {"sequence_parallel": (plan.tp == 1, "without --tensor_parallel > 1"),
+            "save_interval": (not args.save, "without --save"),
+            "max_checkpoint_keep": (not args.save, "without --save"),
+            "async_save": (not args.save, "without --save"),
+            "lora_alpha": (not lora, "without --lora_rank or --lora_load_path"),
+            "lora_target_modules": (not lora, "without --lora_rank or --lora_load_path"),
+            "lora_save_path": (not lora, "without --lora_rank or --lora_load_path"),
+            "cp_comm": (plan.cp == 1, "without --context_parallel > 1"),
+            "pipeline_schedule": (not plan.pipelined, "without --pipeline_parallel > 1"),
+            "pipeline_split": (not plan.pipelined, "without --pipeline_parallel > 1"),
+            "pipeline_timeout": (not plan.pipelined, "without --pipeline_parallel > 1"),
+            "min_lr": (args.lr_decay == "constant", "with --lr_decay constant (the default): add --lr_decay cosine "
+                                                    "or linear"),
+            "sample_length": (not args.sample_every, "without --sample_every"),
+            "val_max_steps": (not args.val_loss_every and not args.eval_only, "without --val_loss_every"),
+            "profile_steps": (not args.profile, "without --profile"),
+            "collective_timeout": (world_size == 1, "on one process (no collective to wait for)"),
+            "flight_recorder_dir": (world_size == 1, "on one process (no collective to record)")}
+    return [(flag, why) for flag, (unused, why) in idle.items() if flag in given and unused]
 
 
 # what a --deepspeed_config sets here (ds_flags.take_deepspeed_config); the schedule stays the flags'

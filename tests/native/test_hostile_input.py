@@ -546,3 +546,23 @@ def test_meaningless_numbers_on_the_command_line_are_refused(module, flag, value
     with pytest.raises(SystemExit):
         (example.parse_args if hasattr(example, "parse_args") else example.main)([flag, value])
     assert flag in capsys.readouterr().err
+
+
+def test_flags_that_do_nothing_in_this_run_are_named():
+    """Flags typed on the command line that the run ignores (a checkpoint interval without
+    --save, LoRA settings without LoRA, pipeline settings without a pipeline, ...) passed without
+    a word."""
+    from infinitrain.examples.lm_flags import parse_args
+    from infinitrain.examples.lm_train import idle_flags
+    from infinitrain.models import GPT2_PRESETS
+    from infinitrain.nn.parallel import Layout, ParallelPlan
+    argv = ["--save_interval", "5", "--lora_alpha", "8", "--pipeline_schedule", "gpipe", "--min_lr", "1e-5",
+            "--cp_comm", "all_gather", "--collective_timeout", "60", "--tensor_parallel", "1", "--sequence_parallel"]
+    args = parse_args(argv, "", GPT2_PRESETS, "gpt2")
+    named = dict(idle_flags(args, ParallelPlan(Layout(1)), 1))
+    assert set(named) == {"save_interval", "lora_alpha", "pipeline_schedule", "min_lr", "cp_comm",
+                          "collective_timeout", "sequence_parallel"}, named
+    assert named["min_lr"].startswith("with --lr_decay constant")
+    used = parse_args(["--save", "ck", "--save_interval", "5", "--lr_decay", "cosine", "--min_lr", "1e-5"], "",
+                      GPT2_PRESETS, "gpt2")
+    assert idle_flags(used, ParallelPlan(Layout(1)), 1) == []
