@@ -149,7 +149,17 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     if input.numel() and (input.detach().min().item() < 0 or input.detach().max().item() > 1):
         raise ValueError("binary_cross_entropy: every element of input must be a probability in [0, 1] "
                          "(for logits use binary_cross_entropy_with_logits)")
-    losses = -(target * input.log().clamp(min=-100) + (1 - target) * (1 - input).log().clamp(min=-100))
+    x, y = input.detach(), target.detach()
+    log_x, log_1mx = x.log().clamp(min=-100), (1 - x).log().clamp(min=-100)
+    losses = -(y * log_x + (1 - y) * log_1mx)
+    # PyTorch's gradients, finite at x = 0 or 1 (where log's is infinite and the clamp's zero
+    # would make NaN): d/dx = (x - y) / max(x (1 - x), 1e-12), d/dy = log(1 - x) - log(x), both
+    # clamped logs (PyTorch's d/dy is +-inf there); attached as value + grad * (t - t.detach()),
+    # which adds 0 and has that gradient
+    if input.requires_grad:
+        losses = losses + ((x - y) / (x * (1 - x)).clamp(min=1e-12)) * (input - x)
+    if target.requires_grad:
+        losses = losses + (log_1mx - log_x) * (target - y)
     return _reduce(losses if weight is None else losses * weight, reduction)
 
 

@@ -155,3 +155,14 @@ def test_orthogonal_init_is_orthogonal_with_gain():
         np.testing.assert_allclose(gram, 4 * np.eye(gram.shape[0]), atol=1e-5)
     with pytest.raises(ValueError, match="2 or more"):
         nn.init.orthogonal_(it.empty(3))
+
+
+def test_binary_cross_entropy_of_saturated_probabilities_has_pytorchs_finite_gradient():
+    """A float32 sigmoid is exactly 1 past a logit of ~17: log's infinite gradient times the
+    clamp's zero made the whole gradient NaN (PyTorch's backward gives 0 there)."""
+    logits, target, weight = [20.0, -120.0, 0.5, 3.0], [1.0, 0.0, 1.0, 0.3], [1.0, 2.0, 0.5, 1.0]
+    z = it.tensor(logits, requires_grad=True)
+    F.binary_cross_entropy(z.sigmoid(), it.tensor(target), weight=it.tensor(weight)).backward()
+    tz = torch.tensor(logits, requires_grad=True)
+    torch.nn.functional.binary_cross_entropy(tz.sigmoid(), torch.tensor(target), weight=torch.tensor(weight)).backward()
+    np.testing.assert_allclose(z.grad.numpy(), tz.grad.numpy(), rtol=1e-5, atol=1e-7)
