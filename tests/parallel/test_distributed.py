@@ -236,3 +236,16 @@ def test_collectives_called_differently_are_named_under_torch_distributed_debug(
     assert out.returncode != 0 and "no error" not in out.stdout, shown
     assert f"CollectiveError: collective #1 of group world[0, 1] was called differently by its ranks ({calls})" \
         in out.stderr and "mismatched_collectives.py:" in out.stderr and "Traceback" not in out.stderr, shown
+
+
+@pytest.mark.mpi
+def test_a_rank_missing_from_a_checked_collective_is_a_hang_the_watchdog_names(tmp_path):
+    """Under DETAIL the argument exchange comes first: it is a recorded operation, so a rank that
+    never comes is named by the watchdog as in the collective itself (not a silent hang)."""
+    import time
+    t0 = time.monotonic()
+    out = mpirun(2, [MPI_SCRIPTS / "mismatched_collectives.py", "missing"], check=False, timeout=120,
+                 env=dict(ENV, TORCH_DISTRIBUTED_DEBUG="DETAIL", INFINITRAIN_COLLECTIVE_TIMEOUT="3",
+                          INFINITRAIN_FLIGHT_RECORDER_DIR=str(tmp_path)))
+    assert out.returncode != 0 and time.monotonic() - t0 < 50, out.stderr[-2000:]
+    assert "all_reduce (argument check) #1 of group world[0, 1]" in out.stderr, out.stderr[-2000:]

@@ -81,9 +81,16 @@ def traced_collective(payload: int | None):
 
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
-            if CHECK_COLLECTIVES and checked and self.size > 1:
-                check_agreement(self, name, args, kwargs)
             rec, flight = _trace.active, watchdog.recorder
+            if CHECK_COLLECTIVES and checked and self.size > 1:
+                # recorded as an operation of its own: a rank that never comes to the exchange
+                # is then a hang the watchdog names, as it would be in the collective itself
+                check = flight.start(self, f"{name} (argument check)", 0) if flight is not None else None
+                try:
+                    check_agreement(self, name, args, kwargs)
+                finally:
+                    if check is not None:
+                        flight.done(check)
             if rec is None and flight is None:
                 try:
                     return fn(self, *args, **kwargs)
