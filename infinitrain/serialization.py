@@ -28,6 +28,7 @@ from . import dtypes as _dt
 from .device import device as Device
 from .io import DataFormatError
 from .nn.parameter import Parameter
+from .size import Size
 from .tensor import Tensor
 from .torch_files import checked_view, load_torch_zip, refuse_unknown
 
@@ -85,7 +86,7 @@ def _moved(t: Tensor, dev: Device, location: str, name: str) -> Tensor:
 
 # ---- save ------------------------------------------------------------------------------------
 
-_ALLOWED = ("tensors, Parameters, dict, OrderedDict, list, tuple, set, int, float, complex, bool, str, bytes, "
+_ALLOWED = ("tensors, Parameters, Size, dict, OrderedDict, list, tuple, set, int, float, complex, bool, str, bytes, "
             "bytearray, None, dtypes and devices")
 
 
@@ -112,6 +113,8 @@ class _Encoder:
             return {"device": str(v)}
         if t in (Tensor, Parameter):
             return self._tensor(v, path)
+        if t is Size:  # a shape (torch.Size in a PyTorch program)
+            return {"size": [int(n) for n in v]}
         if t in (dict, OrderedDict, list, tuple, set):
             if id(v) in active:
                 raise ValueError(f"infinitrain.save: {path} contains itself; a file cannot hold a cycle")
@@ -317,6 +320,8 @@ class _Decoder:
         if len(node) != 1:
             raise self.bad(f"unexpected {str(node)[:80]} in its structure")
         (kind, body), = node.items()
+        if kind == "size" and type(body) is list and all(type(n) is int and n >= 0 for n in body):
+            return Size(body)
         if kind in ("list", "tuple", "set") and type(body) is list:
             items = [self.decode(x) for x in body]
             return items if kind == "list" else tuple(items) if kind == "tuple" else set(items)

@@ -27,6 +27,7 @@ from .creation import from_numpy
 from .device import device as Device
 from .io import DataFormatError
 from .nn.parameter import Parameter
+from .size import Size
 from .tensor import Tensor
 
 # the element type of each of torch's storage classes, by torch's dtype name
@@ -141,7 +142,7 @@ class _Unpickler(pickle._Unpickler):
     def _allowed(self, module: str, name: str):
         plain = {("collections", "OrderedDict"): OrderedDict, ("collections", "Counter"): Counter,
                  ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "bytearray"): bytearray,
-                 ("builtins", "complex"): complex, ("_codecs", "encode"): _encode, ("torch", "Size"): tuple,
+                 ("builtins", "complex"): complex, ("_codecs", "encode"): _encode, ("torch", "Size"): Size,
                  ("torch", "device"): _torch_device, ("torch", "Tensor"): _TENSOR,
                  ("torch.nn.parameter", "Parameter"): _PARAMETER,
                  ("torch._utils", "_rebuild_tensor"): self._rebuild_tensor,

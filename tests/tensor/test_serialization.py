@@ -323,3 +323,14 @@ def test_modules_pickle_and_deepcopy_with_equal_outputs():
         np.testing.assert_array_equal(other(x).detach().numpy(), model(x).detach().numpy())
         assert all(type(p) is it.nn.Parameter for p in other.parameters())
         assert other[0].weight.data_ptr() != model[0].weight.data_ptr()
+
+
+def test_a_shape_saves_and_loads_as_a_size_in_both_formats(tmp_path):
+    """Shapes are infinitrain.Size: save refused them, and a torch.Size in a PyTorch file came back a tuple."""
+    it.save({"shape": it.ones(2, 3).shape}, tmp_path / "ours")
+    got = it.load(tmp_path / "ours")["shape"]
+    assert type(got) is it.Size and got == (2, 3)
+    torch = pytest.importorskip("torch")
+    torch.save({"shape": torch.ones(4, 5).shape}, tmp_path / "theirs.pt")
+    got = it.load(tmp_path / "theirs.pt")["shape"]
+    assert type(got) is it.Size and got == (4, 5)
