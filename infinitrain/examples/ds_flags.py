@@ -90,3 +90,15 @@ COMMON = {"gradient_clipping": ("grad_clip", same), "optimizer.type": (None, ada
           "zero_optimization.offload_param.device": ("offload_param", offload),
           "zero_optimization.offload_optimizer.nvme_path": ("offload_path", same),
           "bf16.enabled": ("dtype", dtype)}
+
+
+def config_schedule(args, optimizer):
+    """The DeepSpeed config's scheduler (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle) on
+    optimizer, stepped once per optimizer step as DeepSpeed does; None without one."""
+    if getattr(args, "ds_scheduler", None) is None:
+        return None
+    from infinitrain.deepspeed.lr_schedules import SCHEDULES
+    try:
+        return SCHEDULES[args.ds_scheduler["type"]](optimizer, **args.ds_scheduler["params"])
+    except (TypeError, ValueError) as e:
+        refuse(f"--deepspeed_config's scheduler ({args.ds_scheduler['type']}): {e}")

@@ -134,7 +134,8 @@ def parse_args(argv, description: str, presets, default_model: str):
                         "save_tensors=true,output_path=PATH' (level 2: every op) or with 'baseline=PATH' "
                         "to name the first tensor that differs from a run saved there by more than round-off")
     add_config_arguments(p)
-    p.set_defaults(presets=presets, betas=(0.9, 0.95), eps=1e-8)  # AdamW's (GPT-3's); a DeepSpeed config may set them
+    # AdamW's betas and eps (GPT-3's); a DeepSpeed config may set them, and its schedule
+    p.set_defaults(presets=presets, betas=(0.9, 0.95), eps=1e-8, ds_scheduler=None)
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)  # the flags typed (a DeepSpeed config may not repeat them)
     args.model_given = args.model is not None  # (else --load's checkpoint may say which model it holds)

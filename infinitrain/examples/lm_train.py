@@ -18,7 +18,7 @@ from infinitrain.checkpoint.writer import newest_checkpoint
 from infinitrain.data import DataFormatError, Tokenizer, read_shard
 from infinitrain.data.loader import shard_files
 from infinitrain.examples.flags import check_input_files, plan_of, refuse
-from infinitrain.examples.ds_flags import COMMON, same, take_deepspeed_config, typed_flags
+from infinitrain.examples.ds_flags import COMMON, same, setter, take_deepspeed_config, typed_flags
 from infinitrain.io import input_file
 from infinitrain.data.prepare import on_every_node, shakespeare_files
 from infinitrain.examples.lm_loop import TrainingLoop, restart_count
@@ -87,6 +87,11 @@ def setup_plan(args):
     except (RuntimeError, it.NativeError) as e:  # no GPU, no driver, no NCCL: what is missing
         refuse(f"--device {args.device}: {e}")
     take_deepspeed_config(args, args.argv, env.layout.dp, env.device.type, DEEPSPEED_FLAGS, env.is_main)
+    if getattr(args, "ds_scheduler", None) is not None:
+        typed = typed_flags(args.argv) & {"warmup_iters", "lr_decay", "min_lr"}
+        if typed:
+            refuse(f"--{', --'.join(sorted(typed))} and --deepspeed_config's scheduler both set the learning-rate "
+                   "schedule: give one of them")
     plan = make_plan(args, env)
     if args.save_pretrained and plan.pipelined:
         refuse("--save_pretrained writes a whole model, which no pipeline stage holds: save a checkpoint (--save) "
@@ -130,7 +135,8 @@ def idle_flags(args, plan, world_size: int) -> list:
 DEEPSPEED_FLAGS = {**COMMON, "train_micro_batch_size_per_gpu": ("batch_size", same),
                    "train_batch_size": ("total_batch_size", lambda v, args: v * args.sequence_length),  # tokens
                    "gradient_accumulation_steps": (None, lambda v, args: None),  # total / (micro x DP)
-                   "activation_checkpointing": ("recompute", lambda v, args: "full" if v else "none")}
+                   "activation_checkpointing": ("recompute", lambda v, args: "full" if v else "none"),
+                   "scheduler": (None, setter("ds_scheduler"))}  # in place of --warmup_iters/--lr_decay/--min_lr
 
 
 def make_plan(args, env):

@@ -39,7 +39,8 @@ from infinitrain.data.translation import PAD, load_translation, pad_collate
 from infinitrain.io import progress
 from infinitrain.utils.data import DataLoader, default_convert
 from infinitrain.examples.lm_loop import ProfileWindow
-from infinitrain.examples.ds_flags import (COMMON, add_config_arguments, same, setter, take_deepspeed_config,
+from infinitrain.examples.ds_flags import (COMMON, add_config_arguments, config_schedule, same, setter,
+                                          take_deepspeed_config,
                                           typed_flags)
 from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, add_nan_check_flag, check_input_files,
                                         check_outputs, nonnegative_float, nonnegative_int, open_monitor, plan_of,
@@ -114,13 +115,7 @@ DEEPSPEED_FLAGS = {**COMMON, "train_batch_size": ("batch_size", same), "optimize
 
 def schedule_of(args, optimizer):
     """The paper's schedule, or the DeepSpeed config's (stepped once per step as DeepSpeed does)."""
-    if args.ds_scheduler is None:
-        return LambdaLR(optimizer, inverse_sqrt(max(args.warmup_iters, 1)))
-    from infinitrain.deepspeed.lr_schedules import SCHEDULES
-    try:
-        return SCHEDULES[args.ds_scheduler["type"]](optimizer, **args.ds_scheduler["params"])
-    except (TypeError, ValueError) as e:
-        refuse(f"--deepspeed_config's scheduler ({args.ds_scheduler['type']}): {e}")
+    return config_schedule(args, optimizer) or LambdaLR(optimizer, inverse_sqrt(max(args.warmup_iters, 1)))
 
 
 def inverse_sqrt(warmup: int):
