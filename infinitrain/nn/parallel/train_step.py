@@ -53,7 +53,10 @@ class TrainStep:
         self.zero = wrapper == "zero"
         self.pipe = PipelineParallel(model, plan.pipeline_schedule, self.dp_group if wrapper == "pipeline" else None,
                                      pipeline_timeout) if plan.pipelined else None
-        self.net = DistributedDataParallel(model, process_group=self.dp_group) if wrapper == "ddp" else model
+        # the models' buffers are constants (rope tables, positions), the same on every rank from
+        # the start: broadcasting them before every forward (PyTorch's default) is bytes for nothing
+        self.net = DistributedDataParallel(model, process_group=self.dp_group, broadcast_buffers=False) \
+            if wrapper == "ddp" else model
         if self.zero:
             self.optimizer = ZeroOptimizer(param_groups, optimizer_class, self.dp_group, stage=plan.zero_stage,
                                            bucket_cap_mb=bucket_cap_mb, module=model,
