@@ -12,7 +12,8 @@ from infinitrain.nn.lora import DEFAULT_TARGETS
 
 
 def parse_args(argv, description: str, presets, default_model: str):
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)  # a flag is its full name: the typed ones are checked
     p.add_argument("--input_bin", default=None, help="training token shard(s), a path or glob (default: Shakespeare)")
     p.add_argument("--input_val_bin", default=None, help="validation token shard(s)")
     p.add_argument("--tokenizer_bin", default=None, help="llm.c tokenizer file, to print samples")

@@ -56,7 +56,8 @@ from infinitrain.optim.lr_scheduler import LambdaLR
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)  # a flag is its full name: the typed ones are checked
     p.add_argument("--data", default=None, help="translation_en_de.npz (default: prepared under $INFINITRAIN_DATA)")
     p.add_argument("--model", default="small", choices=sorted(SEQ2SEQ_PRESETS))
     p.add_argument("--batch_size", type=positive_int, default=64, help="sentence pairs per step over all ranks")
