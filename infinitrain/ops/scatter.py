@@ -25,6 +25,12 @@ from ..tensor import Tensor, _empty, _wrap_dim
 from .math import _zeros
 
 
+def _no_negative(op: str, index: Tensor, dim: int, size: int) -> None:
+    """A negative index is out of bounds here, as in PyTorch (the native kernels would wrap it)."""
+    if index.numel() and (low := int(index.detach().min().item())) < 0:
+        raise RuntimeError(f"{op}(): index {low} is out of bounds for dimension {dim} with size {size}")
+
+
 def _check(op: str, x: Tensor, dim: int, index: Tensor, src) -> int:
     if not isinstance(index, Tensor) or index.dtype not in (_dt.int32, _dt.int64):
         got = index.dtype.name if isinstance(index, Tensor) else type(index).__name__
@@ -42,6 +48,7 @@ def _check(op: str, x: Tensor, dim: int, index: Tensor, src) -> int:
                            f"{list(x.shape)} apart from dimension {d}"
                            + (f" and to be no larger size than src {list(src.shape)}" if isinstance(src, Tensor)
                               else ""))
+    _no_negative(op, index, d, x.shape[d])
     return d
 
 
@@ -209,4 +216,5 @@ def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1
     if source.ndim != input.ndim or source.shape[d] != k:
         raise RuntimeError(f"index_add_(): Number of indices ({k}) should be equal to source.size(dim) "
                            f"for dim: {d}; source {list(source.shape)}, self {list(input.shape)}")
+    _no_negative("index_add_", index, d, input.shape[d])
     return IndexAdd.apply(input, source, d, index._reshape_raw((k,)), alpha)

@@ -217,3 +217,17 @@ def test_scatter_checks_and_duplicates():
     # two writes to one place: the last one wins, as on PyTorch's CPU
     got = it.zeros(3).scatter(0, it.tensor([1, 1]), it.tensor([2.0, 3.0]))
     assert got.tolist() == torch.zeros(3).scatter(0, torch.tensor([1, 1]), torch.tensor([2.0, 3.0])).tolist()
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.zeros(3).scatter(0, m.tensor([-1]), m.ones(1)),
+    lambda m: m.zeros(3).scatter_add(0, m.tensor([-2]), m.ones(1)),
+    lambda m: m.zeros(3).index_add(0, m.tensor([-1]), m.ones(1)),
+])
+def test_a_negative_index_is_out_of_bounds_as_in_pytorch(call):
+    """The native kernels wrapped -1 to the last row: PyTorch refuses it."""
+    with pytest.raises(RuntimeError, match="out of bounds|out of range"):
+        call(it)
+    torch = pytest.importorskip("torch")
+    with pytest.raises((RuntimeError, IndexError)):
+        call(torch)
