@@ -347,7 +347,7 @@ class CausalLM(Module):
                 tokens = np.concatenate([tokens, last.argmax(-1)[:, None]], axis=1)
                 continue
             last = last / temperature
-            if top_k:
+            if top_k and top_k < last.shape[-1]:  # (a k past the vocabulary keeps it all, as PyTorch's top-k filters)
                 kth = np.sort(last, axis=-1)[:, -top_k][:, None]
                 last = np.where(last < kth, -np.inf, last)
             p = np.exp(last - last.max(-1, keepdims=True))

@@ -8,8 +8,9 @@ which tensors saved for backward are checked against (a saved tensor changed sin
 itself, a view or .detach(), makes backward raise). With grad mode on and the tensor or the
 written value requiring grad, the new value is computed out of place by the recorded ops,
 written into the tensor, and the tensor takes the result's place in the graph (its grad_fn).
-A leaf that requires grad cannot be written outside no_grad, and neither can a view of a
-tensor that requires grad (PyTorch re-bases the view's base; that is not done here)."""
+A leaf that requires grad (or a view of one) cannot be written outside no_grad. A write
+through a view of a tensor that requires grad re-bases the view's base, as PyTorch does
+(autograd/views.py); only a view of a non-contiguous base is refused."""
 from __future__ import annotations
 
 import builtins
