@@ -23,7 +23,7 @@ from infinitrain.examples import mfu
 from infinitrain.examples.flags import check_outputs, open_monitor, refuse, stop_if_not_finite
 from infinitrain.nn import parallel
 from infinitrain.examples.ds_flags import config_schedule
-from infinitrain.optim.lr_scheduler import WarmupDecayLR
+from infinitrain.optim.lr_scheduler import LinearWarmupDecayLR
 from infinitrain.plot import plot_losses
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
 
@@ -72,7 +72,7 @@ class TrainingLoop:
             if args.input_val_bin else None
         self.forward_context = lambda: autocast(device.type, dtype=args.dtype, enabled=args.dtype != "float32")  # noqa: E731
         self.tokenizer = Tokenizer(args.tokenizer_bin) if args.tokenizer_bin else None
-        self.lr_schedule = config_schedule(args, self.optimizer) or WarmupDecayLR(
+        self.lr_schedule = config_schedule(args, self.optimizer) or LinearWarmupDecayLR(
             self.optimizer, args.warmup_iters, args.num_iteration,
             min_lr_ratio=args.min_lr / args.learning_rate if args.learning_rate else 0.0, decay=args.lr_decay)
         self.first = self.resume() + 1

@@ -48,7 +48,7 @@ class LambdaLR(LRScheduler):
 DECAYS = ("constant", "cosine", "linear")
 
 
-class WarmupDecayLR(LRScheduler):
+class LinearWarmupDecayLR(LRScheduler):
     """Linear warmup from lr/warmup to lr over `warmup_steps` (step k uses (k+1)/warmup, as
     llm.c does), then `decay` to lr * min_lr_ratio at `total_steps`: "cosine" (llm.c's and
     Megatron's: min + (lr - min) (1 + cos(pi p)) / 2 at progress p), "linear" (min + (lr - min)
@@ -82,13 +82,13 @@ class WarmupDecayLR(LRScheduler):
         return self.min_ratio + (1 - self.min_ratio) * shape
 
 
-class WarmupCosineLR(WarmupDecayLR):
-    """Linear warmup, then cosine decay to lr * min_lr_ratio (WarmupDecayLR's cosine)."""
+class LinearWarmupCosineLR(LinearWarmupDecayLR):
+    """Linear warmup, then cosine decay to lr * min_lr_ratio (LinearWarmupDecayLR's cosine)."""
 
     decay = "cosine"
 
 
-class WarmupConstantLR(WarmupDecayLR):
+class LinearWarmupConstantLR(LinearWarmupDecayLR):
     """Linear warmup, then constant."""
 
     decay = "constant"
@@ -97,7 +97,7 @@ class WarmupConstantLR(WarmupDecayLR):
 class CosineAnnealingLR(LRScheduler):
     """torch.optim.lr_scheduler.CosineAnnealingLR: lr = eta_min + (base - eta_min) *
     (1 + cos(pi * step / T_max)) / 2; past T_max it rises again along the cosine, as PyTorch's
-    (WarmupCosineLR holds its minimum instead)."""
+    (LinearWarmupCosineLR holds its minimum instead)."""
 
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
         if T_max <= 0:

@@ -197,7 +197,7 @@ def test_optimizer_argument_errors():
 def test_schedules():
     w = nn.Parameter(it.zeros(1))
     opt = optim.SGD([w], lr=1.0)
-    s = lr_scheduler.WarmupCosineLR(opt, warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
+    s = lr_scheduler.LinearWarmupCosineLR(opt, warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
     lrs = []
     for _ in range(7):
         lrs.append(opt.param_groups[0]["lr"])
@@ -211,11 +211,11 @@ def test_schedules():
 
 @pytest.mark.parametrize("decay", ["constant", "cosine", "linear"])
 def test_warmup_then_decay_to_the_minimum(decay):
-    """WarmupDecayLR: llm.c's warmup ((k+1)/warmup), then constant, cosine (llm.c's and Megatron's
+    """LinearWarmupDecayLR: llm.c's warmup ((k+1)/warmup), then constant, cosine (llm.c's and Megatron's
     formula) or linear decay to min_lr_ratio at total_steps, held there after."""
     w = nn.Parameter(it.zeros(1))
     opt = optim.SGD([w], lr=2.0)
-    s = lr_scheduler.WarmupDecayLR(opt, warmup_steps=2, total_steps=7, min_lr_ratio=0.25, decay=decay)
+    s = lr_scheduler.LinearWarmupDecayLR(opt, warmup_steps=2, total_steps=7, min_lr_ratio=0.25, decay=decay)
     lrs = []
     for _ in range(9):
         lrs.append(opt.param_groups[0]["lr"])
@@ -227,7 +227,7 @@ def test_warmup_then_decay_to_the_minimum(decay):
     expected = [0.5, 1.0] + ([1.0] * 5 if decay == "constant" else [0.25 + 0.75 * f for f in shape]) + tail
     np.testing.assert_allclose(lrs, [2.0 * e for e in expected])
     with pytest.raises(ValueError, match="decay must be one of"):
-        lr_scheduler.WarmupDecayLR(opt, 0, 5, decay="step")
+        lr_scheduler.LinearWarmupDecayLR(opt, 0, 5, decay="step")
 
 
 def test_clip_grad_norm():
