@@ -5,7 +5,9 @@ are W + (lora_alpha / r) B A, which transformers loads with no PEFT at all:
 
     python -m infinitrain.lora merge --adapter ADAPTERS --out MERGED [--base BASE]
 
---base defaults to the adapters' base_model_name_or_path (a local folder).
+--base defaults to the adapters' base_model_name_or_path (a local folder). The merged weights
+are written in float32 whatever the base's dtype (PEFT keeps the base's: a bfloat16 model's
+merged folder is twice its size here).
 """
 from __future__ import annotations
 

@@ -151,7 +151,8 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op: bool = False, group_dst=None):
-    """On rank dst, gather_list[i] becomes rank i's tensor (the other ranks pass none)."""
+    """On rank dst, gather_list[i] becomes rank i's tensor (the other ranks pass none). Built on
+    all_gather: every rank receives world_size tensors, not only dst (the results are PyTorch's)."""
     g = _resolve(group)
     if g is None:
         return None
@@ -170,7 +171,8 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op: bool = Fals
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op: bool = False, group_src=None):
-    """tensor becomes scatter_list[r] of rank src (on rank r); the other ranks pass no list."""
+    """tensor becomes scatter_list[r] of rank src (on rank r); the other ranks pass no list.
+    Built on broadcast: every rank receives the whole list, not only its piece."""
     g = _resolve(group)
     if g is None:
         return None
