@@ -65,6 +65,16 @@ class RMSNorm(Function):
         return dx, dw, None
 
 
+def _memory_held_only_by(t) -> bool:
+    """Whether no tensor but t holds t's memory, counting out the tensor t views (its ._base,
+    which an in-place write would re-base) when only t still holds that one."""
+    base = t._base
+    if base is None:  # (references: t._storage, getrefcount's argument)
+        return sys.getrefcount(t._storage) <= 2
+    # (references to base: t._base, this frame's name, the argument; to the memory: t's and base's)
+    return sys.getrefcount(base) <= 3 and sys.getrefcount(t._storage) <= 3
+
+
 class CrossEntropy(Function):
     """Mean (or sum, or per-row) cross-entropy of logits [N, V'] over the first `vocab` columns."""
 
@@ -101,7 +111,7 @@ class CrossEntropy(Function):
         # graph is kept (retain_graph=True): a second backward reads them again.
         # (references to the tensor: the saved tuple, this frame, getrefcount's argument)
         reuse = not ctx.retain_graph and logits.grad_fn is not None and logits.is_contiguous() \
-            and sys.getrefcount(logits) <= 3 and sys.getrefcount(logits._storage) <= 2
+            and sys.getrefcount(logits) <= 3 and _memory_held_only_by(logits)
         return knn.cross_entropy_backward(dlosses, logits, lse, targets, ctx.vocab,
                                           ctx.ignore_index, out=logits if reuse else None), \
             None, None, None, None
