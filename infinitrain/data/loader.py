@@ -17,9 +17,13 @@ from .llmc import read_shard
 
 
 def shard_files(pattern) -> list:
-    """The token shards a path or glob (train_*.bin) names, sorted; FileNotFoundError for none."""
-    files = sorted(glob.glob(str(pattern))) if any(c in str(pattern) for c in "*?[") else [str(pattern)]
-    if not files or not all(Path(f).is_file() for f in files):
+    """The token shards a path or glob (train_*.bin) names, sorted; FileNotFoundError when a
+    glob matches none (a plain path is returned as it is: reading it says what is wrong with it,
+    a folder, a FIFO, a missing file)."""
+    if not any(c in str(pattern) for c in "*?["):
+        return [str(pattern)]
+    files = sorted(f for f in glob.glob(str(pattern)) if Path(f).is_file())
+    if not files:
         raise FileNotFoundError(f"no token shard matches {pattern}")
     return files
 

@@ -88,8 +88,13 @@ def test_progress_is_the_plain_iterable_without_a_terminal_and_draws_on_one(monk
     monkeypatch.setattr(sys, "stderr", terminal)
     assert list(it_io.progress(items, total=5, desc="tokenizing")) == list(items)
     assert "tokenizing:   0%" in terminal.getvalue() and "0/5" in terminal.getvalue()  # (drawn, then cleared)
-    monkeypatch.setenv("PMI_RANK", "1")  # another rank: quiet on a terminal too
+    monkeypatch.setattr(it_io, "process_rank", lambda: 1)  # another rank: quiet on a terminal too
     assert it_io.progress(items) is items
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    monkeypatch.setenv("PMI_RANK", "1")  # before MPI is up, the launcher's variables say which rank
+    if "mpi4py.MPI" not in sys.modules or not sys.modules["mpi4py.MPI"].Is_initialized():
+        assert it_io.progress(items) is items
 
 
 @pytest.mark.slow
