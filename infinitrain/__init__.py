@@ -45,8 +45,6 @@ from . import amp, cuda, nn, optim  # noqa: F401  (it.cuda, it.nn, it.optim: pub
 from .amp import autocast
 from .ops.scatter import index_add, scatter, scatter_add
 from .optim import GradScaler  # torch.GradScaler, and torch.amp.GradScaler below
-from .serialization import load, save
-from . import multiprocessing, utils  # noqa: F401  (it.multiprocessing, it.utils.data, it.utils.checkpoint)
 from . import functions as _functions
 from .cuda import amp as _cuda_amp  # noqa: F401  (torch.cuda.amp: torch.amp's older spelling, above optim)
 # amp sits below tensors, GradScaler works on gradients: it lives with optim and is named here
@@ -92,10 +90,18 @@ __all__ += ["scatter", "scatter_add", "index_add"]
 __all__ += ["GradScaler"]
 
 
+# loaded on first use: every process of a multi-rank job imports this package, and most never
+# touch these (a tenth of the import time)
+_LAZY_MODULES = ("distributed", "utils", "multiprocessing")
+_LAZY_NAMES = {"save": "serialization", "load": "serialization"}
+
+
 def __getattr__(name: str):
-    """Submodules loaded on first use (it.distributed, as torch.distributed, without every
-    `import infinitrain` paying for the parallel package)."""
-    if name == "distributed":
-        import importlib
+    """it.distributed, it.utils, it.multiprocessing (as torch's submodules) and it.save /
+    it.load, imported on first use."""
+    import importlib
+    if name in _LAZY_MODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
