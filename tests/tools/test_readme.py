@@ -148,18 +148,26 @@ SHORT = {"mnist": ["--epochs", "1", "--train_subset", "256"],
          "lm": ["--num_iteration", "2", "--batch_size", "2", "--sequence_length", "32"]}
 
 
+@pytest.fixture(scope="module")
+def gpt2_124m_file(tmp_path_factory):
+    """An llm.c GPT-2 124M checkpoint, written once for every command that names one."""
+    from infinitrain.models import gpt2
+    path = tmp_path_factory.mktemp("llmc") / "gpt2_124M.bin"
+    gpt2("gpt2").save_llmc(path)
+    return path
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("line", RUNNABLE, ids=[_id(RUNNABLE_PAGES[ln], [ln]) for ln in RUNNABLE])
-def test_every_training_command_in_the_pages_runs(line, tmp_path):
+def test_every_training_command_in_the_pages_runs(line, tmp_path, request):
     """Each command as its page writes it, with the files it names where it names them (an
     llm.c GPT-2 124M checkpoint; the adapters the first LoRA command saves for the second; the
     transformers folder one command exports for the one that starts from it), cut
     to two short steps."""
     where = ", ".join(dict.fromkeys(RUNNABLE_PAGES[line]))
     if "gpt2_124M.bin" in line:
-        from infinitrain.models import gpt2
-        gpt2("gpt2").save_llmc(tmp_path / "gpt2_124M.bin")
+        (tmp_path / "gpt2_124M.bin").symlink_to(request.getfixturevalue("gpt2_124m_file"))
         if "--lora_load_path" in line:
             (saver,) = [ln for ln in RUNNABLE if "--lora_save_path" in ln]
             _run_as_written(saver, tmp_path, SHORT["lm"])
