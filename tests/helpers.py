@@ -162,3 +162,21 @@ def numerical_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
         flat[i] = old
         gflat[i] = (fp - fm) / (2 * eps)
     return g
+
+
+def torch_pair(torch, rng, *shapes):
+    """([ours], [torch's]) leaf tensors that require grad, of the same random float32 values."""
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    return ([it.tensor(a, requires_grad=True) for a in arrays], [torch.tensor(a, requires_grad=True) for a in arrays])
+
+
+def assert_as_torch(torch, ours_out, theirs_out, ours_in, theirs_in, rng, tol=None) -> None:
+    """Values, then the gradients of every input under the same random output gradient
+    (fp32: 1e-5 relative and absolute unless tol says otherwise)."""
+    tol = tol or dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours_out.detach().numpy(), theirs_out.detach().numpy(), **tol)
+    g = rng.standard_normal(tuple(theirs_out.shape)).astype(np.float32)
+    (ours_out * it.tensor(g)).sum().backward()
+    (theirs_out * torch.tensor(g)).sum().backward()
+    for o, t in zip(ours_in, theirs_in):
+        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), **tol)

@@ -8,23 +8,19 @@ import infinitrain as it
 from infinitrain import nn
 from infinitrain.nn import functional as F
 
+from helpers import assert_as_torch, torch_pair
+
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _both(rng, *shapes):
-    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    return ([it.tensor(a, requires_grad=True) for a in arrays], [torch.tensor(a, requires_grad=True) for a in arrays])
+    return torch_pair(torch, rng, *shapes)
 
 
 def _check_grads(ours_out, theirs_out, ours_in, theirs_in, rng):
-    np.testing.assert_allclose(ours_out.detach().numpy(), theirs_out.detach().numpy(), **TOL)
-    g = rng.standard_normal(tuple(theirs_out.shape)).astype(np.float32)
-    (ours_out * it.tensor(g)).sum().backward()
-    (theirs_out * torch.tensor(g)).sum().backward()
-    for o, t in zip(ours_in, theirs_in):
-        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), **TOL)
+    assert_as_torch(torch, ours_out, theirs_out, ours_in, theirs_in, rng, TOL)
 
 
 @pytest.mark.parametrize("cin,cout,kernel,stride,padding,output_padding,groups,dilation,size", [
