@@ -18,12 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import amp
-from .. import creation
 from .. import dtypes as _dt
 from ..autograd import Function
 from ..kernels import index as kidx
 from ..kernels import matmul as kmm
+from ..device import as_device
 from ..tensor import Tensor, _empty
+
+
+def _cpu():
+    return as_device("cpu")
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,13 @@ def sort_by_expert(expert_ids: Tensor, num_experts: int, keep: Tensor | None = N
     counts = tuple(int(c) for c in np.bincount(ids, minlength=num_experts))
     device = expert_ids.device
     k = expert_ids.shape[1]
-    return ExpertOrder(rows=creation.from_numpy(slots // k).to(device=device),
-                       slots=creation.from_numpy(slots).to(device=device), counts=counts)
+    return ExpertOrder(rows=_index_tensor(slots // k, device), slots=_index_tensor(slots, device), counts=counts)
+
+
+def _index_tensor(values: np.ndarray, device) -> Tensor:
+    host = _empty(values.shape, _dt.int64, _cpu())
+    np.copyto(host.numpy(), values)
+    return host.to(device=device)
 
 
 class Unpermute(Function):
