@@ -163,7 +163,6 @@ FP32_CASES = [  # (ranks, flags); micro-batches M per DP rank
     (3, ["--pp", "3", "--micro", "4"]),                      # 8 layers on 3 stages: 3, 3, 2
     (4, ["--pp", "4", "--micro", "2"]),                      # M < P
     (8, ["--pp", "8", "--micro", "8"]),
-    (4, ["--pp", "4", "--vpp", "2", "--micro", "4"]),
     (4, ["--pp", "4", "--vpp", "2", "--micro", "2"]),        # interleaved with M < P
     (8, ["--tp", "2", "--sp", "--pp", "2", "--vpp", "2", "--micro", "2"]),   # DP 2
     (8, ["--tp", "2", "--pp", "2", "--micro", "4", "--clip", "0.3"]),         # DP 2, clipping

@@ -29,7 +29,7 @@ def test_each_layer_matches_its_unsharded_twin(n, comm_thread):
 
 
 CASES = [  # (ranks, flags): DP = ranks / TP
-    (2, ["--tp", "2"]), (2, ["--tp", "2", "--sp"]), (4, ["--tp", "4"]), (4, ["--tp", "4", "--sp"]),
+    (2, ["--tp", "2"]), (2, ["--tp", "2", "--sp"]), (4, ["--tp", "4", "--sp"]),
     (4, ["--tp", "2", "--sp"]), (8, ["--tp", "4", "--sp"]),
 ]
 

@@ -23,7 +23,7 @@ def reference(model, dtype, *flags):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage", [1, 2, 3])
-@pytest.mark.parametrize("model,n,micro", [("gpt2", 2, 2), ("gpt2", 4, 2), ("gpt2", 8, 1), ("llama3", 4, 2)])
+@pytest.mark.parametrize("model,n,micro", [("gpt2", 2, 2), ("gpt2", 8, 1), ("llama3", 4, 2)])
 def test_zero_fp32_matches_one_process(model, n, micro, stage):
     got = losses(parallel_train(n, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage),
                                     "--micro", str(micro)]))
