@@ -40,10 +40,15 @@ class LLaMA3Config:
     rope_theta: float = 500000.0
     use_scaled_rope: bool = False
     rope_scaling_factor: float = 8.0  # LLaMA-3.1: 8, LLaMA-3.2: 32
+    # Qwen3's two departures from LLaMA: heads wider than n_embd / n_head (Qwen3-30B-A3B: 32
+    # heads of 128 over a width of 2048), and an RMSNorm over each head's queries and keys
+    # before the rotation (QK-norm). llm.c's checkpoint format has neither.
+    head_size: int | None = None
+    qk_norm: bool = False
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
 
     @property
     def ffn_hidden(self) -> int:
@@ -58,7 +63,9 @@ class LLaMA3Config:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+        if self.head_size is not None and (type(self.head_size) is not int or self.head_size < 1):
+            raise ValueError(f"head_size must be a positive integer (or None: n_embd / n_head), got {self.head_size!r}")
+        if (self.head_size is None and self.n_embd % self.n_head) or self.n_head % self.n_kv_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}), "
                              f"and n_head of n_kv_head ({self.n_kv_head})")
         if self.head_dim % 2:
@@ -110,12 +117,21 @@ class Attention(Module):
                                             "replicated)", cfg.n_kv_head) if tp else cfg.n_kv_head
         q, kv = cfg.n_head * D, cfg.n_kv_head * D
         self.c_attn = tpl.column_linear(cfg.n_embd, q + 2 * kv, tp, bias=False, blocks=(q, kv, kv))
-        self.c_proj = tpl.row_linear(cfg.n_embd, cfg.n_embd, tp, bias=False)
+        self.c_proj = tpl.row_linear(q, cfg.n_embd, tp, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(D, eps=cfg.norm_eps)
+            self.k_norm = RMSNorm(D, eps=cfg.norm_eps)
+            if tp is not None:  # whole on every TP rank, each rank's heads add to their gradients
+                for p in (self.q_norm.weight, self.k_norm.weight):
+                    p.partial_grad_group = tp.group
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x, cos, sin):
         qkv = self.c_attn(x)  # [B, T, (H + 2 KV) D / TP]: under SP, T is the whole sequence again
         B, T, _ = qkv.shape
         q, k, v = ops_layers.split_heads(qkv, self.n_head, self.n_kv_head)  # [B, h, T, D]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         # the rotary kernel reads [B, T, H, D]; [B, H, T, D] is the same with batch B*H and H = 1
         q = F.rotary_embedding(q.reshape(B * self.n_head, T, 1, -1), cos, sin).reshape(q.shape)
         k = F.rotary_embedding(k.reshape(B * self.n_kv_head, T, 1, -1), cos, sin).reshape(k.shape)
@@ -214,7 +230,7 @@ class LLaMA3(CausalLM):
         self._draw(gen, self.transformer.wte.weight if self.has_embedding else None,
                    cfg.vocab_size * C, std)
         h = self.transformer.h
-        per_block = (cfg.n_head + 2 * cfg.n_kv_head) * D * C + C * C + 3 * cfg.ffn_hidden * C
+        per_block = (2 * cfg.n_head + 2 * cfg.n_kv_head) * D * C + 3 * cfg.ffn_hidden * C
         for i in range(cfg.n_layer):
             if i not in h:
                 gen.advance(per_block)
@@ -250,7 +266,7 @@ class LLaMA3(CausalLM):
     def _llmc_shapes(cls, cfg: LLaMA3Config) -> list:
         C, L, F = cfg.n_embd, cfg.n_layer, cfg.ffn_hidden
         qkv = (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
-        per_layer = [(C,), (qkv, C), (C, C), (C,), (F, C), (F, C), (C, F)]
+        per_layer = [(C,), (qkv, C), (C, cfg.n_head * cfg.head_dim), (C,), (F, C), (F, C), (C, F)]
         return ([("wte", (cfg.vocab_size, C), 1)]
                 + [(n, shape, L) for n, shape in zip(cls._PER_LAYER, per_layer)]
                 + [("ln_f.weight", (C,), 1), ("lm_head", (cfg.vocab_size, C), 1)])
@@ -264,6 +280,9 @@ class LLaMA3(CausalLM):
 
     def save_llmc(self, path) -> None:
         c = self.config
+        if c.head_size is not None or c.qk_norm:
+            raise ValueError("llm.c's LLaMA-3 checkpoint format has no head_size or QK-norm (Qwen3's); save this "
+                             "model with save_pretrained or the trainer's checkpoints (--save)")
         header = np.zeros(256, dtype="<i4")
         ints = [LLMC_LLAMA3_MAGIC, LLMC_LLAMA3_VERSION, c.block_size, c.vocab_size, c.n_layer,
                 c.n_head, c.n_kv_head, c.n_embd]

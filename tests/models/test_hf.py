@@ -19,7 +19,20 @@ MODELS = {
     "gpt2": (GPT2, lambda: gpt2("tiny")),
     "llama3": (LLaMA3, lambda: llama3("tiny")),
     "llama3.1-rope": (LLaMA3, lambda: llama3("tiny", use_scaled_rope=True, rope_scaling_factor=8.0)),
+    # Qwen3: QK-norm, and heads wider than the width / heads (as Qwen3-30B-A3B's); its norms'
+    # weights drawn away from one so that their permutation is seen
+    "qwen3": (LLaMA3, lambda: _jitter_norms(llama3("tiny", head_size=32, qk_norm=True))),
 }
+ARCHITECTURE = {"gpt2": "GPT2LMHeadModel", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _jitter_norms(model):
+    with it.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_norm.weight"):
+                p.copy_(it.tensor(1 + 0.3 * np.random.default_rng(len(name)).standard_normal(p.shape),
+                                  dtype=it.float32))
+    return model
 
 
 def _ours(model) -> np.ndarray:
@@ -40,7 +53,7 @@ def test_both_directions_give_the_same_logits(tmp_path, name):
     model = make()
     model.save_pretrained(tmp_path / "ours")
     hf, theirs = _theirs(tmp_path / "ours")
-    assert type(hf).__name__ == ("GPT2LMHeadModel" if cls is GPT2 else "LlamaForCausalLM")
+    assert type(hf).__name__ == ARCHITECTURE.get(name, "LlamaForCausalLM")
     np.testing.assert_allclose(theirs, _ours(model), rtol=0, atol=1e-5)
     hf.save_pretrained(tmp_path / "theirs")  # transformers' own writing, read back here
     np.testing.assert_allclose(_ours(cls.from_pretrained(tmp_path / "theirs")), theirs, rtol=0, atol=1e-5)
