@@ -11,7 +11,7 @@ ROOT = Path(infinitrain.__file__).parent
 LAYERS = [
     ["infinitrain._native", "infinitrain.dtypes", "infinitrain.device", "infinitrain.io", "infinitrain._trace",
      "infinitrain.monitor",
-     "infinitrain.hf", "infinitrain.hf_peft", "infinitrain.size", "infinitrain.return_types",
+     "infinitrain.hf", "infinitrain.hf_llama", "infinitrain.hf_peft", "infinitrain.size", "infinitrain.return_types",
      "infinitrain.multiprocessing"],
     ["infinitrain.runtime", "infinitrain.storage", "infinitrain.random", "infinitrain.amp", "infinitrain.cuda",
      "infinitrain.backends", "infinitrain.accelerator"],
