@@ -85,6 +85,20 @@ def test_a_transformers_folder_loads_sliced_under_tp_and_pp(model, flags, tmp_pa
     assert_same(got, reference(model, "float32"), "float32", f"{model} from transformers' format, {' '.join(flags)}")
 
 
+@pytest.mark.mpi
+def test_qwen3s_qk_norm_and_wide_heads_split_over_tp_as_one_process(tmp_path):
+    """Qwen3's attention (QK-norm, heads wider than n_embd / n_head), started from a
+    transformers folder: at TP 2 + SP each rank holds half the heads and adds its heads' share
+    to the whole QK-norm weights' gradients."""
+    from dataclasses import replace
+    from infinitrain.models.llama3 import LLaMA3
+    cfg = replace(reference_model("llama3", 2).config, head_size=8, qk_norm=True)
+    LLaMA3(cfg, seed=5).save_pretrained(tmp_path / "hf")
+    flags = ["--model", "llama3", "--lr", LR["float32"], "--steps", "4", "--hf", str(tmp_path / "hf")]
+    assert_same(losses(parallel_train(2, flags + ["--tp", "2", "--sp"])), losses(parallel_train(1, flags)),
+                "float32", "Qwen3-style attention at TP 2 + SP")
+
+
 def test_divisibility_is_checked_at_construction():
     from infinitrain.models import GPT2Config, LLaMA3Config
     from infinitrain.models.gpt2 import GPT2
