@@ -5,7 +5,8 @@ init_process_group() as a PyTorch program does. groups.py: the default group and
 collectives.py: the collectives."""
 from __future__ import annotations
 
-from .collectives import (ReduceOp, all_gather, all_gather_into_tensor, all_gather_object, all_reduce, barrier,
+from .collectives import (ReduceOp, all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
+                          all_to_all_single, barrier,
                           broadcast, broadcast_object_list, gather, irecv, isend, recv, reduce, reduce_scatter,
                           reduce_scatter_tensor, scatter, send)
 from .groups import (Backend, GroupMember, destroy_process_group, get_backend, get_global_rank, get_group_rank,
@@ -19,4 +20,5 @@ __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "is_
            "get_backend", "get_process_group_ranks", "get_global_rank", "get_group_rank", "new_group", "group",
            "GroupMember", "Backend", "ProcessGroup", "Work", "ReduceOp", "all_reduce", "broadcast", "reduce",
            "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor",
-           "barrier", "send", "recv", "isend", "irecv", "all_gather_object", "broadcast_object_list"]
+           "all_to_all_single", "barrier",
+           "send", "recv", "isend", "irecv", "all_gather_object", "broadcast_object_list"]

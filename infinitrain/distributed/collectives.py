@@ -215,6 +215,18 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
         return g.reduce_scatter(output, flat.view(g.size, *output.shape), _op(op), async_op=async_op)
 
 
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,  # noqa: A002
+                      async_op: bool = False):
+    """input's rows (first dimension) go out in blocks, input_split_sizes[k] (None: an equal
+    part) to rank k; output receives output_split_sizes[k] rows from rank k, in rank order."""
+    g = _resolve(group)
+    if g is None:
+        return None
+    with no_grad():
+        return g.all_to_all_single(_tensor(output, "output"), _tensor(input, "input"), output_split_sizes,
+                                   input_split_sizes, async_op=async_op)
+
+
 def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None):
     """Returns once every rank of the group has reached it (async_op: a Work already done)."""
     g = _resolve(group)

@@ -77,6 +77,9 @@ def parse_args(argv, description: str, presets, default_model: str):
     p.add_argument("--context_parallel", type=positive_int, default=1,
                    help="ranks that split every sequence (context parallelism: each holds T/CP tokens, "
                         "attention passes K/V between them)")
+    p.add_argument("--expert_parallel", type=positive_int, default=1,
+                   help="ranks that split a mixture of experts' experts (each holds num_experts / EP), carved "
+                        "out of the DP x CP ranks: tokens travel to their experts with an all-to-all")
     p.add_argument("--cp_comm", default="p2p", choices=["p2p", "all_gather"],
                    help="context-parallel attention: p2p passes K/V around a ring overlapped with the "
                         "block products; all_gather gathers them at once (small CP groups)")

@@ -78,7 +78,8 @@ def setup_plan(args):
         refuse(f"--device {args.device}: there is one CPU device, cpu (each rank uses its share of its node's cores)")
     try:
         env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device,
-                            context_parallel=args.context_parallel, collective_timeout=args.collective_timeout,
+                            context_parallel=args.context_parallel, expert_parallel=args.expert_parallel,
+                            collective_timeout=args.collective_timeout,
                             flight_recorder_dir=args.flight_recorder_dir)
     except ValueError as e:
         refuse(f"cannot lay out the job: {e}")

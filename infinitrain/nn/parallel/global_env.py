@@ -40,9 +40,12 @@ class GlobalEnv:
         self.world_size = comm.Get_size()
         self.coords = layout.coords(self.rank)
         groups = {}
-        for kind in ("dp", "tp", "pp", "cp", "dp_cp"):
+        for kind in ("dp", "tp", "pp", "cp", "dp_cp", "ep", "expert_dp"):
             if kind == "dp_cp" and layout.cp == 1:
                 groups[kind] = groups["dp"]
+                continue
+            if kind == "expert_dp" and layout.ep == 1:  # every DP x CP rank holds every expert
+                groups[kind] = groups["dp_cp"]
                 continue
             members = getattr(layout, f"{kind}_group")(self.rank)
             color = layout.all_groups(kind).index(tuple(members))
@@ -52,8 +55,12 @@ class GlobalEnv:
         # cp_group: the ring that splits each sequence; dp_cp_group: DP and CP together, the
         # group that reduces gradients and means the loss (the DP group when CP is 1)
         self.cp_group, self.dp_cp_group = groups["cp"], groups["dp_cp"]
+        # ep_group: the ranks that exchange tokens with their experts (one rank when EP is 1);
+        # expert_dp_group: the ranks holding the same experts, which reduce their gradients
+        self.ep_group, self.expert_dp_group = groups["ep"], groups["expert_dp"]
         for kind, group in groups.items():  # names for messages and flight records
-            if kind != "dp_cp" or layout.cp > 1:  # (with CP 1, dp_cp is the DP group itself)
+            # (with CP 1, dp_cp is the DP group itself; with EP 1, expert_dp is dp_cp)
+            if (kind != "dp_cp" or layout.cp > 1) and (kind != "expert_dp" or layout.ep > 1):
                 group.name = kind
         self.world = make(comm, list(range(self.world_size)))
         self.world.name = "world"
@@ -232,12 +239,13 @@ def exit_job(code) -> None:
 
 
 def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cpu",
-         context_parallel: int = 1, init_timeout: float | None = None,
+         context_parallel: int = 1, expert_parallel: int = 1, init_timeout: float | None = None,
          collective_timeout: float | None = None, flight_recorder_dir=None) -> GlobalEnv:
     """Initialises MPI (through mpi4py) and the layout; returns the process's GlobalEnv. The
     device picks the collectives' backend: MPI for "cpu"; for "cuda" each rank takes one GPU
     of its node (by its rank on the node) and its groups are NCCL groups, bootstrapped through
-    MPI (`mpi.nccl_unique_id`). Every rank must arrive within init_timeout seconds (default
+    MPI (`mpi.nccl_unique_id`). expert_parallel: EP, carved out of DP x CP (layout.py).
+    Every rank must arrive within init_timeout seconds (default
     300, or $INFINITRAIN_INIT_TIMEOUT; TorchTitan's comm.init_timeout_seconds): otherwise the
     job aborts, rank 0 naming the ranks that never came, instead of waiting forever. Then a
     watchdog (watchdog.py) aborts the job when any operation of a process group takes longer
@@ -250,7 +258,8 @@ def init(tensor_parallel: int = 1, pipeline_parallel: int = 1, device: str = "cp
     if init_timeout is None:
         init_timeout = float(os.environ.get("INFINITRAIN_INIT_TIMEOUT", "300"))
     _rendezvous(comm, init_timeout)
-    layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel)
+    layout = Layout(comm.Get_size(), tp=tensor_parallel, pp=pipeline_parallel, cp=context_parallel,
+                    ep=expert_parallel)
     if collective_timeout is None:
         collective_timeout = float(os.environ.get("INFINITRAIN_COLLECTIVE_TIMEOUT", "600"))
     if not collective_timeout >= 0 or collective_timeout == float("inf"):  # NaN, negative: not "off" by accident

@@ -234,6 +234,19 @@ class MPIProcessGroup(ProcessGroup):
         return self._collective(lambda: self.comm.Bcast(buf, root=src),
                                 lambda: self.comm.Ibcast(buf, root=src), None, async_op, (t,))
 
+    @traced_collective(1)
+    def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes=None,  # noqa: A002
+                          input_split_sizes=None, async_op: bool = False):
+        """torch.distributed.all_to_all_single: input's rows go out in blocks, the k-th
+        (input_split_sizes[k] rows, or an equal part) to rank k; output receives rank k's block
+        for this rank as its k-th (output_split_sizes[k] rows). MPI's Alltoallv."""
+        _, send, send_at, recv, recv_at = self._all_to_all_splits(output, input, output_split_sizes,
+                                                                  input_split_sizes)
+        (sbuf, kind), (rbuf, _) = _buffer(input), _buffer(output)
+        src, dst = [sbuf, (send, send_at), kind], [rbuf, (recv, recv_at), kind]
+        return self._collective(lambda: self.comm.Alltoallv(src, dst), lambda: self.comm.Ialltoallv(src, dst),
+                                None, async_op, (output, input))
+
     @traced_collective(0)
     def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
         return MPIWork([self.comm.Isend(_buffer(t), dest=dst, tag=tag)], keep=(t,))

@@ -13,12 +13,10 @@ The option names are the command line's (zero_stage, virtual_pipeline_parallel, 
 refusals name the flags a user of the examples typed, and a user of the Python API the
 keywords.
 
-Room for expert parallelism: EP will be a fifth size of the Layout, folded into DP x CP as
-Megatron-Core does (experts sharded over EP ranks of the DP x CP group); the plan then gains an
-`expert_group` (the ranks that exchange tokens) and an `expert_gradient_group` (DP x CP / EP,
-which reduces the experts' gradients), and TrainStep reduces the expert parameters over that
-group and the rest over `gradient_group`; the refusals of EP's combinations go into
-`_refuse_impossible`.
+Expert parallelism: EP is the Layout's fifth size, carved out of DP x CP as Megatron-Core does
+(layout.py says which ranks form its groups): `expert_group` exchanges the tokens (EP ranks,
+each holding E/EP experts), `expert_gradient_group` (DP x CP / EP ranks holding the same
+experts) reduces the experts' gradients, the rest reduces over `gradient_group` as before.
 """
 from __future__ import annotations
 
@@ -56,7 +54,7 @@ class ParallelPlan:
     """layout: the job's Layout, or a GlobalEnv (parallel.init's), which also gives the plan this
     rank's coordinates and process groups. A plan built from a bare Layout answers every fact
     but the groups (rank: whose coordinates it is about) — the memory plan and the tests use
-    one so.
+    one so. A model without experts refuses EP > 1 itself (the plan does not know the model).
 
     Options: sequence_parallel; virtual_pipeline_parallel (chunks per stage) and
     pipeline_schedule (None: interleaved with virtual stages, else 1f1b), pipeline_split
@@ -131,6 +129,9 @@ class ParallelPlan:
             raise ValueError("--offload_optimizer nvme needs --offload_path DIR, a folder on a local disk")
         if self.offload_path and self.offload_optimizer != "nvme":
             raise ValueError("--offload_path is for --offload_optimizer nvme")
+        if self.ep > 1 and self.tp > 1 and not self.sequence_parallel:
+            raise ValueError(f"--expert_parallel {self.ep} with --tensor_parallel {self.tp} needs "
+                             "--sequence_parallel: each TP rank routes its own part of the sequence to the experts")
 
     # ---- the sizes -------------------------------------------------------------------------
     @property
@@ -152,6 +153,16 @@ class ParallelPlan:
     @property
     def cp(self) -> int:
         return self.layout.cp
+
+    @property
+    def ep(self) -> int:
+        """The expert-parallel size: the ranks of DP x CP that split the experts between them."""
+        return self.layout.ep
+
+    @property
+    def expert_dp(self) -> int:
+        """The ranks holding the same experts (DP x CP / EP): they reduce the experts' gradients."""
+        return self.dp_cp // self.ep
 
     @property
     def dp_cp(self) -> int:
@@ -258,6 +269,17 @@ class ParallelPlan:
         return self._groups().dp_cp_group
 
     @property
+    def expert_group(self):
+        """The EP ranks that exchange tokens (an all-to-all), or None when EP is 1."""
+        return self._groups().ep_group if self.ep > 1 else None
+
+    @property
+    def expert_gradient_group(self):
+        """The group that reduces the experts' gradients (DP x CP / EP ranks holding the same
+        experts): the gradient group itself when EP is 1."""
+        return self._groups().expert_dp_group if self.ep > 1 else self.gradient_group
+
+    @property
     def pipeline_group(self):
         return self._groups().pp_group
 
@@ -283,9 +305,16 @@ class ParallelPlan:
         from .context_parallel import ContextParallel
         return ContextParallel(self._groups().cp_group, self.cp_comm)
 
+    def expert_parallel(self):
+        """This rank's ExpertParallel (what an MoE model is built with under EP), or None when EP is 1."""
+        if self.ep == 1:
+            return None
+        from .expert_parallel import ExpertParallel
+        return ExpertParallel(self._groups().ep_group)
+
     # ---- the log line ------------------------------------------------------------------------
     def describe(self) -> str:
-        """DP=2, TP=2, SP=2, PP=2, CP=1[, VPP=2]: what the per-step log line shows."""
+        """DP=2, TP=2, SP=2, PP=2, CP=1[, EP=2][, VPP=2]: what the per-step log line shows."""
         text = self.layout.describe(sp=self.tp if self.sp else 0)
         if self.virtual_pipeline_parallel > 1:
             text += f", VPP={self.virtual_pipeline_parallel}"

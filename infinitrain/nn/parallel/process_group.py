@@ -229,10 +229,41 @@ class ProcessGroup:
             raise ValueError(f"{what}: the whole tensor must hold {self.size} x {tuple(piece.shape)} "
                              f"{piece.dtype.name}, got {tuple(whole.shape)} {whole.dtype.name}")
 
+    def _all_to_all_splits(self, output: Tensor, input: Tensor, output_split_sizes,  # noqa: A002
+                           input_split_sizes) -> tuple:
+        """all_to_all_single's contract, checked: (elements per row, [elements to each rank],
+        [their offsets in input], [elements from each rank], [their offsets in output]). Rows are
+        input's and output's first dimension; a split list (None: equal parts) gives the rows to
+        (from) each rank of the group in rank order, and must add up to the tensor's rows."""
+        if output.dtype is not input.dtype:
+            raise ValueError(f"all_to_all_single: output is {output.dtype.name} but input is {input.dtype.name}")
+        if tuple(output._shape[1:]) != tuple(input._shape[1:]):
+            raise ValueError(f"all_to_all_single: output {tuple(output.shape)} and input {tuple(input.shape)} "
+                             "must have the same shape past the first dimension")
+        row = prod(input._shape[1:])
+        plans = []
+        for what, t, splits in (("input", input, input_split_sizes), ("output", output, output_split_sizes)):
+            rows = t._shape[0] if t.ndim else 1
+            if splits is None or len(splits) == 0:
+                if rows % self.size:
+                    raise ValueError(f"all_to_all_single: {what}'s {rows} rows do not split into {self.size} equal "
+                                     f"parts; give {what}_split_sizes")
+                splits = [rows // self.size] * self.size
+            splits = [int(n) for n in splits]
+            if len(splits) != self.size or any(n < 0 for n in splits) or sum(splits) != rows:
+                raise ValueError(f"all_to_all_single: {what}_split_sizes {splits} must be {self.size} counts >= 0 "
+                                 f"adding up to {what}'s {rows} rows")
+            counts = [n * row for n in splits]
+            plans.append((counts, [sum(counts[:k]) for k in range(self.size)]))
+        (send, send_at), (recv, recv_at) = plans
+        return row, send, send_at, recv, recv_at
+
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False): ...
     def all_gather(self, out: Tensor, t: Tensor, async_op: bool = False): ...
     def reduce_scatter(self, out: Tensor, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False): ...
     def broadcast(self, t: Tensor, src: int = 0, async_op: bool = False): ...
+    def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes=None,  # noqa: A002
+                          input_split_sizes=None, async_op: bool = False): ...
     def send(self, t: Tensor, dst: int, tag: int = 0): ...
     def recv(self, t: Tensor, src: int, tag: int = 0): ...
     def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work: ...
