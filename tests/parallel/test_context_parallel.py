@@ -61,7 +61,7 @@ def test_impossible_sizes_are_refused_with_the_sizes():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
-def test_ring_and_all_gather_attention_equal_full_attention(n):
+def test_ring_all_gather_and_all_to_all_attention_equal_full_attention(n):
     out = mpirun(n, [str(MPI_SCRIPTS / "cp_attention.py")])
     assert out.count(" OK") == n, out
 
@@ -91,10 +91,38 @@ def test_context_parallel_fp32_matches_one_process(model, n, flags):
     assert_same(got, reference(model, "float32", *extra), "float32", f"{model} {n} ranks {flags}")
 
 
+A2A_CASES = [  # all-to-all attention (DeepSpeed-Ulysses): the heads split over CP inside attention
+    (2, ["--cp", "2"]),
+    (4, ["--cp", "4"]),                                        # LLaMA's 4 KV heads: one each
+    (4, ["--cp", "2", "--tp", "2", "--sp"]),
+    (4, ["--cp", "2", "--pp", "2", "--micro", "2"]),
+    (2, ["--cp", "2", "--zero", "2", "--micro", "2"]),
+]
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
-@pytest.mark.parametrize("n,flags", [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp"])],
-                         ids=["cp2", "cp2-tp2sp"])
+@pytest.mark.parametrize("n,flags", A2A_CASES, ids=[f"{n}ranks{''.join(f)}".replace("--", "-") for n, f in A2A_CASES])
+def test_all_to_all_context_parallel_matches_one_process(model, n, flags):
+    got = losses(parallel_train(n, ["--model", model, "--lr", LR["float32"], "--cp_comm", "a2a", *flags]))
+    assert_same(got, reference(model, "float32"), "float32", f"{model} {n} ranks a2a {flags}")
+
+
+def test_all_to_all_refuses_heads_that_do_not_split():
+    from infinitrain.nn.parallel.context_parallel.a2a_attention import head_ranges
+    with pytest.raises(ValueError, match=r"6 query heads must be a multiple of 4"):
+        head_ranges(6, 6, 4)
+    with pytest.raises(ValueError, match=r"its 6 key/value heads a multiple or a divisor of it"):
+        head_ranges(12, 6, 4)
+    q, kv = head_ranges(8, 2, 4)  # fewer K/V heads than ranks: each goes to two
+    assert [list(r) for r in kv] == [[0], [0], [1], [1]] and [list(r) for r in q][1] == [2, 3]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+@pytest.mark.parametrize("n,flags", [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp"]),
+                                     (2, ["--cp", "2", "--cp_comm", "a2a"])],
+                         ids=["cp2", "cp2-tp2sp", "cp2-a2a"])
 def test_context_parallel_bf16_matches_one_process(model, n, flags):
     got = losses(parallel_train(n, ["--model", model, "--dtype", "bfloat16", "--lr", LR["bfloat16"], *flags]))
     assert_same(got, reference(model, "bfloat16"), "bfloat16", f"{model} bf16 {n} ranks {flags}")

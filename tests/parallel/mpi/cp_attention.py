@@ -1,8 +1,8 @@
-"""Run under mpiexec -n CP: context-parallel attention (ring and all-gather, head-tail and
-contiguous splits) against full causal attention on the whole sequence, computed by every rank
+"""Run under mpiexec -n CP: context-parallel attention (ring, all-gather and all-to-all,
+head-tail and contiguous splits) against full causal attention on the whole sequence, computed by every rank
 alone: this rank's outputs and dQ/dK/dV within 1e-5 (float32), or 1e-2 (bfloat16 products
-under autocast, against float32). Grouped-query heads, a sequence length that is not a power of
-two. Prints `rank N OK`."""
+under autocast, against float32). Grouped-query heads (under all-to-all at CP 4 each of the 2 KV heads
+goes to two ranks), a sequence length that is not a power of two. Prints `rank N OK`."""
 
 import numpy as np
 
@@ -30,7 +30,7 @@ def run(attention, tensors, grad):
 
 whole = run(layers.attention, (q, k, v), g)
 worst = 0.0
-for comm in ("p2p", "all_gather"):
+for comm in ("p2p", "all_gather", "a2a"):
     for balanced in (True, False):
         for autocast in (False, True):
             cp = ContextParallel(env.world, comm, balanced)

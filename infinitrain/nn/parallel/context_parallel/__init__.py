@@ -15,6 +15,8 @@ The package, by concern, each contract "X in forward, Y in backward":
       gather                 all-gather, in sequence order          this rank's chunks
     ring_attention.py        K/V passed around the ring             dK/dV passed around it back home
     all_gather_attention.py  all-gather K/V                         reduce-scatter dK/dV
+    a2a_attention.py         all-to-all to whole sequences of H/CP  the reverse all-to-all
+                             heads, and back after attention
     loss.py                  all-reduce the loss over CP            the gradient times CP (the
                                                                     dp_cp mean divides by CP)
     blocks.py                the block products both attentions run, merged by log-sum-exp

@@ -20,14 +20,15 @@ from ..process_group import ProcessGroup
 from ..tensor_parallel.mappings import _all_gather_dim
 from .order import narrow, to_sequence_order
 
-COMM_TYPES = ("p2p", "all_gather")
+COMM_TYPES = ("p2p", "all_gather", "a2a")
 
 
 @dataclass
 class ContextParallel:
     """What a model needs to run context-parallel: the CP group, how attention communicates
     ("p2p": K/V around a ring, overlapped with the block products; "all_gather": K/V gathered
-    at once, for small groups) and how the sequence is split (balanced: head-tail)."""
+    at once, for small groups; "a2a": the heads split over CP inside attention, DeepSpeed-
+    Ulysses) and how the sequence is split (balanced: head-tail)."""
     group: ProcessGroup
     comm_type: str = "p2p"
     balanced: bool = True
@@ -93,10 +94,13 @@ class ContextParallel:
         """Causal attention of this rank's queries [B, H, T/CP, D] over the whole sequence's
         keys and values (k, v: this rank's [B, H_kv, T/CP, D])."""
         from .... import amp
+        from .a2a_attention import a2a_attention
         from .all_gather_attention import AllGatherAttention
         from .ring_attention import RingAttention
         q, k, v = amp.lower(q, k, v)  # bf16 products under autocast, merged in float32
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        if self.comm_type == "a2a":
+            return a2a_attention(q, k, v, self, scale)
         return (RingAttention if self.comm_type == "p2p" else AllGatherAttention).apply(q, k, v, self, scale)
 
     def loss(self, local_sum: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
