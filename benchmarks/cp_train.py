@@ -1,11 +1,13 @@
 """Context parallelism measured, in one run:
 
 1. memory and speed against the sequence length: LLaMA-3 trained through the example's front
-   door at CP 1, 2 and 4 on the same global batch (--batch sequences of T tokens per step), each
-   a fresh `mpiexec` job: the median tokens/s over the steps after the first and rank 0's `peak
-   used` (the native allocator's peak, weights, gradients and AdamW state included); then, in a
-   job of this script's own, the activation memory: the most a forward + backward of the same
-   batch holds above the model's own tensors, on the CP rank that holds most.
+   door at CP 1, 2 and 4, each CP > 1 with each attention communication (--cp_comm p2p: the
+   ring; all_gather; a2a: DeepSpeed-Ulysses' all-to-all), on the same global batch (--batch
+   sequences of T tokens per step), each a fresh `mpiexec` job: the median tokens/s over the
+   steps after the first and rank 0's `peak used` (the native allocator's peak, weights,
+   gradients and AdamW state included); then, in a job of this script's own, the activation
+   memory: the most a forward + backward of the same batch holds above the model's own
+   tensors, on the CP rank that holds most.
 2. the balance of causal work over the CP ranks: ring attention forward + backward on one
    layer's worth of q/k/v, split head-tail (this project's default) and contiguous
    (picotron's), each rank's attention kernel time from the profiler and its block-product
@@ -13,7 +15,7 @@
    the first's.
 
     python benchmarks/cp_train.py                           # LLaMA-3 small, T 256..1024
-    python benchmarks/cp_train.py --model tiny --seqs 128 256 --cps 1 2
+    python benchmarks/cp_train.py --model tiny --seqs 128 256 --cps 1 2 --cp_comms p2p a2a
 
 (The balance part runs itself under mpiexec: `python benchmarks/cp_train.py --balance`.)
 """
@@ -30,11 +32,11 @@ from mpi_launch import start as launch
 
 
 
-def train_run(args, seq: int, cp: int) -> tuple:
+def train_run(args, seq: int, cp: int, comm: str) -> tuple:
     tokens = args.batch * seq
     cmd = [*launch(cp), sys.executable, "-m", "infinitrain.examples.llama3", "--model", args.model,
            "--batch_size", str(args.batch), "--sequence_length", str(seq), "--total_batch_size", str(tokens),
-           "--num_iteration", str(args.steps), "--context_parallel", str(cp), "--peak_tflops", "1"]
+           "--num_iteration", str(args.steps), "--context_parallel", str(cp), "--cp_comm", comm, "--peak_tflops", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                          env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
     if out.returncode:
@@ -61,7 +63,7 @@ def activations(args) -> None:
     from infinitrain.nn import parallel
     from mpi4py import MPI
     env = parallel.init(context_parallel=MPI.COMM_WORLD.Get_size())  # every rank in one CP group
-    model = llama3(args.model, cp=parallel.ParallelPlan(env).context_parallel())
+    model = llama3(args.model, cp=parallel.ParallelPlan(env, cp_comm=args.cp_comm).context_parallel())
     data = np.random.default_rng(0).integers(0, 50257, (args.batch, args.seq + 1))
     idx, targets = it.from_numpy(data[:, :-1].copy()), it.from_numpy(data[:, 1:].copy())
     peak = 0
@@ -81,14 +83,16 @@ def memory_and_speed(args) -> None:
     print(f"LLaMA-3 {args.model}, {args.batch} sequences per step, fp32 AdamW, {args.threads} thread(s) per "
           f"rank, {os.cpu_count()} cores (CP ranks beyond the cores share them: compare memory, and "
           "speed only where CP <= cores)")
-    print(f"{'T':>6} | {'CP':>3} | {'tok/s':>7} | {'peak MB/rank':>12} | {'activations MB/rank':>19}")
+    print(f"{'T':>6} | {'CP':>3} | {'cp_comm':>10} | {'tok/s':>7} | {'peak MB/rank':>12} | "
+          f"{'activations MB/rank':>19}")
     for seq in args.seqs:
         for cp in args.cps:
-            rate, peak = train_run(args, seq, cp)
-            out = under_mpiexec(args, cp, "--activations", "--model", args.model, "--batch", str(args.batch),
-                                "--seq", str(seq))
-            act = int(re.search(r"activation_peak (\d+)", out).group(1)) / 2**20
-            print(f"{seq:6d} | {cp:3d} | {rate:7.0f} | {peak:12d} | {act:19.1f}", flush=True)
+            for comm in (args.cp_comms if cp > 1 else ["-"]):
+                rate, peak = train_run(args, seq, cp, comm if cp > 1 else "p2p")
+                out = under_mpiexec(args, cp, "--activations", "--model", args.model, "--batch", str(args.batch),
+                                    "--seq", str(seq), "--cp_comm", comm if cp > 1 else "p2p")
+                act = int(re.search(r"activation_peak (\d+)", out).group(1)) / 2**20
+                print(f"{seq:6d} | {cp:3d} | {comm:>10} | {rate:7.0f} | {peak:12d} | {act:19.1f}", flush=True)
 
 
 def balance(args) -> None:
@@ -137,6 +141,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences per step (the global batch)")
     p.add_argument("--seqs", type=int, nargs="+", default=[256, 512, 1024])
     p.add_argument("--cps", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--cp_comms", nargs="+", default=["p2p", "all_gather", "a2a"], choices=["p2p", "all_gather", "a2a"])
+    p.add_argument("--cp_comm", default="p2p", help="(internal) with --activations")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per rank")
     p.add_argument("--balance_seq", type=int, default=2048)
