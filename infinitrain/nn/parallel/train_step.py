@@ -18,6 +18,7 @@ from ...creation import tensor
 from ...dtypes import float32
 from ...optim.offload import OffloadOptimizer, offloaded
 from ...profiler import record_function
+from ..moe import aux_loss_scale
 from ..utils import clip_coef, clip_grad_norm_
 from .ddp import DistributedDataParallel
 from .finalize import changed_after_reduction, finalize_grads, scale_loss
@@ -120,6 +121,11 @@ class TrainStep:
     def forward_backward(self, micro_batches, forward_context=None) -> float:
         """Forward and backward of the step's micro-batches [(idx, targets)] (this DP rank's);
         the gradients are their mean. Returns the mean loss over them and over DP."""
+        # the MoE layers' auxiliary losses start their backward as the loss does (nn.moe.aux_loss)
+        with aux_loss_scale(1.0 / len(micro_batches)):
+            return self._forward_backward(micro_batches, forward_context)
+
+    def _forward_backward(self, micro_batches, forward_context) -> float:
         context = forward_context or nullcontext
         if self.pipe is not None:
             if self.streaming is not None:  # the chunks' reducers hand over only after their last backward

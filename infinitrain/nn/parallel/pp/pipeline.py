@@ -24,6 +24,7 @@ from ....dtypes import float64
 from ..ddp import Reducer
 from ..expert_parallel import is_expert_param
 from ..finalize import scale_loss
+from ...moe import aux_loss_scale
 from ..param_buffer import broadcast_replicas
 from .p2p import P2P
 from .schedules import schedule
@@ -93,6 +94,12 @@ class PipelineParallel:
         """micro_batches: [(idx, targets)] int [B, T] each. Runs forward and backward of all
         of them as the schedule orders; gradients end up in .grad (mean over micro-batches,
         averaged over DP). Returns the mean loss, on every stage."""
+        # every stage's MoE auxiliary losses start their backward as the last stage's loss
+        # does (nn.moe.aux_loss), though only the last stage scales a loss
+        with aux_loss_scale(1.0 / len(micro_batches)):
+            return self._forward_backward(micro_batches, forward_context)
+
+    def _forward_backward(self, micro_batches, forward_context) -> float:
         M = len(micro_batches)
         s = self.stage
         plan = schedule(self.schedule, s.size, self.V, M, s.stage)
