@@ -77,10 +77,10 @@ def export(cfg, full: dict) -> tuple:
     moe = _moe_layers(cfg)
     if kind == "mixtral":
         config.update(num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.moe_top_k,
-                      intermediate_size=cfg.moe_ffn_hidden, router_jitter_noise=0.0)
+                      intermediate_size=cfg.expert_ffn_hidden, router_jitter_noise=0.0)
     elif kind == "qwen3_moe":
         config.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.moe_top_k,
-                      moe_intermediate_size=cfg.moe_ffn_hidden, norm_topk_prob=cfg.moe_norm_topk_prob,
+                      moe_intermediate_size=cfg.expert_ffn_hidden, norm_topk_prob=cfg.moe_norm_topk_prob,
                       decoder_sparse_step=1, mlp_only_layers=[i for i in range(cfg.n_layer) if i not in moe])
     tensors = {"model.embed_tokens.weight": full["transformer.wte.weight"][:cfg.vocab_size],
                "model.norm.weight": full["transformer.ln_f.weight"],
@@ -239,7 +239,7 @@ def expected_shapes(cfg, tied: bool) -> dict:
         if cfg.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
         if i in moe:
-            E, Fe = cfg.num_experts, cfg.moe_ffn_hidden
+            E, Fe = cfg.num_experts, cfg.expert_ffn_hidden
             shapes[p + block + "gate.weight"] = (E, C)
             for e in range(E):
                 shapes.update({f"{p}{block}experts.{e}.{proj['gate_proj']}.weight": (Fe, C),

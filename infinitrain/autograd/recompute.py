@@ -16,6 +16,14 @@ from .engine import grad
 from .function import Function
 from .grad_mode import enable_grad
 
+_replaying = [0]  # depth of the replays running now (one per nested checkpoint)
+
+
+def is_recomputing() -> bool:
+    """True while a checkpointed piece reruns in backward: code that records something once per
+    forward (a router's load counts) skips the rerun, or it would count the piece twice."""
+    return _replaying[0] > 0
+
 
 class _Recompute(Function):
     @staticmethod
@@ -35,10 +43,12 @@ class _Recompute(Function):
                   for a in ctx.args]
         rng_now = default_generator.get_state()
         default_generator.set_state(ctx.rng)
+        _replaying[0] += 1
         try:
             with enable_grad(), amp.dtype_set(ctx.autocast):
                 out = ctx.fn(*inputs)
         finally:
+            _replaying[0] -= 1
             default_generator.set_state(rng_now)
         outs = out if isinstance(out, tuple) else (out,)
         pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, Tensor) and o.requires_grad]

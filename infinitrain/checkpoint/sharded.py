@@ -186,6 +186,19 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
         raise CheckpointError(f"{folder} cannot be loaded into this model: {type(e).__name__}: {e}") from None
 
 
+def _experts_difference(missing, unexpected) -> str:
+    """A sentence when the mismatch is a mixture-of-experts model against a dense one."""
+    def moe(names):
+        return any(".experts." in n for n in names)
+    if moe(unexpected) and not moe(missing):
+        return ("the checkpoint's model has mixture-of-experts layers (experts) where this one has dense MLPs: "
+                "build it with the checkpoint's num_experts; ")
+    if moe(missing) and not moe(unexpected):
+        return ("this model has mixture-of-experts layers (experts) where the checkpoint's has dense MLPs "
+                "(num_experts 0); ")
+    return ""
+
+
 def _load(folder: Path, meta: dict, model, optimizer) -> dict:
     dtypes = meta.get("dtypes", {})
     files = sorted(meta["sha256"])
@@ -195,7 +208,8 @@ def _load(folder: Path, meta: dict, model, optimizer) -> dict:
     missing = [k for k in own if source[k] not in stored.where]
     unexpected = [k for k in stored.keys() if k not in own] if getattr(model, "pp", None) is None else []
     if missing or unexpected:
-        raise CheckpointError(f"{folder} does not fit this model: missing keys: {', '.join(missing[:8]) or '-'}; "
+        raise CheckpointError(f"{folder} does not fit this model: {_experts_difference(missing, unexpected)}"
+                              f"missing keys: {', '.join(missing[:8]) or '-'}; "
                               f"unexpected keys: {', '.join(unexpected[:8]) or '-'}")
     state = {k: stored.part(source[k], t, f"{folder}: {k}")
              for k, t in progress(own.items(), total=len(own), desc=f"loading {folder.name}", unit="tensor")}

@@ -26,6 +26,7 @@ from ..amp import autocast
 from ..checkpoint import load_checkpoint, resolve, save_checkpoint
 from ..dtypes import bfloat16
 from ..monitor import Monitor
+from ..nn.moe import aux_loss_scale
 from ..nn.parallel.finalize import scale_loss
 from ..profiler import profile
 
@@ -135,8 +136,9 @@ class DeepSpeedEngine:
         the accumulated gradients are the mean, as DeepSpeed and TrainStep take it). Returns the
         loss as given."""
         t0 = time.perf_counter()
-        scaled = scale_loss(loss, self.config.gradient_accumulation_steps) if scale_wrt_gas else loss
-        scaled.backward(retain_graph=retain_graph)
+        gas = self.config.gradient_accumulation_steps if scale_wrt_gas else 1
+        with aux_loss_scale(1.0 / gas):  # MoE auxiliary losses scaled as the loss (nn.moe.aux_loss)
+            scale_loss(loss, gas).backward(retain_graph=retain_graph)
         if self.monitor.active:
             self._losses.append(float(loss.detach().float().item()))
         self._times["backward"] += time.perf_counter() - t0

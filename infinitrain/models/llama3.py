@@ -4,7 +4,7 @@ InfiniTrain's llm.c-style LLaMA-3 checkpoints (magic 20240803)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -19,74 +19,13 @@ from ..nn.parallel import tensor_parallel as tpl
 from ..nn.parallel.tensor_parallel import TensorParallel
 from ..ops import layers as ops_layers
 from ..ops.index import index_select
+from ..nn.moe import MoE, update_moe_biases
 from .base import Blocks, CausalLM, causal_attention
+from .llama3_config import PRESETS, LLaMA3Config  # noqa: F401  (this module's names)
 from ..io import DataFormatError, atomic_write, input_file
 
 LLMC_LLAMA3_MAGIC = 20240803
 LLMC_LLAMA3_VERSION = 3  # float32
-
-
-@dataclass(frozen=True)
-class LLaMA3Config:
-    block_size: int = 8192
-    vocab_size: int = 128256
-    n_layer: int = 32
-    n_head: int = 32
-    n_kv_head: int = 8
-    n_embd: int = 4096
-    ffn_dim_multiplier: float | None = 1.3
-    multiple_of: int = 1024
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-    use_scaled_rope: bool = False
-    rope_scaling_factor: float = 8.0  # LLaMA-3.1: 8, LLaMA-3.2: 32
-    # Qwen3's two departures from LLaMA: heads wider than n_embd / n_head (Qwen3-30B-A3B: 32
-    # heads of 128 over a width of 2048), and an RMSNorm over each head's queries and keys
-    # before the rotation (QK-norm). llm.c's checkpoint format has neither.
-    head_size: int | None = None
-    qk_norm: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.head_size or self.n_embd // self.n_head
-
-    @property
-    def ffn_hidden(self) -> int:
-        hidden = 2 * (4 * self.n_embd) // 3
-        if self.ffn_dim_multiplier:
-            hidden = int(round(self.ffn_dim_multiplier * hidden))
-        return (hidden + self.multiple_of - 1) // self.multiple_of * self.multiple_of
-
-    def validate(self) -> None:
-        import math
-        for name in ("norm_eps", "rope_theta", "rope_scaling_factor"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-        if self.head_size is not None and (type(self.head_size) is not int or self.head_size < 1):
-            raise ValueError(f"head_size must be a positive integer (or None: n_embd / n_head), got {self.head_size!r}")
-        if (self.head_size is None and self.n_embd % self.n_head) or self.n_head % self.n_kv_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}), "
-                             f"and n_head of n_kv_head ({self.n_kv_head})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
-
-
-PRESETS = {
-    "llama3.2-1b": LLaMA3Config(block_size=8192, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
-                                ffn_dim_multiplier=1.5, multiple_of=256, use_scaled_rope=True,
-                                rope_scaling_factor=32.0),
-    "llama3.2-3b": LLaMA3Config(block_size=8192, n_layer=28, n_head=24, n_kv_head=8, n_embd=3072,
-                                ffn_dim_multiplier=1.0, multiple_of=256, use_scaled_rope=True,
-                                rope_scaling_factor=32.0),
-    "llama3-8b": LLaMA3Config(block_size=8192, n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
-                              ffn_dim_multiplier=1.3, multiple_of=1024),
-    # quick runs on the GPT-2 vocabulary (Shakespeare data), and tests
-    "small": LLaMA3Config(block_size=1024, vocab_size=50257, n_layer=4, n_head=4, n_kv_head=2,
-                          n_embd=256, ffn_dim_multiplier=None, multiple_of=64, rope_theta=10000.0),
-    "tiny": LLaMA3Config(block_size=256, vocab_size=50257, n_layer=2, n_head=4, n_kv_head=2,
-                         n_embd=64, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0),
-}
 
 
 def rope_frequencies(cfg: LLaMA3Config) -> np.ndarray:
@@ -159,12 +98,15 @@ class MLP(Module):
 
 
 class Block(Module):
-    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None, cp=None):
+    """moe: this layer's feed-forward is a mixture of experts (nn.moe.MoE over ep) instead of
+    the dense MLP."""
+
+    def __init__(self, cfg: LLaMA3Config, tp: TensorParallel | None = None, cp=None, moe: bool = False, ep=None):
         super().__init__()
         self.ln_1 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
         self.attn = Attention(cfg, tp, cp)
         self.ln_2 = RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = MoE(cfg, tp, ep, cp) if moe else MLP(cfg, tp)
         tpl.mark_sequence_parallel(self.ln_1, tp)
         tpl.mark_sequence_parallel(self.ln_2, tp)
 
@@ -176,11 +118,12 @@ class Block(Module):
 class LLaMA3(CausalLM):
     """tp: build the model tensor-parallel over tp.group. The vocabulary is padded to a multiple
     of TP there (zero rows the loss never sees); files keep the true vocabulary. pp: build this
-    pipeline stage's part (see CausalLM)."""
+    pipeline stage's part (see CausalLM). ep: an ExpertParallel for the MoE layers (each rank
+    builds its share of the experts), or None (every expert here)."""
     config_class = LLaMA3Config
 
     def __init__(self, config: LLaMA3Config, seed: int | None = None, tp: TensorParallel | None = None,
-                 pp=None, cp=None):
+                 pp=None, cp=None, ep=None):
         super().__init__()
         config.validate()
         self.config = config
@@ -191,7 +134,7 @@ class LLaMA3(CausalLM):
             parts = {}
             if self.has_embedding:
                 parts["wte"] = tpl.VocabParallelEmbedding(V, C, tp) if tp else Embedding(V, C)
-            parts["h"] = Blocks({i: Block(config, tp, self.cp) for i in layers})
+            parts["h"] = Blocks({i: Block(config, tp, self.cp, config.is_moe_layer(i), ep) for i in layers})
             if self.has_head:
                 parts["ln_f"] = RMSNorm(C, eps=config.norm_eps)
                 tpl.mark_sequence_parallel(parts["ln_f"], tp)
@@ -225,21 +168,72 @@ class LLaMA3(CausalLM):
         from ..random import Generator, default_generator
         gen = Generator(seed) if seed is not None else default_generator
         cfg, std = self.config, 0.02
-        C, D = cfg.n_embd, cfg.head_dim
+        C = cfg.n_embd
         kinds = (Linear, tpl.ColumnParallelLinear, tpl.RowParallelLinear)
         self._draw(gen, self.transformer.wte.weight if self.has_embedding else None,
                    cfg.vocab_size * C, std)
-        h = self.transformer.h
-        per_block = (2 * cfg.n_head + 2 * cfg.n_kv_head) * D * C + 3 * cfg.ffn_hidden * C
+        h, out_std = self.transformer.h, std / math.sqrt(2 * cfg.n_layer)
         for i in range(cfg.n_layer):
             if i not in h:
-                gen.advance(per_block)
+                gen.advance(self._block_numel(i))
                 continue
-            for name, m in h[i].named_modules():
-                if isinstance(m, kinds):  # drawn full-size under TP
-                    s = std / math.sqrt(2 * cfg.n_layer) if name.endswith("c_proj") else std
-                    init.normal_(m.weight, 0.0, s, generator=gen)
+            dense = [h[i].attn] + ([h[i].mlp] if isinstance(h[i].mlp, MLP) else [])
+            for m in (m for part in dense for m in part.modules() if isinstance(m, kinds)):
+                # drawn full-size under TP; the residual projections (c_proj) scaled
+                init.normal_(m.weight, 0.0, out_std if m in (part.c_proj for part in dense) else std, generator=gen)
+            if isinstance(h[i].mlp, MoE):
+                self._draw_moe(gen, h[i].mlp, std, out_std)
         self._draw(gen, self.lm_head.weight if self.has_head else None, cfg.vocab_size * C, std)
+
+    def _block_numel(self, i: int) -> int:
+        """Layer i's drawn numbers (its matrices; norms start at one)."""
+        cfg = self.config
+        C, D = cfg.n_embd, cfg.head_dim
+        attn = (2 * cfg.n_head + 2 * cfg.n_kv_head) * D * C  # q, k, v and the output projection
+        if not cfg.is_moe_layer(i):
+            return attn + 3 * cfg.ffn_hidden * C
+        E, F = cfg.num_experts, cfg.expert_ffn_hidden
+        return attn + E * C + 3 * E * F * C + 3 * cfg.moe_shared_experts * F * C
+
+    def _draw_moe(self, gen, moe, std, out_std) -> None:
+        """The router, then every expert in global order (another expert-parallel rank's drawn
+        past), then the shared experts: the draws of one process."""
+        cfg = self.config
+        C, F = cfg.n_embd, cfg.expert_ffn_hidden
+        self._draw(gen, moe.gate.weight, cfg.num_experts * C, std)
+        for e in range(cfg.num_experts):
+            expert = moe.experts[str(e)] if str(e) in moe.experts else None
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                self._draw(gen, getattr(expert, proj).weight if expert is not None else None, F * C,
+                           out_std if proj == "down_proj" else std)
+        if "shared_experts" in moe._modules:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                init.normal_(getattr(moe.shared_experts, proj).weight, 0.0,
+                             out_std if proj == "down_proj" else std, generator=gen)
+
+    # ---- mixture of experts -------------------------------------------------------------------
+    def moe_layers(self) -> dict:
+        """Layer index -> the MoE feed-forward of each of this rank's blocks that has experts."""
+        return {i: b.mlp for i, b in zip(self.transformer.h.indices(), self.transformer.h) if isinstance(b.mlp, MoE)}
+
+    def update_moe_biases(self, reduce=None):
+        """After each optimizer step: the step's loads summed over the ranks (`reduce` sums a
+        host array over the data-parallel ranks, DP x CP; None on one), DeepSeek-V3's selection
+        biases updated from them, the records cleared. Returns the step's nn.moe.MoEStepStats
+        (tokens per expert, auxiliary losses, imbalance) for the log."""
+        return update_moe_biases(self.moe_layers(), reduce)
+
+    @classmethod
+    def head_work(cls, config) -> float:
+        """As CausalLM's, with an MoE layer's work its active experts' (and router's)."""
+        if not config.num_experts:
+            return super().head_work(config)
+        C, D, F = config.n_embd, config.head_dim, config.expert_ffn_hidden
+        attn = (2 * config.n_head + 2 * config.n_kv_head) * D * C
+        active = config.num_experts * C + 3 * (config.moe_top_k + config.moe_shared_experts) * F * C
+        block = np.mean([attn + (active if config.is_moe_layer(i) else 3 * config.ffn_hidden * C)
+                         for i in range(config.n_layer)])
+        return config.vocab_size * C / block
 
     def to(self, *args, **kwargs) -> "LLaMA3":
         cos, sin = self.rope_cos, self.rope_sin
@@ -283,6 +277,9 @@ class LLaMA3(CausalLM):
         if c.head_size is not None or c.qk_norm:
             raise ValueError("llm.c's LLaMA-3 checkpoint format has no head_size or QK-norm (Qwen3's); save this "
                              "model with save_pretrained or the trainer's checkpoints (--save)")
+        if c.num_experts:
+            raise ValueError(f"the llm.c LLaMA-3 format has no experts: this model has {c.num_experts} per MoE "
+                             "layer; save it with save_checkpoint (or save_pretrained) instead")
         header = np.zeros(256, dtype="<i4")
         ints = [LLMC_LLAMA3_MAGIC, LLMC_LLAMA3_VERSION, c.block_size, c.vocab_size, c.n_layer,
                 c.n_head, c.n_kv_head, c.n_embd]
@@ -344,7 +341,8 @@ class LLaMA3(CausalLM):
         return model
 
 
-def llama3(name: str = "small", tp: TensorParallel | None = None, pp=None, cp=None, **overrides) -> LLaMA3:
+def llama3(name: str = "small", tp: TensorParallel | None = None, pp=None, cp=None, ep=None,
+           **overrides) -> LLaMA3:
     if name not in PRESETS:
         raise ValueError(f"unknown LLaMA-3 preset {name!r}; choose from {', '.join(PRESETS)}")
-    return LLaMA3(replace(PRESETS[name], **overrides), tp=tp, pp=pp, cp=cp)
+    return LLaMA3(replace(PRESETS[name], **overrides), tp=tp, pp=pp, cp=cp, ep=ep)

@@ -53,6 +53,7 @@ def apply_lora(model, rank: int, alpha: float | None = None, targets=DEFAULT_TAR
         linear = [n for n, m in model.named_modules() if isinstance(m, kinds)]
         raise ValueError(f"no linear layer matches the LoRA targets {list(targets)}; this model's "
                          f"linear layers: {', '.join(linear[:12]) or 'none'}")
+    _refuse_routed(model, [n for n, _ in layers])
     for p in model.parameters():
         p.requires_grad = False
     for name, layer in layers:
@@ -61,6 +62,22 @@ def apply_lora(model, rank: int, alpha: float | None = None, targets=DEFAULT_TAR
     if ranks:
         model.lora_config["ranks"] = ranks
     return [n for n, _ in layers]
+
+
+def _refuse_routed(model, names) -> None:
+    """The routed experts' products are grouped over all experts at once (ops.moe), never
+    through their Linear modules, and the router's runs in float32 apart: an adapter on them
+    would be silently left out, so it is refused. LoRA on an MoE model adapts the attention
+    (and the shared experts, dense SwiGLU MLPs), the experts and router frozen."""
+    from .moe import MoE
+    routed = {f"{prefix}.{part}" if prefix else part for prefix, m in model.named_modules() if isinstance(m, MoE)
+              for part in ("gate", "experts")}
+    bad = [n for n in names if any(n == r or n.startswith(r + ".") for r in routed)]
+    if bad:
+        raise ValueError("LoRA cannot adapt a mixture-of-experts layer's router or routed experts "
+                         f"({', '.join(bad[:4])}"
+                         f"{', ...' if len(bad) > 4 else ''}): target the attention (c_attn, attn.c_proj) or the "
+                         "shared experts (shared_experts.gate_proj, ...) instead; the experts stay frozen")
 
 
 def _add_adapter(layer, name: str, rank: int, scale: float, seed: int) -> None:

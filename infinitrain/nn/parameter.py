@@ -9,9 +9,10 @@ class Parameter(Tensor):
     # is one block of a larger tensor, `partial_grad_group` when its gradient must be
     # summed over that group after backward (SP's replicated parameters, LoRA's whole halves);
     # `tied_copy_of` (a name) when it is a pipeline stage's copy of a parameter that one process
-    # ties (GPT-2's output head on the last stage copies the token embedding); unset for an
-    # ordinary parameter
-    __slots__ = ("tp_shard", "partial_grad_group", "tied_copy_of")
+    # ties (GPT-2's output head on the last stage copies the token embedding); `expert_parallel`
+    # (True) when it is an expert's under expert parallelism (each EP rank holds other experts:
+    # its gradient is reduced over the ranks holding the same ones); unset for an ordinary parameter
+    __slots__ = ("tp_shard", "partial_grad_group", "tied_copy_of", "expert_parallel")
 
     def __new__(cls, data: Tensor, requires_grad: bool = True):
         if not isinstance(data, Tensor):
@@ -41,7 +42,7 @@ class Parameter(Tensor):
         return out
 
     def __getattr__(self, name):
-        if name in ("tp_shard", "partial_grad_group", "tied_copy_of"):
+        if name in Parameter.__slots__:
             return None
         raise AttributeError(f"'Parameter' object has no attribute {name!r}")
 

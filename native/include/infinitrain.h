@@ -485,6 +485,14 @@ it_status it_comm_send(it_comm *comm, it_dtype dtype, const void *buf, int64_t c
                        int32_t peer, it_stream *stream);
 it_status it_comm_recv(it_comm *comm, it_dtype dtype, void *buf, int64_t count, int32_t peer,
                        it_stream *stream);
+/* torch's all_to_all_single: send_counts[k] elements of send, from send_offsets[k], go to rank k;
+ * recv_counts[k] elements from rank k land at recv_offsets[k] of recv (each array nranks long,
+ * every block inside send's send_total and recv's recv_total elements; blocks may be empty).
+ * One NCCL group of sends and receives (the rank's own block copied on the stream). */
+it_status it_comm_all_to_all(it_comm *comm, it_dtype dtype, const void *send, int64_t send_total,
+                             const int64_t *send_counts, const int64_t *send_offsets, void *recv,
+                             int64_t recv_total, const int64_t *recv_counts, const int64_t *recv_offsets,
+                             it_stream *stream);
 
 /* IT_CDEF_END */
 

@@ -117,3 +117,37 @@ it_status it_comm_recv(it_comm *comm, it_dtype dtype, void *buf, int64_t count, 
                  "it_comm_recv: peer %d is not another rank", (int)peer);
     return call("it_comm_recv", comm, 5, dtype, NULL, buf, count, IT_COMM_SUM, peer, stream);
 }
+
+static it_status check_blocks(const char *fn, const char *what, int32_t nranks, const int64_t *counts,
+                              const int64_t *offsets, int64_t total) {
+    IT_CHECK_ARG(counts && offsets, "%s: %s counts or offsets are NULL", fn, what);
+    for (int32_t k = 0; k < nranks; ++k) {
+        IT_CHECK_ARG(counts[k] >= 0 && offsets[k] >= 0 && offsets[k] <= total && counts[k] <= total - offsets[k],
+                     "%s: %s block %d (%lld elements at %lld) is outside its %lld elements", fn, what, (int)k,
+                     (long long)counts[k], (long long)offsets[k], (long long)total);
+    }
+    return IT_OK;
+}
+
+it_status it_comm_all_to_all(it_comm *comm, it_dtype dtype, const void *send, int64_t send_total,
+                             const int64_t *send_counts, const int64_t *send_offsets, void *recv,
+                             int64_t recv_total, const int64_t *recv_counts, const int64_t *recv_offsets,
+                             it_stream *stream) {
+    const char *fn = "it_comm_all_to_all";
+    IT_CHECK_PTR(comm, fn);
+    IT_CHECK_ARG(dtype >= IT_FLOAT32 && dtype <= IT_BOOL, "%s: unknown dtype %d", fn, (int)dtype);
+    IT_CHECK_SIZE(send_total, fn);
+    IT_CHECK_SIZE(recv_total, fn);
+    IT_TRY(check_blocks(fn, "send", comm->nranks, send_counts, send_offsets, send_total));
+    IT_TRY(check_blocks(fn, "recv", comm->nranks, recv_counts, recv_offsets, recv_total));
+    IT_CHECK_ARG(send_counts[comm->rank] == recv_counts[comm->rank],
+                 "%s: this rank sends itself %lld elements but receives %lld", fn,
+                 (long long)send_counts[comm->rank], (long long)recv_counts[comm->rank]);
+    IT_CHECK_ARG((send || send_total == 0) && (recv || recv_total == 0), "%s: NULL buffer", fn);
+    IT_CHECK_ARG(!stream || (it_stream_device(stream).type == IT_CUDA &&
+                             it_stream_device(stream).index == comm->device.index),
+                 "%s: the stream is not on the communicator's device", fn);
+    IT_CUDA_CALL(fn, it_cuda_comm_all_to_all, comm->device, comm->handle, comm->nranks, comm->rank, dtype, send,
+                 send_counts, send_offsets, recv, recv_counts, recv_offsets, it_stream_handle(stream));
+    return IT_OK;
+}

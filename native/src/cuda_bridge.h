@@ -48,6 +48,11 @@ it_status it_cuda_comm_destroy(it_device device, void *comm);
 it_status it_cuda_comm_call(it_device device, void *comm, int32_t kind, it_dtype dtype,
                             const void *send, void *recv, int64_t count, it_comm_op op,
                             int32_t arg, void *stream);
+/* NCCL: the all-to-all's grouped sends and receives (counts and offsets in elements, checked) */
+it_status it_cuda_comm_all_to_all(it_device device, void *comm, int32_t nranks, int32_t rank, it_dtype dtype,
+                                  const void *send, const int64_t *send_counts, const int64_t *send_offsets,
+                                  void *recv, const int64_t *recv_counts, const int64_t *recv_offsets,
+                                  void *stream);
 
 #ifdef __cplusplus
 }

@@ -565,6 +565,9 @@ def test_communicator_arguments_are_checked_before_nccl():
     assert lib.it_comm_init(cuda0, buf, 128, 2, 5, out) == lib.IT_ERR_INVALID_ARGUMENT and out[0] == ffi.NULL
     assert lib.it_comm_all_reduce(ffi.NULL, lib.IT_FLOAT32, buf, buf, 1, lib.IT_COMM_SUM, ffi.NULL) == \
         lib.IT_ERR_INVALID_ARGUMENT
+    counts = ffi.new("int64_t[2]", [1, 1])
+    assert lib.it_comm_all_to_all(ffi.NULL, lib.IT_FLOAT32, buf, 2, counts, counts, buf, 2, counts, counts,
+                                  ffi.NULL) == lib.IT_ERR_INVALID_ARGUMENT
     if not GPU:  # checked, then NCCL (or the device) is found missing, saying so
         st = lib.it_comm_init(cuda0, buf, 128, 2, 0, out)
         assert st in (lib.IT_ERR_NO_CUDA, lib.IT_ERR_NCCL), st

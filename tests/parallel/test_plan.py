@@ -6,8 +6,8 @@ import pytest
 from infinitrain.nn.parallel import Layout, ParallelPlan
 
 
-def plan(world=1, rank=0, tp=1, pp=1, cp=1, **options):
-    return ParallelPlan(Layout(world, tp=tp, pp=pp, cp=cp), rank, **options)
+def plan(world=1, rank=0, tp=1, pp=1, cp=1, ep=1, **options):
+    return ParallelPlan(Layout(world, tp=tp, pp=pp, cp=cp, ep=ep), rank, **options)
 
 
 @pytest.mark.parametrize("layout,options,message", [
@@ -17,7 +17,7 @@ def plan(world=1, rank=0, tp=1, pp=1, cp=1, **options):
     ({"world": 2, "pp": 2}, {"pipeline_schedule": "1f1b", "virtual_pipeline_parallel": 2}, "runs one chunk per stage"),
     ({"world": 2, "pp": 2}, {"pipeline_schedule": "zigzag"}, "unknown pipeline schedule 'zigzag'"),
     ({}, {"pipeline_split": "random"}, "pipeline split must be 'balanced' or 'even'"),
-    ({}, {"cp_comm": "a2a"}, "context parallel communication must be one of"),
+    ({}, {"cp_comm": "a2a+p2p"}, "context parallel communication must be one of"),
     ({}, {"zero_stage": 4}, "ZeRO stage must be 0, 1, 2 or 3"),
     ({}, {"offload_optimizer": "disk"}, "offload device must be 'none', 'cpu' or 'nvme'"),
     ({}, {"offload_param": "nvme", "offload_optimizer": "nvme", "offload_path": "/tmp"},
@@ -26,6 +26,8 @@ def plan(world=1, rank=0, tp=1, pp=1, cp=1, **options):
     ({}, {"offload_optimizer": "cpu", "device": "cpu"}, "--offload_optimizer cpu moves the AdamW state off the GPU"),
     ({}, {"offload_optimizer": "nvme"}, "--offload_optimizer nvme needs --offload_path DIR"),
     ({}, {"offload_path": "/tmp"}, "--offload_path is for --offload_optimizer nvme"),
+    ({"world": 4, "tp": 2, "ep": 2}, {}, "--expert_parallel 2 with --tensor_parallel 2 needs --sequence_parallel"),
+    ({"world": 2, "ep": 2}, {"zero_stage": 1}, "--zero_stage 1 does not compose with --expert_parallel 2 yet"),
 ])
 def test_an_impossible_combination_is_refused_when_the_plan_is_made(layout, options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -106,3 +108,39 @@ def test_each_fact_of_a_layout_has_one_home():
     found = [f for f in found if not f.startswith(("nn/parallel/global_env.py", "nn/parallel/layout.py"))
              or "dp_cp_group" not in f]
     assert not found, "derived again outside ParallelPlan:\n" + "\n".join(found)
+
+
+def test_expert_parallelism_is_carved_out_of_dp_x_cp_in_blocks_of_neighbours():
+    L = Layout(16, tp=2, cp=2, ep=2)  # DP 4 x CP 2 = 8 ranks per TP coordinate
+    assert L.ep == 2 and L.dp == 4 and "EP=2" in L.describe() and "ep=2" in repr(L)
+    assert L.dp_cp_group(0) == [0, 2, 4, 6, 8, 10, 12, 14]
+    # EP neighbours in the DP x CP order; the ranks at the same place of each block hold the same experts
+    assert L.ep_group(0) == [0, 2] and L.ep_group(6) == [4, 6] and L.ep_group(3) == [1, 3]
+    assert L.expert_dp_group(0) == [0, 4, 8, 12] and L.expert_dp_group(6) == [2, 6, 10, 14]
+    for kind, size in (("ep", 2), ("expert_dp", 4)):
+        groups = L.all_groups(kind)
+        assert len(groups) == 16 // size and sorted(r for g in groups for r in g) == list(range(16))
+    four = Layout(8, ep=4)  # EP 4 x expert DP 2
+    assert four.ep_group(5) == [4, 5, 6, 7] and four.expert_dp_group(5) == [1, 5]
+    assert Layout(4).ep_group(2) == [2] and Layout(4).expert_dp_group(2) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("sizes,message", [
+    ({"world": 4, "ep": 3}, "--expert_parallel 3 must divide data parallel 4 x context parallel 1 (= 4)"),
+    ({"world": 12, "tp": 2, "cp": 2, "ep": 4}, "--expert_parallel 4 must divide data parallel 3 x context parallel 2"),
+    ({"world": 8, "tp": 4, "ep": 4}, "--expert_parallel 4 must divide data parallel 2"),
+    ({"world": 2, "ep": 0}, "expert parallel size must be a positive integer, got 0"),
+])
+def test_an_expert_parallel_size_that_does_not_divide_dp_x_cp_is_refused(sizes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Layout(sizes.pop("world"), **sizes)
+
+
+def test_the_plan_knows_the_expert_sizes_and_groups():
+    p = plan(8, tp=2, ep=2, sequence_parallel=True)  # DP 4, EP 2 x expert DP 2
+    assert (p.ep, p.expert_dp, p.dp_cp) == (2, 2, 4)
+    assert p.describe() == "DP=4, TP=2, SP=2, PP=1, CP=1, EP=2"
+    assert plan(2).describe() == "DP=2, TP=1, SP=0, PP=1, CP=1"  # EP 1 is not shown
+    with pytest.raises(RuntimeError, match="without process groups"):
+        p.expert_parallel()
+    assert plan(2).expert_parallel() is None  # EP 1: no ExpertParallel, no groups needed

@@ -18,15 +18,22 @@ from ...autograd.engine import queue_callback
 from ...device import as_device
 from ..module import Module
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack, trainable
-from .process_group import ProcessGroup, ReduceOp, default_data_parallel_group
+from .expert_parallel import is_expert_param
+from .process_group import ProcessGroup, ReduceOp, _then, default_data_parallel_group
 
 
 class Reducer:
     """All-reduces (averages) the gradients of params over group, bucket by bucket, as backward
-    produces them (buckets: param_buffer.pack)."""
+    produces them (buckets: param_buffer.pack). expert_group: under expert parallelism, the
+    group that reduces the experts' parameters (marked `expert_parallel`; the ranks holding the
+    same experts, a part of `group`): each expert's gradient there already sums the tokens of
+    its EP group's ranks, so it is summed over expert_group and divided by group's size, the
+    mean over every rank's loss as the other gradients."""
 
-    def __init__(self, params, group, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0):
+    def __init__(self, params, group, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
+                 expert_group=None):
         self.group = group
+        self.expert_group = expert_group if expert_group is not group else None
         self.buffer = ParamAndGradBuffer(pack(trainable(params), bucket_cap_mb, first_bucket_mb))
         for b in self.buffer:
             b.flat_grad = b.new_flat()  # the .grad views are made before each forward (prepare)
@@ -78,7 +85,13 @@ class Reducer:
             w.is_completed()
 
     def _launch(self, i: int) -> None:
-        self.works[i] = self.group.all_reduce(self.buckets[i].flat_grad, ReduceOp.AVG, async_op=True)
+        flat = self.buckets[i].flat_grad
+        if self.expert_group is not None and is_expert_param(self.buckets[i].params[0]):
+            scale = 1.0 / self.group.size
+            self.works[i] = _then(self.expert_group.all_reduce(flat, ReduceOp.SUM, async_op=True),
+                                  lambda: flat.mul_(scale))
+        else:
+            self.works[i] = self.group.all_reduce(flat, ReduceOp.AVG, async_op=True)
         self.next_bucket = i + 1
         if self.on_reduced is not None:
             self.on_reduced(self.buckets[i].params, self.works[i])
@@ -112,7 +125,9 @@ class DistributedDataParallel(Module):
     (a parameter without a gradient contributes zeros, whether or not it is set),
     gradient_as_bucket_view (the gradients are always views into the buckets), static_graph,
     check_reduction, batched_grad_copy, dim. first_bucket_mb: the first bucket's size
-    (communication starts early); broadcast_from: the rank whose replica the others copy."""
+    (communication starts early); broadcast_from: the rank whose replica the others copy;
+    expert_process_group: under expert parallelism, the group that holds the same experts and
+    reduces their parameters (Reducer)."""
 
     def __init__(self, module: Module, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool | None = None, init_sync: bool = True, process_group=None,
@@ -121,7 +136,7 @@ class DistributedDataParallel(Module):
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
                  device_mesh=None, skip_all_reduce_unused_params: bool = False, bucket_cap_mb_list=None,
                  batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None, *,
-                 first_bucket_mb: float = 1.0, broadcast_from: int = 0):
+                 first_bucket_mb: float = 1.0, broadcast_from: int = 0, expert_process_group=None):
         super().__init__()
         if isinstance(device_ids, ProcessGroup):
             raise TypeError("DistributedDataParallel: the second argument is device_ids, as in PyTorch; pass the "
@@ -150,11 +165,15 @@ class DistributedDataParallel(Module):
         self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
         self.gradient_as_bucket_view = True  # what the Reducer does whatever was asked
         self.broadcast_from = broadcast_from
+        experts = expert_process_group if expert_process_group is not group else None
         if init_sync:
-            broadcast_replicas(list(module.parameters()) + (list(module.buffers()) if self.broadcast_buffers else []),
+            dense = [p for p in module.parameters() if experts is None or not is_expert_param(p)]
+            broadcast_replicas(dense + (list(module.buffers()) if self.broadcast_buffers else []),
                                group, broadcast_from)
+            if experts is not None:  # each EP rank holds other experts: copied from their first holder
+                broadcast_replicas([p for p in module.parameters() if is_expert_param(p)], experts)
         self.reducer = Reducer(module.parameters(), group, 25.0 if bucket_cap_mb is None else bucket_cap_mb,
-                               first_bucket_mb)
+                               first_bucket_mb, expert_group=experts)
         self._sync = True
 
     def forward(self, *args, **kwargs):

@@ -137,6 +137,19 @@ class NCCLProcessGroup(ProcessGroup):
         return self._run(lambda s: check(lib.it_comm_broadcast(self._comm, t.dtype.native, t._ptr(), t._ptr(),
                                                                t.numel(), src, s)), (t,), async_op)
 
+    @traced_collective(1)
+    def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes=None,  # noqa: A002
+                          input_split_sizes=None, async_op: bool = False):
+        """torch.distributed.all_to_all_single (mpi.py's contract): NCCL sends and receives in one
+        group."""
+        self._check(output, input)
+        _, send, send_at, recv, recv_at = self._all_to_all_splits(output, input, output_split_sizes,
+                                                                  input_split_sizes)
+        arrays = [ffi.new("int64_t[]", v) for v in (send, send_at, recv, recv_at)]
+        return self._run(lambda s: check(lib.it_comm_all_to_all(
+            self._comm, input.dtype.native, input._ptr(), input.numel(), arrays[0], arrays[1], output._ptr(),
+            output.numel(), arrays[2], arrays[3], s)), (output, input), async_op)
+
     @traced_collective(0)
     def isend(self, t: Tensor, dst: int, tag: int = 0) -> Work:
         """Messages to a rank pair in the order they were sent; a tag names a link opened with

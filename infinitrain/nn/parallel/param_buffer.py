@@ -31,11 +31,12 @@ def trainable(params) -> list:
 
 def pack(params, bucket_cap_mb: float, first_bucket_mb: float | None = None) -> list:
     """params (registration order) -> buckets as lists of parameters: reverse order, one dtype
-    per bucket, a new bucket when the next parameter would pass the cap (the very first bucket's
-    cap is first_bucket_mb when given)."""
+    per bucket, experts' parameters (`expert_parallel`, reduced over their own group) apart
+    from the rest, a new bucket when the next parameter would pass the cap (the very first
+    bucket's cap is first_bucket_mb when given)."""
     packs, open_, size = [], {}, {}
     for p in reversed(params):
-        key = p.dtype.name
+        key = (p.dtype.name, bool(getattr(p, "expert_parallel", False)))
         b = open_.get(key)
         first = first_bucket_mb is not None and b is not None and b is packs[0]
         cap = (first_bucket_mb if first else bucket_cap_mb) * 2**20

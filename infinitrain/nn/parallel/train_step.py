@@ -18,6 +18,7 @@ from ...creation import tensor
 from ...dtypes import float32
 from ...optim.offload import OffloadOptimizer, offloaded
 from ...profiler import record_function
+from ..moe import aux_loss_scale
 from ..utils import clip_coef, clip_grad_norm_
 from .ddp import DistributedDataParallel
 from .finalize import changed_after_reduction, finalize_grads, scale_loss
@@ -51,12 +52,14 @@ class TrainStep:
         self.pp_group = plan.pipeline_group if plan.pipelined else None
         self.dp = plan.dp_cp
         self.zero = wrapper == "zero"
+        # under expert parallelism, the experts' gradients are reduced over the ranks holding them
+        self.expert_group = plan.expert_gradient_group if wrapper is not None and plan.ep > 1 else None
         self.pipe = PipelineParallel(model, plan.pipeline_schedule, self.dp_group if wrapper == "pipeline" else None,
-                                     pipeline_timeout) if plan.pipelined else None
+                                     pipeline_timeout, expert_group=self.expert_group) if plan.pipelined else None
         # the models' buffers are constants (rope tables, positions), the same on every rank from
         # the start: broadcasting them before every forward (PyTorch's default) is bytes for nothing
-        self.net = DistributedDataParallel(model, process_group=self.dp_group, broadcast_buffers=False) \
-            if wrapper == "ddp" else model
+        self.net = DistributedDataParallel(model, process_group=self.dp_group, broadcast_buffers=False,
+                                           expert_process_group=self.expert_group) if wrapper == "ddp" else model
         if self.zero:
             self.optimizer = ZeroOptimizer(param_groups, optimizer_class, self.dp_group, stage=plan.zero_stage,
                                            bucket_cap_mb=bucket_cap_mb, module=model,
@@ -118,6 +121,11 @@ class TrainStep:
     def forward_backward(self, micro_batches, forward_context=None) -> float:
         """Forward and backward of the step's micro-batches [(idx, targets)] (this DP rank's);
         the gradients are their mean. Returns the mean loss over them and over DP."""
+        # the MoE layers' auxiliary losses start their backward as the loss does (nn.moe.aux_loss)
+        with aux_loss_scale(1.0 / len(micro_batches)):
+            return self._forward_backward(micro_batches, forward_context)
+
+    def _forward_backward(self, micro_batches, forward_context) -> float:
         context = forward_context or nullcontext
         if self.pipe is not None:
             if self.streaming is not None:  # the chunks' reducers hand over only after their last backward
@@ -159,7 +167,8 @@ class TrainStep:
         """The one-process norm of every rank's gradients (ZeRO: of its shards), clipped."""
         if self.zero:
             return self.optimizer.clip_grad_norm_(max_norm, pipeline_group=self.pp_group)
-        return clip_grad_norm_(self.model.parameters(), max_norm, pipeline_group=self.pp_group)
+        return clip_grad_norm_(self.model.parameters(), max_norm, pipeline_group=self.pp_group,
+                               expert_group=self.plan.expert_group)
 
     def dp_mean(self, value: float) -> float:
         """The mean of a per-rank number over the data-parallel ranks."""

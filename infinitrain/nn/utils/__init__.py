@@ -26,20 +26,24 @@ def squared_norm(tensors, device):
 
 
 @no_grad()
-def total_norm(pairs, device, dp_group=None, pipeline_group=None) -> float:
+def total_norm(pairs, device, dp_group=None, pipeline_group=None, expert_group=None) -> float:
     """The one-process 2-norm of the gradients in pairs [(parameter, gradient)], whatever the
     layout: a tensor-parallel shard holds part of its parameter, so the shards' squares are
     summed over their TP group, while replicated parameters (equal on every rank) count once; a
     pipeline stage's copy of a tied parameter is left out (the original counts); dp_group: the
     gradients are ZeRO's shards, each rank holding other elements, so the squares are summed
-    over it; pipeline_group: each stage holds other parameters, so they are summed over it.
+    over it; pipeline_group: each stage holds other parameters, so they are summed over it;
+    expert_group: the EP ranks, each holding other experts (parameters marked
+    `expert_parallel`), whose squares are summed over it.
     Summed where the gradients are, in float64; the host reads one number at the end."""
     replicated, shards = [], {}
     for p, g in pairs:
         if getattr(p, "tied_copy_of", None) is not None:
             continue
         shard = getattr(p, "tp_shard", None)
-        if shard is None:
+        if expert_group is not None and getattr(p, "expert_parallel", False):
+            shards.setdefault(id(expert_group), (expert_group, []))[1].append(g)
+        elif shard is None:
             replicated.append(g)
         else:
             shards.setdefault(id(shard.group), (shard.group, []))[1].append(g)
@@ -68,10 +72,11 @@ def clip_grad_value_(parameters, clip_value: float) -> None:
 
 @no_grad()
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False, pipeline_group=None) -> float:
+                    error_if_nonfinite: bool = False, pipeline_group=None, expert_group=None) -> float:
     """Scales gradients so that their global 2-norm is at most max_norm; returns the norm
     before clipping (as torch.nn.utils.clip_grad_norm_). Under tensor parallelism the norm is
-    the one-process norm (total_norm); under pipeline parallelism pass the pipeline's group."""
+    the one-process norm (total_norm); under pipeline parallelism pass the pipeline's group,
+    under expert parallelism the EP group."""
     if norm_type != 2.0:
         raise NotImplementedError("clip_grad_norm_: only the 2-norm is implemented")
     params = [p for p in parameters if p.grad is not None]
@@ -79,7 +84,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     if not grads and pipeline_group is None:
         return 0.0
     device = grads[0].device if grads else as_device("cpu")
-    total = total_norm(zip(params, grads), device, pipeline_group=pipeline_group)
+    total = total_norm(zip(params, grads), device, pipeline_group=pipeline_group, expert_group=expert_group)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(f"the total norm of the gradients is {total}; set "
                            "error_if_nonfinite=False to clip anyway")

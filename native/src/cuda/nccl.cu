@@ -28,6 +28,8 @@ struct Nccl {
     ncclResult_t (*broadcast)(const void *, void *, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
     ncclResult_t (*send)(const void *, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
     ncclResult_t (*recv)(void *, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
+    ncclResult_t (*group_start)() = nullptr;
+    ncclResult_t (*group_end)() = nullptr;
 };
 Nccl nccl;
 std::once_flag nccl_once;
@@ -48,7 +50,8 @@ void open_nccl() {
               bind(nccl.comm_destroy, "ncclCommDestroy") & bind(nccl.error_string, "ncclGetErrorString") &
               bind(nccl.all_reduce, "ncclAllReduce") & bind(nccl.all_gather, "ncclAllGather") &
               bind(nccl.reduce_scatter, "ncclReduceScatter") & bind(nccl.broadcast, "ncclBroadcast") &
-              bind(nccl.send, "ncclSend") & bind(nccl.recv, "ncclRecv");
+              bind(nccl.send, "ncclSend") & bind(nccl.recv, "ncclRecv") &
+              bind(nccl.group_start, "ncclGroupStart") & bind(nccl.group_end, "ncclGroupEnd");
     if (!ok) {
         snprintf(nccl.why, sizeof nccl.why, "the libnccl.so.2 found lacks an entry point (NCCL 2.7 or "
                  "newer is needed for send/recv)");
@@ -145,6 +148,37 @@ it_status it_cuda_comm_call(it_device device, void *comm, int32_t kind, it_dtype
     case 4: NCCL_TRY(nccl.send(send, n, t, arg, c, s), "it_comm_send"); break;
     default: NCCL_TRY(nccl.recv(recv, n, t, arg, c, s), "it_comm_recv"); break;
     }
+    return IT_OK;
+}
+
+it_status it_cuda_comm_all_to_all(it_device device, void *comm, int32_t nranks, int32_t rank, it_dtype dtype,
+                                  const void *send, const int64_t *send_counts, const int64_t *send_offsets,
+                                  void *recv, const int64_t *recv_counts, const int64_t *recv_offsets,
+                                  void *stream) {
+    IT_CU_TRY(ready("it_comm_all_to_all"));
+    IT_CU_TRY(it_cuda_use(device));
+    cudaStream_t s = stream ? (cudaStream_t)stream : it_cuda_stream(device);
+    ncclComm_t c = (ncclComm_t)comm;
+    int t = nccl_type(dtype);
+    size_t bytes = dtype_bytes(dtype);
+    const char *from = (const char *)send;
+    char *to = (char *)recv;
+    if (send_counts[rank] > 0)  // this rank's own block: a copy on the stream, not a message
+        CU_TRY(cudaMemcpyAsync(to + recv_offsets[rank] * bytes, from + send_offsets[rank] * bytes,
+                                 (size_t)send_counts[rank] * bytes, cudaMemcpyDeviceToDevice, s));
+    // every send and receive in one group: NCCL runs them together, none waits on another
+    NCCL_TRY(nccl.group_start(), "it_comm_all_to_all");
+    ncclResult_t failed = 0;
+    for (int32_t k = 0; k < nranks && failed == 0; ++k) {
+        if (k == rank) continue;
+        if (send_counts[k] > 0)
+            failed = nccl.send(from + send_offsets[k] * bytes, (size_t)send_counts[k], t, k, c, s);
+        if (failed == 0 && recv_counts[k] > 0)
+            failed = nccl.recv(to + recv_offsets[k] * bytes, (size_t)recv_counts[k], t, k, c, s);
+    }
+    ncclResult_t ended = nccl.group_end();  // closed even after a failure: the group must not stay open
+    NCCL_TRY(failed, "it_comm_all_to_all");
+    NCCL_TRY(ended, "it_comm_all_to_all");
     return IT_OK;
 }
 

@@ -42,6 +42,21 @@ if n > 1:
     elif r == 1:
         g.recv(msg, 0)
         assert np.array_equal(host(msg), np.full(4, 7.0))
+# all_to_all_single: rank r sends (r + 2k) % 3 rows (some none) of 2 to rank k, bf16 too
+def rows(src, dst):
+    return (src + 2 * dst) % 3
+
+
+def block(src, dst):
+    return np.arange(2 * rows(src, dst), dtype=np.float32).reshape(-1, 2) + 100 * src + 10 * dst
+
+
+for dtype in ("float32", "bfloat16"):
+    want = np.concatenate([block(k, r) for k in range(n)])
+    out = on(np.zeros_like(want), dtype)
+    g.all_to_all_single(out, on(np.concatenate([block(r, k) for k in range(n)]), dtype),
+                        [rows(k, r) for k in range(n)], [rows(r, k) for k in range(n)])
+    assert np.array_equal(host(out), host(on(want, dtype))), dtype
 work = g.all_reduce(on(np.ones(3), "bfloat16"), ReduceOp.SUM, async_op=True)
 work.wait()
 g.barrier()

@@ -31,6 +31,12 @@ p.add_argument("--sp", action="store_true")
 p.add_argument("--pp", type=int, default=1)
 p.add_argument("--cp", type=int, default=1)
 p.add_argument("--cp_comm", default="p2p")
+p.add_argument("--ep", type=int, default=1, help="expert parallelism (llama3 with --experts)")
+p.add_argument("--experts", type=int, default=0, help="llama3: MoE layers of this many experts (0: dense)")
+p.add_argument("--moe_top_k", type=int, default=2)
+p.add_argument("--moe_aux", type=float, default=0.0, help="the load-balancing loss's coefficient")
+p.add_argument("--one_expert", action="store_true",
+               help="the routers start at zero: with --moe_top_k 1 every token goes to expert 0 at every step")
 p.add_argument("--vpp", type=int, default=1)
 p.add_argument("--schedule", default=None, help="gpipe | 1f1b | interleaved (default by --vpp)")
 p.add_argument("--keep_sent", action="store_true", help="a stage keeps its sent outputs' memory until backward")
@@ -61,11 +67,22 @@ p.add_argument("--hang_stage", type=int, default=None, help="this stage stops an
 p.add_argument("--llmc", default=None, help="start from this llm.c checkpoint (each rank its slice)")
 p.add_argument("--hf", default=None, help="start from this transformers folder (save_pretrained; each rank its slice)")
 args = p.parse_args()
+
+
+def moe_options(args) -> dict:
+    """A tiny mixture of experts: experts of width 32 (every layer's MLP)."""
+    if not args.experts:
+        return {}
+    return dict(num_experts=args.experts, moe_top_k=args.moe_top_k, moe_ffn_hidden=32,
+                moe_aux_loss_coeff=args.moe_aux)
+
+
 if args.offload_buffer_mb is not None:
     import infinitrain.optim.offload
     infinitrain.optim.offload.BUFFER_MB = args.offload_buffer_mb
 
-env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, context_parallel=args.cp)
+env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, context_parallel=args.cp,
+                    expert_parallel=args.ep)
 plan = parallel.ParallelPlan(env, sequence_parallel=args.sp, virtual_pipeline_parallel=args.vpp,
                              pipeline_schedule=args.schedule, cp_comm=args.cp_comm, zero_stage=args.zero,
                              offload_optimizer=args.offload, offload_path=args.offload_path,
@@ -78,10 +95,17 @@ if args.model == "gpt2":
         GPT2.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else GPT2(cfg, seed=5, tp=tp, pp=stage, cp=cp)
 else:  # grouped-query attention: 8 query heads, 4 KV heads
     cfg = LLaMA3Config(block_size=64, vocab_size=args.vocab, n_layer=args.layers, n_head=8, n_kv_head=4,
-                       n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0)
+                       n_embd=args.embd, ffn_dim_multiplier=None, multiple_of=32, rope_theta=10000.0,
+                       **moe_options(args))
     model = LLaMA3.from_llmc(args.llmc, tp=tp, pp=stage, cp=cp) if args.llmc else \
         LLaMA3.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else \
-        LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp)
+        LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp, ep=plan.expert_parallel())
+    for name, q in model.named_parameters():
+        if ".mlp.experts." in name:
+            q.expert_parallel = True  # (until the MoE layer marks its experts itself)
+        if args.one_expert and name.endswith(".mlp.gate.weight"):
+            with it.no_grad():
+                q.zero_()
 model.set_recompute(plan.recompute)
 if args.lora:
     apply_lora(model, args.lora, alpha=2 * args.lora, seed=7)

@@ -22,7 +22,9 @@ from ....autograd.engine import backward as autograd_backward
 from ....creation import empty, zeros
 from ....dtypes import float64
 from ..ddp import Reducer
+from ..expert_parallel import is_expert_param
 from ..finalize import scale_loss
+from ...moe import aux_loss_scale
 from ..param_buffer import broadcast_replicas
 from .p2p import P2P
 from .schedules import schedule
@@ -37,13 +39,14 @@ class _SingleStage:
 class PipelineParallel:
     """model: a CausalLM built with pp=PipelineStage (or a whole one: a pipeline of one
     stage). schedule: "gpipe", "1f1b" or "interleaved" (needs virtual >= 2). dp_group: the
-    data-parallel group of this stage's replicas (gradients averaged over it).
+    data-parallel group of this stage's replicas (gradients averaged over it); expert_group: the
+    ranks holding the same experts under expert parallelism (ddp.Reducer).
     deallocate_outputs: a chunk's output gives its memory back once it is sent (Megatron's
     deallocate_pipeline_outputs; the backward needs only its shape). post_receives: each pass
     posts the next pass's receive before it computes, so a neighbour's send can land meanwhile."""
 
     def __init__(self, model, schedule: str = "1f1b", dp_group=None, timeout: float = 300.0,
-                 deallocate_outputs: bool = True, post_receives: bool = True):
+                 deallocate_outputs: bool = True, post_receives: bool = True, expert_group=None):
         self.model, self.deallocate_outputs, self.post_receives = model, deallocate_outputs, post_receives
         self.stage = model.pp if model.pp is not None else _SingleStage()
         self.schedule = schedule
@@ -58,8 +61,13 @@ class PipelineParallel:
         self._inputs, self._outputs = {}, {}  # per (micro-batch, chunk) until its backward
         if self.dp_group is not None:
             # replicas start equal (they do by seed; a loaded model is made so)
-            broadcast_replicas(list(model.parameters()) + list(model.buffers()), self.dp_group)
-            self.reducers = [Reducer(params, self.dp_group) for params in self._chunk_parameters()]
+            experts = expert_group if expert_group is not dp_group else None
+            dense = [p for p in model.parameters() if experts is None or not is_expert_param(p)]
+            broadcast_replicas(dense + list(model.buffers()), self.dp_group)
+            if experts is not None:  # each EP rank holds other experts
+                broadcast_replicas([p for p in model.parameters() if is_expert_param(p)], experts)
+            self.reducers = [Reducer(params, self.dp_group, expert_group=experts)
+                             for params in self._chunk_parameters()]
 
     def _chunk_parameters(self) -> list:
         """Each local chunk's parameters (the model's model_chunks), each parameter in the first
@@ -86,6 +94,12 @@ class PipelineParallel:
         """micro_batches: [(idx, targets)] int [B, T] each. Runs forward and backward of all
         of them as the schedule orders; gradients end up in .grad (mean over micro-batches,
         averaged over DP). Returns the mean loss, on every stage."""
+        # every stage's MoE auxiliary losses start their backward as the last stage's loss
+        # does (nn.moe.aux_loss), though only the last stage scales a loss
+        with aux_loss_scale(1.0 / len(micro_batches)):
+            return self._forward_backward(micro_batches, forward_context)
+
+    def _forward_backward(self, micro_batches, forward_context) -> float:
         M = len(micro_batches)
         s = self.stage
         plan = schedule(self.schedule, s.size, self.V, M, s.stage)

@@ -1,0 +1,71 @@
+"""Expert parallelism: ExpertParallel's expert blocks and refusals in one process; the
+all-to-all, dispatch/combine and the experts' gradient groups on 2 and 4 ranks against one
+process (tests/parallel/mpi/expert_parallel.py, expert_grads.py)."""
+import pytest
+
+from infinitrain.nn.parallel.expert_parallel import ExpertParallel
+from helpers import MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train
+
+
+class _Group:  # what ExpertParallel reads of a process group
+    def __init__(self, rank, size):
+        self.rank, self.size, self.ranks = rank, size, list(range(size))
+
+
+def test_each_ep_rank_holds_a_contiguous_block_of_experts():
+    assert [ExpertParallel(_Group(r, 4)).local_experts(8) for r in range(4)] == \
+        [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    for bad in (6, 0):
+        with pytest.raises(ValueError, match=f"num_experts {bad} must be a positive multiple of --expert_parallel 4"):
+            ExpertParallel(_Group(0, 4)).local_experts(bad)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,ep", [(2, 2), (4, 4), (4, 2)])
+def test_all_to_all_and_dispatch_combine_against_one_process(n, ep):
+    assert mpirun(n, [str(MPI_SCRIPTS / "expert_parallel.py"), str(ep)]).count("OK") == n
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,args", [(2, ["2"]), (4, ["2"]), (4, ["4", "forced"])])
+def test_expert_gradients_are_reduced_over_their_group_as_one_process(n, args):
+    """EP 2 (expert DP 1), EP 2 x expert DP 2, EP 4 with every token routed to one expert."""
+    assert mpirun(n, [str(MPI_SCRIPTS / "expert_grads.py"), *args]).count("OK") == n
+
+
+# ---- a tiny MoE LLaMA trained in every layout, against one process -------------------------------
+MOE = ["--model", "llama3", "--experts", "4", "--layers", "2", "--vocab", "512", "--steps", "4", "--batch", "4",
+       "--seq", "16"]
+LAYOUTS = [
+    (2, ["--ep", "2"]),
+    (4, ["--ep", "2"]),                                  # EP 2 x expert DP 2
+    (4, ["--ep", "4"]),
+    (4, ["--ep", "2", "--tp", "2", "--sp"]),
+    (4, ["--ep", "2", "--pp", "2"]),
+    (4, ["--ep", "2", "--cp", "2"]),
+    (2, ["--ep", "2", "--recompute", "full"]),
+    (2, ["--ep", "2", "--recompute", "selective"]),
+    (2, ["--ep", "2", "--micro", "2"]),
+    (8, ["--ep", "2", "--tp", "2", "--sp"]),             # DP 2 x EP 2 x TP 2
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,flags", LAYOUTS, ids=[f"{n}ranks{''.join(f)}".replace("--", "-") for n, f in LAYOUTS])
+def test_a_moe_llama_trains_as_one_process_in_every_expert_parallel_layout(n, flags):
+    micro = ["--micro", "2"] if "--micro" in flags else []
+    assert_same(losses(parallel_train(n, MOE + flags)), one_process(*MOE, *micro), "float32", f"{n} ranks {flags}")
+
+
+@pytest.mark.mpi
+def test_a_moe_llama_trains_as_one_process_in_bf16_under_expert_parallelism():
+    bf16 = MOE + ["--dtype", "bfloat16"]
+    assert_same(losses(parallel_train(2, bf16 + ["--ep", "2"])), one_process(*bf16), "bfloat16", "bf16 EP 2")
+
+
+@pytest.mark.mpi
+def test_every_token_routed_to_one_expert_leaves_the_other_ranks_idle_not_hung():
+    """Routers at zero with top-1 (the weight is 1, so they stay at zero): every token goes to
+    expert 0 on EP rank 0; the other ranks' experts receive nothing, every step."""
+    forced = MOE + ["--moe_top_k", "1", "--one_expert"]
+    assert_same(losses(parallel_train(4, forced + ["--ep", "4"])), one_process(*forced), "float32", "one expert")
