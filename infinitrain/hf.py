@@ -31,9 +31,6 @@ def export(model, full: dict) -> tuple:
     one-process tensors by our names."""
     kind = type(model).__name__
     cfg = model.config
-    if getattr(cfg, "num_experts", 0):
-        raise NotImplementedError(f"transformers' format for a mixture-of-experts {kind} ({cfg.num_experts} experts "
-                                  "per MoE layer) is not written yet: save it with save_checkpoint")
     if kind == "GPT2":
         V, C = cfg.vocab_size, cfg.n_embd
         config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V,

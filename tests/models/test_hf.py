@@ -22,8 +22,14 @@ MODELS = {
     # Qwen3: QK-norm, and heads wider than the width / heads (as Qwen3-30B-A3B's); its norms'
     # weights drawn away from one so that their permutation is seen
     "qwen3": (LLaMA3, lambda: _jitter_norms(llama3("tiny", head_size=32, qk_norm=True))),
+    # the mixtures: Mixtral (every layer, the chosen weights renormalised) and Qwen3-MoE (every
+    # other layer here, the chosen weights as the softmax gave them)
+    "mixtral": (LLaMA3, lambda: llama3("moe-tiny")),
+    "qwen3_moe": (LLaMA3, lambda: _jitter_norms(llama3("moe-tiny", head_size=32, qk_norm=True, moe_layer_freq=2,
+                                                       moe_norm_topk_prob=False))),
 }
-ARCHITECTURE = {"gpt2": "GPT2LMHeadModel", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURE = {"gpt2": "GPT2LMHeadModel", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
+                "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def _jitter_norms(model):
