@@ -159,7 +159,7 @@ class LLaMA3(CausalLM):
         from ..random import Generator, default_generator
         gen = Generator(seed) if seed is not None else default_generator
         cfg, std = self.config, 0.02
-        C, D = cfg.n_embd, cfg.head_dim
+        C = cfg.n_embd
         kinds = (Linear, tpl.ColumnParallelLinear, tpl.RowParallelLinear)
         self._draw(gen, self.transformer.wte.weight if self.has_embedding else None,
                    cfg.vocab_size * C, std)

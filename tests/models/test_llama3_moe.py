@@ -91,3 +91,12 @@ def test_moe_checkpoint_into_dense_model_is_a_clear_error(tmp_path):
     save_checkpoint(dense_root, 1, LLaMA3(replace(CFG, num_experts=0), seed=1))
     with pytest.raises(CheckpointError, match="this model has mixture-of-experts layers"):
         load_checkpoint(dense_root, LLaMA3(CFG, seed=1))
+
+
+def test_lora_adapts_attention_and_refuses_routed_experts():
+    from infinitrain.nn.lora import apply_lora
+    assert apply_lora(LLaMA3(CFG, seed=1), 2, targets=("c_attn", "shared_experts.up_proj")) == [
+        "transformer.h.0.attn.c_attn", "transformer.h.0.mlp.shared_experts.up_proj",
+        "transformer.h.1.attn.c_attn", "transformer.h.2.attn.c_attn", "transformer.h.2.mlp.shared_experts.up_proj"]
+    with pytest.raises(ValueError, match="LoRA cannot adapt a mixture-of-experts layer's router or routed experts"):
+        apply_lora(LLaMA3(CFG, seed=1), 2, targets=("gate_proj",))
