@@ -183,8 +183,7 @@ class LLaMA3(CausalLM):
         attn = (cfg.n_head + 2 * cfg.n_kv_head) * D * C + C * C
         if not cfg.is_moe_layer(i):
             return attn + 3 * cfg.ffn_hidden * C
-        E, F = cfg.num_experts, cfg.expert_ffn_hidden
-        return attn + E * C + 3 * E * F * C + 3 * cfg.moe_shared_experts * F * C
+        return attn + self._moe_numel(cfg)
 
     def _draw_moe(self, gen, moe, std, out_std) -> None:
         """The router, then every expert in global order (another expert-parallel rank's drawn
@@ -213,6 +212,23 @@ class LLaMA3(CausalLM):
         biases updated from them, the records cleared. Returns the step's nn.moe.MoEStepStats
         (tokens per expert, auxiliary losses, imbalance) for the log."""
         return update_moe_biases(self.moe_layers(), reduce)
+
+    @classmethod
+    def parameter_parts(cls, config) -> tuple:
+        """As CausalLM's, a block being the mean of the model's (an MoE block holds every expert)."""
+        first, block, last = super().parameter_parts(config)
+        if not config.num_experts:
+            return first, block, last
+        dense_mlp = 3 * config.ffn_hidden * config.n_embd
+        blocks = [block - dense_mlp + (cls._moe_numel(config) if config.is_moe_layer(i) else dense_mlp)
+                  for i in range(config.n_layer)]
+        return first, int(np.mean(blocks)), last
+
+    @staticmethod
+    def _moe_numel(config) -> int:
+        """An MoE feed-forward's parameters: router, experts, shared experts."""
+        E, C, F = config.num_experts, config.n_embd, config.expert_ffn_hidden
+        return E * C + 3 * (E + config.moe_shared_experts) * F * C
 
     @classmethod
     def head_work(cls, config) -> float:

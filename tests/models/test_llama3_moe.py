@@ -100,3 +100,18 @@ def test_lora_adapts_attention_and_refuses_routed_experts():
         "transformer.h.1.attn.c_attn", "transformer.h.2.attn.c_attn", "transformer.h.2.mlp.shared_experts.up_proj"]
     with pytest.raises(ValueError, match="LoRA cannot adapt a mixture-of-experts layer's router or routed experts"):
         apply_lora(LLaMA3(CFG, seed=1), 2, targets=("gate_proj",))
+
+
+@pytest.mark.slow
+def test_llama3_example_trains_experts(tmp_path):
+    from infinitrain.data import write_shard
+    from helpers import example, step_losses
+    write_shard(tmp_path / "train.bin", np.tile(np.random.default_rng(0).integers(0, 300, 64), 40))
+    out = example(1, "llama3", ["--input_bin", tmp_path / "train.bin", "--model", "tiny", "--num_experts", "4",
+                                "--moe_top_k", "2", "--moe_aux_loss_coeff", "0.01", "--moe_router", "sigmoid",
+                                "--moe_bias_update_rate", "0.01", "--moe_log_every", "2", "--batch_size", "2",
+                                "--sequence_length", "32", "--num_iteration", "4", "--learning_rate", "3e-3"])
+    losses = step_losses(out)
+    assert len(losses) == 4 and losses[-1] < losses[0], out
+    assert "experts: 4 of width" in out and "| aux " in out and "imbalance " in out
+    assert out.count("tokens per expert:") == 2 * 2  # steps 2 and 4, two layers

@@ -133,6 +133,7 @@ def test_layer_and_gradients_against_torch(case):
     stats = update_moe_biases({0: moe})  # the logged losses are the formulas' values
     np.testing.assert_allclose(stats.aux_loss, lb.item(), **TOL)
     np.testing.assert_allclose(stats.z_loss, z.item(), **TOL)
+    assert (stats.dropped[0] > 0) == (cfg.moe_capacity_factor is not None)
 
 
 def test_layer_equals_a_loop_over_experts_in_our_ops():

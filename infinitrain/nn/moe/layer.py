@@ -42,7 +42,7 @@ from .experts import Experts, SharedExperts
 
 
 class MoE(Module):
-    """config: a model configuration with n_embd, num_experts, moe_top_k, moe_ffn_hidden,
+    """config: a model configuration with n_embd, num_experts, moe_top_k, expert_ffn_hidden,
     moe_shared_experts, moe_router ("softmax" / "sigmoid"), moe_norm_topk_prob,
     moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor (None: dropless),
     moe_bias_update_rate (> 0: DeepSeek-V3's selection bias, `gate.e_score_correction_bias`).
@@ -71,12 +71,12 @@ class MoE(Module):
         if self.bias_update_rate > 0:
             self.gate.register_buffer("e_score_correction_bias", zeros(E, dtype=float32))
         local = self.ep.local_experts(E) if self.ep is not None else range(E)
-        self.experts = Experts(C, config.moe_ffn_hidden, local)
+        self.experts = Experts(C, config.expert_ffn_hidden, local)
         # the router and the routed experts see this rank's tokens only: gradients summed over TP
         tpl.mark_sequence_parallel(self.gate, self.tp)
         tpl.mark_sequence_parallel(self.experts, self.tp)
         if config.moe_shared_experts:
-            self.shared_experts = SharedExperts(C, config.moe_shared_experts * config.moe_ffn_hidden, self.tp)
+            self.shared_experts = SharedExperts(C, config.moe_shared_experts * config.expert_ffn_hidden, self.tp)
         self.reset_step_record()
 
     @property
