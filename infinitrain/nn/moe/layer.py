@@ -61,8 +61,9 @@ class MoE(Module):
         self.split = tpl.sequence_split(self.tp) * (self.cp.size if self.cp is not None else 1)
         if config.moe_capacity_factor is not None and self.split > 1:
             raise ValueError(f"--moe_capacity_factor {config.moe_capacity_factor} counts capacity per whole "
-                             f"sequence, which --tensor_parallel with --sequence_parallel / --context_parallel split "
-                             f"over {self.split} ranks here: drop the capacity factor (dropless) or the split")
+                             f"sequence, but this layout splits each sequence over {self.split} ranks "
+                             "(--sequence_parallel under --tensor_parallel, --context_parallel): train dropless "
+                             "(no capacity factor) or without that split")
         self.num_experts, self.top_k = E, config.moe_top_k
         self.score_function, self.norm_topk_prob = config.moe_router, config.moe_norm_topk_prob
         self.aux_loss_coeff, self.z_loss_coeff = config.moe_aux_loss_coeff, config.moe_z_loss_coeff
