@@ -64,7 +64,7 @@ class TrainingLoop:
         self.said_above_peak = False
         self.most_used_mb = 0  # this rank's highest step peak of the run (finish() reports every rank's)
         self.sigterm = False  # SIGTERM arrived (on_sigterm): the job stops after this step
-        self.step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) \
+        self.step_flops = mfu.flops_per_token(type(model).active_parameters(cfg), cfg.n_layer, cfg.n_embd, T) \
             * args.total_batch_size
         self.curves = {"train": [], "val": []}
         dp, rank = plan.dp, plan.coords.dp

@@ -224,6 +224,17 @@ class LLaMA3(CausalLM):
                   for i in range(config.n_layer)]
         return first, int(np.mean(blocks)), last
 
+    @classmethod
+    def active_parameters(cls, config) -> int:
+        """As CausalLM's, an MoE layer counting its router and the experts a token goes through."""
+        if not config.num_experts:
+            return super().active_parameters(config)
+        first, block, last = super().parameter_parts(config)
+        C, F, dense_mlp = config.n_embd, config.expert_ffn_hidden, 3 * config.ffn_hidden * config.n_embd
+        active = config.num_experts * C + 3 * (config.moe_top_k + config.moe_shared_experts) * F * C
+        return first + last + sum(block - dense_mlp + (active if config.is_moe_layer(i) else dense_mlp)
+                                  for i in range(config.n_layer))
+
     @staticmethod
     def _moe_numel(config) -> int:
         """An MoE feed-forward's parameters: router, experts, shared experts."""

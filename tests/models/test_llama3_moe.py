@@ -75,7 +75,15 @@ def test_presets_are_valid():
     for name in ("moe-tiny", "moe-small", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-small"):
         PRESETS[name].validate()
     assert PRESETS["deepseek-v3-small"].moe_router == "sigmoid"
-    assert PRESETS["mixtral-8x7b"].expert_ffn_hidden == 14336
+    mixtral = PRESETS["mixtral-8x7b"]
+    assert mixtral.expert_ffn_hidden == 14336
+    first, block, last = LLaMA3.parameter_parts(mixtral)  # what the memory plan counts: every expert
+    assert round((first + mixtral.n_layer * block + last) / 1e8) == 467  # Mixtral 8x7B's 46.7B
+    assert round(LLaMA3.active_parameters(mixtral) / 1e8) == 129  # and its 12.9B per token (MFU)
+    model = LLaMA3(CFG, seed=1)
+    assert LLaMA3.active_parameters(CFG) < model.num_parameters()
+    first, block, last = LLaMA3.parameter_parts(CFG)  # a block: the mean of the dense and MoE ones
+    assert abs(first + CFG.n_layer * block + last - model.num_parameters()) < CFG.n_layer
 
 
 def test_llmc_refuses_experts(tmp_path):
