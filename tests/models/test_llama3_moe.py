@@ -123,3 +123,23 @@ def test_llama3_example_trains_experts(tmp_path):
     assert len(losses) == 4 and losses[-1] < losses[0], out
     assert "experts: 4 of width" in out and "| aux " in out and "imbalance " in out
     assert out.count("tokens per expert:") == 2 * 2  # steps 2 and 4, two layers
+
+
+def test_checkpoint_keeps_experts_and_selection_biases(tmp_path):
+    cfg = replace(CFG, moe_router="sigmoid", moe_bias_update_rate=0.01)
+    model = LLaMA3(cfg, seed=1)
+    x, y = batch(3)
+    model(x, y)[1].backward()
+    model.update_moe_biases()
+    save_checkpoint(tmp_path, 1, model)
+    again = LLaMA3(cfg, seed=9)
+    load_checkpoint(tmp_path, again)
+    want = model.state_dict()
+    assert "transformer.h.0.mlp.gate.e_score_correction_bias" in want
+    for name, t in again.state_dict().items():
+        np.testing.assert_array_equal(t.numpy(), want[name].numpy(), err_msg=name)
+
+
+def test_transformers_format_refuses_experts(tmp_path):
+    with pytest.raises(NotImplementedError, match="mixture-of-experts LLaMA3 .4 experts"):
+        LLaMA3(CFG, seed=1).save_pretrained(tmp_path / "hf")
