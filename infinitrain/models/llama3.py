@@ -180,10 +180,11 @@ class LLaMA3(CausalLM):
         """Layer i's drawn numbers (its matrices; norms start at one)."""
         cfg = self.config
         C, D = cfg.n_embd, cfg.head_dim
-        attn = (cfg.n_head + 2 * cfg.n_kv_head) * D * C + C * C
+        attn = (2 * cfg.n_head + 2 * cfg.n_kv_head) * D * C  # q, k, v and the output projection
         if not cfg.is_moe_layer(i):
             return attn + 3 * cfg.ffn_hidden * C
-        return attn + self._moe_numel(cfg)
+        E, F = cfg.num_experts, cfg.expert_ffn_hidden
+        return attn + E * C + 3 * E * F * C + 3 * cfg.moe_shared_experts * F * C
 
     def _draw_moe(self, gen, moe, std, out_std) -> None:
         """The router, then every expert in global order (another expert-parallel rank's drawn
@@ -247,7 +248,7 @@ class LLaMA3(CausalLM):
         if not config.num_experts:
             return super().head_work(config)
         C, D, F = config.n_embd, config.head_dim, config.expert_ffn_hidden
-        attn = (config.n_head + 2 * config.n_kv_head) * D * C + C * C
+        attn = (2 * config.n_head + 2 * config.n_kv_head) * D * C
         active = config.num_experts * C + 3 * (config.moe_top_k + config.moe_shared_experts) * F * C
         block = np.mean([attn + (active if config.is_moe_layer(i) else 3 * config.ffn_hidden * C)
                          for i in range(config.n_layer)])

@@ -74,9 +74,9 @@ def _refuse_routed(model, names) -> None:
               for part in ("gate", "experts")}
     bad = [n for n in names if any(n == r or n.startswith(r + ".") for r in routed)]
     if bad:
-        listed = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-        raise ValueError(f"LoRA cannot adapt a mixture-of-experts layer's router or routed experts ({listed}): "
-                         "target the attention (c_attn, attn.c_proj) or the "
+        raise ValueError("LoRA cannot adapt a mixture-of-experts layer's router or routed experts "
+                         f"({', '.join(bad[:4])}"
+                         f"{', ...' if len(bad) > 4 else ''}): target the attention (c_attn, attn.c_proj) or the "
                          "shared experts (shared_experts.gate_proj, ...) instead; the experts stay frozen")
 
 

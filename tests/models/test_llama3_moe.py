@@ -139,7 +139,3 @@ def test_checkpoint_keeps_experts_and_selection_biases(tmp_path):
     for name, t in again.state_dict().items():
         np.testing.assert_array_equal(t.numpy(), want[name].numpy(), err_msg=name)
 
-
-def test_transformers_format_refuses_experts(tmp_path):
-    with pytest.raises(NotImplementedError, match="mixture-of-experts LLaMA3 .4 experts"):
-        LLaMA3(CFG, seed=1).save_pretrained(tmp_path / "hf")
