@@ -1,7 +1,8 @@
 """The mixture-of-experts flags of the LLaMA-3 example (Megatron's names) and what the training
 loop does with an MoE model each step: the selection biases updated from the step's loads
 (summed over the data-parallel ranks), the auxiliary loss and the load imbalance on the log
-line, the tokens per expert every --moe_log_every steps."""
+line, the tokens per expert every --moe_log_every steps. Under pipeline parallelism rank 0
+reports the layers of the first stage (each stage updates its own layers' biases)."""
 from __future__ import annotations
 
 from dataclasses import replace
