@@ -73,6 +73,9 @@ class MoE(Module):
             self.gate.register_buffer("e_score_correction_bias", zeros(E, dtype=float32))
         local = self.ep.local_experts(E) if self.ep is not None else range(E)
         self.experts = Experts(C, config.expert_ffn_hidden, local)
+        if self.ep is not None:  # each EP rank holds other experts: gradients reduced over their holders
+            for p in self.experts.parameters():
+                p.expert_parallel = True
         # the router and the routed experts see this rank's tokens only: gradients summed over TP
         tpl.mark_sequence_parallel(self.gate, self.tp)
         tpl.mark_sequence_parallel(self.experts, self.tp)
