@@ -8,10 +8,12 @@ import sys
 from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, add_nan_check_flag, nonnegative_float,
                                        nonnegative_int, positive_float, positive_int)
 from infinitrain.examples.ds_flags import add_config_arguments
+from infinitrain.examples.moe_flags import add_moe_flags, apply_moe_flags
 from infinitrain.nn.lora import DEFAULT_TARGETS
 
 
-def parse_args(argv, description: str, presets, default_model: str):
+def parse_args(argv, description: str, presets, default_model: str, moe: bool = False):
+    """moe: the model can have experts (LLaMA-3): the MoE flags (moe_flags.py) are taken."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)  # a flag is its full name: the typed ones are checked
     p.add_argument("--input_bin", default=None, help="training token shard(s), a path or glob (default: Shakespeare)")
@@ -138,6 +140,8 @@ def parse_args(argv, description: str, presets, default_model: str):
                    help="InfiniTrain's precision checker, e.g. 'level=1,format=simple,output_md5=true,"
                         "save_tensors=true,output_path=PATH' (level 2: every op) or with 'baseline=PATH' "
                         "to name the first tensor that differs from a run saved there by more than round-off")
+    if moe:
+        add_moe_flags(p)
     add_config_arguments(p)
     # AdamW's betas and eps (GPT-3's); a DeepSpeed config may set them, and its schedule
     p.set_defaults(presets=presets, betas=(0.9, 0.95), eps=1e-8, ds_scheduler=None)
@@ -147,6 +151,9 @@ def parse_args(argv, description: str, presets, default_model: str):
     args.model = args.model or default_model
     if args.from_pretrained and args.llmc_filepath:
         p.error("--from_pretrained and --llmc_filepath both name the weights to start from: give one")
+    args.moe_overrides, args.moe_log_every = {}, getattr(args, "moe_log_every", 0)
+    if moe:
+        apply_moe_flags(args, p.error)
     if args.min_lr > args.learning_rate:
         p.error(f"--min_lr {args.min_lr:g} is above --learning_rate {args.learning_rate:g}: the decay ends below "
                 "where it starts")

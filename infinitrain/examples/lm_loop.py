@@ -23,6 +23,7 @@ from infinitrain.examples import mfu
 from infinitrain.examples.flags import check_outputs, open_monitor, refuse, stop_if_not_finite
 from infinitrain.nn import parallel
 from infinitrain.examples.ds_flags import config_schedule
+from infinitrain.examples.moe_flags import MoEStepLog
 from infinitrain.optim.lr_scheduler import LinearWarmupDecayLR
 from infinitrain.plot import plot_losses
 from infinitrain.precision_checker import PrecisionCheckConfig, PrecisionChecker
@@ -63,7 +64,7 @@ class TrainingLoop:
         self.said_above_peak = False
         self.most_used_mb = 0  # this rank's highest step peak of the run (finish() reports every rank's)
         self.sigterm = False  # SIGTERM arrived (on_sigterm): the job stops after this step
-        self.step_flops = mfu.flops_per_token(type(model)._llmc_numel(cfg), cfg.n_layer, cfg.n_embd, T) \
+        self.step_flops = mfu.flops_per_token(type(model).active_parameters(cfg), cfg.n_layer, cfg.n_embd, T) \
             * args.total_batch_size
         self.curves = {"train": [], "val": []}
         dp, rank = plan.dp, plan.coords.dp
@@ -83,6 +84,7 @@ class TrainingLoop:
         self.prof = profiler.profile()
         self.profiling = ProfileWindow(args.profile, self.first, args.num_iteration, args.profile_steps)
         self.checker = self.precision_checker()
+        self.moe = MoEStepLog(model, plan, device, args.moe_log_every, log)  # (inactive for a dense model)
 
     def resume(self) -> int:
         """The step --load's checkpoint is at (0 without one), its state restored."""
@@ -291,6 +293,7 @@ class TrainingLoop:
         if norm is not None:
             self.stop_if_not_finite(step, "gradient norm", norm)
         self.lr_schedule.step()
+        moe = self.moe.after_step(step)  # the selection biases follow the step's loads
         if device.type == "cuda":
             it.cuda.synchronize(device)  # the step's kernels are queued, not done
         ms = (time.perf_counter() - t0) * 1e3
@@ -307,11 +310,12 @@ class TrainingLoop:
                      "on a busy machine or given too low; --peak_tflops fixes it for every run", flush=True)
         utilisation = achieved / self.peak
         self.curves["train"].append((step, loss))
-        self.log(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | lr {lr:.2e} | "
+        self.log(f"step {step:4d}/{args.num_iteration} | train loss {loss:.6f} | {moe}lr {lr:.2e} | "
                  f"({ms:.2f} ms | {args.total_batch_size / ms * 1e3:.0f} tok/s | MFU {100 * utilisation:.1f}% | "
                  f"peak used: {peak_mb:5d} MB | peak reserved: {reserved_mb:5d} MB | {self.layout})", flush=True)
         self.monitor.log(step, train_loss=loss, lr=lr, grad_norm=norm, tokens_per_s=args.total_batch_size / ms * 1e3,
-                         mfu=utilisation, peak_used_mb=peak_mb, peak_reserved_mb=reserved_mb)
+                         mfu=utilisation, peak_used_mb=peak_mb, peak_reserved_mb=reserved_mb,
+                         **self.moe.scalars())
 
     def stop_if_not_finite(self, step: int, what: str, value: float) -> None:
         stop_if_not_finite(self.args, self.env, self.model, step, what, value)

@@ -316,6 +316,13 @@ def log_setup(args, env, plan, model, accum: int, log) -> None:
     log(f"model: {type(model).__name__} {source} | {cfg.n_layer} layers, "
         f"{cfg.n_head} heads, {cfg.n_embd} wide, vocab {cfg.vocab_size} (padded {padded}) | "
         f"{model.num_parameters():,} parameters{' on this rank' if split else ''} | {plan.describe()}", flush=True)
+    if getattr(cfg, "num_experts", 0):
+        log(f"experts: {cfg.num_experts} of width {cfg.expert_ffn_hidden} (top {cfg.moe_top_k}, {cfg.moe_router}"
+            f"{f', {cfg.moe_shared_experts} shared' if cfg.moe_shared_experts else ''}) in every "
+            f"{'' if cfg.moe_layer_freq == 1 else f'{cfg.moe_layer_freq}th '}layer | "
+            f"{'dropless' if cfg.moe_capacity_factor is None else f'capacity factor {cfg.moe_capacity_factor:g}'} | "
+            f"aux loss {cfg.moe_aux_loss_coeff:g}, z-loss {cfg.moe_z_loss_coeff:g}, "
+            f"bias update rate {cfg.moe_bias_update_rate:g}", flush=True)
     log(f"batch: {args.batch_size} x {args.sequence_length} tokens x {accum} "
         f"{'micro-batches' if plan.pipelined else 'accumulation steps'} x {plan.dp} data-parallel ranks = "
         f"{args.total_batch_size} tokens per step | {it.get_num_threads()} threads per rank", flush=True)

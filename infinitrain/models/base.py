@@ -110,6 +110,12 @@ class CausalLM(Module):
                     if name in cls._PER_LAYER and len(shape) == 2)
         return getattr(config, "padded_vocab_size", config.vocab_size) * config.n_embd / block
 
+    @classmethod
+    def active_parameters(cls, config) -> int:
+        """The parameters one token's forward multiplies with (the N of the 6N FLOPs per token
+        that MFU counts): every one of a dense model's."""
+        return cls._llmc_numel(config)
+
     @property
     def has_embedding(self) -> bool:
         return self.pp is None or self.pp.is_first

@@ -224,6 +224,34 @@ class LLaMA3(CausalLM):
         return update_moe_biases(self.moe_layers(), reduce)
 
     @classmethod
+    def parameter_parts(cls, config) -> tuple:
+        """As CausalLM's, a block being the mean of the model's (an MoE block holds every expert)."""
+        first, block, last = super().parameter_parts(config)
+        if not config.num_experts:
+            return first, block, last
+        dense_mlp = 3 * config.ffn_hidden * config.n_embd
+        blocks = [block - dense_mlp + (cls._moe_numel(config) if config.is_moe_layer(i) else dense_mlp)
+                  for i in range(config.n_layer)]
+        return first, int(np.mean(blocks)), last
+
+    @classmethod
+    def active_parameters(cls, config) -> int:
+        """As CausalLM's, an MoE layer counting its router and the experts a token goes through."""
+        if not config.num_experts:
+            return super().active_parameters(config)
+        first, block, last = super().parameter_parts(config)
+        C, F, dense_mlp = config.n_embd, config.expert_ffn_hidden, 3 * config.ffn_hidden * config.n_embd
+        active = config.num_experts * C + 3 * (config.moe_top_k + config.moe_shared_experts) * F * C
+        return first + last + sum(block - dense_mlp + (active if config.is_moe_layer(i) else dense_mlp)
+                                  for i in range(config.n_layer))
+
+    @staticmethod
+    def _moe_numel(config) -> int:
+        """An MoE feed-forward's parameters: router, experts, shared experts."""
+        E, C, F = config.num_experts, config.n_embd, config.expert_ffn_hidden
+        return E * C + 3 * (E + config.moe_shared_experts) * F * C
+
+    @classmethod
     def head_work(cls, config) -> float:
         """As CausalLM's, with an MoE layer's work its active experts' (and router's)."""
         if not config.num_experts:

@@ -89,7 +89,7 @@ def _parse(module: str, flags: list):
     from infinitrain.examples.lm_flags import parse_args
     from infinitrain.models import GPT2_PRESETS, LLAMA3_PRESETS
     presets, default = (GPT2_PRESETS, "gpt2") if name == "gpt2" else (LLAMA3_PRESETS, "llama3-8b")
-    return parse_args(flags, "", presets, default)
+    return parse_args(flags, "", presets, default, moe=name == "llama3")
 
 
 @pytest.mark.parametrize("module,flags", COMMANDS,

@@ -9,7 +9,9 @@ That starting gradient is 1 / (the step's micro-batches): TrainStep, the pipelin
 DeepSpeed engine set it (`aux_loss_scale`) around their backward passes, as finalize.scale_loss
 divides each micro-batch's loss. Combined with the data-parallel average, the auxiliary loss
 is then the mean over the global batch's sequences, as the language-model loss is its mean
-over their tokens. (A fp16 GradScaler's factor is not applied to it: train MoE models in bf16.)
+over their tokens. A loop of one's own that accumulates M micro-batches and divides each loss
+by M runs its backward passes inside `aux_loss_scale(1 / M)` likewise. (A fp16 GradScaler's
+factor is not applied to the auxiliary losses: train MoE models in bf16.)
 
 Both losses are defined per sequence (DeepSeek-V3's sequence-wise form) and averaged over the
 micro-batch's sequences, so splitting a batch over data-parallel ranks or micro-batches does

@@ -12,11 +12,11 @@ import numpy as np
 class MoEStepStats:
     """tokens_per_expert: layer index -> assignments per expert over the step's batch (every
     rank's); aux_loss / z_loss: the layers' mean load-balancing / z loss (coefficients not
-    applied), None when that loss is off; dropped: assignments dropped by the capacity."""
+    applied), None when that loss is off; dropped: layer index -> assignments the capacity dropped."""
     tokens_per_expert: dict
     aux_loss: float | None
     z_loss: float | None
-    dropped: int
+    dropped: dict
 
     @property
     def imbalance(self) -> float:
@@ -31,12 +31,12 @@ def update_moe_biases(layers: dict, reduce=None) -> MoEStepStats:
     None on one such rank. Updates the selection biases, clears the layers' records and
     returns the step's figures."""
     if not layers:
-        return MoEStepStats({}, None, None, 0)
+        return MoEStepStats({}, None, None, {})
     records = [layer.step_record() for layer in layers.values()]
     flat = np.concatenate(records)
     if reduce is not None:
         flat = np.asarray(reduce(flat), dtype=np.float64).reshape(flat.shape)
-    loads, aux, z, dropped, at = {}, [], [], 0, 0
+    loads, aux, z, dropped, at = {}, [], [], {}, 0
     for i, layer in layers.items():
         E = layer.num_experts
         rec = flat[at:at + E + 4]
@@ -48,7 +48,7 @@ def update_moe_biases(layers: dict, reduce=None) -> MoEStepStats:
                 aux.append(lb_sum / calls)
             if layer.z_loss_coeff > 0:
                 z.append(z_sum / calls)
-        dropped += int(round(drops))
+        dropped[i] = int(round(drops))
         layer.update_bias(loads[i].astype(np.float64))
         layer.reset_step_record()
     return MoEStepStats(loads, float(np.mean(aux)) if aux else None, float(np.mean(z)) if z else None, dropped)

@@ -42,7 +42,7 @@ from .experts import Experts, SharedExperts
 
 
 class MoE(Module):
-    """config: a model configuration with n_embd, num_experts, moe_top_k, moe_ffn_hidden,
+    """config: a model configuration with n_embd, num_experts, moe_top_k, expert_ffn_hidden,
     moe_shared_experts, moe_router ("softmax" / "sigmoid"), moe_norm_topk_prob,
     moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor (None: dropless),
     moe_bias_update_rate (> 0: DeepSeek-V3's selection bias, `gate.e_score_correction_bias`).
@@ -61,8 +61,9 @@ class MoE(Module):
         self.split = tpl.sequence_split(self.tp) * (self.cp.size if self.cp is not None else 1)
         if config.moe_capacity_factor is not None and self.split > 1:
             raise ValueError(f"--moe_capacity_factor {config.moe_capacity_factor} counts capacity per whole "
-                             f"sequence, which --tensor_parallel with --sequence_parallel / --context_parallel split "
-                             f"over {self.split} ranks here: drop the capacity factor (dropless) or the split")
+                             f"sequence, but this layout splits each sequence over {self.split} ranks "
+                             "(--sequence_parallel under --tensor_parallel, --context_parallel): train dropless "
+                             "(no capacity factor) or without that split")
         self.num_experts, self.top_k = E, config.moe_top_k
         self.score_function, self.norm_topk_prob = config.moe_router, config.moe_norm_topk_prob
         self.aux_loss_coeff, self.z_loss_coeff = config.moe_aux_loss_coeff, config.moe_z_loss_coeff
@@ -71,12 +72,15 @@ class MoE(Module):
         if self.bias_update_rate > 0:
             self.gate.register_buffer("e_score_correction_bias", zeros(E, dtype=float32))
         local = self.ep.local_experts(E) if self.ep is not None else range(E)
-        self.experts = Experts(C, config.moe_ffn_hidden, local)
+        self.experts = Experts(C, config.expert_ffn_hidden, local)
+        if self.ep is not None:  # each EP rank holds other experts: gradients reduced over their holders
+            for p in self.experts.parameters():
+                p.expert_parallel = True
         # the router and the routed experts see this rank's tokens only: gradients summed over TP
         tpl.mark_sequence_parallel(self.gate, self.tp)
         tpl.mark_sequence_parallel(self.experts, self.tp)
         if config.moe_shared_experts:
-            self.shared_experts = SharedExperts(C, config.moe_shared_experts * config.moe_ffn_hidden, self.tp)
+            self.shared_experts = SharedExperts(C, config.moe_shared_experts * config.expert_ffn_hidden, self.tp)
         self.reset_step_record()
 
     @property
