@@ -141,7 +141,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences per step (the global batch)")
     p.add_argument("--seqs", type=int, nargs="+", default=[256, 512, 1024])
     p.add_argument("--cps", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--cp_comms", nargs="+", default=["p2p", "all_gather", "a2a"], choices=["p2p", "all_gather", "a2a"])
+    p.add_argument("--cp_comms", nargs="+", default=["p2p", "all_gather", "a2a"],
+                   choices=["p2p", "all_gather", "a2a", "a2a+p2p"])
     p.add_argument("--cp_comm", default="p2p", help="(internal) with --activations")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per rank")

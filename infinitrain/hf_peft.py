@@ -24,7 +24,8 @@ import re
 
 import numpy as np
 
-from .hf import _rope_to_halves, _rope_to_pairs, expected_shapes
+from .hf import expected_shapes
+from .hf_llama import _rope_to_halves, _rope_to_pairs
 
 PREFIX = "base_model.model."
 # ours -> transformers for the layers of a block (LLaMA's c_attn: q, k and v, handled apart)
@@ -93,7 +94,7 @@ def export(kind: str, cfg, lora: dict, ranks: dict, r: int, alpha: float, adapte
     `ranks` those whose rank R is not r."""
     tensors, rank_pattern, alpha_pattern = {}, {}, {}
     H, KV = cfg.n_head, getattr(cfg, "n_kv_head", cfg.n_head)
-    D = cfg.n_embd // H
+    D = getattr(cfg, "head_dim", cfg.n_embd // H)
     for ours, (A, B) in lora.items():
         theirs = theirs_of(kind, ours)
         if len(theirs) == 3:  # LLaMA's fused q, k, v: one shared A, B split by rows
@@ -168,7 +169,7 @@ def import_(kind: str, cfg, config: dict, theirs) -> tuple:
         grouped.setdefault(ours_of(kind, module), {})[module] = (A, B * (_scale(config, module, A.shape[0]) / target))
     lora, ranks = {}, {}
     H, KV = cfg.n_head, getattr(cfg, "n_kv_head", cfg.n_head)
-    D = cfg.n_embd // H
+    D = getattr(cfg, "head_dim", cfg.n_embd // H)
     for ours, parts in grouped.items():
         names = theirs_of(kind, ours)
         if len(names) == 1:

@@ -82,10 +82,13 @@ def parse_args(argv, description: str, presets, default_model: str, moe: bool = 
     p.add_argument("--expert_parallel", type=positive_int, default=1,
                    help="ranks that split a mixture of experts' experts (each holds num_experts / EP), carved "
                         "out of the DP x CP ranks: tokens travel to their experts with an all-to-all")
-    p.add_argument("--cp_comm", default="p2p", choices=["p2p", "all_gather", "a2a"],
+    p.add_argument("--cp_comm", default="p2p", choices=["p2p", "all_gather", "a2a", "a2a+p2p"],
                    help="context-parallel attention: p2p passes K/V around a ring overlapped with the "
                         "block products; all_gather gathers them at once (small CP groups); a2a splits the "
-                        "heads over CP inside attention with two all-to-alls (DeepSpeed-Ulysses)")
+                        "heads over CP inside attention with two all-to-alls (DeepSpeed-Ulysses); a2a+p2p "
+                        "all-to-all inside groups of --cp_a2a_size ranks, a ring across them")
+    p.add_argument("--cp_a2a_size", type=positive_int, default=None,
+                   help="--cp_comm a2a+p2p: the CP ranks of each all-to-all group (default: those of one node)")
     p.add_argument("--pipeline_parallel", type=positive_int, default=1,
                    help="pipeline stages the model's layers are split over")
     p.add_argument("--virtual_pipeline_parallel", type=positive_int, default=1,

@@ -145,7 +145,8 @@ def make_plan(args, env):
     return plan_of(env, sequence_parallel=args.sequence_parallel,
                    virtual_pipeline_parallel=args.virtual_pipeline_parallel,
                    pipeline_schedule=args.pipeline_schedule, pipeline_split=args.pipeline_split,
-                   cp_comm=args.cp_comm, zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
+                   cp_comm=args.cp_comm, cp_a2a_size=args.cp_a2a_size, zero_stage=args.zero_stage,
+                   offload_optimizer=args.offload_optimizer,
                    offload_param=args.offload_param, offload_path=args.offload_path, recompute=args.recompute,
                    async_tensor_parallel=not args.no_async_tensor_model_parallel_allreduce)
 

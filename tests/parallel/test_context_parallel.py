@@ -97,6 +97,7 @@ A2A_CASES = [  # all-to-all attention (DeepSpeed-Ulysses): the heads split over 
     (4, ["--cp", "2", "--tp", "2", "--sp"]),
     (4, ["--cp", "2", "--pp", "2", "--micro", "2"]),
     (2, ["--cp", "2", "--zero", "2", "--micro", "2"]),
+    (4, ["--cp", "4", "--cp_comm", "a2a+p2p", "--cp_a2a_size", "2"]),   # all-to-all in pairs, a ring of 2
 ]
 
 
@@ -106,6 +107,21 @@ A2A_CASES = [  # all-to-all attention (DeepSpeed-Ulysses): the heads split over 
 def test_all_to_all_context_parallel_matches_one_process(model, n, flags):
     got = losses(parallel_train(n, ["--model", model, "--lr", LR["float32"], "--cp_comm", "a2a", *flags]))
     assert_same(got, reference(model, "float32"), "float32", f"{model} {n} ranks a2a {flags}")
+
+
+def test_the_hybrids_all_to_all_groups_are_one_nodes_cp_ranks_unless_sized():
+    from infinitrain.nn.parallel import Layout, ParallelPlan
+
+    class Env:  # what the plan reads of a job's environment
+        def __init__(self, world, local_size, **sizes):
+            self.layout, self.rank, self.local_size, self.device = Layout(world, **sizes), 0, local_size, None
+    assert ParallelPlan(Env(8, 8, cp=8), cp_comm="a2a+p2p").a2a_size == 8
+    assert ParallelPlan(Env(16, 4, cp=8, tp=2), cp_comm="a2a+p2p").a2a_size == 2   # 4 ranks a node, TP 2
+    assert ParallelPlan(Env(8, 8, cp=8), cp_comm="a2a+p2p", cp_a2a_size=4).a2a_size == 4
+    with pytest.raises(ValueError, match="--cp_a2a_size 3 must divide --context_parallel 8"):
+        ParallelPlan(Env(8, 8, cp=8), cp_comm="a2a+p2p", cp_a2a_size=3)
+    with pytest.raises(ValueError, match="--cp_a2a_size sizes the all-to-all groups of --cp_comm a2a"):
+        ParallelPlan(Env(8, 8, cp=8), cp_comm="a2a", cp_a2a_size=4)
 
 
 def test_all_to_all_refuses_heads_that_do_not_split():

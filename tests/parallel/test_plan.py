@@ -17,7 +17,7 @@ def plan(world=1, rank=0, tp=1, pp=1, cp=1, ep=1, **options):
     ({"world": 2, "pp": 2}, {"pipeline_schedule": "1f1b", "virtual_pipeline_parallel": 2}, "runs one chunk per stage"),
     ({"world": 2, "pp": 2}, {"pipeline_schedule": "zigzag"}, "unknown pipeline schedule 'zigzag'"),
     ({}, {"pipeline_split": "random"}, "pipeline split must be 'balanced' or 'even'"),
-    ({}, {"cp_comm": "a2a+p2p"}, "context parallel communication must be one of"),
+    ({}, {"cp_comm": "ulysses"}, "context parallel communication must be one of"),
     ({}, {"zero_stage": 4}, "ZeRO stage must be 0, 1, 2 or 3"),
     ({}, {"offload_optimizer": "disk"}, "offload device must be 'none', 'cpu' or 'nvme'"),
     ({}, {"offload_param": "nvme", "offload_optimizer": "nvme", "offload_path": "/tmp"},

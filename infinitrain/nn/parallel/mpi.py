@@ -136,6 +136,9 @@ class MPIProcessGroup(ProcessGroup):
     def __repr__(self) -> str:
         return f"MPIProcessGroup(ranks={self.ranks})"
 
+    def _subgroup(self, comm, members: list) -> "MPIProcessGroup":
+        return MPIProcessGroup(comm, members)
+
     @traced_collective(0)
     def all_reduce(self, t: Tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
         if op.__class__ is not ReduceOp:

@@ -90,6 +90,9 @@ class NCCLProcessGroup(ProcessGroup):
     def __repr__(self) -> str:
         return f"NCCLProcessGroup(ranks={self.ranks}, {self.device})"
 
+    def _subgroup(self, comm, members: list) -> "NCCLProcessGroup":
+        return NCCLProcessGroup(comm, members, self.device)
+
     def _check(self, *tensors: Tensor) -> None:
         for t in tensors:
             if t.device != self.device:

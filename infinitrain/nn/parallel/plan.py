@@ -58,7 +58,8 @@ class ParallelPlan:
 
     Options: sequence_parallel; virtual_pipeline_parallel (chunks per stage) and
     pipeline_schedule (None: interleaved with virtual stages, else 1f1b), pipeline_split
-    ("balanced" or "even"); cp_comm ("p2p" or "all_gather"); zero_stage (0-3);
+    ("balanced" or "even"); cp_comm ("p2p", "all_gather", "a2a" or "a2a+p2p") and cp_a2a_size
+    (a2a+p2p's all-to-all groups; None: the CP ranks of one node); zero_stage (0-3);
     offload_optimizer and offload_param (None or "none", "cpu", "nvme") with offload_path;
     recompute ("none", "full", "selective": the model's set_recompute checks it);
     async_tensor_parallel (TP's column-parallel layers overlap backward's all-reduce with their
@@ -67,7 +68,8 @@ class ParallelPlan:
 
     def __init__(self, layout, rank: int = 0, *, sequence_parallel: bool = False,
                  virtual_pipeline_parallel: int = 1, pipeline_schedule: str | None = None,
-                 pipeline_split: str = "balanced", cp_comm: str = "p2p", zero_stage: int = 0,
+                 pipeline_split: str = "balanced", cp_comm: str = "p2p", cp_a2a_size: int | None = None,
+                 zero_stage: int = 0,
                  offload_optimizer: str | None = None, offload_param: str | None = None, offload_path=None,
                  recompute: str = "none", async_tensor_parallel: bool = True, device=None):
         self.env = None if isinstance(layout, Layout) else layout
@@ -79,6 +81,7 @@ class ParallelPlan:
         self.virtual_pipeline_parallel = virtual_pipeline_parallel
         self.pipeline_split = pipeline_split
         self.cp_comm = cp_comm
+        self.cp_a2a_size = cp_a2a_size
         self.zero_stage = check_zero_stage(zero_stage)
         self.offload_optimizer = offload_target(offload_optimizer)
         self.offload_param = offload_target(offload_param)
@@ -91,6 +94,7 @@ class ParallelPlan:
     def _options(self) -> dict:
         return dict(sequence_parallel=self.sequence_parallel, virtual_pipeline_parallel=self.virtual_pipeline_parallel,
                     pipeline_schedule=self._asked_schedule, pipeline_split=self.pipeline_split, cp_comm=self.cp_comm,
+                    cp_a2a_size=self.cp_a2a_size,
                     zero_stage=self.zero_stage, offload_optimizer=self.offload_optimizer,
                     offload_param=self.offload_param, offload_path=self.offload_path, recompute=self.recompute,
                     async_tensor_parallel=self.async_tensor_parallel, device=self.device)
@@ -119,6 +123,12 @@ class ParallelPlan:
             raise ValueError(f"pipeline split must be 'balanced' or 'even', got {self.pipeline_split!r}")
         if self.cp_comm not in CP_COMM_TYPES:
             raise ValueError(f"context parallel communication must be one of {CP_COMM_TYPES}, got {self.cp_comm!r}")
+        A = self.cp_a2a_size
+        if A is not None and self.cp_comm != "a2a+p2p":
+            raise ValueError(f"--cp_a2a_size sizes the all-to-all groups of --cp_comm a2a+p2p (this job has "
+                             f"--cp_comm {self.cp_comm})")
+        if A is not None and (not isinstance(A, int) or A < 1 or self.cp % A):
+            raise ValueError(f"--cp_a2a_size {A} must divide --context_parallel {self.cp}")
         if self.zero_stage == 3 and self.pipelined:
             raise ValueError("--zero_stage 3 does not compose with --pipeline_parallel yet (stages 1 and 2 do)")
         check_offload(self.zero_stage, self.offload_optimizer, self.offload_param)
@@ -315,7 +325,19 @@ class ParallelPlan:
         if self.cp == 1:
             return None
         from .context_parallel import ContextParallel
-        return ContextParallel(self._groups().cp_group, self.cp_comm)
+        return ContextParallel(self._groups().cp_group, self.cp_comm, a2a_size=self.a2a_size)
+
+    @property
+    def a2a_size(self) -> int | None:
+        """a2a+p2p's all-to-all group size: as asked, else the CP ranks one node holds (the
+        largest divisor of CP that fits the node's ranks / TP; the CP ranks of a TP group's
+        neighbours are next to each other, layout.py)."""
+        if self.cp_comm != "a2a+p2p":
+            return None
+        if self.cp_a2a_size is not None:
+            return self.cp_a2a_size
+        per_node = max(1, getattr(self.env, "local_size", self.world_size) // self.tp)
+        return max(d for d in range(1, self.cp + 1) if self.cp % d == 0 and d <= per_node)
 
     def expert_parallel(self):
         """This rank's ExpertParallel (what an MoE model is built with under EP), or None when EP is 1."""

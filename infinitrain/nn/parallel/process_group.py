@@ -216,6 +216,16 @@ class ProcessGroup:
         called by every rank of the group with the same links (a link already open stays as
         it is). MPI needs nothing: its tags keep each link's messages apart, in order."""
 
+    def split(self, color: int) -> "ProcessGroup":
+        """The ranks of this group that pass the same color, as a group of their own on the same
+        backend, in this group's rank order (MPI's Comm_split). Collective over this group."""
+        colors = self.comm.allgather(color)
+        members = [r for r, c in zip(self.ranks, colors) if c == color]
+        return self._subgroup(self.comm.Split(color, self.rank), members)
+
+    def _subgroup(self, comm, members: list) -> "ProcessGroup":
+        raise NotImplementedError
+
     def _done(self, work: Work, async_op: bool):
         """What a collective returns: its Work when asynchronous, else nothing once it is done."""
         if async_op:

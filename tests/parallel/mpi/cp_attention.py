@@ -1,8 +1,9 @@
-"""Run under mpiexec -n CP: context-parallel attention (ring, all-gather and all-to-all,
-head-tail and contiguous splits) against full causal attention on the whole sequence, computed by every rank
-alone: this rank's outputs and dQ/dK/dV within 1e-5 (float32), or 1e-2 (bfloat16 products
-under autocast, against float32). Grouped-query heads (under all-to-all at CP 4 each of the 2 KV heads
-goes to two ranks), a sequence length that is not a power of two. Prints `rank N OK`."""
+"""Run under mpiexec -n CP: context-parallel attention (ring, all-gather, all-to-all and, at CP 4,
+the hybrid all-to-all + ring; head-tail and contiguous splits) against full causal attention on
+the whole sequence, computed by every rank alone: this rank's outputs and dQ/dK/dV within 1e-5
+(float32), or 1e-2 (bfloat16 products under autocast, against float32). Grouped-query heads
+(under all-to-all at CP 4 each of the 2 KV heads goes to two ranks), a sequence length that is
+not a power of two. Prints `rank N OK`."""
 
 import numpy as np
 
@@ -30,10 +31,11 @@ def run(attention, tensors, grad):
 
 whole = run(layers.attention, (q, k, v), g)
 worst = 0.0
-for comm in ("p2p", "all_gather", "a2a"):
+# a2a+p2p at CP 4: two all-to-all groups of 2, a ring of 2 across them
+for comm in ("p2p", "all_gather", "a2a") + (("a2a+p2p",) if P == 4 else ()):
     for balanced in (True, False):
         for autocast in (False, True):
-            cp = ContextParallel(env.world, comm, balanced)
+            cp = ContextParallel(env.world, comm, balanced, a2a_size=2 if comm == "a2a+p2p" else None)
             mine = lambda a: cp.shard(it.from_numpy(a), dim=2).numpy()  # noqa: E731
             context = amp.autocast("cpu", dtype=it.bfloat16) if autocast else amp.autocast("cpu", enabled=False)
             with context:

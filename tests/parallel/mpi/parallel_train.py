@@ -31,6 +31,7 @@ p.add_argument("--sp", action="store_true")
 p.add_argument("--pp", type=int, default=1)
 p.add_argument("--cp", type=int, default=1)
 p.add_argument("--cp_comm", default="p2p")
+p.add_argument("--cp_a2a_size", type=int, default=None)
 p.add_argument("--ep", type=int, default=1, help="expert parallelism (llama3 with --experts)")
 p.add_argument("--experts", type=int, default=0, help="llama3: MoE layers of this many experts (0: dense)")
 p.add_argument("--moe_top_k", type=int, default=2)
@@ -84,7 +85,8 @@ if args.offload_buffer_mb is not None:
 env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, context_parallel=args.cp,
                     expert_parallel=args.ep)
 plan = parallel.ParallelPlan(env, sequence_parallel=args.sp, virtual_pipeline_parallel=args.vpp,
-                             pipeline_schedule=args.schedule, cp_comm=args.cp_comm, zero_stage=args.zero,
+                             pipeline_schedule=args.schedule, cp_comm=args.cp_comm, cp_a2a_size=args.cp_a2a_size,
+                             zero_stage=args.zero,
                              offload_optimizer=args.offload, offload_path=args.offload_path,
                              offload_param=args.offload_param, recompute=args.recompute)
 tp, stage, cp = plan.tensor_parallel(), plan.pipeline_stage(), plan.context_parallel()

@@ -10,13 +10,19 @@ suits groups whose interconnect favours all-to-all; the heads must split over CP
 Grouped-query K/V: with KV heads a multiple of CP each rank takes KV/CP of them; with fewer KV
 heads than CP (CP a multiple of KV) each KV head is sent to the CP/KV ranks whose query heads
 read it (replicated), and its gradient, which comes back from each of them, is summed.
+
+The hybrid `a2a+p2p` (Megatron's hierarchical CP): the CP ranks form groups of A neighbours
+(one node's, where all-to-all is cheap) and R = CP/A rings across them. The all-to-all runs
+inside each group, whose ranks then hold H/A heads of the group's 2A chunks; ring attention
+runs across the groups (split.Ring: each ring member's chunks are its group's), and the
+all-to-all turns the result back. The head-tail chunks keep every rank's work equal.
 """
 from __future__ import annotations
 
 from .... import creation
 from ....autograd import Function
 from ....dtypes import float32
-from .order import to_rank_order, to_sequence_order
+from .order import from_chunk_order, to_chunk_order
 
 
 def head_ranges(heads: int, kv_heads: int, cp_size: int) -> tuple:
@@ -33,8 +39,9 @@ def head_ranges(heads: int, kv_heads: int, cp_size: int) -> tuple:
 
 
 def _seq_to_heads(x, cp, ranges):
-    """x [B, H, T/CP, D] (this rank's chunks) -> [B, len(range), T, D], the heads of this rank's
-    range over the whole sequence in sequence order."""
+    """x [B, H, T/CP, D] (this rank's chunks) -> [B, len(range), T', D], the heads of this
+    rank's range over the chunks of every rank of the all-to-all group (cp: .group,
+    .member_chunks; T' = their tokens, the whole sequence under plain a2a) in ascending order."""
     B, _, Tl, D = x.shape
     h = len(ranges[0])
     send = creation.empty(cp.size, B, h, Tl, D, dtype=x.dtype, device=x.device)
@@ -43,7 +50,7 @@ def _seq_to_heads(x, cp, ranges):
     recv = creation.empty(*send.shape, dtype=x.dtype, device=x.device)
     cp.group.all_to_all_single(recv, send)  # block r: rank r's tokens of my heads
     whole = recv.permute(1, 2, 0, 3, 4).reshape(B, h, cp.size * Tl, D)
-    return to_sequence_order(whole, cp, 2).contiguous()
+    return to_chunk_order(whole, cp.member_chunks, 2).contiguous()
 
 
 def _heads_to_seq(y, cp, ranges, heads: int, dtype):
@@ -52,7 +59,8 @@ def _heads_to_seq(y, cp, ranges, heads: int, dtype):
     for 16-bit gradients."""
     B, h, T, D = y.shape
     Tl = T // cp.size
-    send = to_rank_order(y, cp, 2).reshape(B, h, cp.size, Tl, D).permute(2, 0, 1, 3, 4).contiguous()
+    send = from_chunk_order(y, cp.member_chunks, 2).reshape(B, h, cp.size, Tl, D)
+    send = send.permute(2, 0, 1, 3, 4).contiguous()
     recv = creation.empty(*send.shape, dtype=y.dtype, device=y.device)
     cp.group.all_to_all_single(recv, send)  # block j: my tokens of rank j's heads
     disjoint = all(r.stop <= s.start for r, s in zip(ranges, ranges[1:]))
@@ -94,12 +102,18 @@ class HeadsToSequence(Function):
         return _seq_to_heads(g.contiguous(), cp, ranges), None, None, None
 
 
-def a2a_attention(q, k, v, cp, scale: float):
+def a2a_attention(q, k, v, a2a, scale: float, ring=None):
     """Causal attention of this rank's queries [B, H, T/CP, D] over the whole sequence (k, v:
-    this rank's [B, H_kv, T/CP, D]), the heads split over CP inside."""
+    this rank's [B, H_kv, T/CP, D]), the heads split over the all-to-all group `a2a` (the CP
+    group, or a2a+p2p's groups of neighbours) inside; with `ring` (a2a+p2p), ring attention
+    across the groups on their chunks."""
     from ... import functional as F
-    q_ranges, kv_ranges = head_ranges(q.shape[1], k.shape[1], cp.size)
-    qh = SequenceToHeads.apply(q, cp, q_ranges)
-    kh, vh = SequenceToHeads.apply(k, cp, kv_ranges), SequenceToHeads.apply(v, cp, kv_ranges)
-    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
-    return HeadsToSequence.apply(out, cp, q_ranges, q.shape[1])
+    from .ring_attention import RingAttention
+    q_ranges, kv_ranges = head_ranges(q.shape[1], k.shape[1], a2a.size)
+    qh = SequenceToHeads.apply(q, a2a, q_ranges)
+    kh, vh = SequenceToHeads.apply(k, a2a, kv_ranges), SequenceToHeads.apply(v, a2a, kv_ranges)
+    if ring is None:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        out = RingAttention.apply(qh, kh, vh, ring, scale)
+    return HeadsToSequence.apply(out, a2a, q_ranges, q.shape[1])

@@ -20,7 +20,7 @@ from ..process_group import ProcessGroup
 from ..tensor_parallel.mappings import _all_gather_dim
 from .order import narrow, to_sequence_order
 
-COMM_TYPES = ("p2p", "all_gather", "a2a")
+COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 @dataclass
@@ -28,10 +28,13 @@ class ContextParallel:
     """What a model needs to run context-parallel: the CP group, how attention communicates
     ("p2p": K/V around a ring, overlapped with the block products; "all_gather": K/V gathered
     at once, for small groups; "a2a": the heads split over CP inside attention, DeepSpeed-
-    Ulysses) and how the sequence is split (balanced: head-tail)."""
+    Ulysses; "a2a+p2p": the heads split over groups of a2a_size neighbours, a ring across the
+    groups) and how the sequence is split (balanced: head-tail). Building one with a2a+p2p is
+    collective over the group (it splits it)."""
     group: ProcessGroup
     comm_type: str = "p2p"
     balanced: bool = True
+    a2a_size: int | None = None  # a2a+p2p: the ranks of each all-to-all group (default: all)
     _positions: dict = field(default_factory=dict, repr=False)
     ring_open: bool = field(default=False, repr=False)  # the ring's p2p links are made (ring_attention)
 
@@ -39,6 +42,18 @@ class ContextParallel:
         if self.comm_type not in COMM_TYPES:
             raise ValueError(f"context parallel communication must be one of {COMM_TYPES}, "
                              f"got {self.comm_type!r}")
+        self._hybrid = None
+        if self.comm_type == "a2a+p2p":
+            A = self.size if self.a2a_size is None else self.a2a_size
+            if not isinstance(A, int) or A < 1 or self.size % A:
+                raise ValueError(f"--cp_a2a_size {A} must divide context parallel {self.size}")
+            if 1 < A < self.size:
+                self._hybrid = _hybrid_groups(self, A)
+
+    @property
+    def member_chunks(self) -> list:
+        """Every rank's chunks, in rank order (what an all-to-all over the whole group holds)."""
+        return [self.chunks(r) for r in range(self.size)]
 
     @property
     def size(self) -> int:
@@ -99,14 +114,58 @@ class ContextParallel:
         from .ring_attention import RingAttention
         q, k, v = amp.lower(q, k, v)  # bf16 products under autocast, merged in float32
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        if self.comm_type == "a2a":
+        if self.comm_type == "a2a" or (self.comm_type == "a2a+p2p" and self._hybrid is None
+                                       and (self.a2a_size or self.size) == self.size):
             return a2a_attention(q, k, v, self, scale)
+        if self._hybrid is not None:
+            inner, ring = self._hybrid
+            return a2a_attention(q, k, v, inner, scale, ring)
         return (RingAttention if self.comm_type == "p2p" else AllGatherAttention).apply(q, k, v, self, scale)
 
     def loss(self, local_sum: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
         """The mean loss over the whole sequences, from this rank's sum over its tokens."""
         from .loss import loss_over_cp
         return loss_over_cp(local_sum, targets, self.group, ignore_index)
+
+
+@dataclass
+class AllToAllGroup:
+    """a2a+p2p's all-to-all: A neighbouring CP ranks and the chunks each holds."""
+    group: ProcessGroup
+    member_chunks: list
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+
+@dataclass
+class Ring:
+    """a2a+p2p's ring across the all-to-all groups, as ring attention reads a ContextParallel:
+    member g holds the chunks of all-to-all group g (ascending)."""
+    group: ProcessGroup
+    member_chunks: list
+    ring_open: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    def chunks(self, rank: int | None = None) -> tuple:
+        return self.member_chunks[self.rank if rank is None else rank]
+
+
+def _hybrid_groups(cp: ContextParallel, A: int) -> tuple:
+    """(AllToAllGroup, Ring) of this rank: CP rank c is in all-to-all group c // A (neighbours)
+    and ring c % A."""
+    c, g = cp.rank, cp.rank // A
+    inner = AllToAllGroup(cp.group.split(g), [cp.chunks(g * A + m) for m in range(A)])
+    held = [tuple(sorted(ch for m in range(A) for ch in cp.chunks(j * A + m))) for j in range(cp.size // A)]
+    return inner, Ring(cp.group.split(c % A), held)
 
 
 class _GatherSequence(Function):
