@@ -22,7 +22,7 @@ from ..creation import from_numpy
 from ..runtime import check_fits_in_memory
 from ..nn.parallel.tensor_parallel import full_tensor, load_full
 from .format import CheckpointError, _write_safetensors
-from .sharded import _gathered, _stage_suffix, expert_group, with_every_expert
+from .sharded import _gathered, _stage_suffix
 
 
 @no_grad()
@@ -44,9 +44,7 @@ def save_pretrained(model, folder, write: bool = True, merge_lora: bool = False)
     # keep_vars: the parameters themselves, which know their TP shard (a detached copy does not,
     # and each rank would write its own slice)
     state = model.state_dict(keep_vars=True)
-    # expert parallelism: every EP rank's experts, all-gathered (a collective over the EP group)
-    state = with_every_expert({name: full_tensor(t) for name, t in state.items()}, expert_group(model))
-    full = {name: np.ascontiguousarray(t.float().cpu().numpy())
+    full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy())
             for name, t in progress(state.items(), total=len(state), desc="exporting", unit="tensor")}
     for name, layer in lora_layers(model):
         A, B = full.pop(name + ".lora_A"), full.pop(name + ".lora_B")

@@ -11,7 +11,6 @@ Builds on format.py and writer.py.
 """
 from __future__ import annotations
 
-import re
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import numpy as np
 
 from safetensors import SafetensorError
 
-from .. import creation
 from ..io import progress, sha256_file
 from ..random import default_generator
 from ..tensor import Tensor
@@ -52,43 +50,6 @@ def _stored_names(model) -> dict:
     for k, t in model.state_dict(keep_vars=True).items():
         copy_of = getattr(t, "tied_copy_of", None)
         out[k] = copy_of if copy_of is not None else first.setdefault(id(t), k)
-    return out
-
-
-_EXPERT = re.compile(r"\.experts\.(\d+)\.")
-
-
-def expert_group(model):
-    """The process group over which a mixture of experts' experts are split (expert
-    parallelism), or None."""
-    for m in model.modules():
-        ep = getattr(m, "ep", None)
-        if ep is not None and hasattr(ep, "local_experts"):
-            return ep.group
-    return None
-
-
-def with_every_expert(tensors: dict, group) -> dict:
-    """tensors by one-process name, this rank's experts among them -> the same with every
-    expert-parallel rank's experts (a collective over the EP group: each expert tensor
-    all-gathered). Rank q holds the experts [q*L, (q+1)*L): its j-th is named with q*L + j."""
-    if group is None:
-        return tensors
-    local = sorted({int(m.group(1)) for k in tensors for m in [_EXPERT.search(k)] if m})
-    if not local:
-        return tensors
-    base, L = local[0], len(local)
-    out = dict(tensors)
-    # the same order on every rank: by name with the expert's place among this rank's
-    slot = {k: _EXPERT.sub(lambda m: f".experts.{int(m.group(1)) - base}.", k, count=1) for k in tensors
-            if _EXPERT.search(k)}
-    for k in sorted(slot, key=slot.get):
-        t = tensors[k].contiguous()
-        every = creation.empty(group.size, *t.shape, dtype=t.dtype, device=t.device)
-        group.all_gather(every, t)
-        for q in range(group.size):
-            j = int(_EXPERT.search(slot[k]).group(1))
-            out[_EXPERT.sub(f".experts.{q * L + j}.", k, count=1)] = every[q]
     return out
 
 
@@ -131,8 +92,6 @@ def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool,
     stored_as = _stored_names(model)
     model_tensors = {k: full_tensor(t) for k, t in model.state_dict(keep_vars=True).items()
                      if stored_as[k] == k}
-    experts = expert_group(model)  # expert parallelism: the writer stores every rank's experts
-    model_tensors = with_every_expert(model_tensors, experts)
     opt_tensors, scalars, groups = {}, {}, None
     if optimizer is not None:
         sd = optimizer.state_dict()
@@ -150,12 +109,6 @@ def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool,
                     scalars.setdefault(name, {})[k] = v
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": [names[id(params[i])] for i in g["params"]]} for g in sd["param_groups"]]
-        if experts is not None:
-            opt_tensors = with_every_expert(opt_tensors, experts)
-            # another rank's expert has the same per-parameter numbers (AdamW's step) as ours
-            mine = {_EXPERT.sub(".experts.*.", n, count=1): v for n, v in scalars.items() if _EXPERT.search(n)}
-            for name in {k.rsplit("/", 1)[0] for k in opt_tensors if _EXPERT.search(k)}:
-                scalars.setdefault(name, mine.get(_EXPERT.sub(".experts.*.", name, count=1), {}))
     if not write:
         return None
     dtypes, model_arrays, opt_arrays = {}, {}, {}
@@ -254,8 +207,6 @@ def _load(folder: Path, meta: dict, model, optimizer) -> dict:
     source = _stored_names(model) if meta["version"] >= 2 else {k: k for k in own}  # 1: every alias
     missing = [k for k in own if source[k] not in stored.where]
     unexpected = [k for k in stored.keys() if k not in own] if getattr(model, "pp", None) is None else []
-    if expert_group(model) is not None:  # another expert-parallel rank's experts
-        unexpected = [k for k in unexpected if not _EXPERT.search(k)]
     if missing or unexpected:
         raise CheckpointError(f"{folder} does not fit this model: {_experts_difference(missing, unexpected)}"
                               f"missing keys: {', '.join(missing[:8]) or '-'}; "

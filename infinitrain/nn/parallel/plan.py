@@ -259,24 +259,15 @@ class ParallelPlan:
     @property
     def runs_generation(self) -> bool:
         """This rank runs the model when the first replica samples text: the first DP replica's
-        ranks (its TP group, pipeline stages and CP ring), and under ZeRO-3 or expert
-        parallelism every rank (they gather the parameters together; the experts of every EP
-        rank serve each token)."""
-        return self.coords.dp == 0 or self.shards_parameters or self.ep > 1
+        ranks (its TP group, pipeline stages and CP ring), and under ZeRO-3 every rank (they
+        gather the parameters together)."""
+        return self.coords.dp == 0 or self.shards_parameters
 
     @property
     def saves_checkpoint(self) -> bool:
-        """This rank takes part in saving: the first replica, under ZeRO every DP x CP rank
-        (each holds a shard of the optimizer state), and under expert parallelism the first
-        replica's EP group (the writer gathers their experts)."""
-        return self.first_replica or self.zero or (self.ep > 1 and self.in_first_expert_group)
-
-    @property
-    def in_first_expert_group(self) -> bool:
-        """This rank is in the EP group of the first replica (the first EP block of its DP x CP
-        group, layout.py)."""
-        members = self.layout.dp_cp_group(self.rank)
-        return members.index(self.rank) < self.ep
+        """This rank takes part in saving: the first replica, and under ZeRO every DP x CP rank
+        (each holds a shard of the optimizer state)."""
+        return self.first_replica or self.zero
 
     # ---- what a model and a trainer are built with -------------------------------------------
     def _groups(self):
