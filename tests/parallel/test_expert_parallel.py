@@ -43,6 +43,10 @@ LAYOUTS = [
     (4, ["--ep", "2", "--tp", "2", "--sp"]),
     (4, ["--ep", "2", "--pp", "2"]),
     (4, ["--ep", "2", "--cp", "2"]),
+    (2, ["--ep", "2", "--zero", "1"]),
+    (4, ["--ep", "2", "--zero", "2"]),                   # the experts sharded over their 2 holders
+    (4, ["--ep", "2", "--zero", "3"]),
+    (4, ["--ep", "2", "--zero", "1", "--pp", "2"]),
     (2, ["--ep", "2", "--recompute", "full"]),
     (2, ["--ep", "2", "--recompute", "selective"]),
     (2, ["--ep", "2", "--micro", "2"]),

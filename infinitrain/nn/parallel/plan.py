@@ -129,9 +129,8 @@ class ParallelPlan:
             raise ValueError("--offload_optimizer nvme needs --offload_path DIR, a folder on a local disk")
         if self.offload_path and self.offload_optimizer != "nvme":
             raise ValueError("--offload_path is for --offload_optimizer nvme")
-        if self.ep > 1 and self.zero_stage > 0:
-            raise ValueError(f"--zero_stage {self.zero_stage} does not compose with --expert_parallel {self.ep} yet: "
-                             "ZeRO would shard the experts over DP x CP, not over the ranks holding them")
+        if self.ep > 1 and self.offload_param is not None:
+            raise ValueError(f"--offload_param does not compose with --expert_parallel {self.ep} yet")
         if self.ep > 1 and self.tp > 1 and not self.sequence_parallel:
             raise ValueError(f"--expert_parallel {self.ep} with --tensor_parallel {self.tp} needs "
                              "--sequence_parallel: each TP rank routes its own part of the sequence to the experts")
