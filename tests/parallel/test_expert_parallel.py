@@ -50,6 +50,8 @@ LAYOUTS = [
     (2, ["--ep", "2", "--recompute", "full"]),
     (2, ["--ep", "2", "--recompute", "selective"]),
     (2, ["--ep", "2", "--micro", "2"]),
+    (2, ["--ep", "2", "--moe_aux", "0.01", "--micro", "2"]),  # the load-balancing loss, per sequence
+    (4, ["--ep", "2", "--moe_capacity", "1.0"]),         # tokens dropped per sequence, as one process drops them
     (8, ["--ep", "2", "--tp", "2", "--sp"]),             # DP 2 x EP 2 x TP 2
 ]
 
@@ -57,8 +59,8 @@ LAYOUTS = [
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,flags", LAYOUTS, ids=[f"{n}ranks{''.join(f)}".replace("--", "-") for n, f in LAYOUTS])
 def test_a_moe_llama_trains_as_one_process_in_every_expert_parallel_layout(n, flags):
-    micro = ["--micro", "2"] if "--micro" in flags else []
-    assert_same(losses(parallel_train(n, MOE + flags)), one_process(*MOE, *micro), "float32", f"{n} ranks {flags}")
+    model = [v for k, v in zip(flags, flags[1:]) for v in (k, v) if k in ("--micro", "--moe_aux", "--moe_capacity")]
+    assert_same(losses(parallel_train(n, MOE + flags)), one_process(*MOE, *model), "float32", f"{n} ranks {flags}")
 
 
 @pytest.mark.mpi
