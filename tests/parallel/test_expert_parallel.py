@@ -47,6 +47,7 @@ LAYOUTS = [
     (4, ["--ep", "2", "--zero", "2"]),                   # the experts sharded over their 2 holders
     (4, ["--ep", "2", "--zero", "3"]),
     (4, ["--ep", "2", "--zero", "1", "--pp", "2"]),
+    (4, ["--ep", "2", "--pp", "2", "--vpp", "2", "--layers", "4", "--micro", "2"]),
     (2, ["--ep", "2", "--recompute", "full"]),
     (2, ["--ep", "2", "--recompute", "selective"]),
     (2, ["--ep", "2", "--micro", "2"]),
@@ -55,12 +56,20 @@ LAYOUTS = [
     (8, ["--ep", "2", "--tp", "2", "--sp"]),             # DP 2 x EP 2 x TP 2
 ]
 
+MODEL_FLAGS = ("--micro", "--moe_aux", "--moe_capacity", "--layers")  # what the one-process run takes too
+
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,flags", LAYOUTS, ids=[f"{n}ranks{''.join(f)}".replace("--", "-") for n, f in LAYOUTS])
 def test_a_moe_llama_trains_as_one_process_in_every_expert_parallel_layout(n, flags):
-    model = [v for k, v in zip(flags, flags[1:]) for v in (k, v) if k in ("--micro", "--moe_aux", "--moe_capacity")]
+    model = [v for k, v in zip(flags, flags[1:]) for v in (k, v) if k in MODEL_FLAGS]
     assert_same(losses(parallel_train(n, MOE + flags)), one_process(*MOE, *model), "float32", f"{n} ranks {flags}")
+
+
+@pytest.mark.mpi
+def test_expert_parallelism_with_the_optimizer_state_offloaded_to_disk(tmp_path):
+    flags = ["--ep", "2", "--zero", "2", "--offload", "nvme", "--offload_path", str(tmp_path)]
+    assert_same(losses(parallel_train(2, MOE + flags)), one_process(*MOE), "float32", "EP 2, ZeRO-2, nvme")
 
 
 @pytest.mark.mpi
