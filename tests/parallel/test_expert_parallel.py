@@ -1,6 +1,7 @@
 """Expert parallelism: ExpertParallel's expert blocks and refusals in one process; the
 all-to-all, dispatch/combine and the experts' gradient groups on 2 and 4 ranks against one
 process (tests/parallel/mpi/expert_parallel.py, expert_grads.py)."""
+import numpy as np
 import pytest
 
 from infinitrain.nn.parallel.expert_parallel import ExpertParallel
@@ -84,3 +85,17 @@ def test_every_token_routed_to_one_expert_leaves_the_other_ranks_idle_not_hung()
     expert 0 on EP rank 0; the other ranks' experts receive nothing, every step."""
     forced = MOE + ["--moe_top_k", "1", "--one_expert"]
     assert_same(losses(parallel_train(4, forced + ["--ep", "4"])), one_process(*forced), "float32", "one expert")
+
+
+@pytest.mark.mpi
+def test_an_ep4_checkpoint_resumes_at_one_process_ep2_tp_pp_and_zero(tmp_path):
+    """The experts are written under one process's names, every EP rank's (and ZeRO-2's
+    optimizer state at EP 2 resumes at EP 4 the other way)."""
+    whole = one_process(*MOE, "--steps", "6")[0][::2]
+    save = ["--steps", "3", "--save"]
+    parallel_train(4, MOE + ["--ep", "4"] + save + [str(tmp_path / "ep4")])
+    parallel_train(4, MOE + ["--ep", "2", "--zero", "2"] + save + [str(tmp_path / "ep2zero")])
+    for n, flags, ck in ((1, [], "ep4"), (2, ["--ep", "2"], "ep4"), (4, ["--ep", "2", "--tp", "2", "--sp"], "ep4"),
+                         (4, ["--ep", "2", "--pp", "2"], "ep4"), (4, ["--ep", "4"], "ep2zero")):
+        got = losses(parallel_train(n, MOE + flags + ["--steps", "6", "--load", str(tmp_path / ck), "--first", "4"]))
+        np.testing.assert_allclose(got[0][::2], whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags} from {ck}")
