@@ -21,6 +21,8 @@ from safetensors import SafetensorError
 from ..io import progress, sha256_file
 from ..random import default_generator
 from ..tensor import Tensor
+from ..nn.parallel.expert_parallel.checkpoint import (every_rank_names, expert_parallel_of, gather_expert_tensors,
+                                                      is_expert_name)
 from ..nn.parallel.tensor_parallel import full_tensor
 from .format import CheckpointError, _from_numpy, _read_meta, _to_numpy, resolve
 from .writer import AsyncSave, _Snapshot
@@ -109,6 +111,11 @@ def _snapshot(root, step: int, model, optimizer, extra, keep, write, copy: bool,
                     scalars.setdefault(name, {})[k] = v
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": [names[id(params[i])] for i in g["params"]]} for g in sd["param_groups"]]
+    ep = expert_parallel_of(model)
+    if ep is not None:  # every EP rank's experts, under their one-process names
+        model_tensors = gather_expert_tensors(model_tensors, ep)
+        opt_tensors = gather_expert_tensors(opt_tensors, ep)
+        scalars = {**scalars, **{name: scalars[own] for name, own in every_rank_names(scalars, ep).items()}}
     if not write:
         return None
     dtypes, model_arrays, opt_arrays = {}, {}, {}
@@ -206,7 +213,10 @@ def _load(folder: Path, meta: dict, model, optimizer) -> dict:
     own = model.state_dict(keep_vars=True)
     source = _stored_names(model) if meta["version"] >= 2 else {k: k for k in own}  # 1: every alias
     missing = [k for k in own if source[k] not in stored.where]
-    unexpected = [k for k in stored.keys() if k not in own] if getattr(model, "pp", None) is None else []
+    # (a pipeline stage holds some layers; an expert-parallel rank some experts, the others' are the file's too)
+    experts_apart = expert_parallel_of(model) is not None
+    unexpected = [k for k in stored.keys() if k not in own and not (experts_apart and is_expert_name(k))] \
+        if getattr(model, "pp", None) is None else []
     if missing or unexpected:
         raise CheckpointError(f"{folder} does not fit this model: {_experts_difference(missing, unexpected)}"
                               f"missing keys: {', '.join(missing[:8]) or '-'}; "

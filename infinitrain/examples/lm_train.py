@@ -295,6 +295,9 @@ def build(args, env, plan, build_model, log):
         sys.exit(f"{'--from_pretrained' if args.from_pretrained else '--llmc_filepath'}: {e}")
     except ValueError as e:  # a layout that does not divide the model
         refuse(f"cannot build the model in this layout ({plan.describe()}): {e}")
+    if plan.ep > 1 and not any(p.expert_parallel for p in model.parameters()):
+        refuse(f"--expert_parallel {plan.ep} splits a mixture of experts' experts over ranks, but this model has "
+               "no experts built over it: use a mixture-of-experts model, or leave --expert_parallel at 1")
     model.set_recompute(plan.recompute)
     if args.lora_rank or args.lora_load_path:
         setup_lora(model, args, log)

@@ -138,7 +138,9 @@ def test_a_bad_input_file_or_flag_is_reported_once_on_several_ranks(tmp_path):
     assert out.returncode != 0 and (out.stdout + out.stderr).count("shorter than the 1024-byte") == 1, out.stderr
     assert "Traceback" not in out.stderr
     for flags, message in ((["--tensor_parallel", "3"], "cannot lay out the job"),  # before MPI, and after
-                           (["--virtual_pipeline_parallel", "2"], "needs --pipeline_parallel 2 or more")):
+                           (["--virtual_pipeline_parallel", "2"], "needs --pipeline_parallel 2 or more"),
+                           (["--expert_parallel", "3"], "--expert_parallel 3 must divide data parallel 2"),
+                           (["--expert_parallel", "2"], "but this model has no experts built over it")):
         write_shard(tmp_path / "t.bin", np.arange(2000) % 50257)
         out = mpirun(2, ["-m", "infinitrain.examples.gpt2", "--model", "tiny", "--input_bin", tmp_path / "t.bin",
                          *flags], check=False)

@@ -1,6 +1,7 @@
 """Expert parallelism: ExpertParallel's expert blocks and refusals in one process; the
 all-to-all, dispatch/combine and the experts' gradient groups on 2 and 4 ranks against one
 process (tests/parallel/mpi/expert_parallel.py, expert_grads.py)."""
+import numpy as np
 import pytest
 
 from infinitrain.nn.parallel.expert_parallel import ExpertParallel
@@ -43,18 +44,33 @@ LAYOUTS = [
     (4, ["--ep", "2", "--tp", "2", "--sp"]),
     (4, ["--ep", "2", "--pp", "2"]),
     (4, ["--ep", "2", "--cp", "2"]),
+    (2, ["--ep", "2", "--zero", "1"]),
+    (4, ["--ep", "2", "--zero", "2"]),                   # the experts sharded over their 2 holders
+    (4, ["--ep", "2", "--zero", "3"]),
+    (4, ["--ep", "2", "--zero", "1", "--pp", "2"]),
+    (4, ["--ep", "2", "--pp", "2", "--vpp", "2", "--layers", "4", "--micro", "2"]),
     (2, ["--ep", "2", "--recompute", "full"]),
     (2, ["--ep", "2", "--recompute", "selective"]),
     (2, ["--ep", "2", "--micro", "2"]),
+    (2, ["--ep", "2", "--moe_aux", "0.01", "--micro", "2"]),  # the load-balancing loss, per sequence
+    (4, ["--ep", "2", "--moe_capacity", "1.0"]),         # tokens dropped per sequence, as one process drops them
     (8, ["--ep", "2", "--tp", "2", "--sp"]),             # DP 2 x EP 2 x TP 2
 ]
+
+MODEL_FLAGS = ("--micro", "--moe_aux", "--moe_capacity", "--layers")  # what the one-process run takes too
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,flags", LAYOUTS, ids=[f"{n}ranks{''.join(f)}".replace("--", "-") for n, f in LAYOUTS])
 def test_a_moe_llama_trains_as_one_process_in_every_expert_parallel_layout(n, flags):
-    micro = ["--micro", "2"] if "--micro" in flags else []
-    assert_same(losses(parallel_train(n, MOE + flags)), one_process(*MOE, *micro), "float32", f"{n} ranks {flags}")
+    model = [v for k, v in zip(flags, flags[1:]) for v in (k, v) if k in MODEL_FLAGS]
+    assert_same(losses(parallel_train(n, MOE + flags)), one_process(*MOE, *model), "float32", f"{n} ranks {flags}")
+
+
+@pytest.mark.mpi
+def test_expert_parallelism_with_the_optimizer_state_offloaded_to_disk(tmp_path):
+    flags = ["--ep", "2", "--zero", "2", "--offload", "nvme", "--offload_path", str(tmp_path)]
+    assert_same(losses(parallel_train(2, MOE + flags)), one_process(*MOE), "float32", "EP 2, ZeRO-2, nvme")
 
 
 @pytest.mark.mpi
@@ -69,3 +85,17 @@ def test_every_token_routed_to_one_expert_leaves_the_other_ranks_idle_not_hung()
     expert 0 on EP rank 0; the other ranks' experts receive nothing, every step."""
     forced = MOE + ["--moe_top_k", "1", "--one_expert"]
     assert_same(losses(parallel_train(4, forced + ["--ep", "4"])), one_process(*forced), "float32", "one expert")
+
+
+@pytest.mark.mpi
+def test_an_ep4_checkpoint_resumes_at_one_process_ep2_tp_pp_and_zero(tmp_path):
+    """The experts are written under one process's names, every EP rank's (and ZeRO-2's
+    optimizer state at EP 2 resumes at EP 4 the other way)."""
+    whole = one_process(*MOE, "--steps", "6")[0][::2]
+    save = ["--steps", "3", "--save"]
+    parallel_train(4, MOE + ["--ep", "4"] + save + [str(tmp_path / "ep4")])
+    parallel_train(4, MOE + ["--ep", "2", "--zero", "2"] + save + [str(tmp_path / "ep2zero")])
+    for n, flags, ck in ((1, [], "ep4"), (2, ["--ep", "2"], "ep4"), (4, ["--ep", "2", "--tp", "2", "--sp"], "ep4"),
+                         (4, ["--ep", "2", "--pp", "2"], "ep4"), (4, ["--ep", "4"], "ep2zero")):
+        got = losses(parallel_train(n, MOE + flags + ["--steps", "6", "--load", str(tmp_path / ck), "--first", "4"]))
+        np.testing.assert_allclose(got[0][::2], whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags} from {ck}")

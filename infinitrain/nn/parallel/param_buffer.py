@@ -108,8 +108,10 @@ class Bucket:
 class ParamAndGradBuffer:
     """The buckets of a set of parameters and where each parameter sits in them."""
 
-    def __init__(self, packs, pad_to: int = 1):
-        self.buckets = [Bucket(ps, pad_to) for ps in packs if ps]
+    def __init__(self, packs, pad_to=1):
+        """pad_to: an int, or a function of a pack giving its bucket's (ZeRO: the size of the
+        group that shards it)."""
+        self.buckets = [Bucket(ps, pad_to(ps) if callable(pad_to) else pad_to) for ps in packs if ps]
         self.where = {id(p): (bi, j) for bi, b in enumerate(self.buckets) for j, p in enumerate(b.params)}
 
     def __iter__(self):

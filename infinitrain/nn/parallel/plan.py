@@ -139,9 +139,8 @@ class ParallelPlan:
             raise ValueError("--offload_optimizer nvme needs --offload_path DIR, a folder on a local disk")
         if self.offload_path and self.offload_optimizer != "nvme":
             raise ValueError("--offload_path is for --offload_optimizer nvme")
-        if self.ep > 1 and self.zero_stage > 0:
-            raise ValueError(f"--zero_stage {self.zero_stage} does not compose with --expert_parallel {self.ep} yet: "
-                             "ZeRO would shard the experts over DP x CP, not over the ranks holding them")
+        if self.ep > 1 and self.offload_param is not None:
+            raise ValueError(f"--offload_param does not compose with --expert_parallel {self.ep} yet")
         if self.ep > 1 and self.tp > 1 and not self.sequence_parallel:
             raise ValueError(f"--expert_parallel {self.ep} with --tensor_parallel {self.tp} needs "
                              "--sequence_parallel: each TP rank routes its own part of the sequence to the experts")
@@ -260,14 +259,16 @@ class ParallelPlan:
     def runs_generation(self) -> bool:
         """This rank runs the model when the first replica samples text: the first DP replica's
         ranks (its TP group, pipeline stages and CP ring), and under ZeRO-3 every rank (they
-        gather the parameters together)."""
-        return self.coords.dp == 0 or self.shards_parameters
+        gather the parameters together), under EP every rank (each EP group runs the model
+        together, its experts apart)."""
+        return self.coords.dp == 0 or self.shards_parameters or self.ep > 1
 
     @property
     def saves_checkpoint(self) -> bool:
-        """This rank takes part in saving: the first replica, and under ZeRO every DP x CP rank
-        (each holds a shard of the optimizer state)."""
-        return self.first_replica or self.zero
+        """This rank takes part in saving: the first replica, under ZeRO every DP x CP rank
+        (each holds a shard of the optimizer state), under EP the first replica's EP groups (they
+        hold the other experts: the first EP block of DP x CP)."""
+        return self.first_replica or self.zero or self.coords.dp * self.cp + self.coords.cp < self.ep
 
     # ---- what a model and a trainer are built with -------------------------------------------
     def _groups(self):

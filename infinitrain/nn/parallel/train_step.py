@@ -64,7 +64,8 @@ class TrainStep:
             self.optimizer = ZeroOptimizer(param_groups, optimizer_class, self.dp_group, stage=plan.zero_stage,
                                            bucket_cap_mb=bucket_cap_mb, module=model,
                                            offload_optimizer=plan.offload_optimizer, offload_path=plan.offload_path,
-                                           offload_param=plan.offload_param, **optimizer_kwargs)
+                                           offload_param=plan.offload_param, expert_group=self.expert_group,
+                                           **optimizer_kwargs)
         else:
             self.optimizer = offloaded(optimizer_class(param_groups, **optimizer_kwargs), plan.offload_optimizer,
                                        plan.offload_path)

@@ -36,6 +36,7 @@ p.add_argument("--ep", type=int, default=1, help="expert parallelism (llama3 wit
 p.add_argument("--experts", type=int, default=0, help="llama3: MoE layers of this many experts (0: dense)")
 p.add_argument("--moe_top_k", type=int, default=2)
 p.add_argument("--moe_aux", type=float, default=0.0, help="the load-balancing loss's coefficient")
+p.add_argument("--moe_capacity", type=float, default=None, help="the capacity factor (None: dropless)")
 p.add_argument("--one_expert", action="store_true",
                help="the routers start at zero: with --moe_top_k 1 every token goes to expert 0 at every step")
 p.add_argument("--vpp", type=int, default=1)
@@ -75,7 +76,7 @@ def moe_options(args) -> dict:
     if not args.experts:
         return {}
     return dict(num_experts=args.experts, moe_top_k=args.moe_top_k, moe_ffn_hidden=32,
-                moe_aux_loss_coeff=args.moe_aux)
+                moe_aux_loss_coeff=args.moe_aux, moe_capacity_factor=args.moe_capacity)
 
 
 if args.offload_buffer_mb is not None:

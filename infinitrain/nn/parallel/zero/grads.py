@@ -18,7 +18,7 @@ from ....creation import empty, zeros
 from ...utils import scale_, total_norm
 from ..finalize import reduce_partial_grads
 from ..param_buffer import mark_ready
-from ..process_group import ReduceOp
+from ..process_group import ReduceOp, _then
 
 
 class ZeroGrads:
@@ -31,7 +31,7 @@ class ZeroGrads:
         pieces have gone to the store)."""
         if self.stage == 1:  # the shard is this rank's piece of the full gradient, reduced in place
             b.flat_grad = b.new_flat()
-            b.shard_grad = b.shard(b.flat_grad, self.rank)
+            b.shard_grad = b.shard(b.flat_grad, b.rank)
             for j, p in enumerate(b.params):
                 p.grad = b.grad_view(j)
         else:
@@ -95,14 +95,27 @@ class ZeroGrads:
         """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
         it is done (at the end of backward). One rank (offload_param's ZeRO-3): the gradient
         is the shard's, added now."""
-        if self.world == 1:
-            b.shard_grad.add_(b.flat_grad)
+        if b.group.size == 1:
+            b.shard_grad.add_(b.flat_grad if b.expert_scale is None else b.flat_grad * b.expert_scale)
             b.flat_grad, b.pending = None, -1
             self._landed(b)
             return
         out = empty(b.piece, dtype=b.dtype, device=b.device)
-        self._works.append((b, out, self.group.reduce_scatter(out, b.flat_grad, ReduceOp.AVG, async_op=True)))
+        self._works.append((b, out, self._reduce_scatter(b, out, b.flat_grad, async_op=True)))
         b.pending = -1  # launched
+
+    def _reduce_scatter(self, b, out, flat, async_op: bool = False):
+        """Bucket b's gradient averaged over DP x CP into out, this rank's piece: over its group
+        (an expert bucket: summed over the ranks holding those experts, then divided by DP x
+        CP, as ddp.Reducer does)."""
+        if b.expert_scale is None:
+            return b.group.reduce_scatter(out, flat, ReduceOp.AVG, async_op=async_op)
+        work = b.group.reduce_scatter(out, flat, ReduceOp.SUM, async_op=True)
+        then = _then(work, lambda: out.mul_(b.expert_scale))
+        if async_op:
+            return then
+        then.wait()
+        return None
 
     def _collect(self, keep: int = 0) -> None:
         """Waits for all but the newest `keep` reduce-scatters, adds them into the shards and
@@ -140,7 +153,7 @@ class ZeroGrads:
             return
         if self.stage == 1:
             for b in self.buckets:
-                self.group.reduce_scatter(b.shard_grad, b.flat_grad, ReduceOp.AVG)
+                self._reduce_scatter(b, b.shard_grad, b.flat_grad)
         self._sharded = True
 
     def tied_grad_shards(self) -> list:

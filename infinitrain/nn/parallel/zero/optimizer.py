@@ -17,6 +17,7 @@ from ....autograd import no_grad
 from ....optim.offload import offload_target, offloaded
 from ....runtime import empty_cache
 from ...parameter import Parameter
+from ..expert_parallel import is_expert_param
 from ..param_buffer import ParamAndGradBuffer, broadcast_replicas, pack
 from ..plan import check_offload
 from .grads import ZeroGrads
@@ -47,14 +48,23 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
 
     def __init__(self, params, optimizer_class, dp_group, stage: int = 1,
                  bucket_cap_mb: float = 25.0, module=None, offload_optimizer: str | None = None,
-                 offload_path=None, offload_param: str | None = None, **defaults):
+                 offload_path=None, offload_param: str | None = None, expert_group=None, **defaults):
         offload_param = _check_arguments(stage, module, offload_optimizer, offload_param)
         self.stage, self.group = stage, dp_group
         self.world, self.rank = dp_group.size, dp_group.rank
+        # under expert parallelism the experts' parameters (`expert_parallel`) are sharded over
+        # the ranks holding the same experts, their gradients summed there and divided by DP x CP
+        self.expert_group = expert_group if expert_group is not dp_group else None
+        if self.expert_group is not None and offload_param is not None:
+            raise ValueError("--offload_param does not compose with --expert_parallel yet")
         group_of, ordered = self._group_parameters(params)
         packs, tied, units, uses = self._plan_buckets(module, ordered, group_of, bucket_cap_mb)
-        self.buffer = ParamAndGradBuffer(packs, pad_to=self.world)
+        self.buffer = ParamAndGradBuffer(packs, pad_to=lambda ps: self._group_of_pack(ps).size)
         self.buckets = self.buffer.buckets
+        for b in self.buckets:  # the group that shards each bucket, this rank's index in it
+            b.group = self._group_of_pack(b.params)
+            b.rank = b.group.rank
+            b.expert_scale = 1.0 / self.world if b.group is not self.group else None
         self._tied_buckets = self.buckets[len(self.buckets) - len(tied):] if tied and stage == 2 else []
         self._pack_buckets(offload_param)
         # stage 3: the gathering around each unit's forward and backward
@@ -102,10 +112,16 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
             if tied:  # (ParallelPlan refuses the layout; this is a model built so by hand)
                 raise ValueError("ZeRO-3 cannot shard a model whose tied parameters a pipeline holds on two stages")
             units, owned, uses = partition(module, ordered)
-            packs = owned
+            # a unit's experts in a bucket of their own (sharded over their group)
+            packs = [part for ps in owned for part in ([q for q in ps if not is_expert_param(q)],
+                                                       [q for q in ps if is_expert_param(q)])]
         else:  # the buckets DDP would reduce whole; a tied parameter alone, last
             packs = pack([p for p in ordered if not any(p is q for q in tied)], bucket_cap_mb) + [[p] for p in tied]
         return packs, tied, units, uses
+
+    def _group_of_pack(self, params):
+        """The group that shards a bucket of these parameters (pack keeps experts apart)."""
+        return self.expert_group if self.expert_group is not None and is_expert_param(params[0]) else self.group
 
     def _pack_buckets(self, offload_param) -> None:
         """Bucket by bucket: the parameters move into it, every rank gets rank 0's values, this
@@ -116,8 +132,8 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
                 for p in b.params:
                     p.grad = None
                     p.register_post_accumulate_grad_hook(self._on_grad)
-                broadcast_replicas([b.flat_param], self.group)
-                b.shard_param = b.shard(b.flat_param, self.rank)  # this rank's piece (stage 3: its own copy)
+                broadcast_replicas([b.flat_param], b.group)
+                b.shard_param = b.shard(b.flat_param, b.rank)  # this rank's piece (stage 3: its own copy)
                 b.pending = len(b.params)
                 if self.stage == 3:  # the piece becomes the only copy, before the next bucket is packed
                     b.shard_param = b.shard_param.clone()
@@ -136,7 +152,7 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
                         for g in self.param_groups]
         self.segments = []
         for bi, b in enumerate(self.buckets):
-            lo, hi = self.rank * b.piece, (self.rank + 1) * b.piece
+            lo, hi = b.rank * b.piece, (b.rank + 1) * b.piece
             for j, p in enumerate(b.params):
                 s, e = max(lo, b.offsets[j]), min(hi, b.offsets[j] + p.numel())
                 if s < e:
@@ -186,7 +202,7 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
         if self.stage == 3:  # the pieces are the parameters; each unit gathers them when it runs
             return
         for b in self.buckets:  # every rank's updated piece, to every rank
-            self.group.all_gather(b.flat_param, b.shard_param.clone())
+            b.group.all_gather(b.flat_param, b.shard_param.clone())
 
     def gathered_parameters(self, write: bool = False):
         """A context in which every parameter of the model is whole (stage 3 gathers them; the

@@ -116,7 +116,7 @@ class Gatherer:
             if self.pieces is not None:
                 self.pieces.load(bi)
             b.flat_param._storage.allocate(b.padded * b.flat_param.itemsize)
-            b.work = self.group.all_gather(b.flat_param, b.shard_param, async_op=True)
+            b.work = b.group.all_gather(b.flat_param, b.shard_param, async_op=True)
         if wait:
             self._wait(b)
 
@@ -235,8 +235,8 @@ class Gatherer:
         try:
             yield
             if write:
-                r = self.group.rank
-                pieces = {bi: b.flat_param[r * b.piece:(r + 1) * b.piece] for bi, b in enumerate(self.buckets)}
+                pieces = {bi: b.flat_param[b.rank * b.piece:(b.rank + 1) * b.piece]
+                          for bi, b in enumerate(self.buckets)}
                 if self.pieces is not None:
                     self.pieces.write(pieces)
                 else:

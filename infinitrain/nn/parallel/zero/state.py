@@ -44,7 +44,7 @@ class ZeroState:
                     if sbi == bi and key in mine_of[id(shard)]:
                         mine[at:at + shard.numel()].copy_(mine_of[id(shard)][key])
                 full = empty(b.padded, dtype=b.dtype, device=b.device)
-                self.group.all_gather(full, mine)
+                b.group.all_gather(full, mine)
                 for j, p in enumerate(b.params):
                     entry = state.setdefault(index[id(p)], {"step": step})
                     entry[key] = full[b.offsets[j]:b.offsets[j] + p.numel()].view(*p.shape).clone()
