@@ -20,6 +20,7 @@ from ..autograd import no_grad
 from ..io import DataFormatError, atomic_write, input_file, progress
 from ..creation import from_numpy
 from ..runtime import check_fits_in_memory
+from ..nn.parallel.expert_parallel.checkpoint import expert_parallel_of, gather_expert_tensors
 from ..nn.parallel.tensor_parallel import full_tensor, load_full
 from .format import CheckpointError, _write_safetensors
 from .sharded import _gathered, _stage_suffix
@@ -43,8 +44,11 @@ def save_pretrained(model, folder, write: bool = True, merge_lora: bool = False)
                               "loaded from it")
     # keep_vars: the parameters themselves, which know their TP shard (a detached copy does not,
     # and each rank would write its own slice)
-    state = model.state_dict(keep_vars=True)
-    full = {name: np.ascontiguousarray(full_tensor(t).float().cpu().numpy())
+    state = {name: full_tensor(t) for name, t in model.state_dict(keep_vars=True).items()}
+    ep = expert_parallel_of(model)
+    if ep is not None:  # every EP rank's experts, all-gathered (a collective over the EP group)
+        state = gather_expert_tensors(state, ep)
+    full = {name: np.ascontiguousarray(t.float().cpu().numpy())
             for name, t in progress(state.items(), total=len(state), desc="exporting", unit="tensor")}
     for name, layer in lora_layers(model):
         A, B = full.pop(name + ".lora_A"), full.pop(name + ".lora_B")
@@ -68,7 +72,7 @@ def save_pretrained(model, folder, write: bool = True, merge_lora: bool = False)
 
 
 @no_grad()
-def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
+def from_pretrained(cls, folder, tp=None, pp=None, cp=None, ep=None):
     """A model from a folder in transformers' format (what save_pretrained writes, or what
     transformers writes for GPT2LMHeadModel / LlamaForCausalLM: one model.safetensors or shards
     named by model.safetensors.index.json, float32, float16 or bfloat16), or in this package's
@@ -100,7 +104,10 @@ def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
     if missing or wrong:
         raise DataFormatError(f"{folder} does not hold the model its config.json describes: "
                               + "; ".join(([f"missing {', '.join(missing[:6])}"] if missing else []) + wrong[:6]))
-    model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
+    if ep is not None and not getattr(cfg, "num_experts", 0):
+        raise DataFormatError(f"{folder} holds a dense model: expert parallelism needs experts (a Mixtral or "
+                              "Qwen3-MoE folder)")
+    model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp, **({"ep": ep} if ep is not None else {}))
     arrays, state = hf.ours_from_theirs(cls, cfg, files, tied), model.state_dict(keep_vars=True)
     for name, p in progress(state.items(), total=len(state), desc=f"loading {folder.name}", unit="tensor"):
         load_full(p, from_numpy(arrays[name]()))

@@ -13,9 +13,10 @@ from infinitrain.examples.lm_train import recorded_config, train
 from infinitrain.models import GPT2, GPT2_PRESETS, gpt2
 
 
-def build_model(args, tp=None, pp=None, cp=None):
+def build_model(args, tp=None, pp=None, cp=None, ep=None):
     """tp, pp, cp: the TensorParallel layout, PipelineStage and ContextParallel to build this
-    rank's part of the model in (None: one process's model)."""
+    rank's part of the model in (None: one process's model). GPT-2 has no experts: ep is not
+    used (the trainer refuses --expert_parallel for a model without them)."""
     if args.llmc_filepath:
         return GPT2.from_llmc(args.llmc_filepath, tp=tp, pp=pp, cp=cp)
     if args.from_pretrained:

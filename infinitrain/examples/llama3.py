@@ -22,17 +22,17 @@ from infinitrain.examples.lm_train import recorded_config, train
 from infinitrain.models import LLAMA3_PRESETS, LLaMA3
 
 
-def build_model(args, tp=None, pp=None, cp=None):
-    """tp, pp, cp: the TensorParallel layout, PipelineStage and ContextParallel to build this
-    rank's part of the model in (None: one process's model)."""
+def build_model(args, tp=None, pp=None, cp=None, ep=None):
+    """tp, pp, cp, ep: the TensorParallel layout, PipelineStage, ContextParallel and
+    ExpertParallel to build this rank's part of the model in (None: one process's model)."""
     if args.llmc_filepath:
         return LLaMA3.from_llmc(args.llmc_filepath, tp=tp, pp=pp, cp=cp)
     if args.from_pretrained:
-        return LLaMA3.from_pretrained(args.from_pretrained, tp=tp, pp=pp, cp=cp)
+        return LLaMA3.from_pretrained(args.from_pretrained, tp=tp, pp=pp, cp=cp, ep=ep)
     recorded = recorded_config(args, LLaMA3)  # --load alone: the model its checkpoint records
     if recorded is not None:
-        return LLaMA3(replace(recorded, **args.moe_overrides), tp=tp, pp=pp, cp=cp)
-    return LLaMA3(args.presets[args.model], tp=tp, pp=pp, cp=cp)  # (with the MoE flags applied)
+        return LLaMA3(replace(recorded, **args.moe_overrides), tp=tp, pp=pp, cp=cp, ep=ep)
+    return LLaMA3(args.presets[args.model], tp=tp, pp=pp, cp=cp, ep=ep)  # (with the MoE flags applied)
 
 
 def main(argv=None) -> int:

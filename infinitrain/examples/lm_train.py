@@ -32,7 +32,7 @@ from infinitrain.optim.offload import OffloadError
 
 
 def train(args, build_model) -> int:
-    """Trains build_model(args, tp, stage, cp) (a GPT-2 or LLaMA-3 style model) as the flags say,
+    """Trains build_model(args, tp, stage, cp, ep) (a GPT-2 or LLaMA-3 style model) as the flags say,
     on as many MPI ranks as the job has: set up the layout, build and wrap the model, train, finish."""
     env, plan = setup_plan(args)
     log = print if env.is_main else (lambda *a, **k: None)
@@ -290,7 +290,8 @@ def build(args, env, plan, build_model, log):
     """The model of this rank's layout, with recomputation and LoRA as asked, on its device."""
     it.manual_seed(args.seed)
     try:
-        model = build_model(args, plan.tensor_parallel(), plan.pipeline_stage(), plan.context_parallel())
+        model = build_model(args, plan.tensor_parallel(), plan.pipeline_stage(), plan.context_parallel(),
+                            plan.expert_parallel())
     except (DataFormatError, OSError) as e:  # the checkpoint's contents (its header passed check_inputs)
         sys.exit(f"{'--from_pretrained' if args.from_pretrained else '--llmc_filepath'}: {e}")
     except ValueError as e:  # a layout that does not divide the model

@@ -320,11 +320,11 @@ class CausalLM(Module):
         return save_pretrained(self, folder, write)
 
     @classmethod
-    def from_pretrained(cls, folder, tp=None, pp=None, cp=None):
+    def from_pretrained(cls, folder, tp=None, pp=None, cp=None, ep=None):
         """A model from transformers' format (or this package's earlier one), each rank of a
-        TP/PP layout reading its slice: checkpoint.from_pretrained."""
+        TP/PP/EP layout reading its slice: checkpoint.from_pretrained."""
         from ..checkpoint import from_pretrained
-        return from_pretrained(cls, folder, tp=tp, pp=pp, cp=cp)
+        return from_pretrained(cls, folder, tp=tp, pp=pp, cp=cp, ep=ep)
 
     @no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -99,3 +99,22 @@ def test_an_ep4_checkpoint_resumes_at_one_process_ep2_tp_pp_and_zero(tmp_path):
                          (4, ["--ep", "2", "--pp", "2"], "ep4"), (4, ["--ep", "4"], "ep2zero")):
         got = losses(parallel_train(n, MOE + flags + ["--steps", "6", "--load", str(tmp_path / ck), "--first", "4"]))
         np.testing.assert_allclose(got[0][::2], whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags} from {ck}")
+
+
+@pytest.mark.mpi
+def test_the_example_trains_a_moe_preset_at_ep2_as_one_process_and_exports_every_expert(tmp_path):
+    """The front door: `mpirun -np 2 python -m infinitrain.examples.llama3 --model moe-tiny
+    --expert_parallel 2` prints the one-process losses, and its transformers export holds all
+    four experts of each layer (the EP ranks' halves gathered)."""
+    from safetensors import safe_open
+    from helpers import example, step_losses, write_tokens
+    shard = write_tokens(tmp_path / "t.bin")
+    args = ["--model", "moe-tiny", "--input_bin", str(shard), "--batch_size", "2", "--sequence_length", "32",
+            "--total_batch_size", "128", "--num_iteration", "3", "--learning_rate", "3e-3"]
+    one = step_losses(example(1, "llama3", args))
+    out = example(2, "llama3", args + ["--expert_parallel", "2", "--save_pretrained", str(tmp_path / "hf")])
+    assert "EP=2" in out and "imbalance" in out, out
+    np.testing.assert_allclose(step_losses(out), one, rtol=1e-5, atol=0)
+    with safe_open(tmp_path / "hf" / "model.safetensors", "np") as f:
+        experts = {k.split(".experts.")[1].split(".")[0] for k in f.keys() if ".experts." in k}
+    assert experts == {"0", "1", "2", "3"}, experts
