@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from infinitrain.nn.parallel.expert_parallel import ExpertParallel
-from helpers import MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train
+from helpers import ENV, MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train
 
 
 class _Group:  # what ExpertParallel reads of a process group
@@ -22,9 +22,12 @@ def test_each_ep_rank_holds_a_contiguous_block_of_experts():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n,ep", [(2, 2), (4, 4), (4, 2)])
-def test_all_to_all_and_dispatch_combine_against_one_process(n, ep):
-    assert mpirun(n, [str(MPI_SCRIPTS / "expert_parallel.py"), str(ep)]).count("OK") == n
+@pytest.mark.parametrize("n,ep,detail", [(2, 2, False), (4, 4, False), (4, 2, True)])
+def test_all_to_all_and_dispatch_combine_against_one_process(n, ep, detail):
+    """detail: with TORCH_DISTRIBUTED_DEBUG=DETAIL's argument checks, which must take each
+    rank's own number of rows in an all-to-all."""
+    env = {**ENV, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"} if detail else None
+    assert mpirun(n, [str(MPI_SCRIPTS / "expert_parallel.py"), str(ep)], env=env).count("OK") == n
 
 
 @pytest.mark.mpi

@@ -20,6 +20,7 @@ from . import watchdog
 # garbage (equal byte counts) or fail deep in MPI. One small exchange per collective.
 CHECK_COLLECTIVES = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
 _POINT_TO_POINT = frozenset(("send", "recv", "isend", "irecv"))
+_ROWS_DIFFER = frozenset(("all_to_all_single",))  # each rank sends and receives its own number of rows
 
 
 class CollectiveError(RuntimeError):
@@ -30,9 +31,11 @@ class CollectiveError(RuntimeError):
 def _signature(name: str, args, kwargs) -> str:
     """What a rank passes to a collective, as comparable text: 'all_reduce float32[4, 8] SUM'."""
     parts = [name]
+    rows_differ = name in _ROWS_DIFFER
     for a in (*args, *kwargs.values()):
         if isinstance(a, Tensor):
-            parts.append(f"{a.dtype.name}{list(a._shape)}")
+            shape = list(a._shape)
+            parts.append(f"{a.dtype.name}{['*', *shape[1:]] if rows_differ and shape else shape}")
         elif isinstance(a, ReduceOp):
             parts.append(a.name)
         elif isinstance(a, (int, str)) and not isinstance(a, bool):
