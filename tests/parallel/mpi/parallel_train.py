@@ -104,8 +104,6 @@ else:  # grouped-query attention: 8 query heads, 4 KV heads
         LLaMA3.from_pretrained(args.hf, tp=tp, pp=stage, cp=cp) if args.hf else \
         LLaMA3(cfg, seed=5, tp=tp, pp=stage, cp=cp, ep=plan.expert_parallel())
     for name, q in model.named_parameters():
-        if ".mlp.experts." in name:
-            q.expert_parallel = True  # (until the MoE layer marks its experts itself)
         if args.one_expert and name.endswith(".mlp.gate.weight"):
             with it.no_grad():
                 q.zero_()
