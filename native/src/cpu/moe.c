@@ -234,12 +234,12 @@ static it_status check_groups(const char *fn, it_device device, it_dtype dtype, 
     IT_CHECK_SIZE(rows, fn);
     IT_CHECK_SIZE(in_features, fn);
     IT_CHECK_SIZE(out_features, fn);
-    IT_CHECK_ARG(rows < INT32_MAX && in_features < INT32_MAX && out_features < INT32_MAX,
-                 "%s: a dimension does not fit BLAS's 32-bit integers (rows %lld, in %lld, out %lld)", fn,
-                 (long long)rows, (long long)in_features, (long long)out_features);
     IT_CHECK_PRODUCT(fn, 8, rows, in_features);
     IT_CHECK_PRODUCT(fn, 8, rows, out_features);
     IT_CHECK_PRODUCT(fn, 8, in_features, out_features);
+    IT_CHECK_ARG(rows < INT32_MAX && in_features < INT32_MAX && out_features < INT32_MAX,
+                 "%s: a dimension does not fit BLAS's 32-bit integers (rows %lld, in %lld, out %lld)", fn,
+                 (long long)rows, (long long)in_features, (long long)out_features);
     IT_CHECK_ARG(groups == 0 || (group_sizes && mats), "%s: group_sizes or the matrices' array is NULL", fn);
     int64_t total = 0;
     for (int64_t g = 0; g < groups; g++) {
