@@ -5,6 +5,8 @@
  * experts' consecutive rows (one BLAS product per expert, each threaded by BLAS: the experts'
  * products are large enough to use every core, and a BLAS call per thread would need the
  * library's thread count changed around the loop). */
+#include <omp.h>
+
 #include "common.h"
 
 /* ---- the routing order --------------------------------------------------------------- */
@@ -256,11 +258,54 @@ static it_status check_groups(const char *fn, it_device device, it_dtype dtype, 
     return IT_OK;
 }
 
-/* One group's product through it_matmul (BLAS, or the bf16 kernels), on the CPU. */
-static it_status group_matmul(it_dtype dtype, void *c, const void *a, const void *b, int64_t m, int64_t n,
-                              int64_t k, int trans_a, int trans_b) {
+/* One group's product: row-major C [m, n] = op(A) [m, k] @ op(B) [k, n]. */
+typedef struct {
+    void *c;
+    const void *a, *b;
+    int64_t m, n, k;
+    int trans_a, trans_b;
+} product;
+
+/* Many products (an expert's share of the tokens each) run side by side, one per OpenMP thread
+ * on a single-threaded BLAS, as attention's heads do: a threaded BLAS call per expert would wake
+ * and join every thread once per expert. Few products, and the 16-bit ones (whose kernels
+ * thread themselves), run one after the other through it_matmul, each on every thread. Either
+ * way an output element is one product's, computed whole by one BLAS kernel. */
+static it_status run_products_of(it_dtype dtype, const product *ps, int64_t count) {
     it_device cpu = {IT_CPU, 0};
-    return it_matmul(cpu, dtype, c, a, b, 1, m, n, k, trans_a, trans_b, 1.0f, 0.0f, 0, 0, 0);
+    int threads = omp_get_max_threads();
+    int side_by_side = (dtype == IT_FLOAT32 || dtype == IT_FLOAT64) && threads > 1 && count >= 2 * threads;
+    if (!side_by_side) {
+        for (int64_t i = 0; i < count; i++)
+            IT_TRY(it_matmul(cpu, dtype, ps[i].c, ps[i].a, ps[i].b, 1, ps[i].m, ps[i].n, ps[i].k, ps[i].trans_a,
+                             ps[i].trans_b, 1.0f, 0.0f, 0, 0, 0));
+        return IT_OK;
+    }
+    int blas_threads = it_blas_set_threads_local(1);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; i++) {
+        const product *p = ps + i;
+        int64_t lda = p->trans_a ? p->m : p->k, ldb = p->trans_b ? p->k : p->n;
+        if (dtype == IT_FLOAT32)
+            it_sgemm(p->trans_a, p->trans_b, p->m, p->n, p->k, 1.0f, (const float *)p->a, lda, (const float *)p->b,
+                     ldb, 0.0f, (float *)p->c, p->n);
+        else
+            it_dgemm(p->trans_a, p->trans_b, p->m, p->n, p->k, 1.0, (const double *)p->a, lda, (const double *)p->b,
+                     ldb, 0.0, (double *)p->c, p->n);
+    }
+    it_blas_set_threads_local(blas_threads);
+    return IT_OK;
+}
+
+/* Runs the `count` products in ps (from it_scratch_alloc) and frees them. */
+static it_status run_products(it_dtype dtype, product *ps, int64_t count) {
+    it_status st = run_products_of(dtype, ps, count);
+    it_scratch_free(ps);
+    return st;
+}
+
+static product *new_products(int64_t groups) {
+    return (product *)it_scratch_alloc((size_t)(groups > 0 ? groups : 1) * sizeof(product));
 }
 
 it_status it_moe_grouped_linear_forward(it_device device, it_dtype dtype, void *out, const void *x,
@@ -275,16 +320,19 @@ it_status it_moe_grouped_linear_forward(it_device device, it_dtype dtype, void *
     IT_DISPATCH(moe_grouped_linear_forward, device, dtype, out, x, weights, group_sizes, groups, rows,
                 in_features, out_features);
     size_t es = it_dtype_size(dtype);
-    for (int64_t g = 0, at = 0; g < groups; at += group_sizes[g++]) {
-        if (!group_sizes[g]) continue;
-        if (in_features == 0) { /* a product over nothing: zeros */
-            memset((char *)out + at * out_features * es, 0, (size_t)(group_sizes[g] * out_features) * es);
-            continue;
-        }
-        IT_TRY(group_matmul(dtype, (char *)out + at * out_features * es, (const char *)x + at * in_features * es,
-                            weights[g], group_sizes[g], out_features, in_features, 0, 1));
+    if (in_features == 0) { /* a product over nothing */
+        memset(out, 0, (size_t)(rows * out_features) * es);
+        return IT_OK;
     }
-    return IT_OK;
+    product *ps = new_products(groups);
+    IT_REQUIRE(ps, IT_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld groups", fn, (long long)groups);
+    int64_t count = 0;
+    for (int64_t g = 0, at = 0; g < groups; at += group_sizes[g++]) {
+        if (group_sizes[g])
+            ps[count++] = (product){(char *)out + at * out_features * es, (const char *)x + at * in_features * es,
+                                    weights[g], group_sizes[g], out_features, in_features, 0, 1};
+    }
+    return run_products(dtype, ps, count);
 }
 
 it_status it_moe_grouped_linear_backward_input(it_device device, it_dtype dtype, void *dx,
@@ -300,16 +348,19 @@ it_status it_moe_grouped_linear_backward_input(it_device device, it_dtype dtype,
     IT_DISPATCH(moe_grouped_linear_backward_input, device, dtype, dx, dout, weights, group_sizes, groups, rows,
                 in_features, out_features);
     size_t es = it_dtype_size(dtype);
-    for (int64_t g = 0, at = 0; g < groups; at += group_sizes[g++]) {
-        if (!group_sizes[g]) continue;
-        if (out_features == 0) { /* a product over nothing: zeros */
-            memset((char *)dx + at * in_features * es, 0, (size_t)(group_sizes[g] * in_features) * es);
-            continue;
-        }
-        IT_TRY(group_matmul(dtype, (char *)dx + at * in_features * es, (const char *)dout + at * out_features * es,
-                            weights[g], group_sizes[g], in_features, out_features, 0, 0));
+    if (out_features == 0) {
+        memset(dx, 0, (size_t)(rows * in_features) * es);
+        return IT_OK;
     }
-    return IT_OK;
+    product *ps = new_products(groups);
+    IT_REQUIRE(ps, IT_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld groups", fn, (long long)groups);
+    int64_t count = 0;
+    for (int64_t g = 0, at = 0; g < groups; at += group_sizes[g++]) {
+        if (group_sizes[g])
+            ps[count++] = (product){(char *)dx + at * in_features * es, (const char *)dout + at * out_features * es,
+                                    weights[g], group_sizes[g], in_features, out_features, 0, 0};
+    }
+    return run_products(dtype, ps, count);
 }
 
 it_status it_moe_grouped_linear_backward_weight(it_device device, it_dtype dtype,
@@ -329,14 +380,16 @@ it_status it_moe_grouped_linear_backward_weight(it_device device, it_dtype dtype
     IT_DISPATCH(moe_grouped_linear_backward_weight, device, dtype, dweights, dout, x, group_sizes, groups, rows,
                 in_features, out_features);
     size_t es = it_dtype_size(dtype);
+    product *ps = new_products(groups);
+    IT_REQUIRE(ps, IT_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld groups", fn, (long long)groups);
+    int64_t count = 0;
     for (int64_t g = 0, at = 0; g < groups; at += group_sizes[g++]) {
-        if (!group_sizes[g]) { /* an expert without rows still gets its (zero) gradient */
+        if (!group_sizes[g]) /* an expert without rows still gets its (zero) gradient */
             memset(dweights[g], 0, (size_t)(in_features * out_features) * es);
-            continue;
-        }
-        IT_TRY(group_matmul(dtype, dweights[g], (const char *)dout + at * out_features * es,
-                            (const char *)x + at * in_features * es, out_features, in_features, group_sizes[g],
-                            1, 0));
+        else
+            ps[count++] = (product){dweights[g], (const char *)dout + at * out_features * es,
+                                    (const char *)x + at * in_features * es, out_features, in_features,
+                                    group_sizes[g], 1, 0};
     }
-    return IT_OK;
+    return run_products(dtype, ps, count);
 }
