@@ -113,6 +113,8 @@ class GroupedLinear(Function):
 def grouped_linear(x: Tensor, weights, counts) -> Tensor:
     """x [A, in] with counts[e] consecutive rows for expert e; weights: one [out, in] matrix per
     expert (a Linear's layout). Returns [A, out]."""
+    if x.ndim != 2:
+        raise ValueError(f"grouped_linear: the input must be [rows, in_features], got shape {tuple(x.shape)}")
     weights = list(weights)
     counts = tuple(int(n) for n in counts)
     if len(weights) != len(counts):

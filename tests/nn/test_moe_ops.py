@@ -24,6 +24,8 @@ def routing(case, rng):
         if case == "empty":  # experts 1 and 4 receive nothing
             ids = np.stack([rng.choice([0, 2, 3], K, replace=False) for _ in range(TOKENS)])
     keep = rng.random((TOKENS, K)) > 0.3 if case == "keep" else np.ones((TOKENS, K), bool)
+    if case == "all_dropped":
+        keep[:] = False
     return ids.astype(np.int64), keep
 
 
@@ -34,11 +36,11 @@ def expected_order(ids, keep):
     return slots[order] // ids.shape[1], slots[order], tuple(np.bincount(flat[kept], minlength=E))
 
 
-@pytest.mark.parametrize("case", ["random", "empty", "one_expert", "keep"])
+@pytest.mark.parametrize("case", ["random", "empty", "one_expert", "keep", "all_dropped"])
 def test_the_routing_order_is_a_stable_sort_by_expert(case):
     ids, keep = routing(case, np.random.default_rng(1))
     rows, slots, counts = expected_order(ids, keep)
-    mask = it.tensor(keep) if case == "keep" else None
+    mask = it.tensor(keep) if case in ("keep", "all_dropped") else None
     for dtype in (it.int64, it.int32):
         got = moe.sort_by_expert(it.tensor(ids).to(dtype), E, mask)
         assert got.counts == counts and all(isinstance(c, int) for c in got.counts)
@@ -59,14 +61,14 @@ def torch_loop(x, ws, ids, keep, gate):
 
 
 def ours_layer(x, ws, ids, keep, gate, case):
-    order = moe.sort_by_expert(it.tensor(ids), E, it.tensor(keep) if case == "keep" else None)
+    order = moe.sort_by_expert(it.tensor(ids), E, it.tensor(keep) if case in ("keep", "all_dropped") else None)
     xs = moe.permute(x, order.rows)
     h = moe.grouped_linear(xs, ws, order.counts)
     weights = gate.reshape(-1)[order.slots]
     return moe.unpermute(h, order.rows, weights, x.shape[0]), order
 
 
-@pytest.mark.parametrize("case", ["random", "empty", "one_expert", "keep"])
+@pytest.mark.parametrize("case", ["random", "empty", "one_expert", "keep", "all_dropped"])
 def test_the_layer_path_and_its_gradients_against_a_pytorch_loop(case):
     rng = np.random.default_rng(2)
     ids, keep = routing(case, rng)
@@ -76,6 +78,8 @@ def test_the_layer_path_and_its_gradients_against_a_pytorch_loop(case):
     theirs = [torch.tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
     y, order = ours_layer(ours[0], ours[1:-1], ids, keep, ours[-1], case)
     ref = torch_loop(theirs[0], theirs[1:-1], ids, keep, theirs[-1])
+    if case == "all_dropped":  # PyTorch's zeros depend on nothing: give backward a graph to walk
+        ref = ref + 0 * theirs[-1].sum()
     np.testing.assert_allclose(y.detach().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
     g = rng.standard_normal((TOKENS, F)).astype(np.float32)
     (y * it.tensor(g)).sum().backward()
@@ -169,6 +173,8 @@ def test_python_level_errors_name_the_values():
     ws = [it.randn(5, 3), it.randn(5, 3)]
     with pytest.raises(ValueError, match=r"counts \[3, 2\] must be >= 0 and sum to the input's 4 rows"):
         moe.grouped_linear(x, ws, [3, 2])
+    with pytest.raises(ValueError, match=r"input must be \[rows, in_features\], got shape \(12,\)"):
+        moe.grouped_linear(x.reshape(-1), ws, [2, 2])
     with pytest.raises(ValueError, match="2 weights but 3 counts"):
         moe.grouped_linear(x, ws, [1, 1, 2])
     with pytest.raises(ValueError, match=r"every weight must be \[out, 3\]"):

@@ -85,7 +85,7 @@ const char *it_cuda_blas_status(void) {
 }
 
 it_status it_cuda_blas_handle(it_device device, void **handle) {
-    cublasHandle_t h;
+    cublasHandle_t h = nullptr;
     IT_CU_TRY(handle_for(device, &h));
     *handle = (void *)h;
     return IT_OK;
