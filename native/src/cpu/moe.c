@@ -267,33 +267,37 @@ typedef struct {
 } product;
 
 /* Many products (an expert's share of the tokens each) run side by side, one per OpenMP thread
- * on a single-threaded BLAS, as attention's heads do: a threaded BLAS call per expert would wake
- * and join every thread once per expert. Few products, and the 16-bit ones (whose kernels
- * thread themselves), run one after the other through it_matmul, each on every thread. Either
- * way an output element is one product's, computed whole by one BLAS kernel. */
+ * on a single-threaded BLAS (and the bf16 kernels, which run on the calling thread alone inside
+ * a parallel region), as attention's heads do: a threaded call per expert would wake and join
+ * every thread once per expert. Few products, and those on AMX tiles, run one after the other,
+ * each on every thread. Either way an output element is one product's, computed whole by one
+ * kernel. */
 static it_status run_products_of(it_dtype dtype, const product *ps, int64_t count) {
     it_device cpu = {IT_CPU, 0};
     int threads = omp_get_max_threads();
-    int side_by_side = (dtype == IT_FLOAT32 || dtype == IT_FLOAT64) && threads > 1 && count >= 2 * threads;
-    if (!side_by_side) {
+    int amx = (dtype == IT_BFLOAT16 && it_bf16_matmul_path() == IT_BF16_AMX);
+    if (amx || threads == 1 || count < 2 * threads) {
         for (int64_t i = 0; i < count; i++)
             IT_TRY(it_matmul(cpu, dtype, ps[i].c, ps[i].a, ps[i].b, 1, ps[i].m, ps[i].n, ps[i].k, ps[i].trans_a,
                              ps[i].trans_b, 1.0f, 0.0f, 0, 0, 0));
         return IT_OK;
     }
     int blas_threads = it_blas_set_threads_local(1);
+    it_status failed = IT_OK;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < count; i++) {
         const product *p = ps + i;
-        int64_t lda = p->trans_a ? p->m : p->k, ldb = p->trans_b ? p->k : p->n;
-        if (dtype == IT_FLOAT32)
-            it_sgemm(p->trans_a, p->trans_b, p->m, p->n, p->k, 1.0f, (const float *)p->a, lda, (const float *)p->b,
-                     ldb, 0.0f, (float *)p->c, p->n);
-        else
-            it_dgemm(p->trans_a, p->trans_b, p->m, p->n, p->k, 1.0, (const double *)p->a, lda, (const double *)p->b,
-                     ldb, 0.0, (double *)p->c, p->n);
+        it_status st = it_matmul(cpu, dtype, p->c, p->a, p->b, 1, p->m, p->n, p->k, p->trans_a, p->trans_b, 1.0f,
+                                 0.0f, 0, 0, 0);
+        if (st != IT_OK) {
+#pragma omp critical(it_moe_products)
+            failed = st;
+        }
     }
     it_blas_set_threads_local(blas_threads);
+    /* the product's own message is on the thread that ran it */
+    IT_REQUIRE(failed == IT_OK, failed, "it_moe_grouped_linear: an expert's product failed (%s)",
+               it_status_name(failed));
     return IT_OK;
 }
 
