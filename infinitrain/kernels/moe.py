@@ -27,13 +27,14 @@ def sort(expert_ids: Tensor, num_experts: int, keep: Tensor | None = None):
     tuple of ints): the kept assignments ordered by expert, then token, then choice."""
     if expert_ids.ndim != 2:
         raise ValueError(f"sort_by_expert: expert ids must be [tokens, k], got shape {tuple(expert_ids.shape)}")
-    _checks.index_tensor("sort_by_expert", "expert ids", expert_ids)
+    if expert_ids.dtype.is_floating_point:
+        raise TypeError(f"sort_by_expert: expert ids must be integers, got {expert_ids.dtype.name}")
     if keep is not None:
-        if keep.dtype is not _dt.bool or tuple(keep.shape) != tuple(expert_ids.shape):
-            raise ValueError(f"sort_by_expert: keep must be a bool mask of the ids' shape {tuple(expert_ids.shape)}, "
-                             f"got {keep.dtype.name} of shape {tuple(keep.shape)}")
+        if tuple(keep.shape) != tuple(expert_ids.shape):
+            raise ValueError(f"sort_by_expert: keep must be a mask of the ids' shape {tuple(expert_ids.shape)}, "
+                             f"got shape {tuple(keep.shape)}")
         _checks.same_device("sort_by_expert", expert_ids=expert_ids, keep=keep)
-        keep = keep._contiguous_raw()
+        keep = keep._contiguous_raw() if keep.dtype is _dt.bool else convert(keep._contiguous_raw(), _dt.bool)
     ids = expert_ids._contiguous_raw()
     if ids.dtype is not _dt.int64:
         ids = convert(ids, _dt.int64)

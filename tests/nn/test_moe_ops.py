@@ -181,7 +181,10 @@ def test_python_level_errors_name_the_values():
         moe.grouped_linear(x, [it.randn(5, 3), it.randn(5, 4)], [2, 2])
     with pytest.raises(IndexError, match=r"expert id 4 \(token 1, choice 1\) outside \[0, 4\)"):
         moe.sort_by_expert(it.tensor([[0, 1], [2, 4]]), 4)
-    with pytest.raises(ValueError, match="keep must be a bool mask"):
-        moe.sort_by_expert(it.tensor([[0, 1]]), 4, it.tensor([1, 0]))
+    with pytest.raises(ValueError, match=r"keep must be a mask of the ids' shape \(1, 2\), got shape \(2,\)"):
+        moe.sort_by_expert(it.tensor([[0, 1]]), 4, it.tensor([True, False]))
+    with pytest.raises(TypeError, match="expert ids must be integers, got float32"):
+        moe.sort_by_expert(it.tensor([[0.0, 1.0]]), 4)
+    assert moe.sort_by_expert(it.tensor([[0, 1]]), 4, it.tensor([[1, 0]])).counts == (1, 0, 0, 0)
     with pytest.raises(ValueError, match="num_experts must be >= 1, got 0"):
         moe.sort_by_expert(it.tensor([[0, 1]]), 0)
