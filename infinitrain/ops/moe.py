@@ -9,25 +9,20 @@ for all experts, each over its own rows), and the weighted scatter back.
     y = unpermute(h, order.rows, weights, num_tokens)        # sum over a token's k choices
 
 Assignments are ordered by expert, then by token, then by choice (a stable sort of the
-flattened [tokens, k] ids), so the result is the same whatever the kernels' threading.
+flattened [tokens, k] ids), so the result is the same whatever the kernels' threading. Each is
+a native kernel on the tensors' device (kernels/moe.py): the sort a counting sort, the scatter
+back a per-token sum in a fixed order (no atomics), the products one grouped call forward and
+one per backward form.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .. import amp
 from .. import dtypes as _dt
 from ..autograd import Function
-from ..kernels import index as kidx
-from ..kernels import matmul as kmm
-from ..device import as_device
-from ..tensor import Tensor, _empty
-
-
-def _cpu():
-    return as_device("cpu")
+from ..kernels import moe as kmoe
+from ..tensor import Tensor
 
 
 @dataclass(frozen=True)
@@ -43,29 +38,28 @@ class ExpertOrder:
 
 def sort_by_expert(expert_ids: Tensor, num_experts: int, keep: Tensor | None = None) -> ExpertOrder:
     """expert_ids [N, k] integers in [0, num_experts); keep: an optional bool [N, k] mask of the
-    assignments that are not dropped (a capacity factor's decision): dropped ones get no row."""
-    if expert_ids.ndim != 2:
-        raise ValueError(f"sort_by_expert: expert ids must be [tokens, k], got shape {tuple(expert_ids.shape)}")
-    ids = expert_ids.detach().to(device="cpu").numpy().reshape(-1).astype(np.int64)
-    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
-        raise ValueError(f"sort_by_expert: expert ids must lie in [0, {num_experts}), got "
-                         f"{int(ids.min())}..{int(ids.max())}")
-    slots = np.arange(ids.size, dtype=np.int64)
-    if keep is not None:
-        kept = keep.detach().to(device="cpu").numpy().reshape(-1).astype(bool)
-        ids, slots = ids[kept], slots[kept]
-    order = np.argsort(ids, kind="stable")
-    slots = slots[order]
-    counts = tuple(int(c) for c in np.bincount(ids, minlength=num_experts))
-    device = expert_ids.device
-    k = expert_ids.shape[1]
-    return ExpertOrder(rows=_index_tensor(slots // k, device), slots=_index_tensor(slots, device), counts=counts)
+    assignments that are not dropped (a capacity factor's decision): dropped ones get no row.
+    Runs on the ids' device; the counts come back to the host."""
+    if int(num_experts) < 1:
+        raise ValueError(f"sort_by_expert: num_experts must be >= 1, got {num_experts}")
+    rows, slots, counts = kmoe.sort(expert_ids.detach(), int(num_experts),
+                                    keep.detach() if keep is not None else None)
+    return ExpertOrder(rows=rows, slots=slots, counts=counts)
 
 
-def _index_tensor(values: np.ndarray, device) -> Tensor:
-    host = _empty(values.shape, _dt.int64, _cpu())
-    np.copyto(host.numpy(), values)
-    return host.to(device=device)
+class Permute(Function):
+    """out[a] = x[rows[a]]; the gradient sums each token's rows back (a fixed order per token)."""
+
+    @staticmethod
+    def forward(ctx, x, rows):
+        ctx.save_for_backward(rows)
+        ctx.num_tokens = x.shape[0]
+        return kmoe.permute(x, rows)
+
+    @staticmethod
+    def backward(ctx, g):
+        rows, = ctx.saved_tensors
+        return kmoe.unpermute(g, rows, None, ctx.num_tokens), None
 
 
 class Unpermute(Function):
@@ -74,67 +68,53 @@ class Unpermute(Function):
     @staticmethod
     def forward(ctx, y, rows, weights, num_tokens):
         ctx.save_for_backward(y, rows, weights)
-        out = _empty((num_tokens, y.shape[1]), y.dtype, y.device).fill_(0)
-        return kidx.index_add(out, 0, rows, y * weights.reshape(-1, 1))
+        return kmoe.unpermute(y, rows, weights, num_tokens)
 
     @staticmethod
     def backward(ctx, g):
         y, rows, weights = ctx.saved_tensors
-        g_rows = kidx.index_select(g.contiguous(), 0, rows)
-        gy = g_rows * weights.reshape(-1, 1) if ctx.needs_input_grad[0] else None
-        gw = (g_rows * y).sum(-1) if ctx.needs_input_grad[2] else None
+        gy, gw = kmoe.unpermute_backward(g, y, rows, weights, ctx.needs_input_grad[0], ctx.needs_input_grad[2])
         return gy, None, gw, None
 
 
 def permute(x: Tensor, rows: Tensor) -> Tensor:
     """x [N, C] -> [A, C]: row a is x[rows[a]] (the gradient sums back into each token)."""
-    from .index import index_select
-    return index_select(x, 0, rows)
+    return Permute.apply(x, rows)
 
 
 def unpermute(y: Tensor, rows: Tensor, weights: Tensor, num_tokens: int) -> Tensor:
     """y [A, C] in expert order -> [num_tokens, C]: each token's rows summed, weighted by its
     routing weights [A] (gradients to y and to the weights)."""
     weights = weights.to(dtype=y.dtype) if weights.dtype is not y.dtype else weights
-    return Unpermute.apply(y, rows, weights, num_tokens)
+    return Unpermute.apply(y, rows, weights, int(num_tokens))
 
 
 class GroupedLinear(Function):
-    """y[rows of e] = x[rows of e] @ weights[e]^T for each expert e, its rows consecutive."""
+    """y[rows of e] = x[rows of e] @ weights[e]^T for each expert e, its rows consecutive: one
+    native call forward, one for the input's gradient and one for all the weights'."""
 
     @staticmethod
     def forward(ctx, x, counts, *weights):
         ctx.save_for_backward(x, *weights)
         ctx.counts = counts
-        out = _empty((x.shape[0], weights[0].shape[0]), x.dtype, x.device)
-        at = 0
-        for w, n in zip(weights, counts):
-            if n:
-                out[at:at + n] = kmm.linear(x[at:at + n], w, None)
-            at += n
-        return out
+        return kmoe.grouped_linear(x, weights, counts)
 
     @staticmethod
     def backward(ctx, g):
         x, *weights = ctx.saved_tensors
-        g = g.contiguous()
-        gx = _empty(x.shape, x.dtype, x.device).fill_(0) if ctx.needs_input_grad[0] else None
-        gws = []
-        at = 0
-        for w, n in zip(weights, ctx.counts):
-            if gx is not None and n:
-                gx[at:at + n] = kmm.matmul(g[at:at + n], w)
-            # an expert that received no token still gets a (zero) gradient: every rank's
-            # gradient buckets fill the same way whatever the routing did
-            gws.append(kmm.matmul(g[at:at + n].t(), x[at:at + n]) if n
-                       else _empty(w.shape, w.dtype, w.device).fill_(0))
-            at += n
+        gx = kmoe.grouped_linear_backward_input(g, weights, ctx.counts) if ctx.needs_input_grad[0] else None
+        # every expert gets a gradient, zeros for one that received no token: every rank's
+        # gradient buckets fill the same way whatever the routing did
+        gws = kmoe.grouped_linear_backward_weight(g, x, ctx.counts) if any(ctx.needs_input_grad[2:]) \
+            else [None] * len(weights)
         return (gx, None, *gws)
 
 
 def grouped_linear(x: Tensor, weights, counts) -> Tensor:
     """x [A, in] with counts[e] consecutive rows for expert e; weights: one [out, in] matrix per
     expert (a Linear's layout). Returns [A, out]."""
+    if x.ndim != 2:
+        raise ValueError(f"grouped_linear: the input must be [rows, in_features], got shape {tuple(x.shape)}")
     weights = list(weights)
     counts = tuple(int(n) for n in counts)
     if len(weights) != len(counts):
@@ -143,9 +123,9 @@ def grouped_linear(x: Tensor, weights, counts) -> Tensor:
         raise ValueError(f"grouped_linear: the counts {list(counts)} must be >= 0 and sum to the "
                          f"input's {x.shape[0]} rows")
     shapes = {tuple(w.shape) for w in weights}
-    if len(shapes) != 1 or next(iter(shapes))[1] != x.shape[-1]:
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2 or next(iter(shapes))[1] != x.shape[-1]:
         raise ValueError(f"grouped_linear: every weight must be [out, {x.shape[-1]}], got {sorted(shapes)}")
     x, *weights = amp.lower(x, *weights)
     if x.dtype not in (_dt.float32, _dt.float64, _dt.bfloat16, _dt.float16):
         raise TypeError(f"grouped_linear: floating inputs only, got {x.dtype}")
-    return GroupedLinear.apply(x.contiguous(), counts, *weights)
+    return GroupedLinear.apply(x, counts, *weights)

@@ -444,6 +444,56 @@ it_status it_embedding_backward(it_device device, it_dtype dtype, void *dweight,
                                 const void *dout, const void *indices, it_dtype index_dtype,
                                 int64_t n, int64_t num_embeddings, int64_t cols);
 
+/* ---- mixture of experts ---------------------------------------------------------------- */
+/* The routing order of tokens * top_k assignments: expert_ids [tokens, top_k] (int64, each in
+ * [0, num_experts); anything else is IT_ERR_INDEX_OUT_OF_RANGE, on CUDA at the host's next
+ * synchronisation) sorted stably by expert, then token, then choice, leaving out those whose
+ * keep [tokens, top_k] (bool, NULL keeps all) is 0. counts [num_experts] receives each expert's
+ * number of assignments; rows and slots [tokens * top_k] the token (row) and the flattened
+ * index (token * top_k + choice) of each assignment in that order: only the first sum(counts)
+ * entries are written. Every array is on `device`. */
+it_status it_moe_sort(it_device device, int64_t *rows, int64_t *slots, int64_t *counts,
+                      const int64_t *expert_ids, const uint8_t *keep, int64_t tokens,
+                      int64_t top_k, int64_t num_experts);
+/* out [assignments, cols] = x [tokens, cols] at rows[a] (int64, each in [0, tokens)). */
+it_status it_moe_permute(it_device device, it_dtype dtype, void *out, const void *x,
+                         const int64_t *rows, int64_t assignments, int64_t tokens, int64_t cols);
+/* out [tokens, cols] (overwritten) = the sum over the assignments a with rows[a] == t of
+ * weights[a] * y[a] (weights [assignments] of y's dtype; NULL: 1, the permutation's backward).
+ * Each token sums its own rows in their order, in float32 (float64 for float64): the same bits
+ * whatever the threads, no atomics. A token no row names gets zeros. */
+it_status it_moe_unpermute(it_device device, it_dtype dtype, void *out, const void *y,
+                           const void *weights, const int64_t *rows, int64_t assignments,
+                           int64_t tokens, int64_t cols);
+/* Its backward, given dout [tokens, cols]: dy [assignments, cols] = weights[a] * dout[rows[a]]
+ * and dweights [assignments] = the dot of y[a] with dout[rows[a]]; either may be NULL. */
+it_status it_moe_unpermute_backward(it_device device, it_dtype dtype, void *dy, void *dweights,
+                                    const void *dout, const void *y, const void *weights,
+                                    const int64_t *rows, int64_t assignments, int64_t tokens,
+                                    int64_t cols);
+/* The experts' products in one call: x [rows, in_features] holds group_sizes[g] consecutive
+ * rows for group (expert) g, group_sizes a host array of `groups` counts summing to rows;
+ * weights a host array of `groups` device pointers, each [out_features, in_features] (may be
+ * NULL for a group without rows). forward: out [rows, out_features] = x_g @ W_g^T per group;
+ * backward_input: dx [rows, in_features] = dout_g @ W_g; backward_weight: dweights[g]
+ * [out_features, in_features] (overwritten) = dout_g^T @ x_g, zeros for a group without rows.
+ * float32, bfloat16, float16 (float32 accumulation) and float64; cuBLAS's grouped product on
+ * CUDA where the toolkit has it (12.5 and later), one product per group otherwise. */
+it_status it_moe_grouped_linear_forward(it_device device, it_dtype dtype, void *out, const void *x,
+                                        const void *const *weights, const int64_t *group_sizes,
+                                        int64_t groups, int64_t rows, int64_t in_features,
+                                        int64_t out_features);
+it_status it_moe_grouped_linear_backward_input(it_device device, it_dtype dtype, void *dx,
+                                               const void *dout, const void *const *weights,
+                                               const int64_t *group_sizes, int64_t groups,
+                                               int64_t rows, int64_t in_features,
+                                               int64_t out_features);
+it_status it_moe_grouped_linear_backward_weight(it_device device, it_dtype dtype,
+                                                void *const *dweights, const void *dout,
+                                                const void *x, const int64_t *group_sizes,
+                                                int64_t groups, int64_t rows, int64_t in_features,
+                                                int64_t out_features);
+
 /* ---- optimizer updates ---------------------------------------------------------------- */
 /* Fused AdamW on n parameters (param/grad in `dtype`, m and v float32). `step` is the
  * 1-based step count for bias correction; weight decay is decoupled (param *= 1 - lr*wd). */

@@ -12,7 +12,7 @@ ENUMS = {"it_unary_op": lib.IT_EXP, "it_binary_op": lib.IT_ADD, "it_scalar_op": 
 INTS = {"diagonal": 0, "ignore_index": -100, "step": 1, "ndim": 1, "num_inputs": 1, "num_outputs": 1,
         "trans_a": 0, "trans_b": 0, "upper": 0, "largest": 1, "replacement": 1, "nesterov": 0,
         "first_step": 1, "row_offset": 0, "count_include_pad": 1, "training": 1, "stride_a": 4, "stride_b": 4,
-        "stride_c": 4}
+        "stride_c": 4, "groups": 1}
 FLOATS = {"low": 0.0, "eps": 1e-5, "beta1": 0.9, "beta2": 0.99}
 HOST_ARRAYS = re.compile(r"(strides|shape|sizes)$")
 

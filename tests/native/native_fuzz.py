@@ -108,6 +108,14 @@ def calls(rng):
     yield "batchnorm_backward", lambda s: lib.it_batchnorm_backward(CPU, f32, b, b, b, b + 1024, b + 2048, b, b,
                                                                     b, *s, 1), 3
 
+    # mixture of experts: (tokens, top_k, num_experts); (assignments, cols, tokens); (rows, in, out, groups)
+    yield "moe_sort", lambda s: lib.it_moe_sort(CPU, I64, I64 + 16, I64 + 32, I64 + 48, ffi.NULL, *s), 3
+    yield "moe_permute", lambda s: lib.it_moe_permute(CPU, f32, b, b + 2048, I64, s[0], s[2], s[1]), 3
+    yield "moe_unpermute", lambda s: lib.it_moe_unpermute(CPU, f32, b, b + 2048, ffi.NULL, I64, s[0], s[2], s[1]), 3
+    experts = ffi.new("void *[]", [b + 1024, b + 2048, b + 3072])
+    yield "moe_grouped_linear", lambda s: lib.it_moe_grouped_linear_forward(CPU, f32, b, b + 512, experts, I64, s[3],
+                                                                            s[0], s[1], s[2]), 4
+
     def strided(s):
         shape = ffi.new("int64_t[]", s)
         return lib.it_copy_strided(CPU, f32, b, I64, b, I64, shape, len(s))
@@ -185,6 +193,10 @@ def main(cases: int) -> None:
         lambda: lib.it_memcpy_async(ffi.new("it_device *", [lib.IT_CUDA, 0])[0], ffi.NULL, CPU, BUF, 8, ffi.NULL),
         lambda: lib.it_storage_new_pinned(2**60, ffi.new("it_storage **")),
         lambda: lib.it_storage_new_pinned(64, ffi.NULL),
+        lambda: lib.it_moe_sort(CPU, I64, I64 + 16, ffi.NULL, I64 + 48, ffi.NULL, 2, 2, 4),
+        lambda: lib.it_moe_grouped_linear_forward(CPU, lib.IT_FLOAT32, BUF, BUF + 64, ffi.NULL, I64, 2, 2, 2, 2),
+        lambda: lib.it_moe_grouped_linear_backward_weight(CPU, lib.IT_FLOAT32, ffi.new("void *[2]"), BUF, BUF + 64,
+                                                          I64, 2, 2, 2, 2),
     ] + [(lambda d=d: lib.it_unary(d, lib.IT_EXP, lib.IT_FLOAT32, BUF, BUF, 4)) for d in BAD_DEVICES] \
       + [(lambda d=d: lib.it_storage_new(d, 64, ffi.new("it_storage **"))) for d in BAD_DEVICES] \
       + [(lambda d=d: lib.it_memcpy_async(d, BUF, CPU, BUF + 64, 8, ffi.NULL)) for d in BAD_DEVICES] \

@@ -59,6 +59,17 @@ cudaStream_t it_cuda_stream(it_device device);
 it_status it_cuda_index_flag(it_device device, int **flag);
 it_status it_cuda_check_index_flag(it_device device);
 
+// ---- cuBLAS (matmul.cu) -------------------------------------------------------------------
+// it_matmul's CUDA twin, for kernels made of products (the experts' grouped products).
+extern "C" it_status it_cuda_matmul(it_device device, it_dtype dtype, void *c, const void *a, const void *b,
+                                    int64_t batch, int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                                    int32_t trans_b, float alpha, float beta, int64_t stride_a,
+                                    int64_t stride_b, int64_t stride_c);
+// This thread's cuBLAS handle for `device`, set to its current stream.
+it_status it_cuda_blas_handle(it_device device, void **handle);
+// An entry point of the cuBLAS found, by name; NULL when it lacks it (an older library).
+void *it_cuda_blas_symbol(const char *name);
+
 // ---- dtypes ---------------------------------------------------------------------------------
 static inline size_t dtype_bytes(it_dtype dt) {
     switch (dt) {

@@ -84,6 +84,18 @@ const char *it_cuda_blas_status(void) {
     return where;
 }
 
+it_status it_cuda_blas_handle(it_device device, void **handle) {
+    cublasHandle_t h = nullptr;
+    IT_CU_TRY(handle_for(device, &h));
+    *handle = (void *)h;
+    return IT_OK;
+}
+
+void *it_cuda_blas_symbol(const char *name) {
+    std::call_once(cublas_once, open_cublas);
+    return cublas.lib ? dlsym(cublas.lib, name) : nullptr;
+}
+
 // Row-major C [M, N] = op(A) [M, K] @ op(B) [K, N] is column-major C^T = op(B)^T op(A)^T:
 // cuBLAS gets B first, then A, with the leading dimensions of their row-major storage.
 extern "C" it_status it_cuda_matmul(it_device device, it_dtype dtype, void *c, const void *a,

@@ -1,8 +1,9 @@
-// libcublas.so.13 for the emulated GPU: the three entry points libinfinitrain_cuda.so opens,
+// libcublas.so.13 for the emulated GPU: the entry points libinfinitrain_cuda.so opens,
 // computed by their documented meaning (column-major, op(A) op(B), beta == 0 never reads C,
 // float accumulation for CUBLAS_COMPUTE_32F, double for 64F), queued on the handle's stream
 // like the real library's kernels.
 #pragma GCC optimize("O3")
+#include <algorithm>
 #include <vector>
 
 #include "emulated_cuda.h"
@@ -96,6 +97,42 @@ extern "C" int cublasGemmStridedBatchedEx(void *handle, int transa, int transb, 
                                                  stride_b, be, C, ldc, stride_c, batch, type);
         else gemm<float>(transa, transb, m, n, k, al, A, lda, stride_a, B, ldb, stride_b, be, C, ldc,
                          stride_c, batch, type);
+    });
+    return 0;
+}
+
+// The grouped product (cuBLAS 12.5): per group i, group_size[i] problems of the group's
+// shapes, alpha and beta (host arrays); the matrices' pointer arrays are in device memory, read
+// when the work runs, as the real kernels read them.
+extern "C" int cublasGemmGroupedBatchedEx(void *handle, const int *transa, const int *transb, const int *m,
+                                          const int *n, const int *k, const void *alpha, const void *const *A,
+                                          int a_type, const int *lda, const void *const *B, int b_type,
+                                          const int *ldb, const void *beta, void *const *C, int c_type,
+                                          const int *ldc, int group_count, const int *group_size, int compute) {
+    const int COMPUTE_32F = 68, COMPUTE_64F = 70;
+    if (group_count < 0 || a_type != b_type || a_type != c_type) return 7;
+    if (compute != COMPUTE_32F && compute != COMPUTE_64F) return 7;
+    if ((compute == COMPUTE_64F) != (c_type == CUDA_R_64F)) return 7;
+    struct Group { int ta, tb, m, n, k, lda, ldb, ldc, size; double alpha, beta; };
+    std::vector<Group> groups;
+    for (int i = 0; i < group_count; i++) {
+        Group g{transa[i], transb[i], m[i], n[i], k[i], lda[i], ldb[i], ldc[i], group_size[i],
+                compute == COMPUTE_64F ? ((const double *)alpha)[i] : ((const float *)alpha)[i],
+                compute == COMPUTE_64F ? ((const double *)beta)[i] : ((const float *)beta)[i]};
+        if (g.m < 0 || g.n < 0 || g.k < 0 || g.size < 0) return 7;
+        if (g.lda < std::max(1, g.ta ? g.k : g.m) || g.ldb < std::max(1, g.tb ? g.n : g.k) || g.ldc < std::max(1, g.m))
+            return 7;
+        groups.push_back(g);
+    }
+    emu::enqueue_task(((Handle *)handle)->stream, [=] {
+        long long idx = 0;
+        for (const Group &g : groups)
+            for (int j = 0; j < g.size; j++, idx++) {
+                if (compute == COMPUTE_64F) gemm<double>(g.ta, g.tb, g.m, g.n, g.k, g.alpha, A[idx], g.lda, 0, B[idx],
+                                                         g.ldb, 0, g.beta, C[idx], g.ldc, 0, 1, c_type);
+                else gemm<float>(g.ta, g.tb, g.m, g.n, g.k, g.alpha, A[idx], g.lda, 0, B[idx], g.ldb, 0, g.beta,
+                                 C[idx], g.ldc, 0, 1, c_type);
+            }
     });
     return 0;
 }

@@ -94,6 +94,14 @@ template <typename T> T __shfl_down_sync(unsigned int mask, T v, unsigned int de
     return emu_shuffle(mask, v, in_group < width ? l + (int)delta : l);
 }
 
+// Atomics: one block runs at a time and a fiber only yields at a barrier, so a read-modify-write
+// is never interleaved with another thread's.
+template <typename T> T atomicAdd(T *p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
