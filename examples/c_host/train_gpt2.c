@@ -16,6 +16,7 @@
  *
  * AdamW as the Python example's defaults: betas (0.9, 0.95), eps 1e-8, decoupled weight decay
  * (-w, default 0) on the matrices and embeddings only, no gradient clipping (its default). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,7 +106,7 @@ static int read_header(FILE *f, const char *path, int32_t header[256], long *siz
  * block size, vocabulary, layers, heads, channels, padded vocabulary), then the 16 tensors. */
 static int gpt2_build_from_checkpoint(GPT2 *model, const char *path, it_device device) {
     FILE *f = fopen(path, "rb");
-    if (!f) return FAIL("cannot open checkpoint %s", path);
+    if (!f) return FAIL("cannot open checkpoint %s: %s", path, strerror(errno));
     int32_t h[256];
     long size;
     if (read_header(f, path, h, &size)) return fclose(f), 1;
@@ -130,6 +131,10 @@ static int gpt2_build_from_checkpoint(GPT2 *model, const char *path, it_device d
         return fclose(f), FAIL("%s: %ld bytes, but a %d-layer, %d-wide model in version %d needs %lld (%s)",
                                path, size, h[4], h[6], h[1], (long long)(1024 + n * itemsize),
                                size < 1024 + n * itemsize ? "truncated" : "trailing data");
+    model->device = device;
+    it_status st = it_storage_new(device, (size_t)n * sizeof(float), &model->params_mem);
+    if (st != IT_OK)
+        return fclose(f), FAIL("it_storage_new for the parameters failed: %s (%s)", it_last_error(), it_status_name(st));
     float *host = malloc((size_t)n * sizeof(float));
     if (!host) return fclose(f), FAIL("out of host memory for %lld parameters", (long long)n);
     size_t got = fread(host, (size_t)itemsize, (size_t)n, f);  /* bfloat16 fills the first half */
@@ -140,16 +145,13 @@ static int gpt2_build_from_checkpoint(GPT2 *model, const char *path, it_device d
         uint16_t *bf = malloc((size_t)n * 2);
         if (!bf) return free(host), FAIL("out of host memory for %lld parameters", (long long)n);
         memcpy(bf, host, (size_t)n * 2);
-        it_status st = it_cast(cpu, host, F32, bf, IT_BFLOAT16, n);
+        st = it_cast(cpu, host, F32, bf, IT_BFLOAT16, n);
         free(bf);
         if (st != IT_OK) return free(host), FAIL("it_cast: %s", it_last_error());
     }
-    model->device = device;
-    it_status st = it_storage_new(device, (size_t)n * sizeof(float), &model->params_mem);
-    if (st == IT_OK)
-        st = it_memcpy(device, it_storage_data(model->params_mem), cpu, host, (size_t)n * sizeof(float));
+    st = it_memcpy(device, it_storage_data(model->params_mem), cpu, host, (size_t)n * sizeof(float));
     free(host);
-    TRY(st);
+    if (st != IT_OK) return FAIL("it_memcpy of the parameters failed: %s (%s)", it_last_error(), it_status_name(st));
     point_parameters(&model->params, it_storage_data(model->params_mem), model->sizes);
     return 0;
 }
@@ -167,7 +169,7 @@ typedef struct {
 
 static int dataloader_init(DataLoader *d, const char *path, int64_t B, int64_t T) {
     *d = (DataLoader){.path = path, .B = B, .T = T};
-    if (!(d->file = fopen(path, "rb"))) return FAIL("cannot open token shard %s", path);
+    if (!(d->file = fopen(path, "rb"))) return FAIL("cannot open token shard %s: %s", path, strerror(errno));
     int32_t h[256];
     long size;
     if (read_header(d->file, path, h, &size)) return 1;
@@ -483,7 +485,8 @@ static int train(int argc, char **argv) {
     float lr = 1e-4f, weight_decay = 0.0f;
     for (int i = 1; i < argc; i += 2) {
         const char *f = argv[i];
-        if (i + 1 >= argc || f[0] != '-' || strlen(f) != 2) return usage(), FAIL("bad argument %s", f);
+        if (f[0] != '-' || strlen(f) != 2) return usage(), FAIL("bad argument %s (flags are -x value)", f);
+        if (i + 1 >= argc) return usage(), FAIL("flag %s needs a value", f);
         const char *val = argv[i + 1];
         int bad = 0;
         switch (f[1]) {
