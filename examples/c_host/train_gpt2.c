@@ -121,6 +121,10 @@ static int gpt2_build_from_checkpoint(GPT2 *model, const char *path, it_device d
         return fclose(f), FAIL("%s: header sizes (block size %d, vocabulary %d, layers %d, heads %d, "
                                "channels %d) must be positive, channels a multiple of heads",
                                path, h[2], h[3], h[4], h[5], h[6]);
+    double numel = (double)c->padded_vocab_size * c->channels + (double)c->max_seq_len * c->channels +
+                   (double)c->num_layers * (12.0 * c->channels * c->channels + 13.0 * c->channels);
+    if (numel > 1e15)  /* (before any size is multiplied out in int64) */
+        return fclose(f), FAIL("%s: header sizes give %.3g parameters: not a checkpoint", path, numel);
     if (c->padded_vocab_size != (c->vocab_size + 127) / 128 * 128)
         return fclose(f), FAIL("%s: padded vocabulary %d is not %d rounded up to 128", path, h[7], h[3]);
     parameter_sizes(c, model->sizes);
@@ -141,7 +145,7 @@ static int gpt2_build_from_checkpoint(GPT2 *model, const char *path, it_device d
     fclose(f);
     if (got != (size_t)n) return free(host), FAIL("%s: read %zu of %lld parameters", path, got, (long long)n);
     it_device cpu = {IT_CPU, 0};
-    if (itemsize == 2) {  /* widened in place from the back: it_cast reads each before it writes */
+    if (itemsize == 2) {  /* bfloat16 (version 5): widened to float32 by the library's cast */
         uint16_t *bf = malloc((size_t)n * 2);
         if (!bf) return free(host), FAIL("out of host memory for %lld parameters", (long long)n);
         memcpy(bf, host, (size_t)n * 2);
@@ -466,7 +470,8 @@ static void usage(void) {
 static int parse_int(const char *flag, const char *s, long *out) {
     char *end;
     *out = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || *out < 1) return FAIL("%s %s: expected a positive integer", flag, s);
+    if (*s == '\0' || *end != '\0' || *out < 1 || *out > INT32_MAX)
+        return FAIL("%s %s: expected a positive integer (at most %d)", flag, s, INT32_MAX);
     return 0;
 }
 
@@ -518,8 +523,12 @@ static int train(int argc, char **argv) {
         return gpt2_free(&model), FAIL("-t %ld is longer than the checkpoint's block size %lld", T,
                                        (long long)c->max_seq_len);
     DataLoader loader = {0};
-    int32_t *inputs = malloc((size_t)(B * T) * sizeof(int32_t)), *targets = malloc((size_t)(B * T) * sizeof(int32_t));
-    int failed = !inputs || !targets ? FAIL("out of host memory for a batch") : dataloader_init(&loader, shard, B, T);
+    int32_t *inputs = NULL, *targets = NULL;
+    int failed = dataloader_init(&loader, shard, B, T);  /* first: B*T is then at most the shard's length */
+    if (!failed) {
+        inputs = malloc((size_t)(B * T) * sizeof(int32_t)), targets = malloc((size_t)(B * T) * sizeof(int32_t));
+        if (!inputs || !targets) failed = FAIL("out of host memory for a batch");
+    }
     if (!failed) printf("train dataset num_batches: %lld\n", (long long)(loader.num_tokens / (B * T)));
     if (!failed) failed = gpt2_allocate(&model, B, T);
     for (long step = 0; step < steps && !failed; step++) {

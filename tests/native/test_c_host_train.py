@@ -64,6 +64,7 @@ def test_c_host_reads_bfloat16_checkpoints(files):
     (["-e", "missing.bin"], "cannot open checkpoint missing.bin: No such file"),
     (["-e", "train.bin"], "magic number 20240520 is not an llm.c GPT-2 checkpoint's"),
     (["-e", "truncated.bin"], "truncated"),
+    (["-e", "huge.bin"], "parameters: not a checkpoint"),  # sizes that would overflow when multiplied
     (["-i", "tiny.bin"], "is not an llm.c token shard's"),
     (["-i", "missing.bin"], "cannot open token shard missing.bin"),
     (["-b", "64", "-t", "256"], "12000 tokens are fewer than one step needs (16385 = batch 64 x sequence 256 + 1)"),
@@ -78,6 +79,9 @@ def test_c_host_bad_input(files, args, message):
     d, exe = files
     if not (d / "truncated.bin").exists():
         (d / "truncated.bin").write_bytes((d / "tiny.bin").read_bytes()[:-4])
+        header = np.zeros(256, "<i4")
+        header[:8] = (20240326, 3, 2**31 - 1, 2**31 - 1, 2**31 - 1, 1, 2**31 - 1, 2**31 - 1)
+        (d / "huge.bin").write_bytes(header.tobytes())
     out = run([exe, "-e", "tiny.bin", "-i", "train.bin", "-n", "1", *args], timeout=60, cwd=d)
     assert out.returncode == 1, (out.stdout, out.stderr)  # not a signal: no crash
     assert message in out.stderr, out.stderr
