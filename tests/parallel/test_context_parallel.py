@@ -52,7 +52,7 @@ def test_impossible_sizes_are_refused_with_the_sizes():
                                          "must be a multiple of 8"):
         cp.check_sequence(12, tp_multiple=4)  # 6 tokens per CP rank do not split over TP 4
     with pytest.raises(ValueError, match="communication must be one of"):
-        ContextParallel(SimpleNamespace(size=2, rank=0), comm_type="a2a")
+        ContextParallel(SimpleNamespace(size=2, rank=0), comm_type="ulysses")
     model = GPT2(GPT2Config(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=8), cp=cp)
     import infinitrain as it
     with pytest.raises(ValueError, match="context parallel 2 splits each sequence into 4 equal chunks"):
