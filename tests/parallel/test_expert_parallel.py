@@ -121,3 +121,25 @@ def test_the_example_trains_a_moe_preset_at_ep2_as_one_process_and_exports_every
     with safe_open(tmp_path / "hf" / "model.safetensors", "np") as f:
         experts = {k.split(".experts.")[1].split(".")[0] for k in f.keys() if ".experts." in k}
     assert experts == {"0", "1", "2", "3"}, experts
+
+
+BIASED = MOE + ["--moe_router", "sigmoid", "--moe_bias_rate", "1e-2"]
+
+
+def _biases(stdout: str) -> list:
+    import re
+    return re.search(r"biases (.*)$", stdout, re.M).group(1).split()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,flags", [(4, ["--ep", "2"]), (4, ["--ep", "2", "--tp", "2", "--sp"]),
+                                     (4, ["--ep", "2", "--pp", "2"]), (4, ["--ep", "2", "--cp", "2"])],
+                         ids=["ep2-dp2", "ep2-tp2sp", "ep2-pp2", "ep2-cp2"])
+def test_the_selection_biases_move_as_in_one_process(n, flags):
+    """DeepSeek-V3's bias balancing (a sigmoid router): each step's loads summed over DP x CP
+    (and the sequence-parallel TP ranks) move the biases; after the steps they are the one
+    process's, bit for bit, and so are the losses."""
+    one = parallel_train(1, BIASED)
+    got = parallel_train(n, BIASED + flags)
+    assert _biases(got) == _biases(one) and len(set(_biases(one))) > 1, (_biases(got), _biases(one))
+    assert_same(losses(got), losses(one), "float32", f"biased routing, {n} ranks {flags}")

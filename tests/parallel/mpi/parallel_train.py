@@ -37,6 +37,9 @@ p.add_argument("--experts", type=int, default=0, help="llama3: MoE layers of thi
 p.add_argument("--moe_top_k", type=int, default=2)
 p.add_argument("--moe_aux", type=float, default=0.0, help="the load-balancing loss's coefficient")
 p.add_argument("--moe_capacity", type=float, default=None, help="the capacity factor (None: dropless)")
+p.add_argument("--moe_router", default="softmax", help="softmax | sigmoid")
+p.add_argument("--moe_bias_rate", type=float, default=0.0,
+               help="DeepSeek-V3's selection biases, updated after every step from the step's loads")
 p.add_argument("--one_expert", action="store_true",
                help="the routers start at zero: with --moe_top_k 1 every token goes to expert 0 at every step")
 p.add_argument("--vpp", type=int, default=1)
@@ -76,7 +79,8 @@ def moe_options(args) -> dict:
     if not args.experts:
         return {}
     return dict(num_experts=args.experts, moe_top_k=args.moe_top_k, moe_ffn_hidden=32,
-                moe_aux_loss_coeff=args.moe_aux, moe_capacity_factor=args.moe_capacity)
+                moe_aux_loss_coeff=args.moe_aux, moe_capacity_factor=args.moe_capacity, moe_router=args.moe_router,
+                moe_bias_update_rate=args.moe_bias_rate)
 
 
 if args.offload_buffer_mb is not None:
@@ -147,8 +151,14 @@ for step in range(args.first, args.steps + 1):
     if step > args.first:  # the first step also allocates the gradients
         activation_peak = max(activation_peak, it.memory_stats()["peak_allocated_bytes"] - start)
     norm = trainer.optimizer_step(args.clip)
+    if args.moe_bias_rate:  # the loads summed over DP x CP, as the examples' loop does
+        from infinitrain.examples.moe_flags import moe_reducer
+        model.update_moe_biases(moe_reducer(plan, "cpu"))
     if env.rank == 0:
         print(f"loss {step} {np.float32(value):.9g} norm {norm:.9g}", flush=True)
+if args.moe_bias_rate and env.rank == 0:  # (rank 0 holds the first layer in every layout)
+    bias = model.transformer.h[0].mlp.gate.e_score_correction_bias
+    print(f"biases {' '.join(f'{v:.9g}' for v in bias.float().cpu().numpy())}", flush=True)
 train_peak = it.memory_stats()["peak_allocated_bytes"]  # before the checks below gather anything
 
 
