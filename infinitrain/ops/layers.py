@@ -18,6 +18,8 @@ from ..tensor import Tensor, _empty
 
 
 class Linear(Function):
+    weight_inputs = (1, 2)
+
     @staticmethod
     def forward(ctx, x, weight, bias):
         x2 = x.reshape(-1, x.shape[-1])
@@ -37,6 +39,9 @@ class Linear(Function):
 
 
 class LayerNorm(Function):
+    # the kernel computes the three gradients together: a deferred W takes the weights' from B
+    weight_inputs = (1, 2)
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         out, mean, rstd = knn.layer_norm(x, weight, bias, eps)
@@ -48,10 +53,17 @@ class LayerNorm(Function):
     def backward(ctx, g):
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = knn.layer_norm_backward(g, x, weight, mean, rstd, ctx.has_bias)
+        ctx.weight_grads = (dw, db)
         return dx, dw, db, None
+
+    @staticmethod
+    def backward_weight(ctx, g):
+        return (None, *ctx.weight_grads, None)
 
 
 class RMSNorm(Function):
+    weight_inputs = (1,)  # as LayerNorm's
+
     @staticmethod
     def forward(ctx, x, weight, eps):
         out, rstd = knn.rms_norm(x, weight, eps)
@@ -62,7 +74,12 @@ class RMSNorm(Function):
     def backward(ctx, g):
         x, weight, rstd = ctx.saved_tensors
         dx, dw = knn.rms_norm_backward(g, x, weight, rstd)
+        ctx.weight_grads = (dw,)
         return dx, dw, None
+
+    @staticmethod
+    def backward_weight(ctx, g):
+        return (None, *ctx.weight_grads, None)
 
 
 def _memory_held_only_by(t) -> bool:
@@ -118,6 +135,8 @@ class CrossEntropy(Function):
 
 
 class Embedding(Function):
+    weight_inputs = (1,)
+
     @staticmethod
     def forward(ctx, indices, weight):
         ctx.save_for_backward(indices)
@@ -127,6 +146,8 @@ class Embedding(Function):
     @staticmethod
     def backward(ctx, g):
         (indices,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:  # a deferred backward's input part: nothing to do
+            return None, None
         shape, dtype, device = ctx.weight_meta
         if dtype is _dt.float32 or dtype is _dt.float64:
             return None, knn.embedding_backward(_empty(shape, dtype, device).fill_(0), g.contiguous(), indices)
