@@ -114,9 +114,9 @@ class ParallelPlan:
             raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
         if schedule == "interleaved" and V < 2:
             raise ValueError("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
-        if schedule == "1f1b" and V > 1:
-            raise ValueError("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
-                             "> 1 use interleaved (the default) or gpipe")
+        if schedule in ("1f1b", "zb-h1") and V > 1:
+            raise ValueError(f"--pipeline_schedule {schedule} runs one chunk per stage; with "
+                             f"--virtual_pipeline_parallel {V} use interleaved (the default) or gpipe")
         if self.pipeline_split not in SPLITS:
             raise ValueError(f"pipeline split must be 'balanced' or 'even', got {self.pipeline_split!r}")
         if self.cp_comm not in CP_COMM_TYPES:

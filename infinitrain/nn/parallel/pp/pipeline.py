@@ -19,13 +19,14 @@ from contextlib import nullcontext
 
 from ....autograd import no_grad
 from ....autograd.engine import backward as autograd_backward
+from ....autograd.engine import defer_weight_grads
 from ....creation import empty, zeros
 from ....dtypes import float64
 from ..ddp import Reducer
 from ..finalize import scale_loss
 from ..param_buffer import broadcast_replicas
 from .p2p import P2P
-from .schedules import schedule
+from .schedules import SPLIT_BACKWARD, schedule
 
 
 class _SingleStage:
@@ -36,7 +37,8 @@ class _SingleStage:
 
 class PipelineParallel:
     """model: a CausalLM built with pp=PipelineStage (or a whole one: a pipeline of one
-    stage). schedule: "gpipe", "1f1b" or "interleaved" (needs virtual >= 2). dp_group: the
+    stage). schedule: "gpipe", "1f1b", "interleaved" (needs virtual >= 2) or "zb-h1" (its
+    backwards split into B and a deferred W, schedules.py). dp_group: the
     data-parallel group of this stage's replicas (gradients averaged over it).
     deallocate_outputs: a chunk's output gives its memory back once it is sent (Megatron's
     deallocate_pipeline_outputs; the backward needs only its shape). post_receives: each pass
@@ -56,6 +58,7 @@ class PipelineParallel:
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.reducers = []
         self._inputs, self._outputs = {}, {}  # per (micro-batch, chunk) until its backward
+        self._weights = {}  # per (micro-batch, chunk): the weight gradients its B left for its W
         if self.dp_group is not None:
             # replicas start equal (they do by seed; a loaded model is made so)
             broadcast_replicas(list(model.parameters()) + list(model.buffers()), self.dp_group)
@@ -89,10 +92,12 @@ class PipelineParallel:
         M = len(micro_batches)
         s = self.stage
         plan = schedule(self.schedule, s.size, self.V, M, s.stage)
-        last_backward = {a[2]: i for i, a in enumerate(plan) if a[0] == "B"}
+        # a chunk's gradients are complete after its last backward (its last W where split)
+        last_backward = {a[2]: i for i, a in enumerate(plan) if a[0] == ("W" if self.schedule in SPLIT_BACKWARD
+                                                                          else "B")}
         for r in self.reducers:
             r.prepare(sync=False)
-        self._inputs, self._outputs = {}, {}
+        self._inputs, self._outputs, self._weights = {}, {}, {}
         context = forward_context or nullcontext
         loss_sum = None  # the last chunk's losses, summed on the device
         posted = -1  # the last pass whose receive is posted
@@ -106,8 +111,12 @@ class PipelineParallel:
                     loss = self._forward(micro_batches, micro, chunk, num_micro_batches=M)
                 if loss is not None:
                     loss_sum = loss if loss_sum is None else loss_sum + loss
-            else:
+            elif kind == "W":
                 if self.reducers and last_backward[chunk] == i:
+                    self.reducers[chunk].sync = True
+                self._weights.pop((micro, chunk)).run()
+            else:
+                if self.reducers and last_backward.get(chunk) == i:
                     self.reducers[chunk].sync = True  # the chunk's gradients are complete after this
                 self._backward(micro_batches, micro, chunk)
             if self.p2p is not None:
@@ -141,10 +150,12 @@ class PipelineParallel:
         g = self._global(chunk)
         out = self._outputs.pop((micro, chunk))
         x = self._inputs.pop((micro, chunk), None)
-        if g == self.last_chunk:
-            autograd_backward(out)
+        grad = None if g == self.last_chunk else self._recv(batches[micro][0], backward=True, micro=micro, g=g)
+        if self.schedule in SPLIT_BACKWARD:  # the input part now, the weights' in the schedule's W
+            with defer_weight_grads() as weights:
+                autograd_backward(out, grad)
+            self._weights[(micro, chunk)] = weights
         else:
-            grad = self._recv(batches[micro][0], backward=True, micro=micro, g=g)
             autograd_backward(out, grad)
         if g > 0:
             self.p2p.send(x.grad, self._neighbour(g - 1), backward=True)
@@ -153,7 +164,7 @@ class PipelineParallel:
         """Posts the receive pass (kind, micro, chunk) will need, if it needs one."""
         g = self._global(chunk)
         backward = kind == "B"
-        if (g == self.last_chunk) if backward else g == 0:
+        if kind == "W" or ((g == self.last_chunk) if backward else g == 0):
             return
         shape, dtype = self.model.hidden_spec(*batches[micro][0].shape)
         self.p2p.post(shape, dtype, self._neighbour(g + 1 if backward else g - 1), backward)

@@ -16,16 +16,23 @@ receives them.
   P through chunk 0, then the same group through chunk 1, ...; backwards walk the chunks in
   reverse; warm-up is 2 (P - s - 1) + (V - 1) P forwards (all of them when M < P or when
   that exceeds M V), then 1F1B.
+- ZB-H1 (Qi et al., ICLR 2024, "zero bubble" with 1F1B's memory): each backward is split into
+  its input part "B", which the previous stage waits for, and its weight part "W" (autograd's
+  defer_weight_grads), which can run any time after. 1F1B's order of F and B; stage s holds
+  back its first s W's and then runs one after each B, so the W's it owes fill the cooldown's
+  idle slots. Every stage then keeps at most P micro-batches short of their W (stage 0's
+  count under 1F1B), and the bubble falls from (P-1)(F+B+W) to (P-1)(F+B-W).
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SPLIT_BACKWARD = ("zb-h1",)  # the schedules whose "B" is the input part, with a "W" apart
 
 
 class Action(NamedTuple):
-    kind: str    # "F" or "B"
+    kind: str    # "F", "B" (the whole backward, or its input part where a "W" follows), "W"
     micro: int   # micro-batch
     chunk: int   # local chunk on this stage (0..V-1)
 
@@ -50,6 +57,22 @@ def one_f_one_b(stages: int, virtual: int, micro: int, stage: int) -> list:
     fwd = [Action("F", m, 0) for m in range(micro)]
     bwd = [Action("B", m, 0) for m in range(micro)]
     return _one_forward_one_backward(fwd, bwd, stages - stage - 1)
+
+
+def zb_h1(stages: int, virtual: int, micro: int, stage: int) -> list:
+    if virtual != 1:
+        raise ValueError("ZB-H1 runs one chunk per stage; with two chunks per stage use 'zbv'")
+    plan = one_f_one_b(stages, 1, micro, stage)
+    out, held, next_w = [], stage, 0
+    for a in plan:
+        out.append(a)
+        if a.kind == "B":
+            if held:
+                held -= 1
+            else:
+                out.append(Action("W", next_w, 0))
+                next_w += 1
+    return out + [Action("W", m, 0) for m in range(next_w, micro)]
 
 
 def interleaved(stages: int, virtual: int, micro: int, stage: int) -> list:
@@ -80,11 +103,14 @@ def schedule(name: str, stages: int, virtual: int, micro: int, stage: int) -> li
     """The action list of `stage` for one step of `micro` micro-batches."""
     if micro < 1:
         raise ValueError(f"a pipeline step needs at least one micro-batch, got {micro}")
-    make = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}.get(name)
+    make = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}.get(name)
     if make is None:
         raise ValueError(f"unknown pipeline schedule {name!r}; choose from {', '.join(SCHEDULES)}")
     if name == "interleaved" and virtual < 2:
         raise ValueError("the interleaved schedule needs virtual pipeline parallel >= 2")
+    if name in SPLIT_BACKWARD and micro < stages:
+        raise ValueError(f"the {name} schedule needs at least as many micro-batches per step as pipeline "
+                         f"stages: got {micro} micro-batches for {stages} stages")
     return make(stages, virtual, micro, stage)
 
 
@@ -94,6 +120,8 @@ def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
     sent, taken = {}, {}
     for s, plan in enumerate(plans):
         for a in plan:
+            if a.kind == "W":
+                continue  # nothing travels
             g = a.chunk * P + s
             step = 1 if a.kind == "F" else -1  # activations go up the chunks, gradients down
             if 0 <= g - step <= last:  # this pass's input came from chunk g - step
@@ -107,15 +135,18 @@ def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
                                f"in the order {messages}, which it receives as {taken.get(link)}")
 
 
-def simulate(name: str, stages: int, virtual: int, micro: int,
-             forward_cost: float = 1.0, backward_cost: float = 2.0, chunk_work=None) -> dict:
+def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: float = 1.0,
+             backward_cost: float = 2.0, chunk_work=None, weight_cost: float | None = None) -> dict:
     """Runs the schedule of every stage on paper, with the engine's rule (a pass waits for
     its input, sends never wait). Raises RuntimeError on a deadlock; returns the step's
     length, the idle share of it (the pipeline bubble: `bubble` over all stages, and each
-    stage's in `stage_bubbles`) and each stage's peak count of chunk activations held (forward
-    done, backward not yet). chunk_work: the work of each of the P x V global chunks, as a
-    multiple of forward_cost / backward_cost (an uneven split: blocks per chunk, the head's
-    blocks' worth on the last); by default every chunk does 1/V of a stage's equal share."""
+    stage's in `stage_bubbles`), each stage's peak count of chunk activations held (forward
+    done, backward not yet: `peak_in_flight`) and of those whose weight gradients wait (B
+    done, W not yet: `peak_awaiting_w`, which keep the weight products' inputs). chunk_work:
+    the work of each of the P x V global chunks, as a multiple of the costs (an uneven split:
+    blocks per chunk, the head's blocks' worth on the last); by default every chunk does 1/V
+    of a stage's equal share. weight_cost: the W part of backward_cost where the schedule
+    splits it (default half: a product for the input's gradient, one for the weight's)."""
     P, V, last = stages, virtual, stages * virtual - 1
     work = [1.0 / V] * (P * V) if chunk_work is None else [float(w) for w in chunk_work]
     if len(work) != P * V:
@@ -123,13 +154,19 @@ def simulate(name: str, stages: int, virtual: int, micro: int,
     plans = [schedule(name, P, V, micro, s) for s in range(P)]
     _check_link_order(name, plans, P, last)
     at, clock = [0] * P, [0.0] * P
-    held, peak = [0] * P, [0] * P
+    held, peak, awaiting, peak_w = [0] * P, [0] * P, [0] * P, [0] * P
+    w_cost = backward_cost / 2 if weight_cost is None else weight_cost
+    cost = {"F": forward_cost, "B": backward_cost, "W": w_cost}
+    if name in SPLIT_BACKWARD:
+        cost["B"] = backward_cost - w_cost
     done = {}  # ("F"|"B", micro, global chunk) -> finish time
 
     def ready(s: int, a: Action):
         g = a.chunk * P + s
         if a.kind == "F":
             dep = ("F", a.micro, g - 1) if g > 0 else None
+        elif a.kind == "W":
+            dep = ("B", a.micro, g)
         else:
             dep = ("B", a.micro, g + 1) if g < last else ("F", a.micro, g)
         if dep is None:
@@ -147,10 +184,12 @@ def simulate(name: str, stages: int, virtual: int, micro: int,
                     break
                 start = max(clock[s], t)
                 g = a.chunk * P + s
-                clock[s] = start + (forward_cost if a.kind == "F" else backward_cost) * work[g]
+                clock[s] = start + cost[a.kind] * work[g]
                 done[(a.kind, a.micro, g)] = clock[s]
-                held[s] += 1 if a.kind == "F" else -1
-                peak[s] = max(peak[s], held[s])
+                held[s] += 1 if a.kind == "F" else -1 if a.kind == "B" else 0
+                if name in SPLIT_BACKWARD and a.kind != "F":
+                    awaiting[s] += 1 if a.kind == "B" else -1
+                peak[s], peak_w[s] = max(peak[s], held[s]), max(peak_w[s], awaiting[s])
                 at[s] += 1
                 remaining -= 1
                 progressed = True
@@ -161,4 +200,4 @@ def simulate(name: str, stages: int, virtual: int, micro: int,
     span = max(clock)
     busy = [micro * (forward_cost + backward_cost) * sum(work[s::P]) for s in range(P)]
     return {"time": span, "bubble": 1.0 - sum(busy) / (P * span),
-            "stage_bubbles": [1.0 - b / span for b in busy], "peak_in_flight": peak}
+            "stage_bubbles": [1.0 - b / span for b in busy], "peak_in_flight": peak, "peak_awaiting_w": peak_w}
