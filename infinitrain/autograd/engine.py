@@ -167,13 +167,13 @@ class defer_weight_grads:
     idle time with W. A Function opts in by naming its weight arguments (`weight_inputs`);
     its backward is then called twice, with needs_input_grad masked to the inputs and then
     to the weights (or its `backward_weight`). Parameters' .grad, their hooks and DDP/ZeRO's
-    bucket counts see nothing until run() (or run_deferred_weight_grads()): the gradients are
-    then the same bits as a plain backward's.
+    bucket counts see nothing until backward_weight() (or run_deferred_weight_grads()): the
+    gradients are then the same bits as a plain backward's.
 
-        with defer_weight_grads() as w:
+        with defer_weight_grads() as deferred:
             loss.backward()
         ...                 # x.grad is ready; the weights' gradients are not
-        w.run()
+        deferred.backward_weight()
     """
 
     def __init__(self):
@@ -189,8 +189,9 @@ class defer_weight_grads:
     def __exit__(self, *exc) -> None:
         _local.deferring = self._outer
 
-    def run(self) -> None:
-        """Runs the weight gradients the backward passes within this block left, in order."""
+    def backward_weight(self) -> None:
+        """Runs the weight gradients the backward passes within this block left, in order
+        (torch.distributed.pipelining's stage_backward_weight)."""
         walks, self.walks = self.walks, []
         for walk in walks:
             _local.queue.remove(walk)

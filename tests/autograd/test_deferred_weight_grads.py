@@ -33,7 +33,7 @@ class _Blocks(nn.Module):
         return nn.functional.linear(self.rms(h), self.emb.weight)
 
 
-def _deferred_grads(model, run, inputs=()):
+def _deferred_grads(model, step, inputs=()):
     model.zero_grad()
     for t in inputs:
         t.grad = None
@@ -42,10 +42,10 @@ def _deferred_grads(model, run, inputs=()):
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(lambda p: seen.append(id(p)))
     with defer_weight_grads() as w:
-        run()
+        step()
     early = [t.grad.numpy().copy() for t in inputs]  # the input gradients exist after B
     assert not seen and all(p.grad is None for p in model.parameters()), "a weight gradient came before W"
-    w.run()
+    w.backward_weight()
     assert sorted(seen) == sorted(id(p) for p in model.parameters() if p.requires_grad)  # each once
     return early + [p.grad.numpy().copy() if p.grad is not None else None for p in model.parameters()]
 
@@ -59,14 +59,14 @@ def _equal(a, b):
             np.testing.assert_array_equal(x, y)
 
 
-def _compare(model, run, inputs=()):
+def _compare(model, step, inputs=()):
     model.zero_grad()
     for t in inputs:
         t.grad = None
-    run()
+    step()
     ref = [t.grad.numpy().copy() for t in inputs] + \
         [p.grad.numpy().copy() if p.grad is not None else None for p in model.parameters()]
-    _equal(_deferred_grads(model, run, inputs), ref)
+    _equal(_deferred_grads(model, step, inputs), ref)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -76,11 +76,11 @@ def test_every_layer_type_bit_identical(dtype):
     idx = it.randint(0, 11, (2, 5))
     x = it.randn(2, 5, 8, requires_grad=True)
 
-    def run():
+    def step():
         with autocast("cpu", dtype=dtype, enabled=dtype != "float32"):  # under bf16 the weights pass a cast
             y = model(idx, x)
         (y.float() ** 2).mean().backward()
-    _compare(model, run, [x])
+    _compare(model, step, [x])
 
 
 def test_recomputation_and_lora_bit_identical():
@@ -90,10 +90,10 @@ def test_recomputation_and_lora_bit_identical():
     idx = it.randint(0, 11, (2, 5))
     x = it.randn(2, 5, 8, requires_grad=True)
 
-    def run():
+    def step():
         y = checkpoint(model, idx, x)
         (y ** 2).mean().backward()
-    _compare(model, run, [x])
+    _compare(model, step, [x])
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama3"])
@@ -122,7 +122,7 @@ def test_models_bit_identical_over_micro_batches(name):
         handles.append(w)
     assert all(p.grad is None for p in model.parameters())
     for w in handles:
-        w.run()
+        w.backward_weight()
     _equal([p.grad.numpy() for p in model.parameters()], ref)
     with defer_weight_grads():
         loss(batches[0]).backward()

@@ -112,6 +112,9 @@ class ParallelPlan:
                              "--pipeline_parallel 2 or more")
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if schedule == "zbv" and V != 2:
+            raise ValueError(f"--pipeline_schedule zbv places two chunks per stage in a V: it needs "
+                             f"--virtual_pipeline_parallel 2, got {V}")
         if schedule == "interleaved" and V < 2:
             raise ValueError("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
         if schedule in ("1f1b", "zb-h1") and V > 1:
@@ -272,9 +275,11 @@ class ParallelPlan:
         """This rank's PipelineStage (what a model is built with under PP), or None when PP is 1."""
         if not self.pipelined:
             return None
+        from .pp.schedules import placement
         from .pp.stage import PipelineStage
         env = self._groups()
-        return PipelineStage(env.pp_group, self.virtual_pipeline_parallel, env.embedding_group, self.pipeline_split)
+        return PipelineStage(env.pp_group, self.virtual_pipeline_parallel, env.embedding_group, self.pipeline_split,
+                             placement(self.pipeline_schedule))
 
     def context_parallel(self):
         """This rank's ContextParallel (what a model is built with under CP), or None when CP is 1."""

@@ -22,13 +22,29 @@ receives them.
   back its first s W's and then runs one after each B, so the W's it owes fill the cooldown's
   idle slots. Every stage then keeps at most P micro-batches short of their W (stage 0's
   count under 1F1B), and the bubble falls from (P-1)(F+B+W) to (P-1)(F+B-W).
+- ZBV (two chunks per stage in a V: stage s holds chunks s and 2P-1-s, stage.py): the order is
+  found by playing the step out with equal F, B and W costs, each stage taking, whenever it is
+  free, the first pass whose input is there in the order B of chunk 1, B of chunk 0, F of
+  chunk 1, F of chunk 0 (deepest work first, so gradients reach the stages below soonest),
+  else its oldest W; a stage that owes P W's runs its oldest first, and starts no forward
+  while it holds 2P chunk activations (1F1B's stage-0 memory: P micro-batches of its whole
+  part). Each (pass, chunk) runs its micro-batches in order, which keeps every link's
+  messages in order.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-SPLIT_BACKWARD = ("zb-h1",)  # the schedules whose "B" is the input part, with a "W" apart
+from .stage import global_chunk, stage_of
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+SPLIT_BACKWARD = ("zb-h1", "zbv")  # the schedules whose "B" is the input part, with a "W" apart
+
+
+def placement(name: str) -> str:
+    """Where a schedule puts the chunks (stage.py): a V for ZBV, else a loop."""
+    return "v" if name == "zbv" else "loop"
 
 
 class Action(NamedTuple):
@@ -75,6 +91,63 @@ def zb_h1(stages: int, virtual: int, micro: int, stage: int) -> list:
     return out + [Action("W", m, 0) for m in range(next_w, micro)]
 
 
+def zbv(stages: int, virtual: int, micro: int, stage: int) -> list:
+    if virtual != 2:
+        raise ValueError(f"ZBV places two chunks per stage in a V: it needs virtual pipeline parallel 2, "
+                         f"got {virtual}")
+    return list(_zbv_plans(stages, micro)[stage])
+
+
+@lru_cache(maxsize=64)
+def _zbv_plans(P: int, M: int) -> tuple:
+    """Every stage's ZBV order (see the module's docstring), played out on paper."""
+    last, cap = 2 * P - 1, 2 * P  # cap: chunk activations held
+    order = (("B", 1), ("B", 0), ("F", 1), ("F", 0))
+    nxt = [{(k, c): 0 for k in "FBW" for c in (0, 1)} for _ in range(P)]
+    plans, free, done = [[] for _ in range(P)], [0.0] * P, {}
+    held, owed = [0] * P, [0] * P
+
+    def ready(s, kind, m, c):
+        g = global_chunk(s, c, P, "v")
+        if kind == "F":
+            return 0.0 if g == 0 else done.get(("F", m, g - 1))
+        if kind == "B":
+            return done.get(("B", m, g + 1) if g < last else ("F", m, g))
+        return done.get(("B", m, g))
+
+    for _ in range(6 * M * P):
+        best = None
+        for s in range(P):
+            passes = []  # (time it could start, pass) of the next F / B of each chunk
+            for kind, c in order:
+                m = nxt[s][(kind, c)]
+                if m < M and not (kind == "F" and held[s] >= cap):
+                    t = ready(s, kind, m, c)
+                    if t is not None:
+                        passes.append((max(t, free[s]), Action(kind, m, c)))
+            owing = sorted((ready(s, "W", nxt[s][("W", c)], c), c) for c in (0, 1)
+                           if nxt[s][("W", c)] < M and ready(s, "W", nxt[s][("W", c)], c) is not None)
+            now = [a for t, a in passes if t <= free[s]]
+            if now and owed[s] < P:
+                choice = (free[s], now[0])
+            elif owing:
+                choice = (free[s], Action("W", nxt[s][("W", owing[0][1])], owing[0][1]))
+            elif passes:
+                choice = min(passes, key=lambda p: p[0])
+            else:
+                continue
+            if best is None or choice[0] < best[0]:
+                best = (choice[0], s, choice[1])
+        t, s, a = best
+        free[s] = t + 1.0
+        done[(a.kind, a.micro, global_chunk(s, a.chunk, P, "v"))] = free[s]
+        nxt[s][(a.kind, a.chunk)] += 1
+        plans[s].append(a)
+        held[s] += {"F": 1, "B": -1, "W": 0}[a.kind]
+        owed[s] += {"F": 0, "B": 1, "W": -1}[a.kind]
+    return tuple(tuple(p) for p in plans)
+
+
 def interleaved(stages: int, virtual: int, micro: int, stage: int) -> list:
     P, V, M = stages, virtual, micro
     G = _group_size(P, M)
@@ -103,7 +176,8 @@ def schedule(name: str, stages: int, virtual: int, micro: int, stage: int) -> li
     """The action list of `stage` for one step of `micro` micro-batches."""
     if micro < 1:
         raise ValueError(f"a pipeline step needs at least one micro-batch, got {micro}")
-    make = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}.get(name)
+    make = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1,
+            "zbv": zbv}.get(name)
     if make is None:
         raise ValueError(f"unknown pipeline schedule {name!r}; choose from {', '.join(SCHEDULES)}")
     if name == "interleaved" and virtual < 2:
@@ -115,6 +189,7 @@ def schedule(name: str, stages: int, virtual: int, micro: int, stage: int) -> li
 
 
 def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
+    where = placement(name)
     """Raises RuntimeError unless, on every link (from stage, to stage, direction), the
     messages leave in the order the receiver takes them: the k-th sent is the k-th received."""
     sent, taken = {}, {}
@@ -122,12 +197,12 @@ def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
         for a in plan:
             if a.kind == "W":
                 continue  # nothing travels
-            g = a.chunk * P + s
+            g = global_chunk(s, a.chunk, P, where)
             step = 1 if a.kind == "F" else -1  # activations go up the chunks, gradients down
-            if 0 <= g - step <= last:  # this pass's input came from chunk g - step
-                taken.setdefault(((g - step) % P, s, a.kind), []).append((a.micro, g))
-            if 0 <= g + step <= last:  # its output goes to chunk g + step
-                sent.setdefault((s, (g + step) % P, a.kind), []).append((a.micro, g + step))
+            if 0 <= g - step <= last and stage_of(g - step, P, where) != s:  # its input came from g - step
+                taken.setdefault((stage_of(g - step, P, where), s, a.kind), []).append((a.micro, g))
+            if 0 <= g + step <= last and stage_of(g + step, P, where) != s:  # its output goes to g + step
+                sent.setdefault((s, stage_of(g + step, P, where), a.kind), []).append((a.micro, g + step))
     for link, messages in sent.items():
         if taken.get(link) != messages:
             raise RuntimeError(f"schedule {name}: stage {link[0]} sends stage {link[1]} its "
@@ -161,8 +236,10 @@ def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: flo
         cost["B"] = backward_cost - w_cost
     done = {}  # ("F"|"B", micro, global chunk) -> finish time
 
+    where = placement(name)
+
     def ready(s: int, a: Action):
-        g = a.chunk * P + s
+        g = global_chunk(s, a.chunk, P, where)
         if a.kind == "F":
             dep = ("F", a.micro, g - 1) if g > 0 else None
         elif a.kind == "W":
@@ -183,7 +260,7 @@ def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: flo
                 if t is None:
                     break
                 start = max(clock[s], t)
-                g = a.chunk * P + s
+                g = global_chunk(s, a.chunk, P, where)
                 clock[s] = start + cost[a.kind] * work[g]
                 done[(a.kind, a.micro, g)] = clock[s]
                 held[s] += 1 if a.kind == "F" else -1 if a.kind == "B" else 0
@@ -198,6 +275,7 @@ def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: flo
             raise RuntimeError(f"schedule {name} deadlocks at P={P}, V={V}, M={micro}: "
                                f"stages wait on {stuck}")
     span = max(clock)
-    busy = [micro * (forward_cost + backward_cost) * sum(work[s::P]) for s in range(P)]
+    busy = [micro * (forward_cost + backward_cost) * sum(work[global_chunk(s, v, P, where)] for v in range(V))
+            for s in range(P)]
     return {"time": span, "bubble": 1.0 - sum(busy) / (P * span),
             "stage_bubbles": [1.0 - b / span for b in busy], "peak_in_flight": peak, "peak_awaiting_w": peak_w}
