@@ -86,8 +86,8 @@ CASES = [  # (model, dtype, ranks, flags)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("model,dtype,n,flags", CASES,
-                         ids=[f"{m}-{d}-" + "-".join(x for x in f if x != "--schedule").replace("--", "") for m, d, _, f in CASES])
+@pytest.mark.parametrize("model,dtype,n,flags", CASES, ids=[
+    f"{m}-{d}-" + "-".join(x for x in f if x != "--schedule").replace("--", "") for m, d, _, f in CASES])
 def test_zero_bubble_matches_one_process(model, dtype, n, flags):
     common = ["--model", model, "--dtype", dtype, *COMMON]
     got = losses(parallel_train(n, common + flags))
