@@ -380,7 +380,7 @@ class _Walk:
 
     def _weights_to_defer(self, node) -> tuple:
         """The argument positions of node whose gradients wait for W: those its Function names
-        as weights that lead to a leaf alone (directly, or through a cast used only here: a
+        as weights that lead to a leaf alone (directly, or through casts used only here: a
         weight under autocast). An activation in a weight's place is never deferred."""
         positions = getattr(node.ctx, "weight_inputs", None) or node.function.weight_inputs
         if not positions:
@@ -388,13 +388,17 @@ class _Walk:
         out = []
         for i in positions:
             edge = node.edges[i] if i < len(node.edges) else None
-            if edge is None or not node.ctx.needs_input_grad[i]:
-                continue
-            child = edge[0]
-            if child is None or (getattr(child.function, "is_cast", False) and self.deps.get(child) == 1
-                                 and child.edges[0] is not None and child.edges[0][0] is None):
+            if edge is not None and node.ctx.needs_input_grad[i] and self._only_casts_to_leaf(edge[0]):
                 out.append(i)
         return tuple(out)
+
+    def _only_casts_to_leaf(self, child) -> bool:
+        while child is not None:
+            if not (getattr(child.function, "is_cast", False) and self.deps.get(child) == 1
+                    and child.edges[0] is not None):
+                return False
+            child = child.edges[0][0]
+        return True
 
     def run_weights(self) -> None:
         """The deferred weight gradients, in the order their nodes' input parts ran, each sent

@@ -15,6 +15,7 @@ from ..kernels import index as kidx
 from ..kernels import neural as knn
 from ..kernels.memory import convert
 from ..tensor import Tensor, _empty
+from .math import Add, sum_to
 
 
 class Linear(Function):
@@ -36,6 +37,23 @@ class Linear(Function):
         gw = kmm.matmul(g2.t(), x2) if ctx.needs_input_grad[1] else None
         gb = kred.reduce(lib.IT_SUM, g2, 0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb
+
+
+class AddBias(Add):
+    """y + bias, the bias a layer's weight added apart from its product (RowParallelLinear's,
+    after the TP sum): the arithmetic of Add, with the bias's gradient deferred to W under
+    autograd.defer_weight_grads."""
+    weight_inputs = (1,)
+
+    @staticmethod
+    def backward(ctx, g):
+        sa, sb = ctx.shapes
+        return (sum_to(g, sa) if ctx.needs_input_grad[0] else None), \
+            (sum_to(g, sb) if ctx.needs_input_grad[1] else None)
+
+
+def add_bias(y: Tensor, bias: Tensor) -> Tensor:
+    return AddBias.apply(y, bias)
 
 
 class LayerNorm(Function):

@@ -13,6 +13,7 @@ from infinitrain.models import GPT2Config, LLaMA3Config
 from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn.lora import apply_lora
+from helpers import MPI_SCRIPTS, mpirun
 
 
 class _Blocks(nn.Module):
@@ -128,3 +129,12 @@ def test_models_bit_identical_over_micro_batches(name):
         loss(batches[0]).backward()
     run_deferred_weight_grads()  # everything left on this thread
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.mpi
+def test_tensor_parallel_layers_bit_identical():
+    """VocabParallelEmbedding, a sequence-parallel LayerNorm, the column-parallel linear (with
+    its collectives beside the products and without) and the row-parallel one (its bias added
+    after the TP sum) at TP 2, with and without SP, fp32 and bf16 autocast."""
+    out = mpirun(2, [MPI_SCRIPTS / "deferred_weight_grads_tp.py"])
+    assert out.count(" OK") == 2, out
