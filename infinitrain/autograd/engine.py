@@ -133,85 +133,183 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False, allow_u
 
 
 def _run_pass(tensors, grad_tensors, retain_graph, capture, accumulate) -> dict:
-    if getattr(_local, "callbacks", None) is not None:
+    nested = getattr(_local, "callbacks", None) is not None
+    deferring = getattr(_local, "deferring", None)
+    # grad() returns what it computes: only backward() passes defer
+    walk = _Walk(retain_graph, capture, accumulate, defer=deferring is not None and not nested and not capture)
+    if nested:
         # a pass inside a pass (recomputation): its callbacks run when the outer pass ends
-        return _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
+        return walk.run(tensors, grad_tensors)
     _local.callbacks = []
     try:
-        captured = _backward(tensors, grad_tensors, retain_graph, capture, accumulate)
-        callbacks, _local.callbacks = _local.callbacks, None
-        for fn in callbacks:
-            fn()
-        return captured
+        captured = walk.run(tensors, grad_tensors)
+        _run_callbacks()
+    finally:
+        _local.callbacks = None
+    if walk.deferred:
+        walk.owner = deferring
+        deferring.walks.append(walk)
+        _local.queue.append(walk)
+    return captured
+
+
+def _run_callbacks() -> None:
+    callbacks, _local.callbacks = _local.callbacks, None
+    for fn in callbacks:
+        fn()
+
+
+class defer_weight_grads:
+    """Within it, a backward pass computes only the gradients that flow to its inputs (B) and
+    leaves the weight gradients (W: a Linear's gᵀx, a norm's or an embedding's) for later,
+    keeping what they need, as torch.distributed.pipelining's stage_backward_input /
+    stage_backward_weight: a pipeline stage sends the input gradient on at once and fills its
+    idle time with W. A Function opts in by naming its weight arguments (`weight_inputs`);
+    its backward is then called twice, with needs_input_grad masked to the inputs and then
+    to the weights (or its `backward_weight`). Parameters' .grad, their hooks and DDP/ZeRO's
+    bucket counts see nothing until backward_weight() (or run_deferred_weight_grads()): the
+    gradients are then the same bits as a plain backward's.
+
+        with defer_weight_grads() as deferred:
+            loss.backward()
+        ...                 # x.grad is ready; the weights' gradients are not
+        deferred.backward_weight()
+    """
+
+    def __init__(self):
+        self.walks = []
+
+    def __enter__(self):
+        self._outer = getattr(_local, "deferring", None)
+        if getattr(_local, "queue", None) is None:
+            _local.queue = []
+        _local.deferring = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _local.deferring = self._outer
+
+    def backward_weight(self) -> None:
+        """Runs the weight gradients the backward passes within this block left, in order
+        (torch.distributed.pipelining's stage_backward_weight)."""
+        walks, self.walks = self.walks, []
+        for walk in walks:
+            _local.queue.remove(walk)
+        _run_weight_walks(walks)
+
+
+def run_deferred_weight_grads() -> None:
+    """Runs every weight gradient left on this thread by backward passes under
+    defer_weight_grads(), oldest first."""
+    walks, _local.queue = getattr(_local, "queue", None) or [], []
+    for walk in walks:
+        walk.owner.walks.remove(walk)
+    _run_weight_walks(walks)
+
+
+def _run_weight_walks(walks) -> None:
+    if getattr(_local, "callbacks", None) is not None:
+        raise RuntimeError("deferred weight gradients cannot run inside a backward pass")
+    _local.callbacks = []
+    try:
+        for walk in walks:
+            walk.run_weights()
+        _run_callbacks()
     finally:
         _local.callbacks = None
 
 
-def _backward(tensors, grad_tensors, retain_graph: bool, capture=(), accumulate: bool = True) -> dict:
-    """Returns {id(t): gradient or None} for the tensors in `capture`, whose gradients are kept
-    instead of accumulated (a non-leaf's: the sum that reaches its node's output). accumulate:
-    whether the other leaves get theirs."""
-    captured, captured_nodes, fresh = {id(t): None for t in capture}, {}, set()
-    for t in capture:
-        if t.grad_fn is not None:
-            captured_nodes.setdefault(t.grad_fn, []).append((t._output_nr, id(t)))
+def split_grad(outputs, inputs, weights, grad_outputs):
+    """A nested backward pass (inside an outer one) that returns the inputs' gradients now and
+    a function that runs the deferred weight gradients and returns the weights' (recomputation
+    under defer_weight_grads: the replayed piece's W runs with the outer pass's W)."""
+    walk = _Walk(False, list(inputs) + list(weights), True, defer=True)
+    walk.run(outputs, grad_outputs)
 
-    def to_leaf(leaf, g) -> None:
+    def finish() -> list:
+        walk.run_weights()
+        return [walk.captured[id(w)] for w in weights]
+    return [walk.captured[id(t)] for t in inputs], finish
+
+
+class _Walk:
+    """One backward pass over a graph: Kahn's algorithm on the number of consumers of each
+    node. `captured`: {id(t): gradient or None} for the tensors in `capture`, whose gradients
+    are kept instead of accumulated (a non-leaf's: the sum that reaches its node's output).
+    accumulate: whether the other leaves get theirs. defer: the weight arguments' gradients of
+    the Functions that name them are left in `deferred`, and the walk goes on from them in
+    run_weights() (the same Kahn state: a leaf gets its sum, hooks included, once its last
+    contribution arrives)."""
+
+    def __init__(self, retain_graph: bool, capture, accumulate: bool, defer: bool):
+        self.retain_graph, self.accumulate, self.defer = retain_graph, accumulate, defer
+        self.captured, self.captured_nodes, self.fresh = {id(t): None for t in capture}, {}, set()
+        for t in capture:
+            if t.grad_fn is not None:
+                self.captured_nodes.setdefault(t.grad_fn, []).append((t._output_nr, id(t)))
+        self.pending, self.leaf_sums, self.deferred = {}, {}, []
+        self.ready = deque()
+
+    def to_leaf(self, leaf, g) -> None:
+        captured = self.captured
         if id(leaf) in captured:
             if captured[id(leaf)] is not None:
                 captured[id(leaf)] = _add(captured[id(leaf)], g)
                 return
-            if id(g) in fresh:  # one gradient object reached several leaves: each gets its own
+            if id(g) in self.fresh:  # one gradient object reached several leaves: each gets its own
                 g = g._clone_raw()
-            fresh.add(id(g))
+            self.fresh.add(id(g))
             captured[id(leaf)] = g
-        elif accumulate:
-            _accumulate_leaf(leaf, g, fresh)
+        elif self.accumulate:
+            _accumulate_leaf(leaf, g, self.fresh)
 
-    tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
-    if grad_tensors is None:
-        grad_tensors = [None] * len(tensors)
-    elif isinstance(grad_tensors, Tensor):
-        grad_tensors = [grad_tensors]
-    with no_grad():
-        pending = {}   # node -> list of summed grads per output
-        roots = []
-        for t, g in zip(tensors, grad_tensors):
-            if not t.requires_grad:
-                raise RuntimeError("backward(): the tensor does not require grad and has no "
-                                   "grad_fn (was it computed under no_grad, or from tensors "
-                                   "without requires_grad=True?)")
-            if g is None:
-                if t.numel() != 1:
-                    raise RuntimeError(f"backward(): a gradient must be given for a non-scalar "
-                                       f"output of shape {tuple(t.shape)}")
-                g = _empty(t.shape, t.dtype, t.device)
-                copy_into(g, 1)
-            elif tuple(g.shape) != tuple(t.shape):
-                raise ValueError(f"backward(): gradient of shape {tuple(g.shape)} for a tensor "
-                                 f"of shape {tuple(t.shape)}")
-            else:
-                g = g._clone_raw()
-            if t.grad_fn is None:
-                to_leaf(t, g)
-                continue
-            slots = pending.setdefault(t.grad_fn, [None] * t.grad_fn.num_outputs)
-            slots[t._output_nr] = g if slots[t._output_nr] is None else _add(slots[t._output_nr], g)
-            roots.append(t.grad_fn)
+    def leaf_grad(self, leaf, g) -> None:
+        key = id(leaf)
+        if g is not None:
+            prev = self.leaf_sums.get(key)
+            self.leaf_sums[key] = (leaf, g if prev is None else _add(prev[1], g))
+        self.leaf_deps[key] -= 1
+        if self.leaf_deps[key] == 0 and key in self.leaf_sums:
+            self.to_leaf(*self.leaf_sums.pop(key))
 
-        deps, leaf_deps = _dependencies(roots)
-        leaf_sums = {}  # id(leaf) -> (leaf, summed gradient so far)
+    def run(self, tensors, grad_tensors) -> dict:
+        tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+        if grad_tensors is None:
+            grad_tensors = [None] * len(tensors)
+        elif isinstance(grad_tensors, Tensor):
+            grad_tensors = [grad_tensors]
+        pending = self.pending
+        with no_grad():
+            roots = []
+            for t, g in zip(tensors, grad_tensors):
+                if not t.requires_grad:
+                    raise RuntimeError("backward(): the tensor does not require grad and has no "
+                                       "grad_fn (was it computed under no_grad, or from tensors "
+                                       "without requires_grad=True?)")
+                if g is None:
+                    if t.numel() != 1:
+                        raise RuntimeError(f"backward(): a gradient must be given for a non-scalar "
+                                           f"output of shape {tuple(t.shape)}")
+                    g = _empty(t.shape, t.dtype, t.device)
+                    copy_into(g, 1)
+                elif tuple(g.shape) != tuple(t.shape):
+                    raise ValueError(f"backward(): gradient of shape {tuple(g.shape)} for a tensor "
+                                     f"of shape {tuple(t.shape)}")
+                else:
+                    g = g._clone_raw()
+                if t.grad_fn is None:
+                    self.to_leaf(t, g)
+                    continue
+                slots = pending.setdefault(t.grad_fn, [None] * t.grad_fn.num_outputs)
+                slots[t._output_nr] = g if slots[t._output_nr] is None else _add(slots[t._output_nr], g)
+                roots.append(t.grad_fn)
+            self.deps, self.leaf_deps = _dependencies(roots)
+            self.ready.extend(n for n in dict.fromkeys(roots) if self.deps.get(n, 0) == 0)
+            self._drain()
+        return self.captured
 
-        def leaf_grad(leaf, g) -> None:
-            key = id(leaf)
-            if g is not None:
-                prev = leaf_sums.get(key)
-                leaf_sums[key] = (leaf, g if prev is None else _add(prev[1], g))
-            leaf_deps[key] -= 1
-            if leaf_deps[key] == 0 and key in leaf_sums:
-                to_leaf(*leaf_sums.pop(key))
-
-        ready = deque(n for n in dict.fromkeys(roots) if deps.get(n, 0) == 0)
+    def _drain(self) -> None:
+        ready, pending, retain_graph = self.ready, self.pending, self.retain_graph
         while ready:
             node = ready.popleft()
             grads = pending.pop(node)
@@ -221,41 +319,99 @@ def _backward(tensors, grad_tensors, retain_graph: bool, capture=(), accumulate:
                         out = hook(grads[nr])
                         if out is not None:
                             grads[nr] = out
-            for nr, key in captured_nodes.get(node, ()):
-                captured[key] = grads[nr]
+            for nr, key in self.captured_nodes.get(node, ()):
+                self.captured[key] = grads[nr]
             if node.ctx._released:
                 node.ctx.saved_tensors  # raises: this graph was already walked
             grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
             node.ctx.retain_graph = retain_graph
-            profiling = _trace.active
-            if profiling is not None:
-                t0 = _trace.now()
-            in_grads = node.function.backward(node.ctx, *grads)
-            if profiling is not None:
-                profiling.add(node.name(), "backward", t0)
-            if _trace.inspector is not None:
-                _trace.inspector.op(node.name(), "backward",
-                                    in_grads if isinstance(in_grads, tuple) else (in_grads,))
-            if not isinstance(in_grads, tuple):
-                in_grads = (in_grads,)
-            if not retain_graph:
-                node.ctx.release()
+            later = self._weights_to_defer(node) if self.defer else ()
+            if later:
+                in_grads = self._call(node, grads, later, input_part=True)
+                self.deferred.append((node, grads, later))
+            else:
+                in_grads = self._call(node, grads)
+                if not retain_graph:
+                    node.ctx.release()
             if len(in_grads) < len(node.edges):
                 raise RuntimeError(f"{node.name()} returned {len(in_grads)} gradients for "
                                    f"{len(node.edges)} inputs")
-            for edge, g in zip(node.edges, in_grads):
-                if edge is not None and edge[0] is None:
-                    leaf_grad(edge[1], g)
-                    continue
-                if edge is None or g is None:
-                    if edge is not None:
-                        _release_dependency(edge[0], deps, ready, pending, leaf_grad)
-                    continue
-                child, where = edge
-                slots = pending.setdefault(child, [None] * child.num_outputs)
-                slots[where] = g if slots[where] is None else _add(slots[where], g)
-                _release_dependency(child, deps, ready, pending, leaf_grad)
-    return captured
+            for nr, (edge, g) in enumerate(zip(node.edges, in_grads)):
+                if nr not in later:
+                    self._send(edge, g)
+
+    def _send(self, edge, g) -> None:
+        if edge is not None and edge[0] is None:
+            self.leaf_grad(edge[1], g)
+            return
+        if edge is None or g is None:
+            if edge is not None:
+                _release_dependency(edge[0], self.deps, self.ready, self.pending, self.leaf_grad)
+            return
+        child, where = edge
+        slots = self.pending.setdefault(child, [None] * child.num_outputs)
+        slots[where] = g if slots[where] is None else _add(slots[where], g)
+        _release_dependency(child, self.deps, self.ready, self.pending, self.leaf_grad)
+
+    @staticmethod
+    def _call(node, grads, weights=(), input_part=False) -> tuple:
+        """node's backward; with `weights`, only its input part (input_part) or only the
+        weights' part (needs_input_grad masked so)."""
+        ctx, fn = node.ctx, node.function
+        if weights:
+            needs = ctx.needs_input_grad
+            ctx.needs_input_grad = tuple(n and ((i in weights) != input_part) for i, n in enumerate(needs))
+        profiling = _trace.active
+        if profiling is not None:
+            t0 = _trace.now()
+        try:
+            if weights and not input_part and hasattr(fn, "backward_weight"):
+                in_grads = fn.backward_weight(ctx, *grads)
+            else:
+                in_grads = fn.backward(ctx, *grads)
+        finally:
+            if weights:
+                ctx.needs_input_grad = needs
+        if profiling is not None:
+            profiling.add(node.name(), "backward", t0)
+        if _trace.inspector is not None:
+            _trace.inspector.op(node.name(), "backward", in_grads if isinstance(in_grads, tuple) else (in_grads,))
+        return in_grads if isinstance(in_grads, tuple) else (in_grads,)
+
+    def _weights_to_defer(self, node) -> tuple:
+        """The argument positions of node whose gradients wait for W: those its Function names
+        as weights that lead to a leaf alone (directly, or through casts used only here: a
+        weight under autocast). An activation in a weight's place is never deferred."""
+        positions = getattr(node.ctx, "weight_inputs", None) or node.function.weight_inputs
+        if not positions:
+            return ()
+        out = []
+        for i in positions:
+            edge = node.edges[i] if i < len(node.edges) else None
+            if edge is not None and node.ctx.needs_input_grad[i] and self._only_casts_to_leaf(edge[0]):
+                out.append(i)
+        return tuple(out)
+
+    def _only_casts_to_leaf(self, child) -> bool:
+        while child is not None:
+            if not (getattr(child.function, "is_cast", False) and self.deps.get(child) == 1
+                    and child.edges[0] is not None):
+                return False
+            child = child.edges[0][0]
+        return True
+
+    def run_weights(self) -> None:
+        """The deferred weight gradients, in the order their nodes' input parts ran, each sent
+        on into the graph as the plain pass would have."""
+        deferred, self.deferred = self.deferred, []
+        with no_grad():
+            for node, grads, weights in deferred:
+                in_grads = self._call(node, grads, weights)
+                if not self.retain_graph:
+                    node.ctx.release()
+                for nr in weights:
+                    self._send(node.edges[nr], in_grads[nr] if nr < len(in_grads) else None)
+                self._drain()
 
 
 def _release_dependency(child, deps, ready, pending, leaf_grad) -> None:

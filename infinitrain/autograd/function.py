@@ -95,6 +95,9 @@ class Function:
     # True for the view ops (reshape, permute, expand, indexing): an output that shares its
     # input's memory remembers the tensor it views, as ._base
     makes_view = False
+    # the positions of the arguments that are weights (Linear's weight and bias): under
+    # autograd.defer_weight_grads their gradients wait for W (engine.py); () for none
+    weight_inputs = ()
 
     @staticmethod
     def forward(ctx, *args, **kwargs):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import amp
 from ..random import default_generator
 from ..tensor import Tensor
-from .engine import grad
+from .engine import grad, split_grad
 from .function import Function
 from .grad_mode import enable_grad
 
@@ -34,6 +34,7 @@ class _Recompute(Function):
         # this node's edges: a parameter also used outside the piece then gets one sum,
         # accumulated once, and its post-accumulate hooks (DDP's bucket counts) fire once
         ctx.fn, ctx.args, ctx.params = fn, inputs[:n_args], inputs[n_args:]
+        ctx.weight_inputs = tuple(range(2 + n_args, 2 + len(inputs)))  # defer_weight_grads: the params wait
         ctx.autocast, ctx.rng = amp.autocast_dtype(), default_generator.get_state()
         return fn(*ctx.args)  # Function.apply runs this without recording
 
@@ -54,11 +55,21 @@ class _Recompute(Function):
         pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, Tensor) and o.requires_grad]
         wanted = [a for a in inputs if isinstance(a, Tensor) and a.requires_grad] + list(ctx.params)
         found = iter(())
-        if pairs and wanted:  # a nested pass: its end-of-backward callbacks wait for the outer one's end
+        weights_later = ctx.params and not any(ctx.needs_input_grad[2 + len(ctx.args):])
+        if pairs and weights_later:  # a deferred backward's input part: the replay's W runs in the outer W
+            takes = [a for a in inputs if isinstance(a, Tensor) and a.requires_grad]
+            found, ctx.finish_weights = split_grad([o for o, _ in pairs], takes, ctx.params, [g for _, g in pairs])
+            found = iter(list(found) + [None] * len(ctx.params))
+        elif pairs and wanted:  # a nested pass: its end-of-backward callbacks wait for the outer one's end
             found = iter(grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True,
                               accumulate_others=True))
         in_grads = [next(found, None) if isinstance(a, Tensor) and a.requires_grad else None for a in inputs]
         return (None, None, *in_grads, *(next(found, None) for _ in ctx.params))
+
+    @staticmethod
+    def backward_weight(ctx, *grads):
+        weights = ctx.finish_weights() if hasattr(ctx, "finish_weights") else [None] * len(ctx.params)
+        return (None, None, *(None for _ in ctx.args), *weights)
 
 
 def checkpoint(fn, *args):

@@ -10,6 +10,7 @@ from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, ad
 from infinitrain.examples.ds_flags import add_config_arguments
 from infinitrain.examples.moe_flags import add_moe_flags, apply_moe_flags
 from infinitrain.nn.lora import DEFAULT_TARGETS
+from infinitrain.nn.parallel.pp import SCHEDULES
 
 
 def parse_args(argv, description: str, presets, default_model: str, moe: bool = False):
@@ -93,8 +94,9 @@ def parse_args(argv, description: str, presets, default_model: str, moe: bool = 
                    help="pipeline stages the model's layers are split over")
     p.add_argument("--virtual_pipeline_parallel", type=positive_int, default=1,
                    help="model chunks per pipeline stage (> 1: interleaved 1F1B)")
-    p.add_argument("--pipeline_schedule", default=None, choices=["gpipe", "1f1b", "interleaved"],
-                   help="default: 1f1b, or interleaved with --virtual_pipeline_parallel > 1. "
+    p.add_argument("--pipeline_schedule", default=None, choices=list(SCHEDULES),
+                   help="default: 1f1b, or interleaved with --virtual_pipeline_parallel > 1; zb-h1: 1F1B with "
+                        "each backward's weight gradients deferred into the idle slots (zero bubble). "
                         "The micro-batches of a step are its gradient accumulation steps")
     p.add_argument("--pipeline_split", default="balanced", choices=["balanced", "even"],
                    help="balanced: the head counts as the blocks' worth of work it is, so the last stage gets "

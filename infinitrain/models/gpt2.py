@@ -151,7 +151,8 @@ class GPT2(CausalLM):
 
     def tied_parameters(self) -> list:
         w = self._embedding_weight()
-        return [w] if self.pp is not None and w is not None else []
+        # held twice only when this stage has one end of the model (in a V stage 0 has both)
+        return [w] if self.pp is not None and self.has_embedding != self.has_head else []
 
     @no_grad()
     def _init_weights(self, seed):

@@ -15,9 +15,12 @@ from ..kernels import index as kidx
 from ..kernels import neural as knn
 from ..kernels.memory import convert
 from ..tensor import Tensor, _empty
+from .math import Add, sum_to
 
 
 class Linear(Function):
+    weight_inputs = (1, 2)
+
     @staticmethod
     def forward(ctx, x, weight, bias):
         x2 = x.reshape(-1, x.shape[-1])
@@ -36,7 +39,27 @@ class Linear(Function):
         return gx, gw, gb
 
 
+class AddBias(Add):
+    """y + bias, the bias a layer's weight added apart from its product (RowParallelLinear's,
+    after the TP sum): the arithmetic of Add, with the bias's gradient deferred to W under
+    autograd.defer_weight_grads."""
+    weight_inputs = (1,)
+
+    @staticmethod
+    def backward(ctx, g):
+        sa, sb = ctx.shapes
+        return (sum_to(g, sa) if ctx.needs_input_grad[0] else None), \
+            (sum_to(g, sb) if ctx.needs_input_grad[1] else None)
+
+
+def add_bias(y: Tensor, bias: Tensor) -> Tensor:
+    return AddBias.apply(y, bias)
+
+
 class LayerNorm(Function):
+    # the kernel computes the three gradients together: a deferred W takes the weights' from B
+    weight_inputs = (1, 2)
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         out, mean, rstd = knn.layer_norm(x, weight, bias, eps)
@@ -48,10 +71,17 @@ class LayerNorm(Function):
     def backward(ctx, g):
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = knn.layer_norm_backward(g, x, weight, mean, rstd, ctx.has_bias)
+        ctx.weight_grads = (dw, db)
         return dx, dw, db, None
+
+    @staticmethod
+    def backward_weight(ctx, g):
+        return (None, *ctx.weight_grads, None)
 
 
 class RMSNorm(Function):
+    weight_inputs = (1,)  # as LayerNorm's
+
     @staticmethod
     def forward(ctx, x, weight, eps):
         out, rstd = knn.rms_norm(x, weight, eps)
@@ -62,7 +92,12 @@ class RMSNorm(Function):
     def backward(ctx, g):
         x, weight, rstd = ctx.saved_tensors
         dx, dw = knn.rms_norm_backward(g, x, weight, rstd)
+        ctx.weight_grads = (dw,)
         return dx, dw, None
+
+    @staticmethod
+    def backward_weight(ctx, g):
+        return (None, *ctx.weight_grads, None)
 
 
 def _memory_held_only_by(t) -> bool:
@@ -118,6 +153,8 @@ class CrossEntropy(Function):
 
 
 class Embedding(Function):
+    weight_inputs = (1,)
+
     @staticmethod
     def forward(ctx, indices, weight):
         ctx.save_for_backward(indices)
@@ -127,6 +164,8 @@ class Embedding(Function):
     @staticmethod
     def backward(ctx, g):
         (indices,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:  # a deferred backward's input part: nothing to do
+            return None, None
         shape, dtype, device = ctx.weight_meta
         if dtype is _dt.float32 or dtype is _dt.float64:
             return None, knn.embedding_backward(_empty(shape, dtype, device).fill_(0), g.contiguous(), indices)

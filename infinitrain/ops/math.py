@@ -278,6 +278,8 @@ def _swap_last2(ndim: int) -> tuple:
 
 
 class Convert(Function):  # to(dtype)
+    is_cast = True  # a weight cast for autocast keeps its gradient deferred with it (engine.py)
+
     @staticmethod
     def forward(ctx, x, dtype):
         ctx.dtype = x.dtype

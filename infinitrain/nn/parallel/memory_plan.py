@@ -56,9 +56,11 @@ def stage_estimates(plan, config, model_class, batch_size: int, seq_len: int, mi
     # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
     B, T, C = batch_size, seq_len // L.cp, config.n_embd
     per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (config.n_head / L.tp) * T * T)
-    # the micro-batches in flight on each stage: all M under GPipe, PP - stage under 1F1B
+    # the micro-batches in flight on each stage: all M under GPipe, PP - stage under 1F1B (and
+    # ZB-H1, whose deferred W's keep less than that), PP on every stage under ZBV
     in_flight = [1] if L.pp == 1 else [micro_batches if plan.pipeline_schedule == "gpipe" else
-                                       min(micro_batches, L.pp - s) for s in range(L.pp)]
+                                       min(micro_batches, L.pp if plan.pipeline_schedule == "zbv" else L.pp - s)
+                                       for s in range(L.pp)]
     embedding = 4 * embedding_rows(config) * C / L.tp  # the bytes of the token embedding
     # the embedding-shaped gradients a stage makes whole before adding them into .grad: the
     # input embedding's on the first stage, a tied head's (the embedding again) on the last

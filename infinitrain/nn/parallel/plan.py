@@ -114,11 +114,14 @@ class ParallelPlan:
                              "--pipeline_parallel 2 or more")
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if schedule == "zbv" and V != 2:
+            raise ValueError(f"--pipeline_schedule zbv places two chunks per stage in a V: it needs "
+                             f"--virtual_pipeline_parallel 2, got {V}")
         if schedule == "interleaved" and V < 2:
             raise ValueError("--pipeline_schedule interleaved needs --virtual_pipeline_parallel 2 or more")
-        if schedule == "1f1b" and V > 1:
-            raise ValueError("--pipeline_schedule 1f1b runs one chunk per stage; with --virtual_pipeline_parallel "
-                             "> 1 use interleaved (the default) or gpipe")
+        if schedule in ("1f1b", "zb-h1") and V > 1:
+            raise ValueError(f"--pipeline_schedule {schedule} runs one chunk per stage; with "
+                             f"--virtual_pipeline_parallel {V} use interleaved (the default) or gpipe")
         if self.pipeline_split not in SPLITS:
             raise ValueError(f"pipeline split must be 'balanced' or 'even', got {self.pipeline_split!r}")
         if self.cp_comm not in CP_COMM_TYPES:
@@ -308,9 +311,11 @@ class ParallelPlan:
         """This rank's PipelineStage (what a model is built with under PP), or None when PP is 1."""
         if not self.pipelined:
             return None
+        from .pp.schedules import placement
         from .pp.stage import PipelineStage
         env = self._groups()
-        return PipelineStage(env.pp_group, self.virtual_pipeline_parallel, env.embedding_group, self.pipeline_split)
+        return PipelineStage(env.pp_group, self.virtual_pipeline_parallel, env.embedding_group, self.pipeline_split,
+                             placement(self.pipeline_schedule))
 
     def context_parallel(self):
         """This rank's ContextParallel (what a model is built with under CP), or None when CP is 1."""

@@ -1,5 +1,6 @@
 """Pipeline parallelism: the model's blocks split into stages (and virtual chunks), run by a
-schedule (GPipe, 1F1B, interleaved 1F1B) with activations and gradients sent between stages."""
+schedule (GPipe, 1F1B, interleaved 1F1B, the zero-bubble ZB-H1 and ZBV) with activations and
+gradients sent between stages."""
 from .p2p import PipelineTimeout
 from .pipeline import PipelineParallel
 from .schedules import SCHEDULES, schedule, simulate

@@ -17,15 +17,16 @@ import time
 
 from .... import _trace
 from ....creation import empty
+from .stage import stage_of
 
 
-def links(stages: int, virtual: int) -> list:
+def links(stages: int, virtual: int, placement: str = "loop") -> list:
     """The directed links (from stage, to stage, tag) a pipeline sends on: activations (tag 0)
-    from each chunk to the next, gradients (tag 1) back; with virtual chunks the last stage
-    feeds the first."""
-    chunks = stages * virtual
-    return sorted({(g % stages, (g + 1) % stages, 0) for g in range(chunks - 1)}
-                  | {((g + 1) % stages, g % stages, 1) for g in range(chunks - 1)})
+    from each chunk to the next, gradients (tag 1) back; with virtual chunks in a loop the last
+    stage feeds the first. Two chunks on one stage (a V's turn) hand over without a link."""
+    at = [stage_of(g, stages, placement) for g in range(stages * virtual)]
+    pairs = {(at[g], at[g + 1]) for g in range(len(at) - 1) if at[g] != at[g + 1]}
+    return sorted({(a, b, 0) for a, b in pairs} | {(b, a, 1) for a, b in pairs})
 
 
 class PipelineTimeout(RuntimeError):
@@ -38,7 +39,7 @@ class P2P:
             raise ValueError(f"the pipeline timeout must be positive seconds, got {timeout}")
         self.stage, self.group, self.timeout = stage, stage.group, float(timeout)
         self.device = device
-        self.group.open_p2p_links(links(stage.size, stage.virtual))
+        self.group.open_p2p_links(links(stage.size, stage.virtual, getattr(stage, "placement", "loop")))
         self.pending = []  # (work, tensor, release): sends in flight and the memory they read
         self.posted = {}  # (from stage, backward) -> [(work, tensor)]: receives posted ahead, in order
         self.wait_s = 0.0  # time spent blocked on neighbours: this stage's share of the bubble

@@ -19,6 +19,7 @@ from contextlib import nullcontext
 
 from ....autograd import no_grad
 from ....autograd.engine import backward as autograd_backward
+from ....autograd.engine import defer_weight_grads
 from ....creation import empty, zeros
 from ....dtypes import float64
 from ..ddp import Reducer
@@ -27,20 +28,30 @@ from ..finalize import scale_loss
 from ...moe import aux_loss_scale
 from ..param_buffer import broadcast_replicas
 from .p2p import P2P
-from .schedules import schedule
+from .schedules import SPLIT_BACKWARD, schedule
 
 
 class _SingleStage:
     """The pipeline of a model that is not split: one stage, one chunk."""
-    size, stage, virtual, is_first, is_last = 1, 0, 1, True, True
+    size, stage, virtual, is_first, is_last, last_stage = 1, 0, 1, True, True, 0
     group = embedding_group = None
+
+    @staticmethod
+    def global_chunk(local: int) -> int:
+        return local
+
+    @staticmethod
+    def stage_of(g: int) -> int:
+        return 0
 
 
 class PipelineParallel:
     """model: a CausalLM built with pp=PipelineStage (or a whole one: a pipeline of one
-    stage). schedule: "gpipe", "1f1b" or "interleaved" (needs virtual >= 2). dp_group: the
-    data-parallel group of this stage's replicas (gradients averaged over it); expert_group: the
-    ranks holding the same experts under expert parallelism (ddp.Reducer).
+    stage). schedule: "gpipe", "1f1b", "interleaved" (needs virtual >= 2), "zb-h1" or "zbv"
+    (needs the V placement of 2 chunks) (their backwards split into B and a deferred W,
+    schedules.py). dp_group: the data-parallel group of this stage's replicas (gradients
+    averaged over it); expert_group: the ranks holding the same experts under expert
+    parallelism (ddp.Reducer).
     deallocate_outputs: a chunk's output gives its memory back once it is sent (Megatron's
     deallocate_pipeline_outputs; the backward needs only its shape). post_receives: each pass
     posts the next pass's receive before it computes, so a neighbour's send can land meanwhile."""
@@ -59,6 +70,8 @@ class PipelineParallel:
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.reducers = []
         self._inputs, self._outputs = {}, {}  # per (micro-batch, chunk) until its backward
+        self._weights = {}  # per (micro-batch, chunk): the weight gradients its B left for its W
+        self._handed = {}  # (backward, global chunk) -> tensors passed between two chunks of this stage
         if self.dp_group is not None:
             # replicas start equal (they do by seed; a loaded model is made so)
             experts = expert_group if expert_group is not dp_group else None
@@ -83,11 +96,25 @@ class PipelineParallel:
             out.append(params)
         return out
 
+    def _sharing_chunks(self) -> list:
+        """For each local chunk, the local chunks that reach one of its reducer's parameters (in
+        a V, stage 0's head ties the embedding of its chunk 0)."""
+        reach = [{id(p) for m in modules for p in m.parameters()} for modules in self.model.model_chunks()]
+        return [[c for c, r in enumerate(reach) if any(id(p) in r for p in params)]
+                for params in self._chunk_parameters()]
+
     def _global(self, chunk: int) -> int:
-        return chunk * self.stage.size + self.stage.stage
+        return self.stage.global_chunk(chunk)
 
     def _neighbour(self, g: int) -> int:
-        return g % self.stage.size
+        return self.stage.stage_of(g)
+
+    def _send(self, t, to_chunk: int, backward: bool, release: bool = False) -> None:
+        """t to the stage of global chunk to_chunk; on this stage (a V's turn) it is handed over."""
+        if self._neighbour(to_chunk) == self.stage.stage:
+            self._handed.setdefault((backward, to_chunk), []).append(t.detach())
+        else:
+            self.p2p.send(t, self._neighbour(to_chunk), backward=backward, release=release)
 
     # ---- one training step ------------------------------------------------------------------
     def forward_backward(self, micro_batches, forward_context=None) -> float:
@@ -103,10 +130,15 @@ class PipelineParallel:
         M = len(micro_batches)
         s = self.stage
         plan = schedule(self.schedule, s.size, self.V, M, s.stage)
-        last_backward = {a[2]: i for i, a in enumerate(plan) if a[0] == "B"}
+        # a chunk's reducer all-reduces in its last backward (its last W where split), or the
+        # last of any chunk that shares its parameters: its gradients are complete after it
+        last_pass = {a[2]: i for i, a in enumerate(plan) if a[0] == ("W" if self.schedule in SPLIT_BACKWARD else "B")}
+        sync_before = {}
+        for c, sharing in enumerate(self._sharing_chunks() if self.reducers else ()):
+            sync_before.setdefault(max(last_pass[d] for d in sharing), []).append(c)
         for r in self.reducers:
             r.prepare(sync=False)
-        self._inputs, self._outputs = {}, {}
+        self._inputs, self._outputs, self._weights, self._handed = {}, {}, {}, {}
         context = forward_context or nullcontext
         loss_sum = None  # the last chunk's losses, summed on the device
         posted = -1  # the last pass whose receive is posted
@@ -121,9 +153,12 @@ class PipelineParallel:
                 if loss is not None:
                     loss_sum = loss if loss_sum is None else loss_sum + loss
             else:
-                if self.reducers and last_backward[chunk] == i:
-                    self.reducers[chunk].sync = True  # the chunk's gradients are complete after this
-                self._backward(micro_batches, micro, chunk)
+                for c in sync_before.get(i, ()):
+                    self.reducers[c].sync = True  # the chunk's gradients are complete after this pass
+                if kind == "W":
+                    self._weights.pop((micro, chunk)).backward_weight()
+                else:
+                    self._backward(micro_batches, micro, chunk)
             if self.p2p is not None:
                 self.p2p.poll()
         if self.p2p is not None:
@@ -147,7 +182,7 @@ class PipelineParallel:
             self._outputs[(micro, chunk)] = scale_loss(loss, num_micro_batches)
             return loss.detach().double()  # read once per step, not per micro-batch
         self._check_spec(x, idx, "the activation it sends on")
-        self.p2p.send(x, self._neighbour(g + 1), backward=False, release=self.deallocate_outputs)
+        self._send(x, g + 1, backward=False, release=self.deallocate_outputs)
         self._outputs[(micro, chunk)] = x
         return None
 
@@ -155,26 +190,32 @@ class PipelineParallel:
         g = self._global(chunk)
         out = self._outputs.pop((micro, chunk))
         x = self._inputs.pop((micro, chunk), None)
-        if g == self.last_chunk:
-            autograd_backward(out)
+        grad = None if g == self.last_chunk else self._recv(batches[micro][0], backward=True, micro=micro, g=g)
+        if self.schedule in SPLIT_BACKWARD:  # the input part now, the weights' in the schedule's W
+            with defer_weight_grads() as weights:
+                autograd_backward(out, grad)
+            self._weights[(micro, chunk)] = weights
         else:
-            grad = self._recv(batches[micro][0], backward=True, micro=micro, g=g)
             autograd_backward(out, grad)
         if g > 0:
-            self.p2p.send(x.grad, self._neighbour(g - 1), backward=True)
+            self._send(x.grad, g - 1, backward=True)
 
     def _post(self, batches, kind: str, micro: int, chunk: int) -> None:
         """Posts the receive pass (kind, micro, chunk) will need, if it needs one."""
         g = self._global(chunk)
         backward = kind == "B"
-        if (g == self.last_chunk) if backward else g == 0:
+        if kind == "W" or ((g == self.last_chunk) if backward else g == 0):
             return
+        if self._neighbour(g + 1 if backward else g - 1) == self.stage.stage:
+            return  # handed over on this stage
         shape, dtype = self.model.hidden_spec(*batches[micro][0].shape)
         self.p2p.post(shape, dtype, self._neighbour(g + 1 if backward else g - 1), backward)
 
     def _recv(self, idx, backward: bool, micro: int, g: int):
         shape, dtype = self.model.hidden_spec(*idx.shape)
         src = self._neighbour(g + 1 if backward else g - 1)
+        if src == self.stage.stage:
+            return self._handed[(backward, g)].pop(0)
         return self.p2p.recv(shape, dtype, src, backward, micro, g)
 
     def _check_spec(self, x, idx, what: str) -> None:
@@ -189,7 +230,7 @@ class PipelineParallel:
         t = (loss_sum / M).reshape(1) if loss_sum is not None else zeros(1, dtype=float64, device=self.device)
         if self.stage.size > 1:
             t = t.contiguous()
-            self.stage.group.broadcast(t, self.stage.size - 1)
+            self.stage.group.broadcast(t, self.stage.last_stage)
         return t.item()
 
     # ---- forward only: evaluation and sampling ------------------------------------------------
@@ -221,12 +262,12 @@ class PipelineParallel:
             x = model.embed(idx) if g == 0 else self._recv(idx, backward=False, micro=0, g=g)
             x = model.run_blocks(self.chunk_layers[chunk], x, T)
             if g != self.last_chunk:
-                self.p2p.send(x, self._neighbour(g + 1), backward=False)
+                self._send(x, g + 1, backward=False)
         if self.p2p is not None:
             self.p2p.flush()
         B, V = idx.shape[0], model.config.vocab_size
         out = model.head(x, None, return_logits=True)[0].float().contiguous() if s.is_last \
             else empty(B, T, V, device=self.device)
         if s.size > 1:
-            s.group.broadcast(out, s.size - 1)
+            s.group.broadcast(out, s.last_stage)
         return out

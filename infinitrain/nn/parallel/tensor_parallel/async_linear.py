@@ -26,6 +26,8 @@ from .mappings import _all_gather_dim, _all_reduce, _reduce_scatter_dim
 
 
 class _LinearWithAsyncComm(Function):
+    weight_inputs = (1, 2)
+
     @staticmethod
     def forward(ctx, x, weight, bias, group, sequence_parallel, low):
         # x in the products' dtype (amp.lower's rule) before it travels: the same values,
@@ -44,14 +46,15 @@ class _LinearWithAsyncComm(Function):
         saved, weight = ctx.saved_tensors
         group, sp = ctx.group, ctx.sequence_parallel
         g2 = g.reshape(-1, g.shape[-1])
-        if sp:
+        gather_x = sp and ctx.needs_input_grad[1]  # x serves grad_W only (a deferred backward's W)
+        if gather_x:
             gather, gathered = _all_gather_dim(saved, group, 1, async_op=True)
         gx = summing = None
         if ctx.needs_input_grad[0]:
             gx = kmm.matmul(g2, weight).reshape(ctx.total_shape)  # while x is gathered
             if gx.dtype is not ctx.x_dtype:
                 gx = convert(gx, ctx.x_dtype)
-        if sp:
+        if gather_x:
             gather.wait()
             x2 = gathered().reshape(-1, ctx.total_shape[-1])
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .... import amp, creation
 from ....autograd import no_grad
+from ....ops.layers import add_bias
 from ... import functional as F
 from ... import init
 from ...module import Module
@@ -129,7 +130,7 @@ class RowParallelLinear(Module):
             if self.lora_on:  # the adapter's partial product joins the layer's before the sum
                 y = y + F.lora(x, self.lora_A, self.lora_B, self.lora_scale)
             y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
-            return y + self.bias if self.bias is not None else y
+            return add_bias(y, self.bias) if self.bias is not None else y
         # Under autocast one process rounds x W^T + b to 16 bits once, after float32
         # accumulation. Rounding each rank's partial product before the sum would add a
         # rounding per rank, so the partial products of the rounded inputs are summed in float32
@@ -141,7 +142,7 @@ class RowParallelLinear(Module):
                 y = y + F.lora(xl, self.lora_A.to(low).float(), self.lora_B.to(low).float(), self.lora_scale)
             y = reduce_scatter_to_sp(y, group) if self.tp.sequence_parallel else reduce_from_tp(y, group)
             if self.bias is not None:
-                y = y + self.bias.to(low).float()
+                y = add_bias(y, self.bias.to(low).float())
             return y.to(low)
 
     def extra_repr(self):

@@ -1,0 +1,94 @@
+"""The zero-bubble pipeline schedules (ZB-H1, ZBV): each backward split into its input part (B)
+and its weight part (W, autograd's defer_weight_grads). On paper: free of deadlock, every pass
+once, ZB-H1's bubble (P-1)(F+B-W) against 1F1B's (P-1)(F+B+W) with 1F1B's activation peak,
+ZBV's lower still in the V placement; the refusals name the sizes. Under MPI: GPT-2 and
+LLaMA-3 trained so give the one-process losses (fp32 1e-5, bf16 1e-2) alone and with DP,
+TP + SP, ZeRO and recomputation."""
+import pytest
+
+from infinitrain.nn import parallel
+from infinitrain.nn.parallel.pp import PipelineStage, chunk_layers, schedule, simulate
+from infinitrain.nn.parallel.pp.p2p import links
+
+from helpers import assert_same, losses, one_process, parallel_train
+
+COMMON = ["--layers", "8", "--batch", "8", "--steps", "4", "--lr", "3e-3"]
+
+
+def test_zb_h1_runs_every_pass_once_and_needs_a_third_of_1f1bs_bubble():
+    for P in range(1, 9):
+        for M in range(P, 17):
+            simulate("zb-h1", P, 1, M)  # raises on a deadlock or a link out of order
+    plan = schedule("zb-h1", 4, 1, 8, 1)
+    assert sorted(plan) == sorted((k, m, 0) for k in "FBW" for m in range(8))
+    assert all(plan.index(("B", m, 0)) < plan.index(("W", m, 0)) for m in range(8))
+    # F = B = W: 1F1B idles (P-1)(F+B+W) per stage, ZB-H1 (P-1)(F+B-W)
+    ofob, zb = simulate("1f1b", 4, 1, 8), simulate("zb-h1", 4, 1, 8, weight_cost=1.0)
+    assert ofob["bubble"] == pytest.approx(9 / 33) and zb["bubble"] == pytest.approx(3 / 27)
+    assert zb["bubble"] <= 0.41 * ofob["bubble"]
+    # 1F1B's activations; a stage owes at most P W's (1F1B's stage 0 holds P micro-batches)
+    assert zb["peak_in_flight"] == ofob["peak_in_flight"] == [4, 3, 2, 1]
+    assert zb["peak_awaiting_w"] == [1, 2, 3, 4]
+
+
+def test_zbv_places_chunks_in_a_v_and_needs_less_bubble_than_zb_h1():
+    class Group:
+        def __init__(self, rank):
+            self.rank, self.size = rank, 4
+    stages = [PipelineStage(Group(s), 2, placement="v") for s in range(4)]
+    assert [[st.global_chunk(v) for v in range(2)] for st in stages] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [st.is_last for st in stages] == [True, False, False, False]  # stage 0 holds both ends
+    assert all(st.embedding_group is None for st in stages)
+    # the head's work counts on stage 0, which holds the last chunk
+    assert [len(c) for c in chunk_layers(9, 2, 2, head=3.0, placement="v")] == [3, 3, 2, 1]
+    assert (3, 3, 0) not in links(4, 2, "v") and (0, 1, 0) in links(4, 2, "v") and (1, 0, 0) in links(4, 2, "v")
+    for P in range(1, 7):
+        for M in range(P, 13):
+            simulate("zbv", P, 2, M)
+    plan = schedule("zbv", 4, 2, 8, 2)
+    assert sorted(plan) == sorted((k, m, v) for k in "FBW" for m in range(8) for v in range(2))
+    zbv, zb = simulate("zbv", 4, 2, 8, weight_cost=1.0), simulate("zb-h1", 4, 1, 8, weight_cost=1.0)
+    assert zbv["bubble"] < 0.6 * zb["bubble"], (zbv["bubble"], zb["bubble"])
+    # 2P chunk activations: P micro-batches of a stage's whole part, 1F1B's stage-0 peak
+    assert zbv["peak_in_flight"] == [8, 8, 8, 8] and max(zbv["peak_awaiting_w"]) <= 4
+
+
+def test_zero_bubble_refusals_name_the_sizes():
+    with pytest.raises(ValueError, match="needs at least as many micro-batches per step as pipeline stages: "
+                                         "got 2 micro-batches for 4 stages"):
+        schedule("zb-h1", 4, 1, 2, 0)
+    with pytest.raises(ValueError, match="ZB-H1 runs one chunk per stage"):
+        schedule("zb-h1", 4, 2, 8, 0)
+    with pytest.raises(ValueError, match="ZBV places two chunks per stage in a V: it needs virtual pipeline "
+                                         "parallel 2, got 3"):
+        schedule("zbv", 4, 3, 8, 0)
+    with pytest.raises(ValueError, match="got 3 micro-batches for 4 stages"):
+        schedule("zbv", 4, 2, 3, 0)
+    layout = parallel.Layout(4, pp=4)
+    with pytest.raises(ValueError, match="--pipeline_schedule zbv places two chunks per stage in a V: it needs "
+                                         "--virtual_pipeline_parallel 2, got 1"):
+        parallel.ParallelPlan(layout, 0, pipeline_schedule="zbv")
+    with pytest.raises(ValueError, match="zb-h1 runs one chunk per stage; with --virtual_pipeline_parallel 2"):
+        parallel.ParallelPlan(layout, 0, virtual_pipeline_parallel=2, pipeline_schedule="zb-h1")
+
+
+ZB = ["--schedule", "zb-h1"]
+ZBV = ["--schedule", "zbv", "--vpp", "2"]
+CASES = [  # (model, dtype, ranks, flags)
+    ("gpt2", "float32", 2, ZB + ["--pp", "2", "--micro", "2"]),
+    ("llama3", "float32", 4, ZB + ["--pp", "4", "--micro", "4"]),
+    ("gpt2", "float32", 4, ZB + ["--pp", "2", "--micro", "2", "--zero", "2", "--recompute", "full"]),   # DP 2
+    ("llama3", "bfloat16", 4, ZB + ["--tp", "2", "--sp", "--pp", "2", "--micro", "2", "--zero", "1"]),
+    ("gpt2", "float32", 4, ZBV + ["--pp", "4", "--micro", "4"]),        # tied embedding: both ends on stage 0
+    ("gpt2", "float32", 4, ZBV + ["--pp", "2", "--micro", "2", "--recompute", "full"]),   # DP 2: reducers
+    ("llama3", "float32", 4, ZBV + ["--tp", "2", "--sp", "--pp", "2", "--micro", "2", "--zero", "2"]),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model,dtype,n,flags", CASES, ids=[
+    f"{m}-{d}-" + "-".join(x for x in f if x != "--schedule").replace("--", "") for m, d, _, f in CASES])
+def test_zero_bubble_matches_one_process(model, dtype, n, flags):
+    common = ["--model", model, "--dtype", dtype, *COMMON]
+    got = losses(parallel_train(n, common + flags))
+    assert_same(got, one_process(*common), dtype, f"{model} {dtype} {n} ranks {flags}")
