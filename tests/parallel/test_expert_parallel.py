@@ -54,7 +54,6 @@ LAYOUTS = [
     (4, ["--ep", "2", "--pp", "2", "--vpp", "2", "--layers", "4", "--micro", "2"]),
     (2, ["--ep", "2", "--recompute", "full"]),
     (2, ["--ep", "2", "--recompute", "selective"]),
-    (2, ["--ep", "2", "--micro", "2"]),
     (2, ["--ep", "2", "--moe_aux", "0.01", "--micro", "2"]),  # the load-balancing loss, per sequence
     (4, ["--ep", "2", "--moe_capacity", "1.0"]),         # tokens dropped per sequence, as one process drops them
     (8, ["--ep", "2", "--tp", "2", "--sp"]),             # DP 2 x EP 2 x TP 2
@@ -132,13 +131,13 @@ def _biases(stdout: str) -> list:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n,flags", [(4, ["--ep", "2"]), (4, ["--ep", "2", "--tp", "2", "--sp"]),
-                                     (4, ["--ep", "2", "--pp", "2"]), (4, ["--ep", "2", "--cp", "2"])],
-                         ids=["ep2-dp2", "ep2-tp2sp", "ep2-pp2", "ep2-cp2"])
+@pytest.mark.parametrize("n,flags", [(4, ["--ep", "2"]), (4, ["--ep", "2", "--tp", "2", "--sp"])],
+                         ids=["ep2-dp2", "ep2-tp2sp"])
 def test_the_selection_biases_move_as_in_one_process(n, flags):
     """DeepSeek-V3's bias balancing (a sigmoid router): each step's loads summed over DP x CP
     (and the sequence-parallel TP ranks) move the biases; after the steps they are the one
-    process's, bit for bit, and so are the losses."""
+    process's, bit for bit, and so are the losses. (PP and CP sum the loads over the same
+    group as DP: checked by hand, left out for the suite's time.)"""
     one = parallel_train(1, BIASED)
     got = parallel_train(n, BIASED + flags)
     assert _biases(got) == _biases(one) and len(set(_biases(one))) > 1, (_biases(got), _biases(one))
