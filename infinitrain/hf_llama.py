@@ -62,7 +62,7 @@ def export(cfg, full: dict) -> tuple:
     """(config.json as a dict, {transformers name: float32 array}) of a LLaMA3, given its
     one-process tensors by our names."""
     kind = kind_of(cfg)
-    _check_exportable(cfg, kind)
+    check_exportable(cfg, kind)
     H, KV, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     config = {"architectures": [_ARCHITECTURES[kind]], "model_type": kind, "vocab_size": cfg.vocab_size,
               "hidden_size": cfg.n_embd, "intermediate_size": cfg.ffn_hidden, "num_hidden_layers": cfg.n_layer,
@@ -111,9 +111,10 @@ def export(cfg, full: dict) -> tuple:
     return config, {k: np.ascontiguousarray(v) for k, v in tensors.items()}
 
 
-def _check_exportable(cfg, kind: str) -> None:
+def check_exportable(cfg, kind: str | None = None) -> None:
     """transformers' two mixtures route with a softmax over every expert, no shared experts, no
-    selection bias, and Mixtral renormalises the chosen weights."""
+    selection bias, and Mixtral renormalises the chosen weights: a ValueError otherwise."""
+    kind = kind or kind_of(cfg)
     if kind not in ("mixtral", "qwen3_moe"):
         return
     if cfg.moe_shared_experts or cfg.moe_router != "softmax" or cfg.moe_bias_update_rate:

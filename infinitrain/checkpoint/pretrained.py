@@ -56,7 +56,10 @@ def save_pretrained(model, folder, write: bool = True, merge_lora: bool = False)
         # a merged layer (nn.lora.merge_lora) holds W + delta already
         base = full[name + ".weight"] - (0 if layer.lora_on else delta)
         full[name + ".weight"] = base + delta if merge_lora else base
-    config, tensors = hf.export(model, full)
+    try:
+        config, tensors = hf.export(model, full)
+    except ValueError as e:  # a model transformers' formats cannot hold (a sigmoid router, ...)
+        raise CheckpointError(str(e)) from None
     folder = Path(folder)
     if not write:
         return folder

@@ -97,6 +97,13 @@ def setup_plan(args):
     if args.save_pretrained and plan.pipelined:
         refuse("--save_pretrained writes a whole model, which no pipeline stage holds: save a checkpoint (--save) "
                "and export it from one process (--load it with --save_pretrained --eval_only)")
+    known = _config_of(args) if args.save_pretrained else None
+    if known is not None and getattr(known[0], "num_experts", 0):  # before training, not after it
+        from infinitrain.hf_llama import check_exportable
+        try:
+            check_exportable(known[0])
+        except ValueError as e:
+            refuse(f"--save_pretrained: {str(e).removeprefix('save_pretrained: ')}")
     if plan.zero_has_no_effect and env.is_main:
         print(f"note: --zero_stage {args.zero_stage} has no effect with one data-parallel rank (there is nothing "
               "to shard the optimizer state over); it trains as without ZeRO", flush=True)

@@ -142,3 +142,20 @@ def test_the_selection_biases_move_as_in_one_process(n, flags):
     got = parallel_train(n, BIASED + flags)
     assert _biases(got) == _biases(one) and len(set(_biases(one))) > 1, (_biases(got), _biases(one))
     assert_same(losses(got), losses(one), "float32", f"biased routing, {n} ranks {flags}")
+
+
+def test_a_wrapper_not_told_the_expert_group_refuses_instead_of_mixing_experts():
+    import infinitrain as it
+    from infinitrain import nn
+    from infinitrain.nn.parallel.expert_parallel import require_expert_group
+    from infinitrain.nn.utils import clip_grad_norm_
+    expert = nn.Linear(2, 2)
+    expert.weight.expert_parallel = True
+    expert(it.ones(1, 2)).sum().backward()
+    with pytest.raises(ValueError, match="clip_grad_norm_: the model's experts are split .* pass expert_group="):
+        clip_grad_norm_(expert.parameters(), 1.0)
+    with pytest.raises(ValueError, match="DistributedDataParallel: .* pass expert_process_group="):
+        require_expert_group(expert.parameters(), None, "DistributedDataParallel", "expert_process_group",
+                             _Group(0, 2))
+    require_expert_group(expert.parameters(), None, "DistributedDataParallel", "expert_process_group", _Group(0, 1))
+    require_expert_group(nn.Linear(2, 2).parameters(), None, "clip_grad_norm_", "expert_group")  # no experts

@@ -18,7 +18,7 @@ from ...autograd.engine import queue_callback
 from ...device import as_device
 from ..module import Module
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack, trainable
-from .expert_parallel import is_expert_param
+from .expert_parallel import is_expert_param, require_expert_group
 from .process_group import ProcessGroup, ReduceOp, _then, default_data_parallel_group
 
 
@@ -165,6 +165,8 @@ class DistributedDataParallel(Module):
         self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
         self.gradient_as_bucket_view = True  # what the Reducer does whatever was asked
         self.broadcast_from = broadcast_from
+        require_expert_group(module.parameters(), expert_process_group, "DistributedDataParallel",
+                             "expert_process_group", group)
         experts = expert_process_group if expert_process_group is not group else None
         if init_sync:
             dense = [p for p in module.parameters() if experts is None or not is_expert_param(p)]

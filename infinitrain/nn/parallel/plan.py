@@ -328,12 +328,19 @@ class ParallelPlan:
     def a2a_size(self) -> int | None:
         """a2a+p2p's all-to-all group size: as asked, else the CP ranks one node holds (the
         largest divisor of CP that fits the node's ranks / TP; the CP ranks of a TP group's
-        neighbours are next to each other, layout.py)."""
+        neighbours are next to each other, layout.py), with the fewest ranks any node has, so
+        that every rank counts the same (collective over the job when it has a communicator:
+        context_parallel() asks it on every rank)."""
         if self.cp_comm != "a2a+p2p":
             return None
         if self.cp_a2a_size is not None:
             return self.cp_a2a_size
-        per_node = max(1, getattr(self.env, "local_size", self.world_size) // self.tp)
+        local = getattr(self.env, "local_size", self.world_size)
+        comm = getattr(self.env, "comm", None)
+        if comm is not None:
+            from mpi4py import MPI
+            local = comm.allreduce(local, op=MPI.MIN)
+        per_node = max(1, local // self.tp)
         return max(d for d in range(1, self.cp + 1) if self.cp % d == 0 and d <= per_node)
 
     def expert_parallel(self):

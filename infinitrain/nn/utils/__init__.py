@@ -83,6 +83,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     grads = [p.grad for p in params]
     if not grads and pipeline_group is None:
         return 0.0
+    from ..parallel.expert_parallel import require_expert_group
+    require_expert_group(params, expert_group, "clip_grad_norm_", "expert_group")
     device = grads[0].device if grads else as_device("cpu")
     total = total_norm(zip(params, grads), device, pipeline_group=pipeline_group, expert_group=expert_group)
     if error_if_nonfinite and not math.isfinite(total):

@@ -32,8 +32,8 @@ class ToyMoE(nn.Module):
         held = ep.local_experts(E) if ep is not None else range(E)
         every = [nn.Linear(C, C, bias=False) for _ in range(E)]  # the same experts as one process has
         self.experts = nn.ModuleDict({str(e): every[e] for e in held})  # this rank's only
-        for m in self.experts.values():
-            m.weight.expert_parallel = True
+        for m in self.experts.values():  # (as the MoE layer: marked only when split over EP ranks)
+            m.weight.expert_parallel = ep is not None
         self.ep, self.held, self.pp = ep, held, None
 
     def forward(self, x, y, return_logits=False):

@@ -29,9 +29,10 @@ def head_ranges(heads: int, kv_heads: int, cp_size: int) -> tuple:
     """([query head range of rank j], [K/V head range of rank j]) for heads split over CP, or a
     ValueError naming the sizes that do not split."""
     if heads % cp_size or (kv_heads % cp_size and cp_size % kv_heads):
-        raise ValueError(f"--cp_comm a2a splits the attention heads over context parallel {cp_size}: this "
-                         f"rank's {heads} query heads must be a multiple of {cp_size}, and its {kv_heads} key/value "
-                         f"heads a multiple or a divisor of it (use --cp_comm p2p or all_gather otherwise)")
+        raise ValueError(f"--cp_comm a2a splits the attention heads over the {cp_size} ranks of its all-to-all "
+                         f"group (the CP ranks; --cp_a2a_size under a2a+p2p): this rank's {heads} query heads "
+                         f"must be a multiple of {cp_size}, and its {kv_heads} key/value heads a multiple or a "
+                         "divisor of it (use --cp_comm p2p or all_gather otherwise)")
     per, group = heads // cp_size, heads // kv_heads
     q = [range(j * per, (j + 1) * per) for j in range(cp_size)]
     kv = [range(j * per // group, ((j + 1) * per - 1) // group + 1) for j in range(cp_size)]

@@ -43,12 +43,17 @@ class ContextParallel:
             raise ValueError(f"context parallel communication must be one of {COMM_TYPES}, "
                              f"got {self.comm_type!r}")
         self._hybrid = None
+        # what attention runs: "a2a+p2p" with groups of the whole CP group is plain a2a, with
+        # groups of one rank the plain ring
+        self._attention = self.comm_type
         if self.comm_type == "a2a+p2p":
             A = self.size if self.a2a_size is None else self.a2a_size
             if not isinstance(A, int) or A < 1 or self.size % A:
                 raise ValueError(f"--cp_a2a_size {A} must divide context parallel {self.size}")
             if 1 < A < self.size:
                 self._hybrid = _hybrid_groups(self, A)
+            else:
+                self._attention = "a2a" if A == self.size else "p2p"
 
     @property
     def member_chunks(self) -> list:
@@ -114,13 +119,12 @@ class ContextParallel:
         from .ring_attention import RingAttention
         q, k, v = amp.lower(q, k, v)  # bf16 products under autocast, merged in float32
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        if self.comm_type == "a2a" or (self.comm_type == "a2a+p2p" and self._hybrid is None
-                                       and (self.a2a_size or self.size) == self.size):
-            return a2a_attention(q, k, v, self, scale)
         if self._hybrid is not None:
             inner, ring = self._hybrid
             return a2a_attention(q, k, v, inner, scale, ring)
-        return (RingAttention if self.comm_type == "p2p" else AllGatherAttention).apply(q, k, v, self, scale)
+        if self._attention == "a2a":
+            return a2a_attention(q, k, v, self, scale)
+        return (RingAttention if self._attention == "p2p" else AllGatherAttention).apply(q, k, v, self, scale)
 
     def loss(self, local_sum: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
         """The mean loss over the whole sequences, from this rank's sum over its tokens."""

@@ -31,6 +31,17 @@ def is_expert_param(p) -> bool:
     return bool(getattr(p, "expert_parallel", False))
 
 
+def require_expert_group(params, expert_group, who: str, argument: str, group=None) -> None:
+    """Under expert parallelism each rank holds other experts: what reduces over `group` (or,
+    with group None, adds up the experts' gradients) must be told the group that holds the same
+    experts, or it would copy one rank's experts over the others' and mix different experts'
+    gradients. Raises naming the argument to pass."""
+    if expert_group is None and (group is None or group.size > 1) and any(is_expert_param(p) for p in params):
+        raise ValueError(f"{who}: the model's experts are split over expert-parallel ranks (parameters marked "
+                         f"expert_parallel): pass {argument}= (ParallelPlan's expert_gradient_group, or expert_group "
+                         "for the EP ranks), as TrainStep does")
+
+
 def _host_ints(values, device) -> Tensor:
     host = _empty((len(values),), _dt.int64, as_device("cpu"))
     np.copyto(host.numpy(), np.asarray(values, dtype=np.int64))

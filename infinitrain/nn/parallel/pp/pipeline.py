@@ -23,7 +23,7 @@ from ....autograd.engine import defer_weight_grads
 from ....creation import empty, zeros
 from ....dtypes import float64
 from ..ddp import Reducer
-from ..expert_parallel import is_expert_param
+from ..expert_parallel import is_expert_param, require_expert_group
 from ..finalize import scale_loss
 from ...moe import aux_loss_scale
 from ..param_buffer import broadcast_replicas
@@ -74,6 +74,7 @@ class PipelineParallel:
         self._handed = {}  # (backward, global chunk) -> tensors passed between two chunks of this stage
         if self.dp_group is not None:
             # replicas start equal (they do by seed; a loaded model is made so)
+            require_expert_group(model.parameters(), expert_group, "PipelineParallel", "expert_group", self.dp_group)
             experts = expert_group if expert_group is not dp_group else None
             dense = [p for p in model.parameters() if experts is None or not is_expert_param(p)]
             broadcast_replicas(dense + list(model.buffers()), self.dp_group)

@@ -17,7 +17,7 @@ from ....autograd import no_grad
 from ....optim.offload import offload_target, offloaded
 from ....runtime import empty_cache
 from ...parameter import Parameter
-from ..expert_parallel import is_expert_param
+from ..expert_parallel import is_expert_param, require_expert_group
 from ..param_buffer import ParamAndGradBuffer, broadcast_replicas, pack
 from ..plan import check_offload
 from .grads import ZeroGrads
@@ -58,6 +58,7 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
         if self.expert_group is not None and offload_param is not None:
             raise ValueError("--offload_param does not compose with --expert_parallel yet")
         group_of, ordered = self._group_parameters(params)
+        require_expert_group(ordered, expert_group, "ZeroOptimizer", "expert_group", dp_group)
         packs, tied, units, uses = self._plan_buckets(module, ordered, group_of, bucket_cap_mb)
         self.buffer = ParamAndGradBuffer(packs, pad_to=lambda ps: self._group_of_pack(ps).size)
         self.buckets = self.buffer.buckets
