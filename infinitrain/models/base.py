@@ -84,11 +84,12 @@ class CausalLM(Module):
     ties_embedding = False
 
     @classmethod
-    def parameter_parts(cls, config) -> tuple:
+    def parameter_parts(cls, config, ep: int = 1) -> tuple:
         """(the parameters of the first stage's embeddings, of one block, of the last stage's
         final norm and head), counted from llm.c's tensor list: what a pipeline stage holds is
         its blocks plus the ends it has (plus, with ties_embedding, a copy of the embedding on
-        the last stage of a pipeline)."""
+        the last stage of a pipeline). ep: the expert-parallel ranks a mixture's experts are
+        split over (a model without experts ignores it)."""
         first = block = last = 0
         seen_layers = False
         for name, shape, n in cls._llmc_shapes(config):

@@ -224,13 +224,14 @@ class LLaMA3(CausalLM):
         return update_moe_biases(self.moe_layers(), reduce)
 
     @classmethod
-    def parameter_parts(cls, config) -> tuple:
-        """As CausalLM's, a block being the mean of the model's (an MoE block holds every expert)."""
+    def parameter_parts(cls, config, ep: int = 1) -> tuple:
+        """As CausalLM's, a block being the mean of the model's (an MoE block holds 1/ep of the
+        experts)."""
         first, block, last = super().parameter_parts(config)
         if not config.num_experts:
             return first, block, last
         dense_mlp = 3 * config.ffn_hidden * config.n_embd
-        blocks = [block - dense_mlp + (cls._moe_numel(config) if config.is_moe_layer(i) else dense_mlp)
+        blocks = [block - dense_mlp + (cls._moe_numel(config, ep) if config.is_moe_layer(i) else dense_mlp)
                   for i in range(config.n_layer)]
         return first, int(np.mean(blocks)), last
 
@@ -246,10 +247,10 @@ class LLaMA3(CausalLM):
                                   for i in range(config.n_layer))
 
     @staticmethod
-    def _moe_numel(config) -> int:
-        """An MoE feed-forward's parameters: router, experts, shared experts."""
+    def _moe_numel(config, ep: int = 1) -> int:
+        """An MoE feed-forward's parameters on a rank: router, its experts (E / ep), shared experts."""
         E, C, F = config.num_experts, config.n_embd, config.expert_ffn_hidden
-        return E * C + 3 * (E + config.moe_shared_experts) * F * C
+        return E * C + 3 * (E // ep + config.moe_shared_experts) * F * C
 
     @classmethod
     def head_work(cls, config) -> float:

@@ -34,7 +34,9 @@ def stage_parameters(plan, config, model_class) -> tuple:
     """(the parameters each pipeline stage holds before TP splits them, the blocks each holds):
     its blocks in the split the pipeline will use, plus the embeddings on the first stage, the
     final norm and head on the last, and there a copy of a tied embedding."""
-    first, block, last = model_class.parameter_parts(config)
+    # expert parallelism: a rank holds E/EP experts (under ZeRO their state is sharded over the
+    # E/EP holders' DP x CP / EP ranks, which is E / (DP x CP) as for the dense weights: counted so)
+    first, block, last = model_class.parameter_parts(config, 1 if plan.zero else plan.ep)
     L, P = config.n_layer, plan.pp
     head = model_class.head_work(config) if plan.pipeline_split == "balanced" else 0.0
     chunks = chunk_layers(L, P, plan.virtual_pipeline_parallel, head)
