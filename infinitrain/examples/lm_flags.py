@@ -93,10 +93,11 @@ def parse_args(argv, description: str, presets, default_model: str, moe: bool = 
     p.add_argument("--pipeline_parallel", type=positive_int, default=1,
                    help="pipeline stages the model's layers are split over")
     p.add_argument("--virtual_pipeline_parallel", type=positive_int, default=1,
-                   help="model chunks per pipeline stage (> 1: interleaved 1F1B)")
+                   help="model chunks per pipeline stage (> 1: interleaved 1F1B by default; 2 with zbv)")
     p.add_argument("--pipeline_schedule", default=None, choices=list(SCHEDULES),
                    help="default: 1f1b, or interleaved with --virtual_pipeline_parallel > 1; zb-h1: 1F1B with "
-                        "each backward's weight gradients deferred into the idle slots (zero bubble). "
+                        "each backward's weight gradients deferred into the idle slots (zero bubble); zbv: two "
+                        "chunks per stage in a V (--virtual_pipeline_parallel 2), the W's filling the rest. "
                         "The micro-batches of a step are its gradient accumulation steps")
     p.add_argument("--pipeline_split", default="balanced", choices=["balanced", "even"],
                    help="balanced: the head counts as the blocks' worth of work it is, so the last stage gets "

@@ -144,6 +144,8 @@ it_status it_comm_all_to_all(it_comm *comm, it_dtype dtype, const void *send, in
                  "%s: this rank sends itself %lld elements but receives %lld", fn,
                  (long long)send_counts[comm->rank], (long long)recv_counts[comm->rank]);
     IT_CHECK_ARG((send || send_total == 0) && (recv || recv_total == 0), "%s: NULL buffer", fn);
+    // NCCL reads the sends while it writes the receives: the same memory would be garbage
+    IT_CHECK_ARG(send_total == 0 || recv_total == 0 || send != recv, "%s: send must not alias recv", fn);
     IT_CHECK_ARG(!stream || (it_stream_device(stream).type == IT_CUDA &&
                              it_stream_device(stream).index == comm->device.index),
                  "%s: the stream is not on the communicator's device", fn);

@@ -126,6 +126,8 @@ it_status it_moe_unpermute(it_device device, it_dtype dtype, void *out, const vo
     if (tokens * cols == 0) return IT_OK;
     IT_CHECK_ARG(out && (y || assignments == 0), "%s: NULL pointer", fn);
     IT_CHECK_NO_ALIAS(out, y, fn);
+    IT_CHECK_NO_ALIAS(out, weights, fn);
+    IT_CHECK_NO_ALIAS(out, rows, fn);
     IT_DISPATCH(moe_unpermute, device, dtype, out, y, weights, rows, assignments, tokens, cols);
     IT_TRY(check_row_values(fn, rows, assignments, tokens));
     int64_t *offsets, *order;
@@ -178,6 +180,9 @@ it_status it_moe_unpermute_backward(it_device device, it_dtype dtype, void *dy, 
     IT_CHECK_ARG(!dweights || y || cols == 0, "%s: dweights needs y", fn);
     IT_CHECK_NO_ALIAS(dy, dout, fn);
     IT_CHECK_NO_ALIAS(dy, y, fn);
+    IT_CHECK_NO_ALIAS(dweights, dout, fn);
+    IT_CHECK_NO_ALIAS(dweights, y, fn);
+    IT_CHECK_NO_ALIAS(dweights, dy, fn);
     IT_DISPATCH(moe_unpermute_backward, device, dtype, dy, dweights, dout, y, weights, rows, assignments,
                 tokens, cols);
     IT_TRY(check_row_values(fn, rows, assignments, tokens));

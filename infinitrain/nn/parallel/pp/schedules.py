@@ -189,9 +189,9 @@ def schedule(name: str, stages: int, virtual: int, micro: int, stage: int) -> li
 
 
 def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
-    where = placement(name)
     """Raises RuntimeError unless, on every link (from stage, to stage, direction), the
     messages leave in the order the receiver takes them: the k-th sent is the k-th received."""
+    where = placement(name)
     sent, taken = {}, {}
     for s, plan in enumerate(plans):
         for a in plan:
