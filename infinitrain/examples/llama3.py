@@ -31,6 +31,9 @@ def build_model(args, tp=None, pp=None, cp=None, ep=None):
         return LLaMA3.from_pretrained(args.from_pretrained, tp=tp, pp=pp, cp=cp, ep=ep)
     recorded = recorded_config(args, LLaMA3)  # --load alone: the model its checkpoint records
     if recorded is not None:
+        if args.moe_overrides and not recorded.num_experts and not args.moe_overrides.get("num_experts"):
+            raise ValueError(f"--{', --'.join(args.moe_overrides)}: --load's model is dense (num_experts 0), so "
+                             "the mixture-of-experts flags would do nothing")
         return LLaMA3(replace(recorded, **args.moe_overrides), tp=tp, pp=pp, cp=cp, ep=ep)
     return LLaMA3(args.presets[args.model], tp=tp, pp=pp, cp=cp, ep=ep)  # (with the MoE flags applied)
 

@@ -52,8 +52,9 @@ def apply_moe_flags(args, error) -> None:
     if not overrides or (args.load and not args.model_given):  # (--load's recorded model: at build)
         return
     if args.llmc_filepath or args.from_pretrained:
-        error(f"--{next(iter(overrides))}: the model of --llmc_filepath / --from_pretrained is dense as its file "
-              "says; the MoE flags set up a preset (--model)")
+        error(f"--{next(iter(overrides))}: the MoE flags set up a preset (--model); the model of --llmc_filepath / "
+              "--from_pretrained is the one its files describe (a Mixtral or Qwen3-MoE folder keeps its routing "
+              "as transformers' config says, without auxiliary losses)")
     cfg = replace(args.presets[args.model], **overrides)
     if not cfg.num_experts:
         error(f"--{next(iter(overrides))} needs experts: --model {args.model} is dense, give --num_experts")
