@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import infinitrain as it
 from infinitrain.examples.flags import nonnegative_float, nonnegative_int, positive_float, positive_int
 
 # flag -> the LLaMA3Config field it sets (None as a flag's value: the preset's)
@@ -69,14 +68,9 @@ def moe_reducer(plan, device):
     """Sums a host array over the data-parallel ranks (DP x CP), or None on one."""
     if plan.dp_cp == 1:
         return None
-    from infinitrain.nn.parallel.process_group import ReduceOp
-    group = plan.gradient_group
-
-    def reduce(values):
-        t = it.from_numpy(values.copy()).to(device)
-        group.all_reduce(t, ReduceOp.SUM)
-        return t.cpu().numpy()
-    return reduce
+    from functools import partial
+    from infinitrain.nn.parallel.process_group import sum_host_array
+    return partial(sum_host_array, groups=[plan.gradient_group], device=device)
 
 
 class MoEStepLog:

@@ -158,11 +158,9 @@ class MoE(Module):
 
     def _sum_over_sequence(self, values: np.ndarray) -> np.ndarray:
         """Sums a host array over the ranks a sequence is split over (TP under SP, CP)."""
-        from ..parallel.process_group import ReduceOp
-        t = from_numpy(np.ascontiguousarray(values, dtype=np.float64)).to(device=self.gate.weight.device)
-        for group in ([self.tp.group] if self.tp is not None else []) + ([self.cp.group] if self.cp else []):
-            group.all_reduce(t, ReduceOp.SUM)
-        return t.cpu().numpy()
+        from ..parallel.process_group import sum_host_array
+        return sum_host_array(values, [self.tp.group if self.tp is not None else None,
+                                       self.cp.group if self.cp is not None else None], self.gate.weight.device)
 
     # ---- the step's record and the bias-based balancing ---------------------------------------
     def reset_step_record(self) -> None:
@@ -177,10 +175,8 @@ class MoE(Module):
         z = float(sum(t.item() for t in self._z))
         record = np.concatenate([self._load.astype(np.float64), [lb, z, self._calls, float(self._dropped)]])
         if self.tp is not None:
-            from ..parallel.process_group import ReduceOp
-            t = from_numpy(record).to(device=self.gate.weight.device)
-            self.tp.group.all_reduce(t, ReduceOp.SUM)
-            record = t.cpu().numpy()
+            from ..parallel.process_group import sum_host_array
+            record = sum_host_array(record, [self.tp.group], self.gate.weight.device)
         return record
 
     def update_bias(self, load: np.ndarray) -> None:

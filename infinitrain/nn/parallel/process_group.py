@@ -291,6 +291,21 @@ class ProcessGroup:
 _default_dp_group = None
 
 
+def sum_host_array(values, groups, device):
+    """A host (numpy) array summed over each group of `groups` in turn (None skipped), through a
+    float64 tensor on `device` (a GPU job's groups are NCCL's): the counts and figures a
+    trainer logs or balances by. Collective over every group given."""
+    import numpy as np
+    from ...creation import from_numpy
+    groups = [g for g in groups if g is not None and g.size > 1]
+    if not groups:
+        return np.asarray(values, dtype=np.float64)
+    t = from_numpy(np.array(values, dtype=np.float64)).to(device=device)
+    for group in groups:
+        group.all_reduce(t, ReduceOp.SUM)
+    return t.cpu().numpy()
+
+
 def set_default_data_parallel_group(group) -> None:
     global _default_dp_group
     _default_dp_group = group
