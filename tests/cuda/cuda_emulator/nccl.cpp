@@ -237,7 +237,62 @@ extern "C" int ncclBroadcast(const void *send, void *recv, size_t count, int typ
     return 0;
 }
 
+namespace {
+// ncclGroupStart/End: the sends and receives called in between are held and run at the end,
+// every send first (they are buffered), then every receive, so no receive waits on a send its
+// peer has not made yet (NCCL runs a group's operations together).
+struct PointToPoint {
+    bool send;
+    void *buf;
+    size_t count;
+    int type, peer;
+    void *comm;
+    cudaStream_t stream;
+};
+thread_local int group_depth = 0;
+thread_local std::vector<PointToPoint> held;
+
+int send_now(const void *send, size_t count, int type, int peer, void *comm, cudaStream_t stream);
+int recv_now(void *recv, size_t count, int type, int peer, void *comm, cudaStream_t stream);
+}  // namespace
+
+extern "C" int ncclGroupStart() {
+    ++group_depth;
+    return 0;
+}
+
+extern "C" int ncclGroupEnd() {
+    if (group_depth == 0) return kInvalidUsage;
+    if (--group_depth > 0) return 0;
+    std::vector<PointToPoint> ops;
+    ops.swap(held);
+    int failed = 0;
+    for (int pass = 0; pass < 2 && !failed; ++pass)
+        for (const PointToPoint &op : ops)
+            if (!failed && op.send == (pass == 0))
+                failed = op.send ? send_now(op.buf, op.count, op.type, op.peer, op.comm, op.stream)
+                                 : recv_now(op.buf, op.count, op.type, op.peer, op.comm, op.stream);
+    return failed;
+}
+
 extern "C" int ncclSend(const void *send, size_t count, int type, int peer, void *comm, cudaStream_t stream) {
+    if (group_depth > 0) {
+        held.push_back({true, (void *)send, count, type, peer, comm, stream});
+        return 0;
+    }
+    return send_now(send, count, type, peer, comm, stream);
+}
+
+extern "C" int ncclRecv(void *recv, size_t count, int type, int peer, void *comm, cudaStream_t stream) {
+    if (group_depth > 0) {
+        held.push_back({false, recv, count, type, peer, comm, stream});
+        return 0;
+    }
+    return recv_now(recv, count, type, peer, comm, stream);
+}
+
+namespace {
+int send_now(const void *send, size_t count, int type, int peer, void *comm, cudaStream_t stream) {
     Comm *c = (Comm *)comm;
     if (int e = check(c, type, SUM)) return e;
     if (peer < 0 || peer >= c->nranks || peer == c->rank) return kInvalidArgument;
@@ -247,7 +302,7 @@ extern "C" int ncclSend(const void *send, size_t count, int type, int peer, void
     return write_file(path, send, count * type_bytes(type)) ? 0 : kSystemError;
 }
 
-extern "C" int ncclRecv(void *recv, size_t count, int type, int peer, void *comm, cudaStream_t stream) {
+int recv_now(void *recv, size_t count, int type, int peer, void *comm, cudaStream_t stream) {
     Comm *c = (Comm *)comm;
     if (int e = check(c, type, SUM)) return e;
     if (peer < 0 || peer >= c->nranks || peer == c->rank) return kInvalidArgument;
@@ -265,3 +320,4 @@ extern "C" int ncclRecv(void *recv, size_t count, int type, int peer, void *comm
     unlink(path.c_str());
     return 0;
 }
+}  // namespace
