@@ -184,7 +184,7 @@ def test_an_mpich_library_under_open_mpis_mpirun_is_told_which_launcher_goes_wit
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("example", ["gpt2", "llama3"])
+@pytest.mark.parametrize("example", ["gpt2"])  # LLaMA-3's example runs CP x TP x PP (test_context_parallel)
 def test_tensor_parallel_example_matches_one_process(tmp_path, example):
     """The front door: `mpiexec -n 4 python -m infinitrain.examples.gpt2 --tensor_parallel 2
     --sequence_parallel` (DP 2 x TP 2, gradient clipping on, a checkpoint written) prints the
