@@ -15,7 +15,7 @@ import infinitrain as it
 from infinitrain import nn
 from infinitrain._native import HEADER_PATH as HEADER
 from infinitrain._native import LIBRARY_PATH, ffi, lib
-from helpers import MPI_SCRIPTS, example, launch, mpirun, run, step_losses
+from helpers import ENV, MPI_SCRIPTS, example, launch, mpirun, run, step_losses
 
 pytestmark = pytest.mark.cuda
 
@@ -369,6 +369,64 @@ def test_attention_blocks_and_merge_against_the_cpu(dtype, causal, Tq, Tk):
     _same(merged[1][0], merged[0][0], "float32", rtol=tol)
     _same(merged[1][1][:, :, Tq:], merged[0][1][:, :, Tq:], "float32", rtol=1e-5)
     assert np.all(np.isneginf(merged[1][1][:, :, :Tq].cpu().numpy()))  # rows no block reached
+
+
+def _relative_error(gpu, cpu, scale=None):
+    """|gpu - cpu| / |cpu| in L2, or / |scale| where cpu may be zero (a gradient that cancels)"""
+    g, c = gpu.detach().cpu().float().numpy(), cpu.detach().float().numpy()
+    assert np.isfinite(g).all()
+    floor = np.linalg.norm(scale.numpy()) if scale is not None else 1e-30
+    return float(np.linalg.norm(g - c) / max(np.linalg.norm(c), floor))
+
+
+FLASH_CASES = [  # head size, Tq, Tk, causal, heads, kv heads
+    (64, 130, 130, True, 4, 2),  # past two 64-row blocks and a partial key tile; grouped-query
+    (64, 1, 1, True, 2, 2),  # one token
+    (128, 65, 65, False, 2, 1),  # head size 128, not causal, one kv head
+    (64, 7, 97, True, 2, 2),  # fewer queries than keys: the bottom-right diagonal (a CP block)
+    (128, 33, 97, True, 4, 1),  # head size 128, causal, fewer queries than keys, one kv head
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("D,Tq,Tk,causal,H,KV", FLASH_CASES)
+def test_tensor_core_attention_against_the_cpu_in_float32(dtype, D, Tq, Tk, causal, H, KV):
+    """The flash kernels (16-bit, head size 64 or 128) against the CPU's attention in float32 on
+    the same 16-bit values: out, lse and the three gradients, within the error of 16-bit
+    operands (relative L2 error 1e-2 bf16, 2e-3 fp16, FlashAttention's tests' order)."""
+    from infinitrain.kernels import neural as knn
+    (q, qg), (k, kg), (v, vg) = (_pair((2, h, t, D), dtype) for h, t in ((H, Tq), (KV, Tk), (KV, Tk)))
+    g, gg = _pair((2, H, Tq, D), dtype)
+    q, k, v, g = (t.float() for t in (q, k, v, g))
+    (oc, lc), (og, lg) = knn.attention(q, k, v, causal=causal), knn.attention(qg, kg, vg, causal=causal)
+    tol = 1e-2 if dtype == "bfloat16" else 2e-3
+    assert og.dtype == qg.dtype and _relative_error(og, oc) < tol
+    seen = np.isfinite(lc.numpy())
+    assert np.array_equal(np.isfinite(lg.cpu().numpy()), seen)  # -inf exactly where no key is seen
+    np.testing.assert_allclose(lg.cpu().numpy()[seen], lc.numpy()[seen], rtol=1e-3, atol=1e-3)
+    if not seen.all():
+        assert np.all(og.cpu().float().numpy()[~seen] == 0)
+    grads_c = knn.attention_backward(g, q, k, v, oc, lc, causal=causal)
+    grads_g = knn.attention_backward(gg, qg, kg, vg, og, lg, causal=causal)
+    for a, b in zip(grads_g, grads_c):
+        assert a.dtype == qg.dtype and _relative_error(a, b, scale=g) < 2 * tol
+
+
+@needs_gpu
+@pytest.mark.slow
+def test_16_bit_attention_runs_on_the_tensor_core_kernels():
+    """The routing: the same call with INFINITRAIN_CUDA_ATTENTION=reference (the row kernels)
+    gives other bits (the flash kernels round probabilities to 16 bits before P V), both close."""
+    code = ("import numpy as np, infinitrain as it; from infinitrain.kernels import neural as knn;"
+            "r = np.random.default_rng(0); q, k, v = (it.from_numpy(r.uniform(-2, 2, (1, 2, 70, 64))"
+            ".astype(np.float32)).to('bfloat16').to('cuda') for _ in range(3));"
+            "o, _ = knn.attention(q, k, v); print(o.float().cpu().numpy().tobytes().hex())")
+    flash = run([sys.executable, "-c", code], check=True).stdout.strip()
+    reference = run([sys.executable, "-c", code], check=True,
+                    env=dict(ENV, INFINITRAIN_CUDA_ATTENTION="reference")).stdout.strip()
+    a, b = (np.frombuffer(bytes.fromhex(x), np.float32) for x in (flash, reference))
+    assert not np.array_equal(a, b) and np.abs(a - b).max() < 0.05
 
 
 @needs_gpu

@@ -10,8 +10,10 @@
 // every key masked gives zeros) and dropout on the probabilities, whose mask is the CPU's hash
 // of (seed, row, key), recomputed in the backward pass.
 //
-// This is the correct floor the issue asks for, O(T^2 D) per head without tiling through
-// shared memory; a flash-style tiled kernel is the next step for speed.
+// These row kernels are the reference: 16-bit calls with head size 64 or 128 and no bias or
+// dropout run on tensor cores in attention_flash.cu instead (INFINITRAIN_CUDA_ATTENTION=reference
+// keeps them here), and are tested against these and the CPU.
+#include "attention_flash.cuh"
 #include "common.cuh"
 
 namespace {
@@ -259,6 +261,12 @@ it_status it_cuda_attention_forward(it_device device, it_dtype dtype, void *out,
     IT_CU_TRY(check_sizes(head_dim, rows, "it_attention_forward"));
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
+    FlashShape f = {batch, heads, kv_heads, q_len, kv_len, head_dim, causal, scale};
+    if (flash_attention_applies(dtype, f, options, {out, q, k, v})) {
+        flash_attention_forward(s, dtype, f, out, lse, q, k, v);
+        CU_LAUNCHED();
+        return IT_OK;
+    }
     int64_t group = heads / kv_heads;
     IT_FLOAT_SWITCH(dtype, "it_attention_forward",
                     attention_fwd<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
@@ -282,15 +290,21 @@ it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq,
     Extras ex = extras_of(options);
     float *delta;
     CU_TRY(cudaMallocAsync((void **)&delta, (size_t)rows * sizeof(float), s));
+    FlashShape f = {batch, heads, kv_heads, q_len, kv_len, head_dim, causal, scale};
+    bool flash = flash_attention_applies(dtype, f, options, {dq, dk, dv, dout, q, k, v});
     IT_FLOAT_SWITCH(dtype, "it_attention_backward", {
         attention_delta<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
             delta, (const T *)dout, (const T *)out, rows, (int)head_dim);
-        attention_dq<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
-            (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, batch * heads,
-            heads, group, q_len, kv_len, causal, (int)head_dim, scale, ex);
-        attention_dkv<T><<<warp_blocks(kv_rows), 32 * kWarpsPerBlock, 0, s>>>(
-            (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta,
-            batch * kv_heads, heads, group, q_len, kv_len, causal, (int)head_dim, scale, ex);
+        if (flash) {
+            flash_attention_backward(s, dtype, f, dq, dk, dv, dout, q, k, v, lse, delta);
+        } else {
+            attention_dq<T><<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
+                (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, batch * heads,
+                heads, group, q_len, kv_len, causal, (int)head_dim, scale, ex);
+            attention_dkv<T><<<warp_blocks(kv_rows), 32 * kWarpsPerBlock, 0, s>>>(
+                (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta,
+                batch * kv_heads, heads, group, q_len, kv_len, causal, (int)head_dim, scale, ex);
+        }
     });
     cudaError_t launched = cudaPeekAtLastError();
     CU_TRY(cudaFreeAsync(delta, s));

@@ -395,6 +395,8 @@ static Block *block;
 static std::vector<char *> free_stacks;
 
 
+uint64_t shuffle(unsigned int mask, uint64_t value, int source);
+
 static void yield(State s) {
     current->state = s;
     emu_switch_stack(&current->stack_pointer, block->scheduler);
@@ -407,6 +409,15 @@ static void abandon() {
 }
 
 void sync_block() { yield(AT_SYNCTHREADS); }
+
+void sync_warp() { shuffle(0xffffffffu, 0, 0); }
+
+const char *kernel_name() { return block ? block->kernel : ""; }
+
+void fail(const char *message) {
+    kernel_failed("%s: %s", block->kernel, message);
+    abandon();
+}
 
 uint64_t shuffle(unsigned int mask, uint64_t value, int source) {
     if (mask != 0xffffffffu) {

@@ -64,6 +64,9 @@ extern dim3 block_size, grid_size;
 inline const uint3 &thread_index() { return current->index; }
 inline int lane() { return current->lane; }
 void sync_block();                        // __syncthreads()
+void sync_warp();                         // __syncwarp(): a barrier of the 32 lanes
+const char *kernel_name();                // the kernel running now
+void fail(const char *message);           // the kernel fails here (a launch failure, as on a GPU)
 // A warp shuffle: every lane of the warp gives `value` and gets the value of lane `source`.
 uint64_t shuffle(unsigned int mask, uint64_t value, int source);
 }  // namespace emu
@@ -74,6 +77,12 @@ uint64_t shuffle(unsigned int mask, uint64_t value, int source);
 #define gridDim (emu::grid_size)
 
 inline void __syncthreads() { emu::sync_block(); }
+inline void __syncwarp(unsigned int mask = 0xffffffffu) {
+    if (mask != 0xffffffffu) emu::fail("__syncwarp with a partial mask: only full warps are used here");
+    emu::sync_warp();
+}
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
 
 template <typename T> T emu_shuffle(unsigned int mask, T v, int source) {
     static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
