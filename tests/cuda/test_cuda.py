@@ -183,6 +183,11 @@ def test_kernels_against_the_cpu(dtype):
     m2, m2g = _pair((3, 24, 9), dtype)
     _same(m1g @ m2g, m1 @ m2, dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
     _same(xg.transpose(1, 2).contiguous(), x.transpose(1, 2).contiguous(), dtype)
+    heads, heads_g = _pair((2, 5, 3, 3, 16), dtype)  # [B, T, 3, H, D] -> [B, H, T, D]: whole 16-byte rows
+    for pick in (lambda t: t[:, :, 1].permute(0, 2, 1, 3), lambda t: t[:, 1:4, 2, :, 8:].transpose(0, 1),
+                 lambda t: t[:, :, 0, :, 3:10].permute(0, 2, 1, 3)):  # the last: rows not of whole chunks
+        assert np.array_equal(pick(heads_g).contiguous().cpu().float().numpy(),
+                              pick(heads).contiguous().float().numpy())
     _same(it.cat([xg, xg * 2], 1), it.cat([x, x * 2], 1), dtype)
     vals, idx = it.topk(x, 5, dim=-1)
     vals_g, idx_g = it.topk(xg, 5, dim=-1)
