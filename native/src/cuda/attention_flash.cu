@@ -124,20 +124,18 @@ __global__ void __launch_bounds__(kThreads) flash_forward(T *out, float *lse, co
             wmma::store_matrix_sync(S + 16 * n, s, LDS, wmma::mem_row_major);
         }
         __syncwarp();
-        // online softmax: lanes 2r and 2r + 1 share row r, half of the columns each
+        // online softmax: lanes 2r and 2r + 1 share row r, every other column each (the two
+        // lanes of a row then fall in different banks of the padded rows)
         float *srow = S + my * LDS;
         T *prow = P + my * LDP;
         float mx = -INFINITY;
-        for (int j = half * (BC / 2); j < (half + 1) * (BC / 2); j++) {
-            float x = k0 + j <= my_last ? srow[j] * sl2 : -INFINITY;
-            srow[j] = x;
-            mx = fmaxf(mx, x);
-        }
+        for (int j = half; j < BC; j += 2)
+            if (k0 + j <= my_last) mx = fmaxf(mx, srow[j] * sl2);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         const float m_new = fmaxf(m, mx), base = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: 0
         float sum = 0.0f;
-        for (int j = half * (BC / 2); j < (half + 1) * (BC / 2); j++) {
-            float p = exp2f(srow[j] - base);
+        for (int j = half; j < BC; j += 2) {
+            float p = k0 + j <= my_last ? exp2f(srow[j] * sl2 - base) : 0.0f;
             prow[j] = from_f<T>(p);
             sum += p;
         }
@@ -228,7 +226,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq(T *dq, const T *do
             wmma::store_matrix_sync(dP + 16 * n, p, LDS, wmma::mem_row_major);
         }
         __syncwarp();
-        for (int j = half * (BC / 2); j < (half + 1) * (BC / 2); j++) {
+        for (int j = half; j < BC; j += 2) {
             float p = k0 + j <= my_last ? exp2f(S[my * LDS + j] * sl2 - lse2) : 0.0f;
             dS[my * LDP + j] = from_f<T>(p * (dP[my * LDS + j] - my_delta));
         }
@@ -315,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dkv(T *dk, T *dv, con
                 wmma::store_matrix_sync(dP + 16 * n, p, LDS, wmma::mem_row_major);
             }
             __syncwarp();
-            for (int j = half * (BQ / 2); j < (half + 1) * (BQ / 2); j++) {
+            for (int j = half; j < BQ; j += 2) {
                 bool seen = my_key_real && i0 + j >= my_first && lse2[j] != -INFINITY;
                 float p = seen ? exp2f(S[my * LDS + j] * sl2 - lse2[j]) : 0.0f;
                 S[my * LDS + j] = p;
@@ -332,7 +330,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dkv(T *dk, T *dv, con
                 }
             }
             __syncwarp();
-            for (int j = half * (BQ / 2); j < (half + 1) * (BQ / 2); j++)
+            for (int j = half; j < BQ; j += 2)
                 P[my * LDP + j] = from_f<T>(S[my * LDS + j] * (dP[my * LDS + j] - dl[j]));
             __syncwarp();
             for (int c = 0; c < BQ / 16; c++) {  // dK += dS^T Q
