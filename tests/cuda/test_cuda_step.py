@@ -5,6 +5,7 @@ time and the AdamW launch. The GPU tests run on a real GPU or on the emulated on
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import infinitrain as it
@@ -29,3 +30,43 @@ def test_the_pytorch_gpt2_takes_its_positions_on_the_inputs_device():
     idx = torch.zeros(2, 4, dtype=torch.long, device="meta")
     model(idx, idx)
     assert seen == [idx.device]
+
+
+# ---- on a GPU ------------------------------------------------------------------------------
+def _bits(t):
+    return t.detach().cpu().float().numpy()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows,index_dtype", [(7, "int64"), (300, "int32"), (1, "int64")],
+                         ids=["repeats", "spread", "one-row"])
+def test_the_embedding_gradient_has_the_cpus_bits(dtype, rows, index_dtype):
+    """Each table row's incoming rows added in token order as on the CPU, onto the gradient a
+    previous backward left (a table used twice, as GPT-2's wte is by the head): the same bits,
+    repeats (most ids many times, the GPT-2 position table's case) or not."""
+    rng = np.random.default_rng(rows)
+    ids = it.from_numpy(rng.integers(0, rows, (5, 67)).astype(index_dtype))
+    table = rng.standard_normal((rows, 40)).astype(np.float32)
+    upstream = rng.standard_normal((5, 67, 40)).astype(np.float32)
+    grads = []
+    for device in ("cpu", "cuda"):
+        w = it.from_numpy(table).to(dtype).to(device).requires_grad_()
+        for scale in (1.0, 0.5):  # the second backward adds onto the first's gradient
+            dout = (it.from_numpy(upstream) * scale).to(dtype).to(device)
+            (it.nn.functional.embedding(ids.to(device), w) * dout).sum().backward()
+        grads.append(_bits(w.grad))
+    np.testing.assert_array_equal(grads[1], grads[0])
+
+
+@needs_gpu
+def test_the_embedding_gradient_skips_no_token_at_a_gpt2_size():
+    """Every token once, then every token of a batch of GPT-2's position table: the sums are the
+    plain loop's (integers, exact in float32)."""
+    n, cols = 4 * 64, 24
+    ids = it.from_numpy(np.tile(np.arange(64), 4))
+    w = it.zeros(64, cols, device="cuda").requires_grad_()
+    dout = it.from_numpy(np.repeat(np.arange(n, dtype=np.float32)[:, None], cols, 1)).to("cuda")
+    (it.nn.functional.embedding(ids.to("cuda"), w) * dout).sum().backward()
+    expected = np.arange(n, dtype=np.float32).reshape(4, 64).sum(0)
+    np.testing.assert_array_equal(_bits(w.grad), np.repeat(expected[:, None], cols, 1))
