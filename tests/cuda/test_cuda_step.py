@@ -70,3 +70,45 @@ def test_the_embedding_gradient_skips_no_token_at_a_gpt2_size():
     (it.nn.functional.embedding(ids.to("cuda"), w) * dout).sum().backward()
     expected = np.arange(n, dtype=np.float32).reshape(4, 64).sum(0)
     np.testing.assert_array_equal(_bits(w.grad), np.repeat(expected[:, None], cols, 1))
+
+
+def _cast_kernels(fn):
+    import infinitrain.profiler as profiler
+    with profiler.profile() as prof:
+        out = fn()
+    return out, sum(1 for name, cat, *_ in prof.events if cat == "kernel" and name == "convert")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_a_parameter_is_cast_once_per_autocast_region_with_the_same_bits(device):
+    """PyTorch's autocast cache: a weight used three times in a region is cast to bfloat16 once
+    (cache_enabled=False: three times), with the same loss and gradients; a write to the weight
+    inside the region makes a new copy; the next region casts afresh."""
+    from infinitrain import nn
+    it.manual_seed(0)
+    layer = nn.Linear(16, 16).to(device)
+    x = it.randn(4, 16).to(device)
+
+    def step(cache):
+        layer.zero_grad()
+        with it.autocast(device, dtype=it.bfloat16, cache_enabled=cache):
+            loss = layer(layer(layer(x))).float().square().mean()
+        loss.backward()
+        return [_bits(t) for t in (loss, layer.weight.grad, layer.bias.grad)]
+
+    hits = it.amp.cast_cache_hits[0]
+    cached, casts_cached = _cast_kernels(lambda: step(True))
+    assert it.amp.cast_cache_hits[0] - hits == 4  # weight and bias, second and third use
+    plain, casts_plain = _cast_kernels(lambda: step(False))
+    assert casts_plain - casts_cached == 4
+    for a, b in zip(cached, plain):
+        np.testing.assert_array_equal(a, b)
+    with it.autocast(device, dtype=it.bfloat16):
+        first = layer(x)
+        with it.no_grad():
+            layer.weight.mul_(2)  # written in the region: the old copy is stale
+        second = layer(x)
+    assert not np.array_equal(_bits(first), _bits(second))
+    with it.autocast(device, dtype=it.bfloat16):
+        np.testing.assert_array_equal(_bits(layer(x)), _bits(second))
+    assert it.amp._state.cache is None  # emptied when the region ended
