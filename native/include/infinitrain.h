@@ -97,6 +97,12 @@ it_status it_event_record(it_event *event, it_stream *stream);        /* NULL: t
 it_status it_stream_wait_event(it_stream *stream, it_event *event);   /* NULL: the current stream */
 it_status it_event_synchronize(it_event *event);
 it_status it_event_query(it_event *event, int32_t *done);
+/* An event whose recordings carry the device's clock (a profiler's pairs around each op):
+ * it_event_elapsed_time gives the milliseconds from `start`'s last recording to `end`'s, both
+ * done (it waits for `end`). Timing makes recording a little dearer, so the events that only
+ * order work are made without it. CPU events carry no time (IT_ERR_NOT_SUPPORTED). */
+it_status it_event_create_timing(it_device device, it_event **out);
+it_status it_event_elapsed_time(it_event *start, it_event *end, float *ms);
 
 /* ---- storage and the caching allocator ------------------------------------------------ */
 /* A storage is a block of device memory. Blocks come from a caching allocator: a freed

@@ -112,3 +112,54 @@ def test_a_parameter_is_cast_once_per_autocast_region_with_the_same_bits(device)
     with it.autocast(device, dtype=it.bfloat16):
         np.testing.assert_array_equal(_bits(layer(x)), _bits(second))
     assert it.amp._state.cache is None  # emptied when the region ended
+
+
+def test_cpu_events_carry_no_time_and_untimed_events_cannot_be_timed():
+    from infinitrain._native import ffi, lib
+    cpu = ffi.new("it_device *", [lib.IT_CPU, 0])[0]
+    timed, plain = ffi.new("it_event **"), ffi.new("it_event **")
+    assert lib.it_event_create_timing(cpu, timed) == lib.IT_OK and lib.it_event_create(cpu, plain) == lib.IT_OK
+    ms = ffi.new("float *")
+    assert lib.it_event_elapsed_time(timed[0], timed[0], ms) == lib.IT_ERR_NOT_SUPPORTED
+    assert lib.it_event_elapsed_time(plain[0], timed[0], ms) == lib.IT_ERR_INVALID_ARGUMENT
+    assert "it_event_create_timing" in ffi.string(lib.it_last_error()).decode()
+    assert lib.it_event_destroy(timed[0]) == lib.IT_OK and lib.it_event_destroy(plain[0]) == lib.IT_OK
+
+
+def _profiled_step(on, **kwargs):
+    import infinitrain.profiler as profiler
+    from infinitrain import nn
+    it.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(on)
+    x = it.randn(3, 8).to(on)
+    with profiler.profile(**kwargs) as prof:
+        model(x).square().mean().backward()
+    return prof
+
+
+def test_the_profiler_on_the_host_alone_has_no_gpu_columns():
+    prof = _profiled_step("cpu", device="cpu")
+    assert "GPU ms" not in prof.table() and prof.gpu_busy_ns is None
+    assert all(r["gpu_ns"] == 0 for r in prof.key_averages())
+
+
+@needs_gpu
+def test_the_profiler_times_every_span_on_the_gpu(tmp_path):
+    """A CUDA event pair around every op, backward and kernel (the emulated GPU's clock stands
+    still: there the times are 0, the plumbing is what is checked); the table's GPU column, the
+    GPU's busy share under it, the kernels on a GPU track of the Chrome trace; the events are
+    reused by the next profiling window."""
+    import json
+    prof = _profiled_step("cuda")
+    kernels = [i for i, e in enumerate(prof.events) if e[1] == "kernel"]
+    assert kernels and set(kernels) <= set(prof.gpu_spans)
+    assert {prof.events[i][1] for i in prof.gpu_spans} >= {"op", "backward", "kernel"}
+    assert all(0 <= t0 <= t1 for t0, t1 in prof.gpu_spans.values())
+    table = prof.table(sort_by="gpu")
+    assert "GPU ms" in table.splitlines()[0] and "GPU (cuda:0) busy with these kernels" in table
+    assert 0 <= prof.gpu_busy_ns and all(r["gpu_ns"] >= 0 for r in prof.key_averages())
+    prof.export_chrome_trace(tmp_path / "trace.json")
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert sum(e.get("cat") == "gpu" for e in trace) == len(kernels)
+    clock = prof._clock
+    assert not clock.used and len(clock.free) == 2 * len(prof.gpu_spans) + 1
