@@ -506,6 +506,13 @@ it_status it_moe_grouped_linear_backward_weight(it_device device, it_dtype dtype
 it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const void *grad,
                         float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, int64_t step);
+/* it_adamw_step on num_inputs tensors at once (one launch on a GPU, not one per tensor):
+ * params[i], grads[i], exp_avgs[i], exp_avg_sqs[i] of sizes[i] elements, all of `dtype`, with
+ * the same hyperparameters and step; each tensor gets it_adamw_step's bits. */
+it_status it_adamw_step_multi(it_device device, it_dtype dtype, void *const *params, const void *const *grads,
+                              float *const *exp_avgs, float *const *exp_avg_sqs, const int64_t *sizes,
+                              int32_t num_inputs, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, int64_t step);
 /* SGD with momentum as torch.optim.SGD: g += wd*p; buf = momentum*buf + (1-dampening)*g
  * (buf = g on the first step); g = nesterov ? g + momentum*buf : buf; p -= lr*g.
  * momentum_buf may be NULL when momentum == 0. */

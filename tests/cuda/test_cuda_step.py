@@ -163,3 +163,37 @@ def test_the_profiler_times_every_span_on_the_gpu(tmp_path):
     assert sum(e.get("cat") == "gpu" for e in trace) == len(kernels)
     clock = prof._clock
     assert not clock.used and len(clock.free) == 2 * len(prof.gpu_spans) + 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_adamw_steps_all_parameters_in_one_call_with_each_ones_bits(device, dtype):
+    """AdamW's step: one multi-tensor update per (device, dtype, step count) of a group, each
+    parameter's result the bits of the one-tensor kernel; a parameter that joined later (a
+    smaller step count) is stepped in its own call."""
+    import infinitrain.profiler as profiler
+    from infinitrain.kernels import optim as kopt
+    rng = np.random.default_rng(1)
+    shapes = [(7, 5), (3000,), (1,), (4, 33, 9)]
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    params = [it.from_numpy(v).to(dtype).to(device).requires_grad_() for v in values]
+    opt = it.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ref = [it.from_numpy(v).to(dtype).to(device) for v in values]
+    moments = [(it.zeros(*s, device=device), it.zeros(*s, device=device)) for s in shapes]
+    for step, gs in enumerate(grads, 1):
+        late = step == 1  # the last parameter gets no gradient on the first step
+        for k, (p, g) in enumerate(zip(params, gs)):
+            p.grad = None if late and k == len(params) - 1 else it.from_numpy(g).to(dtype).to(device)
+        with profiler.profile(device="cpu") as prof:
+            opt.step()
+        calls = [e[0] for e in prof.events if e[1] == "kernel" and e[0].startswith("adamw")]
+        assert calls == ["adamw_step_multi"] * (2 if step > 1 else 1), calls
+        for k, (r, g) in enumerate(zip(ref, gs)):
+            if late and k == len(params) - 1:
+                continue
+            kstep = step - 1 if k == len(params) - 1 else step
+            kopt.adamw_step(r, it.from_numpy(g).to(dtype).to(device), *moments[k], lr=1e-2, beta1=0.9, beta2=0.95,
+                            eps=1e-8, weight_decay=0.1, step=kstep)
+        for p, r in zip(params, ref):
+            np.testing.assert_array_equal(_bits(p), _bits(r))
