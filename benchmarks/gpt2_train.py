@@ -4,18 +4,19 @@ configuration, threads and data, each run in a fresh process; on a GPU also MFU.
     python benchmarks/gpt2_train.py                      # CPU: small and 124M, 1 and 2 threads
     python benchmarks/gpt2_train.py --configs small --threads 2 --steps 5
     python benchmarks/gpt2_train.py --threads 2 --torch stock tuned compiled   # against the best
-    python benchmarks/gpt2_train.py --device cuda --dtype bfloat16 --configs 124M   # a GPU
+    python benchmarks/gpt2_train.py --device cuda --dtype bfloat16 --configs 124M --B 16 --T 1024   # a GPU
 
-Configurations: small = 4 layers, 256 wide, seq 256, batch 8; 124M = GPT-2 (d12), seq 256,
-batch 4; vocab 50257 (infinitrain pads it to 50304 as llm.c does), AdamW; --dtype bfloat16 is
-autocast in both. PyTorch runs as configured by --torch: `stock`; `tuned` (glibc malloc told
-never to give memory back or map it afresh: MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_ huge);
-`compiled` (tuned, plus torch.compile of the model and AdamW(fused=True)); the ratio is taken
-against the fastest. Prints median tok/s over the measured steps (after warm-up), peak memory
-(RSS of the process on the CPU, the allocator's peak on a GPU), the ratios, and with
---device cuda the model FLOPs utilisation (llm.c's count) against --peak_tflops (default 989,
-an H100 SXM's dense bf16). Needs PyTorch (`pip install '.[compare]'`; a CUDA build of it for
---device cuda).
+Configurations: small = 4 layers, 256 wide, seq 256, batch 8; 124M = GPT-2 (d12), seq 256, batch 4
+(--B and --T set the batch and sequence of every configuration run: a GPU wants 16 x 1024, llm.c's
+size per GPU); vocab 50257 (infinitrain pads it to 50304 as llm.c does), AdamW; --dtype bfloat16 is
+autocast in both. PyTorch runs as configured by --torch: `stock`; `tuned` (glibc malloc told never
+to give memory back or map it afresh: MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_ huge); `compiled`
+(tuned, plus torch.compile of the model and AdamW(fused=True)); the ratio is taken against the
+fastest (on a GPU by default stock, i.e. eager, and compiled). Prints median tok/s over the measured
+steps (after warm-up), peak memory (RSS of the process on the CPU, the allocator's peak on a GPU),
+the ratios, and with --device cuda the model FLOPs utilisation (llm.c's count) against --peak_tflops
+(default 989, an H100 SXM's dense bf16). Needs PyTorch (`pip install '.[compare]'`; a CUDA build of
+it for --device cuda).
 """
 from __future__ import annotations
 
@@ -33,13 +34,20 @@ TORCH_VARIANTS = ("stock", "tuned", "compiled")
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 
-def child(framework: str, config: str, threads: int, steps: int, warmup: int, device: str, dtype: str) -> dict:
+def shape(config: str, B: int | None, T: int | None) -> tuple[int, int]:
+    """The batch and sequence a configuration runs at: its own unless --B / --T say otherwise."""
+    cfg = CONFIGS[config]
+    return B or cfg["B"], T or cfg["T"]
+
+
+def child(framework: str, config: str, threads: int, steps: int, warmup: int, device: str, dtype: str,
+          B: int | None = None, T: int | None = None) -> dict:
     import resource
     import time
 
     import numpy as np
     cfg = CONFIGS[config]
-    B, T = cfg["B"], cfg["T"]
+    B, T = shape(config, B, T)
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, 50257, (B, T + 1)) for _ in range(warmup + steps)]
     times = []
@@ -104,20 +112,36 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--peak_tflops", type=float, default=989.0, help="the GPU's peak for MFU")
-    p.add_argument("--torch", nargs="*", default=["stock"], choices=TORCH_VARIANTS,
-                   help="PyTorch configurations to run; the ratio is against the fastest")
+    p.add_argument("--torch", nargs="*", default=None, choices=TORCH_VARIANTS,
+                   help="PyTorch configurations to run; the ratio is against the fastest "
+                        "(default: stock on the CPU, stock and compiled on a GPU)")
+    p.add_argument("--B", type=int, default=None, help="batch size of every configuration run (default: its own)")
+    p.add_argument("--T", type=int, default=None, help="sequence length of every configuration run (default: its own)")
     p.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "CONFIG", "THREADS"), help=argparse.SUPPRESS)
     a = p.parse_args()
+    for flag in ("B", "T"):
+        if getattr(a, flag) is not None and getattr(a, flag) < 1:
+            p.error(f"--{flag} must be at least 1, got {getattr(a, flag)}")
+    if a.T is not None:
+        from infinitrain.models import GPT2_PRESETS
+        for config in a.configs:
+            block = GPT2_PRESETS[CONFIGS[config]["model"]].block_size
+            if a.T > block:
+                p.error(f"--T {a.T} is longer than configuration {config}'s block size {block}")
     if a.child:
-        print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.steps, a.warmup, a.device, a.dtype)))
+        print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.steps, a.warmup, a.device, a.dtype,
+                               a.B, a.T)))
         return
     gpu = a.device.startswith("cuda")
+    if a.torch is None:
+        a.torch = ["stock", "compiled"] if gpu else ["stock"]
     if gpu:
         import infinitrain as it
         if not it.cuda.is_available():
             sys.exit(f"--device {a.device}: no CUDA device here ({it.build_info().split('CUDA: ', 1)[-1]})")
         a.threads = [1]  # the host threads hardly matter on a GPU
-    print(f"{a.device}, {a.dtype}")
+    shapes = ", ".join(f"{c} at B {shape(c, a.B, a.T)[0]} x T {shape(c, a.B, a.T)[1]}" for c in a.configs)
+    print(f"{a.device}, {a.dtype}; {shapes}")
     torch_cols = "".join(f" {v + ' tok/s':>14s}" for v in a.torch)
     print(f"{'config':7s} {'threads':>7s} | {'infinitrain tok/s':>17s} {'peak mem':>9s} | PyTorch"
           f"{torch_cols} {'peak mem':>9s} | {'speed':>6s} {'memory':>6s}" + (" | MFU it / torch" if gpu else ""))
@@ -130,6 +154,7 @@ def main() -> None:
                     env.update(TUNED_MALLOC)
                 out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--warmup",
                                       str(a.warmup), "--device", a.device, "--dtype", a.dtype,
+                                      *(["--B", str(a.B)] if a.B else []), *(["--T", str(a.T)] if a.T else []),
                                       "--child", fw, config, str(n)],
                                      env=env, capture_output=True, text=True)
                 if out.returncode != 0:
@@ -143,7 +168,7 @@ def main() -> None:
                 from infinitrain.examples.mfu import flops_per_token
                 from infinitrain.models import GPT2, GPT2_PRESETS
                 c = GPT2_PRESETS[CONFIGS[config]["model"]]
-                f = flops_per_token(GPT2._llmc_numel(c), c.n_layer, c.n_embd, CONFIGS[config]["T"])
+                f = flops_per_token(GPT2._llmc_numel(c), c.n_layer, c.n_embd, shape(config, a.B, a.T)[1])
                 peak = a.peak_tflops * 1e12
                 mfu = f" | {100 * f * i['tok_s'] / peak:5.1f}% / {100 * f * t['tok_s'] / peak:5.1f}%"
             print(f"{config:7s} {n:7d} | {i['tok_s']:17.0f} {i['rss_mb']:7.0f}MB |        {cols} "

@@ -51,7 +51,7 @@ class TorchGPT2(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
         for b in self.transformer.h:
             x = b(x)
         logits = self.lm_head(self.transformer.ln_f(x))[..., :self.real_vocab]

@@ -17,21 +17,36 @@ inspector = None
 
 class Recorder:
     """Complete events (name, category, thread id, start ns, end ns, args), appended from any
-    thread (list.append is atomic under the GIL)."""
+    thread (list.append is atomic under the GIL). With a GPU clock (`gpu`: an object whose
+    mark() records a timing event on the calling thread's current stream and returns it), each
+    span that began with now() also gets a pair of events, kept in `gpu_pairs` by the index of
+    its event: the profiler reads the GPU time between them when it stops."""
 
-    def __init__(self):
+    def __init__(self, gpu=None):
         self.events = []
         self.threads = {}  # thread id -> name
+        self.gpu = gpu
+        self.gpu_starts = {}  # (thread id, start ns) -> the event marked when the span began
+        self.gpu_pairs = {}   # index in events -> (start event, end event)
 
     def add(self, name: str, cat: str, t0: int, args=None) -> None:
         tid = threading.get_ident()
         if tid not in self.threads:
             self.threads[tid] = threading.current_thread().name
+        if self.gpu is not None:
+            start = self.gpu_starts.pop((tid, t0), None)
+            if start is not None:
+                self.gpu_pairs[len(self.events)] = (start, self.gpu.mark())
         self.events.append((name, cat, tid, t0, time.perf_counter_ns(), args))
 
 
 def now() -> int:
-    return time.perf_counter_ns()
+    """A span's start: the host's clock, and the GPU's too while a profiler times the GPU."""
+    t0 = time.perf_counter_ns()
+    rec = active
+    if rec is not None and rec.gpu is not None:
+        rec.gpu_starts[(threading.get_ident(), t0)] = rec.gpu.mark()
+    return t0
 
 
 class span:
@@ -44,7 +59,7 @@ class span:
     def __enter__(self):
         self.rec = active
         if self.rec is not None:
-            self.t0 = time.perf_counter_ns()
+            self.t0 = now()
         return self
 
     def __exit__(self, *exc):
@@ -63,7 +78,7 @@ def traced(cat: str):
             rec = active
             if rec is None:
                 return fn(*args, **kwargs)
-            t0 = time.perf_counter_ns()
+            t0 = now()
             try:
                 return fn(*args, **kwargs)
             finally:

@@ -5,9 +5,12 @@ is attached here as amp.GradScaler by the package's __init__.
 Inside the context, matrix products (linear, matmul, attention) run with bfloat16 inputs and
 float32 accumulation; normalisation and softmax run in float32; elementwise ops on mixed
 dtypes compute in float32 (so a float32 residual stream stays float32); cross-entropy reads
-bfloat16 logits and accumulates in float32. Parameters stay float32 (master weights): their
-bfloat16 copies are made per use and gradients flow back to them in float32, so the optimizer
-state is float32 too.
+bfloat16 logits and accumulates in float32. Parameters stay float32 (master weights) and
+gradients flow back to them in float32, so the optimizer state is float32 too. Their bfloat16
+copies are cached as PyTorch's autocast does (cache_enabled): a parameter (a leaf that requires
+grad) is cast once per outermost autocast region, however often it is used there; the cache is
+emptied when the region ends, and an entry is not used once the parameter or its copy has been
+written in place since (the storage's version).
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ class autocast:
     """torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None). device_type is
     'cpu' or 'cuda'; the engine autocasts the ops of every device alike. dtype None means
     bfloat16 on both (the engine's autocast dtype; PyTorch's CUDA default would be float16);
-    float32 leaves autocast off. cache_enabled is accepted (the engine keeps no cast cache)."""
+    float32 leaves autocast off. cache_enabled (default True) keeps each parameter's cast for the
+    outermost region (the module's docstring)."""
 
     def __init__(self, device_type: str, dtype=None, enabled: bool = True, cache_enabled: bool | None = None):
         if isinstance(device_type, _dt.dtype) or device_type in _dt._BY_NAME:
@@ -57,14 +61,20 @@ class autocast:
         self.device = device_type.split(":")[0]
         self.fast_dtype = dtype
         self.dtype = dtype if enabled and dtype is not _dt.float32 else None
+        self.cache_enabled = True if cache_enabled is None else bool(cache_enabled)
 
     def __enter__(self):
         self._context = dtype_set(self.dtype)
         self._context.__enter__()
+        self._outermost = getattr(_state, "cache", None) is None
+        if self._outermost and self.dtype is not None and self.cache_enabled:
+            _state.cache = {}
         return self
 
     def __exit__(self, *exc):
         self._context.__exit__(*exc)
+        if self._outermost:
+            _state.cache = None
         return False
 
     def __call__(self, fn):
@@ -74,6 +84,30 @@ class autocast:
             with autocast(self.device, self.fast_dtype, self.dtype is not None):
                 return fn(*args, **kwargs)
         return wrapped
+
+
+def cached_cast(x, dtype, cast):
+    """cast(x, dtype), or the copy of it already made in this autocast region: for a float32
+    parameter (a leaf that requires grad) cast to the autocast dtype, the cache's rule. A new
+    tensor object each time (autograd gives each use its own node), sharing the copy's memory."""
+    cache = getattr(_state, "cache", None)
+    if cache is None or dtype is not autocast_dtype() or x.dtype is not _dt.float32 or not x.requires_grad \
+            or x.grad_fn is not None:
+        return cast(x, dtype)
+    key = (id(x), dtype)  # the entry holds x: the id stays x's while the region lasts
+    hit = cache.get(key)
+    if hit is not None:
+        source, storage, version, low, low_version = hit
+        if source is x and x._storage is storage and storage.version == version \
+                and low._storage.version == low_version:
+            cast_cache_hits[0] += 1
+            return low.detach()
+    low = cast(x, dtype)
+    cache[key] = (x, x._storage, x._storage.version, low, low._storage.version)
+    return low.detach()
+
+
+cast_cache_hits = [0]  # casts the cache saved, in this process (what the tests count)
 
 
 def lower(*tensors):

@@ -123,13 +123,21 @@ class Stream:
 
 
 class Event:
-    """A point in a stream that another stream, or the host, can wait for."""
+    """A point in a stream that another stream, or the host, can wait for; with
+    enable_timing=True (PyTorch's) it also carries the GPU's clock: start.elapsed_time(end)."""
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, enable_timing: bool = False):
         self.device = _cuda(device)
         out = ffi.new("it_event **")
-        check(lib.it_event_create(self.device.native, out))
+        create = lib.it_event_create_timing if enable_timing else lib.it_event_create
+        check(create(self.device.native, out))
         self._handle = ffi.gc(out[0], lib.it_event_destroy)
+
+    def elapsed_time(self, end: "Event") -> float:
+        """Milliseconds of GPU time from this event's recording to end's (waits for end)."""
+        ms = ffi.new("float *")
+        check(lib.it_event_elapsed_time(self._handle, end._handle, ms))
+        return float(ms[0])
 
     def record(self, stream: Stream | None = None) -> None:
         check(lib.it_event_record(self._handle, stream._handle if stream else ffi.NULL))

@@ -37,6 +37,30 @@ def adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
 
 
 @_trace.traced("kernel")
+def adamw_step_multi(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, *, lr: float, beta1: float,
+                     beta2: float, eps: float, weight_decay: float, step: int) -> None:
+    """adamw_step on every (param, grad, exp_avg, exp_avg_sq), all on one device in one dtype:
+    one launch on a GPU."""
+    if not params:
+        return
+    first = params[0]
+    grads = [_param_and_grad("adamw", p, g) for p, g in zip(params, grads)]
+    for p, m, v in zip(params, exp_avgs, exp_avg_sqs):
+        _checks.same_device("adamw", param=first, other_param=p)
+        _checks.same_dtype("adamw", param=first, other_param=p)
+        _state("adamw", "exp_avg", m, p)
+        _state("adamw", "exp_avg_sq", v, p)
+    n = len(params)
+    check(lib.it_adamw_step_multi(first.device.native, first.dtype.native,
+                                  ffi.new("void *[]", [p._ptr() for p in params]),
+                                  ffi.new("void *[]", [g._ptr() for g in grads]),
+                                  ffi.new("float *[]", [ffi.cast("float *", m.data_ptr()) for m in exp_avgs]),
+                                  ffi.new("float *[]", [ffi.cast("float *", v.data_ptr()) for v in exp_avg_sqs]),
+                                  ffi.new("int64_t[]", [p.numel() for p in params]), n, lr, beta1, beta2, eps,
+                                  weight_decay, step))
+
+
+@_trace.traced("kernel")
 def sgd_step(param: Tensor, grad: Tensor, momentum_buf: Tensor | None, *, lr: float,
              momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
              nesterov: bool = False, first_step: bool = False) -> None:

@@ -283,7 +283,7 @@ class Convert(Function):  # to(dtype)
     @staticmethod
     def forward(ctx, x, dtype):
         ctx.dtype = x.dtype
-        return convert(x, dtype)
+        return amp.cached_cast(x, dtype, convert)  # a parameter's autocast copy: once per region
 
     @staticmethod
     def backward(ctx, g):

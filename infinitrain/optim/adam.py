@@ -35,6 +35,22 @@ class AdamW(Optimizer):
                         lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
                         weight_decay=self._decoupled_decay(group), step=state["step"])
 
+    def update_group(self, updates: list, group: dict) -> None:
+        """The parameters that share a device, a dtype and a step count in one multi-tensor
+        update (a GPU launch instead of one per parameter), each with update's bits."""
+        buckets = {}
+        for param, grad, state, _first in updates:
+            if param.is_contiguous():
+                buckets.setdefault((param.device, param.dtype, state["step"]), []).append((param, grad, state))
+            else:
+                self.update(param, grad, state, group, _first)  # refused there, with update's message
+        b1, b2 = group["betas"]
+        for (_device, _dtype, step), bucket in buckets.items():
+            kopt.adamw_step_multi([p for p, _, _ in bucket], [self._grad(p, g, group) for p, g, _ in bucket],
+                                  [s["exp_avg"] for _, _, s in bucket], [s["exp_avg_sq"] for _, _, s in bucket],
+                                  lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
+                                  weight_decay=self._decoupled_decay(group), step=step)
+
     def _grad(self, param, grad, group):
         return grad
 

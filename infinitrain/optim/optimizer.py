@@ -69,6 +69,7 @@ class Optimizer:
     @no_grad()
     def step(self) -> None:
         for g in self.param_groups:
+            updates = []
             for p in g["params"]:
                 if p.grad is None:
                     continue
@@ -79,7 +80,14 @@ class Optimizer:
                 state = self.state[p]
                 for k in self.counters():
                     state[k] += 1
-                self.update(p, p.grad, state, g, first)
+                updates.append((p, p.grad, state, first))
+            self.update_group(updates, g)
+
+    def update_group(self, updates: list, group: dict) -> None:
+        """The updates of one group's parameters, (param, grad, state, first) each: one by one,
+        unless a subclass does several in one call (AdamW: one launch on a GPU)."""
+        for param, grad, state, first in updates:
+            self.update(param, grad, state, group, first)
 
     # ---- state_dict: parameters are numbered in group order, as in PyTorch ----------------
     def state_dict(self) -> dict:

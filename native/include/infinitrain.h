@@ -97,6 +97,12 @@ it_status it_event_record(it_event *event, it_stream *stream);        /* NULL: t
 it_status it_stream_wait_event(it_stream *stream, it_event *event);   /* NULL: the current stream */
 it_status it_event_synchronize(it_event *event);
 it_status it_event_query(it_event *event, int32_t *done);
+/* An event whose recordings carry the device's clock (a profiler's pairs around each op):
+ * it_event_elapsed_time gives the milliseconds from `start`'s last recording to `end`'s, both
+ * done (it waits for `end`). Timing makes recording a little dearer, so the events that only
+ * order work are made without it. CPU events carry no time (IT_ERR_NOT_SUPPORTED). */
+it_status it_event_create_timing(it_device device, it_event **out);
+it_status it_event_elapsed_time(it_event *start, it_event *end, float *ms);
 
 /* ---- storage and the caching allocator ------------------------------------------------ */
 /* A storage is a block of device memory. Blocks come from a caching allocator: a freed
@@ -500,6 +506,13 @@ it_status it_moe_grouped_linear_backward_weight(it_device device, it_dtype dtype
 it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const void *grad,
                         float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, int64_t step);
+/* it_adamw_step on num_inputs tensors at once (one launch on a GPU, not one per tensor):
+ * params[i], grads[i], exp_avgs[i], exp_avg_sqs[i] of sizes[i] elements, all of `dtype`, with
+ * the same hyperparameters and step; each tensor gets it_adamw_step's bits. */
+it_status it_adamw_step_multi(it_device device, it_dtype dtype, void *const *params, const void *const *grads,
+                              float *const *exp_avgs, float *const *exp_avg_sqs, const int64_t *sizes,
+                              int32_t num_inputs, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, int64_t step);
 /* SGD with momentum as torch.optim.SGD: g += wd*p; buf = momentum*buf + (1-dampening)*g
  * (buf = g on the first step); g = nesterov ? g + momentum*buf : buf; p -= lr*g.
  * momentum_buf may be NULL when momentum == 0. */

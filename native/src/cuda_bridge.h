@@ -37,6 +37,8 @@ it_status it_cuda_event_record(it_device device, void *event, void *stream);
 it_status it_cuda_stream_wait_event(it_device device, void *stream, void *event);
 it_status it_cuda_event_synchronize(it_device device, void *event);
 it_status it_cuda_event_query(it_device device, void *event, int32_t *done);
+it_status it_cuda_event_create_timing(it_device device, void **out);
+it_status it_cuda_event_elapsed_time(it_device device, void *start, void *end, float *ms);
 it_status it_cuda_device_synchronize(it_device device);
 
 /* NCCL: `comm` is an ncclComm_t; kind 0 all-reduce, 1 all-gather, 2 reduce-scatter,

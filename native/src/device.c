@@ -116,6 +116,7 @@ it_device it_stream_device(const it_stream *stream) { return stream->device; }
 struct it_event {
     it_device device;
     void *handle;
+    int timing;  /* made by it_event_create_timing */
 };
 
 it_status it_stream_create(it_device device, it_stream **out) {
@@ -155,16 +156,42 @@ it_status it_set_stream(it_device device, it_stream *stream) {
     return IT_OK;
 }
 
-it_status it_event_create(it_device device, it_event **out) {
-    IT_CHECK_PTR(out, "it_event_create");
+static it_status event_create(it_device device, it_event **out, int timing, const char *fn) {
+    IT_CHECK_PTR(out, fn);
     *out = NULL;
-    IT_CHECK_DEVICE(device, "it_event_create");
+    IT_CHECK_DEVICE(device, fn);
     void *handle = NULL;
-    if (device.type == IT_CUDA) IT_CUDA_CALL("it_event_create", it_cuda_event_create, device, &handle);
+    if (device.type == IT_CUDA) {
+        if (timing) IT_CUDA_CALL(fn, it_cuda_event_create_timing, device, &handle);
+        else IT_CUDA_CALL(fn, it_cuda_event_create, device, &handle);
+    }
     it_event *e = (it_event *)malloc(sizeof *e);
-    IT_REQUIRE(e, IT_ERR_OUT_OF_MEMORY, "it_event_create: out of host memory");
-    *e = (it_event){.device = device, .handle = handle};
+    IT_REQUIRE(e, IT_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    *e = (it_event){.device = device, .handle = handle, .timing = timing};
     *out = e;
+    return IT_OK;
+}
+
+it_status it_event_create(it_device device, it_event **out) {
+    return event_create(device, out, 0, "it_event_create");
+}
+
+it_status it_event_create_timing(it_device device, it_event **out) {
+    return event_create(device, out, 1, "it_event_create_timing");
+}
+
+it_status it_event_elapsed_time(it_event *start, it_event *end, float *ms) {
+    IT_CHECK_PTR(start, "it_event_elapsed_time");
+    IT_CHECK_PTR(end, "it_event_elapsed_time");
+    IT_CHECK_PTR(ms, "it_event_elapsed_time");
+    IT_CHECK_ARG(start->device.type == end->device.type && start->device.index == end->device.index,
+                 "it_event_elapsed_time: the two events are on different devices");
+    IT_CHECK_ARG(start->timing && end->timing,
+                 "it_event_elapsed_time: both events must be made by it_event_create_timing");
+    IT_REQUIRE(start->device.type == IT_CUDA, IT_ERR_NOT_SUPPORTED,
+               "it_event_elapsed_time: CPU events carry no time (the host's clock times CPU work)");
+    IT_CUDA_CALL("it_event_elapsed_time", it_cuda_event_elapsed_time, start->device, start->handle, end->handle,
+                 ms);
     return IT_OK;
 }
 

@@ -32,7 +32,7 @@ def test_profile_records_ops_backward_kernels_and_regions():
         _step(model, opt)
     rows = {(r["category"], r["name"]): r for r in prof.key_averages()}
     for key in [("op", "Linear"), ("backward", "LinearBackward"), ("kernel", "matmul"),
-                ("kernel", "adamw_step"), ("user", "forward"), ("op", "CrossEntropy")]:
+                ("kernel", "adamw_step_multi"), ("user", "forward"), ("op", "CrossEntropy")]:
         assert key in rows, sorted(rows)
     assert rows[("op", "Linear")]["calls"] == 2 * 4 + 1  # c_attn, attn.c_proj, c_fc, mlp.c_proj per block; the head
     totals = [r["total_ns"] for r in prof.key_averages()]

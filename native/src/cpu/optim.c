@@ -21,23 +21,61 @@ IT_HOT static void adamw_f32(float *p, const float *g, float *m, float *v, int64
     }
 }
 
+static it_status check_adamw(it_device device, it_dtype dtype, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, int64_t step, const char *fn) {
+    IT_CHECK_DEVICE(device, fn);
+    IT_CHECK_FLOAT(dtype, fn);
+    IT_CHECK_ARG(step >= 1, "%s: step must be >= 1 (1-based), got %lld", fn, (long long)step);
+    IT_CHECK_ARG(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+                 "%s: betas must be in [0, 1), got (%g, %g)", fn, beta1, beta2);
+    IT_CHECK_FINITE(lr, fn);
+    IT_CHECK_FINITE(eps, fn);
+    IT_CHECK_FINITE(weight_decay, fn);
+    return IT_OK;
+}
+
+static void adamw_cpu(it_dtype dtype, void *param, const void *grad, float *m, float *v, int64_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
 it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const void *grad,
                         float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, int64_t step) {
-    IT_CHECK_DEVICE(device, "it_adamw_step");
-    IT_CHECK_FLOAT(dtype, "it_adamw_step");
+    IT_TRY(check_adamw(device, dtype, lr, beta1, beta2, eps, weight_decay, step, "it_adamw_step"));
     IT_CHECK_SIZE(n, "it_adamw_step");
-    IT_CHECK_ARG(step >= 1, "it_adamw_step: step must be >= 1 (1-based), got %lld",
-                 (long long)step);
-    IT_CHECK_ARG(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
-                 "it_adamw_step: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
-    IT_CHECK_FINITE(lr, "it_adamw_step");
-    IT_CHECK_FINITE(eps, "it_adamw_step");
-    IT_CHECK_FINITE(weight_decay, "it_adamw_step");
     if (n == 0) return IT_OK;
     IT_CHECK_ARG(param && grad && m && v, "it_adamw_step: NULL pointer");
     IT_DISPATCH(adamw_step, device, dtype, param, grad, m, v, n, lr, beta1, beta2, eps,
                 weight_decay, step);
+    adamw_cpu(dtype, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    return IT_OK;
+}
+
+it_status it_adamw_step_multi(it_device device, it_dtype dtype, void *const *params, const void *const *grads,
+                              float *const *exp_avgs, float *const *exp_avg_sqs, const int64_t *sizes,
+                              int32_t num_inputs, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, int64_t step) {
+    const char *fn = "it_adamw_step_multi";
+    IT_TRY(check_adamw(device, dtype, lr, beta1, beta2, eps, weight_decay, step, fn));
+    IT_CHECK_ARG(num_inputs >= 0, "%s: num_inputs must be >= 0, got %d", fn, (int)num_inputs);
+    if (num_inputs == 0) return IT_OK;
+    IT_CHECK_ARG(params && grads && exp_avgs && exp_avg_sqs && sizes, "%s: NULL array", fn);
+    for (int32_t i = 0; i < num_inputs; i++) {
+        IT_CHECK_ARG(sizes[i] >= 0 && sizes[i] <= IT_MAX_ELEMENTS, "%s: sizes[%d] must be in [0, 2^58], got %lld",
+                     fn, (int)i, (long long)sizes[i]);
+        IT_CHECK_ARG(sizes[i] == 0 || (params[i] && grads[i] && exp_avgs[i] && exp_avg_sqs[i]),
+                     "%s: NULL pointer for tensor %d", fn, (int)i);
+    }
+    IT_DISPATCH(adamw_step_multi, device, dtype, params, grads, exp_avgs, exp_avg_sqs, sizes, num_inputs, lr,
+                beta1, beta2, eps, weight_decay, step);
+    for (int32_t i = 0; i < num_inputs; i++)
+        if (sizes[i])
+            adamw_cpu(dtype, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], sizes[i], lr, beta1, beta2, eps,
+                      weight_decay, step);
+    return IT_OK;
+}
+
+static void adamw_cpu(it_dtype dtype, void *param, const void *grad, float *m, float *v, int64_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int64_t step) {
     float bc1 = 1.0f - powf(beta1, (float)step);
     float bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)step));
     float step_size = lr / bc1;
@@ -56,7 +94,6 @@ it_status it_adamw_step(it_device device, it_dtype dtype, void *param, const voi
             it_row_store(dtype, param, off, p, len);
         }
     }
-    return IT_OK;
 }
 
 IT_HOT static void sgd_f32(float *p, const float *g, float *buf, int64_t n, float lr,

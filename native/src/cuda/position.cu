@@ -1,6 +1,9 @@
 // Embedding lookups and rotary positions, the twins of cpu/position.c. The embedding gradient
-// is accumulated column by column in token order (one thread per column), so it is
-// deterministic: no atomics, whose order would change the float sums from run to run.
+// adds each table row's incoming rows in token order, as the CPU does, so the bits are the
+// CPU's and the same from run to run (no float atomics). The tokens are first grouped by id
+// with a counting sort whose integer atomics only decide where a group lies; a group's tokens
+// are then put in order by counting, for each, its group's smaller positions; then a thread per
+// (group, column) walks its group: every dout element is read once.
 #include "common.cuh"
 
 namespace {
@@ -19,14 +22,76 @@ __global__ void embedding_fwd(T *out, const void *idx, int is64, const T *w, int
     }
 }
 
-template <typename T>
-__global__ void embedding_bwd(T *dw, const T *dout, const void *idx, int is64, int64_t n, int64_t V,
-                              int64_t C) {
-    GRID_STRIDE(c, C) {
-        for (int64_t r = 0; r < n; r++) {
-            int64_t t = index_at(idx, is64, r);
-            if (t >= 0 && t < V) dw[t * C + c] = from_f<T>(to_f(dw[t * C + c]) + to_f(dout[r * C + c]));
+__global__ void embedding_count(int *count, const void *idx, int is64, int64_t n, int64_t V) {
+    GRID_STRIDE(i, n) {
+        int64_t t = index_at(idx, is64, i);
+        if (t >= 0 && t < V) atomicAdd(&count[t], 1);
+    }
+}
+
+// start[t] = the tokens of ids below t (start[V] = all of them); count is zeroed for the fill.
+// One block: each thread sums a contiguous run of ids, the runs' sums are scanned in order.
+__global__ void embedding_starts(int *start, int *count, int64_t V) {
+    __shared__ int run_start[1024];
+    int64_t per = (V + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per, hi = lo + per < V ? lo + per : V;
+    int sum = 0;
+    for (int64_t t = lo; t < hi; t++) sum += count[t];
+    run_start[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+        for (unsigned int k = 0; k < blockDim.x; k++) {
+            int c = run_start[k];
+            run_start[k] = total;
+            total += c;
         }
+        start[V] = total;
+    }
+    __syncthreads();
+    int at = run_start[threadIdx.x];
+    for (int64_t t = lo; t < hi; t++) {
+        start[t] = at;
+        at += count[t];
+        count[t] = 0;
+    }
+}
+
+// Each token into its id's group, in whatever order the atomics give...
+__global__ void embedding_fill(int *grouped, int *count, const int *start, const void *idx, int is64, int64_t n,
+                               int64_t V) {
+    GRID_STRIDE(i, n) {
+        int64_t t = index_at(idx, is64, i);
+        if (t >= 0 && t < V) grouped[start[t] + atomicAdd(&count[t], 1)] = (int)i;
+    }
+}
+
+// ...then in token order: a token's place in its group is the number of its group's tokens
+// before it.
+__global__ void embedding_order(int *ordered, const int *grouped, const int *start, const void *idx, int is64,
+                                int64_t n, int64_t V) {
+    GRID_STRIDE(i, n) {
+        int64_t t = index_at(idx, is64, i);
+        if (t < 0 || t >= V) continue;
+        int lo = start[t], hi = start[t + 1], before = 0;
+        for (int k = lo; k < hi; k++) before += grouped[k] < (int)i;
+        ordered[lo + before] = (int)i;
+    }
+}
+
+// A thread per (token slot, column); the slot that begins a group adds the group's rows in
+// order, rounding to T after each addition as the CPU does.
+template <typename T>
+__global__ void embedding_bwd(T *dw, const T *dout, const int *ordered, const int *start, const void *idx,
+                              int is64, int64_t n, int64_t V, int64_t C) {
+    GRID_STRIDE(e, n * C) {
+        int64_t slot = e / C, c = e % C;
+        if (slot >= start[V]) continue;  // past the ids in range: an id outside the table (the forward reports it)
+        int64_t t = index_at(idx, is64, ordered[slot]);
+        if (start[t] != slot) continue;
+        int end = start[t + 1];
+        float acc = to_f(dw[t * C + c]);
+        for (int k = (int)slot; k < end; k++) acc = to_f(from_f<T>(acc + to_f(dout[(int64_t)ordered[k] * C + c])));
+        dw[t * C + c] = from_f<T>(acc);
     }
 }
 
@@ -71,10 +136,23 @@ it_status it_cuda_embedding_backward(it_device device, it_dtype dtype, void *dwe
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
     int is64 = index_dtype == IT_INT64;
+    if (n > INT32_MAX || num_embeddings >= INT32_MAX)
+        return it_cuda_error(IT_ERR_NOT_SUPPORTED, "it_embedding_backward: %lld ids into %lld rows: the CUDA kernel "
+                             "counts both in 32 bits", (long long)n, (long long)num_embeddings);
+    int64_t V = num_embeddings;
+    int *scratch;  // count[V], start[V + 1], grouped[n], ordered[n]
+    CU_TRY(cudaMallocAsync((void **)&scratch, (size_t)(2 * V + 1 + 2 * n) * sizeof(int), s));
+    int *count = scratch, *start = count + V, *grouped = start + V + 1, *ordered = grouped + n;
+    CU_TRY(cudaMemsetAsync(count, 0, (size_t)V * sizeof(int), s));
+    embedding_count<<<it_blocks(n), IT_THREADS, 0, s>>>(count, indices, is64, n, V);
+    embedding_starts<<<1, 1024, 0, s>>>(start, count, V);
+    embedding_fill<<<it_blocks(n), IT_THREADS, 0, s>>>(grouped, count, start, indices, is64, n, V);
+    embedding_order<<<it_blocks(n), IT_THREADS, 0, s>>>(ordered, grouped, start, indices, is64, n, V);
     IT_FLOAT_SWITCH(dtype, "it_embedding_backward",
-                    embedding_bwd<T><<<it_blocks(cols, 128), 128, 0, s>>>(
-                        (T *)dweight, (const T *)dout, indices, is64, n, num_embeddings, cols));
+                    embedding_bwd<T><<<it_blocks(n * cols), IT_THREADS, 0, s>>>(
+                        (T *)dweight, (const T *)dout, ordered, start, indices, is64, n, V, cols));
     CU_LAUNCHED();
+    CU_TRY(cudaFreeAsync(scratch, s));
     return IT_OK;
 }
 

@@ -150,6 +150,26 @@ extern "C" it_status it_cuda_event_create(it_device device, void **out) {
     return IT_OK;
 }
 
+extern "C" it_status it_cuda_event_create_timing(it_device device, void **out) {
+    IT_CU_TRY(it_cuda_use(device));
+    cudaEvent_t e;
+    CU_TRY(cudaEventCreateWithFlags(&e, 0));  // the default flags: timing on
+    *out = (void *)e;
+    return IT_OK;
+}
+
+extern "C" it_status it_cuda_event_elapsed_time(it_device device, void *start, void *end, float *ms) {
+    IT_CU_TRY(it_cuda_use(device));
+    CU_TRY(cudaEventSynchronize((cudaEvent_t)end));
+#ifdef __CUDACC__
+    CU_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
+#else  // the emulated GPU (g++, tests/cuda/cuda_emulator) has no clock: its work takes no time
+    (void)start;
+    *ms = 0.0f;
+#endif
+    return IT_OK;
+}
+
 extern "C" it_status it_cuda_event_destroy(it_device device, void *event) {
     IT_CU_TRY(it_cuda_use(device));
     CU_TRY(cudaEventDestroy((cudaEvent_t)event));
