@@ -55,6 +55,8 @@ class Prediction:
     time: dict              # seconds per step by component (the busiest stage's)
     fits: bool
     lines: list = field(default_factory=list)  # the arithmetic, for --explain
+    passes: tuple = (0.0, 0.0)  # seconds of one block's forward and backward on one micro-batch
+    chunk_work: list = field(default_factory=list)  # each global chunk's work in blocks' worth
 
     @property
     def memory_per_rank(self) -> float:
@@ -137,7 +139,7 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         f"{time['optimizer'] * 1e3:.1f} ms")
     say("step: " + " + ".join(f"{k} {v * 1e3:.1f}" for k, v in time.items()) +
         f" = {sum(time.values()) * 1e3:.1f} ms")
-    return Prediction(c, memory, time, fits, lines)
+    return Prediction(c, memory, time, fits, lines, (f, b), work)
 
 
 def _blocks(c: Candidate, config, model_class) -> list:

@@ -160,6 +160,13 @@ def _check_widths(config, model_class, c: Candidate) -> None:
         raise ValueError(f"--expert_parallel {c.ep} splits a mixture of experts' experts, and this model has none")
     if experts and c.ep > 1:
         ExpertParallel(_stand_in(c.ep)).num_local_experts(experts)
+    split = (c.tp if c.sequence_parallel else 1) * c.cp
+    if experts and c.tp > 1 and not c.sequence_parallel:  # nn.moe.layer.MoELayer's own two checks
+        raise ValueError(f"mixture-of-experts layers under tensor parallelism ({c.tp}) need sequence "
+                         "parallelism (--sequence_parallel): each TP rank routes its own part of the sequence")
+    if experts and config.moe_capacity_factor is not None and split > 1:
+        raise ValueError(f"--moe_capacity_factor {config.moe_capacity_factor} counts capacity per whole sequence, "
+                         f"but this layout splits each sequence over {split} ranks: train dropless or without it")
     if c.tp == 1:
         return
     tp = TensorParallel(_stand_in(c.tp))
