@@ -15,6 +15,7 @@ defaults (or --base's figures), and it says so.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -24,8 +25,8 @@ import numpy as np
 from .profile import COLLECTIVES, DEFAULT, Profile, fit_alpha_beta
 
 SIZES = [2 ** k for k in range(12, 24, 2)]  # 4 KB .. 8 MB per collective
-# (tokens, width) of the blocks measured: GPT-2 small's to 124M's at short and long micro-batches
-SHAPES = [(128, 256), (512, 256), (256, 768), (1024, 768)]
+# (tokens, width) of the blocks measured: the tiny presets' to GPT-2 124M's, short and long micro-batches
+SHAPES = [(128, 64), (128, 256), (512, 256), (256, 768), (1024, 768)]
 
 
 def _best(fn, repeats: int) -> float:
@@ -48,7 +49,7 @@ def measure_compute(repeats: int = 3) -> dict:
         return it.from_numpy(rng.standard_normal(shape, dtype=np.float32))
     matmul, attention = [], []
     for tokens, C in SHAPES:
-        for k, n in ((C, 3 * C), (C, 4 * C), (4 * C, C)):
+        for k, n in ((C, 3 * C), (C, 4 * C), (4 * C, C), (C, 50304)):  # the last: a head
             a, b = randn(tokens, k), randn(k, n)
             matmul.append([2 * tokens * k * n, 2 * tokens * k * n / _best(lambda: it.matmul(a, b), repeats)])
         H = C // 64
@@ -63,8 +64,7 @@ def measure_compute(repeats: int = 3) -> dict:
     p.grad = randn(4 * 2 ** 20)
     opt = AdamW([p], lr=1e-4)
     optimizer = p.numel() / _best(opt.step, repeats)
-    return {"matmul": matmul, "attention": attention, "memory_bandwidth": bandwidth, "optimizer": optimizer,
-            "cores": it.get_num_threads()}
+    return {"matmul": matmul, "attention": attention, "memory_bandwidth": bandwidth, "optimizer": optimizer}
 
 
 def measure_collectives(comm, repeats: int = 5) -> dict:
@@ -116,6 +116,9 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     base = Profile.load(args.base).data if args.base else dict(DEFAULT)
     compute = measure_compute(args.repeats)
+    # the cores each rank had while every rank of its node measured at once: what the rates are per
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    compute["cores"] = (os.cpu_count() or 1) / local
     links = measure_collectives(comm) if comm.Get_size() > 1 else None
     if comm.Get_rank() != 0:
         return 0
@@ -128,7 +131,8 @@ def main(argv=None) -> int:
     Profile(data).save(args.output)
     rates = ", ".join(f"{f / 1e9:.1f}" for _, f in sorted(compute["matmul"]))
     print(f"wrote {args.output}: matmul {rates} GFLOP/s by size; bandwidth {compute['memory_bandwidth'] / 1e9:.1f} "
-          f"GB/s; AdamW {compute['optimizer'] / 1e6:.0f}M parameters/s; {compute['cores']} threads per rank")
+          f"GB/s; AdamW {compute['optimizer'] / 1e6:.0f}M parameters/s; measured with {compute['cores']:g} cores per "
+          "rank")
     if links is None:
         print("one process: the collectives keep the base profile's figures (run under mpiexec -n N to measure "
               "them)", file=sys.stderr)

@@ -100,9 +100,10 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
     mm_rate = profile.matmul_rate(2 * tokens * C * 4 * C / c.tp, cores)
     att_flops = 2 * tokens * C * T / c.tp  # causal: half of Q K^T and A V over the whole sequence (llm.c's 6LCT)
     att_rate = profile.attention_rate(att_flops, cores)
-    acts = parts["activations"] / max(1, held)  # one micro-batch's activations on this stage
+    # one block's activations of one micro-batch: the stage's (the memory plan's: the micro-batches in
+    # flight times its blocks, and on the last stage the logits and their gradient once) shared out
     logits = 2 * 4 * B * (T // c.cp) * embedding_rows(config) / c.tp if busiest == c.pp - 1 else 0.0
-    per_block_acts = (acts - logits) / max(1, _blocks(c, config, model_class)[busiest])
+    per_block_acts = (parts["activations"] - logits) / max(1, held * _blocks(c, config, model_class)[busiest])
     bw = profile.bandwidth(cores)
     f_mm, f_att, f_ew = 2 * tokens * block / c.tp / mm_rate, att_flops / att_rate, per_block_acts / bw
     f = f_mm + f_att + f_ew
@@ -113,7 +114,11 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         f"{att_flops / 1e6:.1f} MFLOP at {att_rate / 1e9:.1f} GFLOP/s = {f_att * 1e3:.2f} ms, elementwise "
         f"{per_block_acts / 2**20:.1f} MB at {bw / 1e9:.1f} GB/s = {f_ew * 1e3:.2f} ms; forward {f * 1e3:.2f} ms, "
         f"backward 2 x forward{' + recomputation' if extra else ''} = {b * 1e3:.2f} ms")
-    head_f = 2 * tokens * head / c.tp / mm_rate + 3 * logits / 2 / bw
+    head_flops = 2 * tokens * head / c.tp  # the head's product, at its own size's rate
+    head_rate = profile.matmul_rate(head_flops, cores)
+    head_f = head_flops / head_rate + 3 * logits / 2 / bw
+    say(f"the head: {head_flops / 1e6:.1f} MFLOP at {head_rate / 1e9:.1f} GFLOP/s and its logits' elementwise work = "
+        f"{head_f * 1e3:.2f} ms forward")
     head_blocks = head_f / f if f else 0.0
     work = _chunk_work(c, config, model_class, head_blocks)
     if c.pp > 1:
@@ -125,7 +130,7 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         time["compute"] = max(busy)
         time["pipeline bubble"] = sim["time"] - max(busy)
         say(f"pipeline: {plan.pipeline_schedule} over {c.pp} stages x {c.virtual_pipeline_parallel} chunks, {M} "
-            f"micro-batches, chunk work {[round(w, 2) for w in work]} blocks (the head {head_blocks:.2f}): the "
+            f"micro-batches, chunk work {[round(w, 2) for w in work]} blocks (the head's {head_blocks:.2f}): the "
             f"simulator's step {sim['time'] * 1e3:.1f} ms, the busiest stage busy {max(busy) * 1e3:.1f} ms, "
             f"bubble {time['pipeline bubble'] * 1e3:.1f} ms ({sim['bubble']:.0%} of all stages' time)")
     else:

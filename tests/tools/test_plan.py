@@ -68,6 +68,14 @@ def test_every_layout_proposed_is_one_the_model_builds_and_one_it_refuses_is_ref
         _build(cls, config, c, 64)
 
 
+def test_every_component_of_every_layout_is_a_positive_figure():
+    cfg = GPT2_PRESETS["tiny"]
+    kept, _ = enumerate_candidates(4, cfg, GPT2, 8, 64, micro_batches=[2])
+    for c in kept:
+        pred = predict(c, cfg, GPT2, CLUSTER, Profile({}), 8, 64)
+        assert min(pred.time.values()) >= 0 and min(pred.memory.values()) >= 0 and min(pred.passes) > 0, c.name
+
+
 def test_refusals_are_the_engines_messages():
     cfg = GPT2_PRESETS["tiny"]
     assert "does not compose with --pipeline_parallel" in refusal(parse("dp=2,pp=2,zero=3,mb=1"), cfg, GPT2, 8, 64)
