@@ -175,6 +175,25 @@ def test_the_command_line_lists_ranked_layouts_and_explains_one(capsys, tmp_path
         main(common[:-4] + ["--profile", str(bad)])
 
 
+def test_the_memory_refusal_names_the_plans_fitting_layouts():
+    from infinitrain.nn.parallel import Layout, ParallelPlan
+    from infinitrain.plan.auto import fitting_layouts
+    plan = ParallelPlan(Layout(2))
+    names = fitting_layouts(plan, GPT2_PRESETS["tiny"], GPT2, 2, 64, 2, "float32", 2, 64 * 2**30)
+    assert len(names) == 3 and all(parse(n).world_size == 2 for n in names)
+    assert fitting_layouts(plan, GPT2_PRESETS["tiny"], GPT2, 2, 64, 2, "float32", 2, 2**20) == []
+
+
+@pytest.mark.mpi
+def test_layout_auto_trains_with_the_layout_the_plan_picks(tmp_path):
+    from helpers import example, write_tokens
+    out = example(2, "gpt2", ["--input_bin", write_tokens(tmp_path / "t.bin"), "--model", "tiny", "--layout", "auto",
+                              "--sequence_length", "32", "--total_batch_size", "256", "--num_iteration", "1",
+                              "--peak_tflops", "1"])
+    chosen = parse(out.split("layout auto: ")[1].split(" ")[0])
+    assert chosen.world_size == 2 and f"DP={chosen.dp}, TP={chosen.tp}" in out and "step    1/1" in out
+
+
 @pytest.mark.mpi
 def test_calibrate_on_two_ranks_measures_the_collectives(tmp_path):
     import sys
