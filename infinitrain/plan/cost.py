@@ -20,11 +20,12 @@ examples refuse a job with), the busiest pipeline stage's. Time is the busiest s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..nn.parallel.memory_plan import embedding_rows, stage_estimates
 from ..nn.parallel.pp.schedules import placement, simulate
 from ..nn.parallel.pp.stage import chunk_layers, global_chunk
-from .layouts import Candidate
+from .layouts import Candidate, model_facts
 
 GB = 2 ** 30
 
@@ -94,8 +95,8 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
     cores = cluster.cores_per_rank
     C, T, B, L = config.n_embd, seq_len, c.batch_size, config.n_layer
     tokens = B * T // c.cp  # a rank's tokens of one micro-batch
-    first, block_all, last = model_class.parameter_parts(config)
-    block = (model_class.active_parameters(config) - first - last) / L  # the parameters a token multiplies with
+    first, last, active, _ = model_facts(model_class, config)
+    block = (active - first - last) / L  # the parameters a token multiplies with
     head = embedding_rows(config) * C
     mm_rate = profile.matmul_rate(2 * tokens * C * 4 * C / c.tp, cores)
     att_flops = 2 * tokens * C * T / c.tp  # causal: half of Q K^T and A V over the whole sequence (llm.c's 6LCT)
@@ -122,8 +123,7 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
     head_blocks = head_f / f if f else 0.0
     work = _chunk_work(c, config, model_class, head_blocks)
     if c.pp > 1:
-        sim = simulate(plan.pipeline_schedule, c.pp, c.virtual_pipeline_parallel, M, forward_cost=f,
-                       backward_cost=b, chunk_work=work)
+        sim = _simulate(plan.pipeline_schedule, c.pp, c.virtual_pipeline_parallel, M, f, b, work)
         where = placement(plan.pipeline_schedule)
         busy = [M * (f + b) * sum(work[global_chunk(s, v, c.pp, where)] for v in range(c.virtual_pipeline_parallel))
                 for s in range(c.pp)]
@@ -147,11 +147,23 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
     return Prediction(c, memory, time, fits, lines, (f, b), work)
 
 
+def _simulate(name: str, P: int, V: int, M: int, f: float, b: float, work: list) -> dict:
+    """simulate's step and bubble with forward f and backward b: a step's length is linear in the
+    costs, so the schedule is played once per (schedule, sizes, b / f, work) and scaled."""
+    unit = _unit_simulation(name, P, V, M, round(b / f, 9), tuple(round(w, 9) for w in work))
+    return {"time": unit["time"] * f, "bubble": unit["bubble"]}
+
+
+@lru_cache(maxsize=4096)
+def _unit_simulation(name: str, P: int, V: int, M: int, ratio: float, work: tuple) -> dict:
+    return simulate(name, P, V, M, forward_cost=1.0, backward_cost=ratio, chunk_work=list(work))
+
+
 def _blocks(c: Candidate, config, model_class) -> list:
     """The blocks each pipeline stage holds (the split the engine makes)."""
     if c.pp == 1:
         return [config.n_layer]
-    chunks = chunk_layers(config.n_layer, c.pp, c.virtual_pipeline_parallel, model_class.head_work(config),
+    chunks = chunk_layers(config.n_layer, c.pp, c.virtual_pipeline_parallel, model_facts(model_class, config)[3],
                           placement(c.pipeline_schedule))
     where = placement(c.pipeline_schedule)
     return [sum(len(chunks[global_chunk(s, v, c.pp, where)]) for v in range(c.virtual_pipeline_parallel))
@@ -162,7 +174,7 @@ def _chunk_work(c: Candidate, config, model_class, head_blocks: float) -> list:
     """Each global chunk's work in blocks' worth, the head's on the last (as benchmarks/pp_train.py)."""
     if c.pp == 1:
         return [config.n_layer + head_blocks]
-    chunks = chunk_layers(config.n_layer, c.pp, c.virtual_pipeline_parallel, model_class.head_work(config),
+    chunks = chunk_layers(config.n_layer, c.pp, c.virtual_pipeline_parallel, model_facts(model_class, config)[3],
                           placement(c.pipeline_schedule))
     work = [float(len(ch)) for ch in chunks]
     work[-1] += head_blocks

@@ -119,6 +119,20 @@ def parse(text: str) -> Candidate:
     return c
 
 
+_FACTS = {}
+
+
+def model_facts(model_class, config) -> tuple:
+    """(the first stage's and the last stage's parameters, the active parameters, the head's
+    work in blocks' worth) of a model: the models' own counts, kept per configuration (the
+    planner asks them for thousands of candidates)."""
+    key = (model_class, repr(config))
+    if key not in _FACTS:
+        first, _, last = model_class.parameter_parts(config)
+        _FACTS[key] = (first, last, model_class.active_parameters(config), model_class.head_work(config))
+    return _FACTS[key]
+
+
 def _stand_in(size: int):
     """What TensorParallel, ContextParallel and ExpertParallel read of a group to check sizes."""
     return SimpleNamespace(size=size, rank=0)
@@ -137,7 +151,7 @@ def refusal(c: Candidate, config, model_class, global_batch: int, seq_len: int) 
         micro = global_batch // (c.batch_size * c.dp)
         _check_widths(config, model_class, c)
         if c.pp > 1:
-            chunk_layers(config.n_layer, c.pp, c.virtual_pipeline_parallel, model_class.head_work(config))
+            chunk_layers(config.n_layer, c.pp, c.virtual_pipeline_parallel, model_facts(model_class, config)[3])
             schedule(plan.pipeline_schedule, c.pp, c.virtual_pipeline_parallel, micro, 0)
         tp = TensorParallel(_stand_in(c.tp), c.sequence_parallel) if c.tp > 1 else None
         sp = tp.sequence_split if tp else 1
