@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import Cluster, Profile, enumerate_candidates, parse, predict, refusal
 from .layouts import RECOMPUTE
+from .profile import DEFAULT_GPU
 
 GB = 2 ** 30
 
@@ -72,6 +73,12 @@ def _args(argv):
     p.add_argument("--top", type=int, default=15, help="layouts listed")
     p.add_argument("--explain", default=None, metavar="LAYOUT",
                    help="one layout's arithmetic (its name as listed: dp=2,tp=1,pp=1,cp=1,zero=1,...)")
+    p.add_argument("--simulate", type=int, nargs="+", default=None, metavar="NODES",
+                   help="the best fitting layout at each of these node counts (TP within a node, CP up to 8), its "
+                        "step and tokens/s, and the scaling efficiency against the first: a sketch, see "
+                        "docs/planning.md")
+    p.add_argument("--weak_scaling", action="store_true",
+                   help="with --simulate: the global batch grows with the nodes (else it stays --global_batch)")
     args = p.parse_args(argv)
     if (args.cores_per_node is None) == (args.gpus_per_node is None):
         p.error("give the cluster's --cores_per_node (CPUs) or --gpus_per_node (GPUs)")
@@ -104,7 +111,8 @@ def main(argv=None) -> int:
     args = _args(argv)
     try:
         config, cls, example = model_of(args.model, args.config, args.example)
-        profile = Profile.load(args.profile) if args.profile else Profile({})
+        profile = Profile.load(args.profile) if args.profile else \
+            Profile(DEFAULT_GPU if args.gpus_per_node else {}, "placeholders")
     except ValueError as e:
         sys.exit(str(e))
     G, T = args.global_batch, args.sequence_length
@@ -112,6 +120,8 @@ def main(argv=None) -> int:
     print(f"{cls.__name__} {args.config or args.model}: {G} x {T} tokens per step, {args.dtype}; rates from {where}")
     if args.explain:
         return explain(args, config, cls, example, profile)
+    if args.simulate:
+        return simulate_scales(args, config, cls, profile)
     rows, refused = [], {}
     for cluster in clusters(args):
         kept, why = enumerate_candidates(cluster.world_size, config, cls, G, T, zero_stages=args.zero_stages,
@@ -138,6 +148,35 @@ def main(argv=None) -> int:
         print("refused by the engine's checks (count, the first reason of each kind):")
         for reason, n in sorted(refused.items(), key=lambda kv: -kv[1])[:6]:
             print(f"  {n:5d}  {reason}")
+    return 0
+
+
+def simulate_scales(args, config, cls, profile) -> int:
+    """--simulate: the planner at each node count, its best fitting layout and the scaling."""
+    first = None
+    print(f"{'nodes':>6} {'ranks':>6} {'batch':>6} {'step ms':>10} {'tokens/s':>12} {'per rank':>9} "
+          f"{'efficiency':>10}  layout")
+    for nodes in args.simulate:
+        G = args.global_batch * nodes // args.simulate[0] if args.weak_scaling else args.global_batch
+        best = None
+        for cluster in clusters(argparse.Namespace(**{**vars(args), "nodes": nodes})):
+            kept, _ = enumerate_candidates(cluster.world_size, config, cls, G, args.sequence_length,
+                                           zero_stages=args.zero_stages, recompute=args.recompute,
+                                           cp_comms=args.cp_comm, micro_batches=args.micro_batches,
+                                           max_tp=cluster.ranks_per_node, max_cp=8)
+            for c in kept:
+                pred = predict(c, config, cls, cluster, profile, G, args.sequence_length, args.dtype)
+                if pred.fits and (best is None or pred.step_time < best[0].step_time):
+                    best = (pred, cluster)
+        if best is None:
+            print(f"{nodes:>6} no layout fits")
+            continue
+        pred, cluster = best
+        rate = G * args.sequence_length / pred.step_time
+        per_rank = rate / cluster.world_size
+        first = first or per_rank
+        print(f"{nodes:>6} {cluster.world_size:>6} {G:>6} {pred.step_time * 1e3:10.1f} {rate:12.0f} {per_rank:9.0f} "
+              f"{per_rank / first:10.0%}  {pred.candidate.name}")
     return 0
 
 

@@ -203,15 +203,15 @@ def _divisors(n: int) -> list:
 
 def enumerate_candidates(world: int, config, model_class, global_batch: int, seq_len: int, *,
                          zero_stages=(0, 1, 2, 3), recompute=RECOMPUTE, cp_comms=("p2p",),
-                         micro_batches=None) -> tuple:
+                         micro_batches=None, max_tp=None, max_cp=None) -> tuple:
     """(every candidate the examples accept on `world` ranks, {refusal: count} of the others).
     micro_batches: the batch sizes per micro-batch to try (default: every divisor of the
-    global batch over DP)."""
+    global batch over DP); max_tp, max_cp: the largest TP and CP tried (None: any)."""
     kept, refused = [], {}
     experts = getattr(config, "num_experts", 0)
-    for tp in _divisors(world):
-        for pp in _divisors(world // tp):
-            for cp in _divisors(world // (tp * pp)):
+    for tp in [d for d in _divisors(world) if max_tp is None or d <= max_tp]:
+        for pp in [d for d in _divisors(world // tp) if d <= config.n_layer]:
+            for cp in [d for d in _divisors(world // (tp * pp)) if max_cp is None or d <= max_cp]:
                 dp = world // (tp * pp * cp)
                 eps = _divisors(dp * cp) if experts else [1]
                 for ep in eps:

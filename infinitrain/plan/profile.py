@@ -92,6 +92,16 @@ DEFAULT = {"name": "unmeasured CPU defaults", "device": "cpu", "cores": 1,
            "overlap": {k: 0.0 for k in OVERLAPS}}
 
 
+# placeholders for a GPU node no one has measured, from an H100 SXM's datasheet (float32
+# products through TF32 tensor cores at a realistic share of their peak, HBM3, NVLink 4 within a
+# node, 400 Gb/s InfiniBand across): `calibrate` on the machine, or its own figures, replace them
+DEFAULT_GPU = {**DEFAULT, "name": "unmeasured GPU defaults (H100 datasheet)", "device": "cuda",
+               "matmul": [[1e8, 5e13], [1e10, 3e14]], "attention": [[1e8, 3e13], [1e10, 2e14]],
+               "memory_bandwidth": 3e12, "optimizer": 1e11,
+               "intra_node": {c: {"alpha": 3e-6, "beta": 1 / 4.5e11} for c in COLLECTIVES},
+               "inter_node": {c: {"alpha": 1e-5, "beta": 1 / 5e10} for c in COLLECTIVES}}
+
+
 class Profile:
     """A machine's rates (the JSON above), with every field checked when read."""
 

@@ -169,6 +169,10 @@ def test_the_command_line_lists_ranked_layouts_and_explains_one(capsys, tmp_path
     with pytest.raises(SystemExit, match="the examples refuse this layout: sequence parallelism splits the sequence "
                                          "over tensor parallel 2, which does not divide the sequence length 63"):
         main(common + ["--explain", "tp=2,sp=1,mb=8", "--sequence_length", "63"])
+    assert main(common[:-2] + ["--simulate", "1", "2", "--weak_scaling", "--micro_batches", "2", "--zero_stages", "0",
+                               "--recompute", "none"]) == 0
+    lines = capsys.readouterr().out.splitlines()[-2:]
+    assert [ln.split()[:3] for ln in lines] == [["1", "2", "8"], ["2", "4", "16"]] and "100%" in lines[0]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"memory_bandwidth": -1}))
     with pytest.raises(SystemExit, match="'memory_bandwidth' must be a positive number, got -1"):
