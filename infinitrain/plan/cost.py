@@ -103,8 +103,9 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
     att_rate = profile.attention_rate(att_flops, cores)
     # one block's activations of one micro-batch: the stage's (the memory plan's: the micro-batches in
     # flight times its blocks, and on the last stage the logits and their gradient once) shared out
-    logits = 2 * 4 * B * (T // c.cp) * embedding_rows(config) / c.tp if busiest == c.pp - 1 else 0.0
-    per_block_acts = (parts["activations"] - logits) / max(1, held * _blocks(c, config, model_class)[busiest])
+    logits = 2 * 4 * B * (T // c.cp) * embedding_rows(config) / c.tp
+    held_logits = logits if busiest == c.pp - 1 else 0.0
+    per_block_acts = (parts["activations"] - held_logits) / max(1, held * _blocks(c, config, model_class)[busiest])
     bw = profile.bandwidth(cores)
     f_mm, f_att, f_ew = 2 * tokens * block / c.tp / mm_rate, att_flops / att_rate, per_block_acts / bw
     f = f_mm + f_att + f_ew
