@@ -61,9 +61,14 @@ def choose(args, typed: set, config, model_class, comm) -> str:
     args.zero_stage, args.recompute, args.batch_size, args.total_batch_size = c.zero_stage, c.recompute, \
         c.batch_size, G * T
     fitting = sum(p.fits for p in ranked)
+    why = (f"python -m infinitrain.plan --example {'gpt2' if model_class.__name__ == 'GPT2' else 'llama3'} "
+           f"--model {args.model} --global_batch {G} --sequence_length {T} --dtype {args.dtype} --nodes "
+           f"{cluster.nodes} --cores_per_node {cluster.cores_per_node} --ranks_per_node {cluster.ranks_per_node} "
+           f"--memory_per_node {cluster.memory_per_node / 2**30:.1f}"
+           + (f" --profile {args.plan_profile}" if args.plan_profile else "") + f" --explain {c.name}")
     return (f"layout auto: {c.name} (of {fitting} fitting layouts; predicted {best.step_time * 1e3:.0f} ms per step, "
-            f"{best.memory_per_rank / 2**20:.0f} MB per rank{'' if args.plan_profile else ', placeholder rates'}; "
-            f"python -m infinitrain.plan --explain {c.name} shows why)")
+            f"{best.memory_per_rank / 2**20:.0f} MB per rank{'' if args.plan_profile else ', placeholder rates'}); "
+            f"why: {why}")
 
 
 def fitting_layouts(plan, config, model_class, batch_size: int, seq_len: int, micro: int, dtype: str,
