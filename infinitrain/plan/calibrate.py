@@ -29,13 +29,16 @@ SIZES = [2 ** k for k in range(12, 24, 2)]  # 4 KB .. 8 MB per collective
 SHAPES = [(128, 64), (128, 256), (512, 256), (256, 768), (1024, 768)]
 
 
-def _best(fn, repeats: int) -> float:
+def _best(fn, repeats: int, least_seconds: float = 0.2, most: int = 100) -> float:
+    """The fastest of at least `repeats` calls and of as many as fill least_seconds (up to
+    `most`): on cores shared with other work the fastest call is the one least disturbed."""
     fn()  # warm up
-    best = float("inf")
-    for _ in range(repeats):
+    best, count, start = float("inf"), 0, time.perf_counter()
+    while count < repeats or (time.perf_counter() - start < least_seconds and count < most):
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
+        count += 1
     return best
 
 
