@@ -74,7 +74,10 @@ def choose(args, typed: set, config, model_class, comm) -> str:
 def fitting_layouts(plan, config, model_class, batch_size: int, seq_len: int, micro: int, dtype: str,
                     local_size: int, available: float, count: int = 3) -> list:
     """The names of the plan's best layouts of this job's ranks that fit `available` bytes per
-    node (placeholder rates: the ranking is by predicted time, the fit by the memory plan)."""
+    node (placeholder rates: the ranking is by predicted time, the fit by the memory plan); none
+    for a model whose class is not known (model_class None)."""
+    if model_class is None:
+        return []
     world = plan.world_size
     cluster = Cluster(max(1, world // local_size), min(local_size, world), os.cpu_count() or 1, available)
     ranked = best_layouts(world, config, model_class, cluster, Profile({}), batch_size * micro * plan.dp, seq_len,
