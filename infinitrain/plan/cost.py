@@ -129,7 +129,7 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         busy = [M * (f + b) * sum(work[global_chunk(s, v, c.pp, where)] for v in range(c.virtual_pipeline_parallel))
                 for s in range(c.pp)]
         time["compute"] = max(busy)
-        time["pipeline bubble"] = sim["time"] - max(busy)
+        time["pipeline bubble"] = max(0.0, sim["time"] - max(busy))  # (round-off where the busiest never waits)
         say(f"pipeline: {plan.pipeline_schedule} over {c.pp} stages x {c.virtual_pipeline_parallel} chunks, {M} "
             f"micro-batches, chunk work {[round(w, 2) for w in work]} blocks (the head's {head_blocks:.2f}): the "
             f"simulator's step {sim['time'] * 1e3:.1f} ms, the busiest stage busy {max(busy) * 1e3:.1f} ms, "
