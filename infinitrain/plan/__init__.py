@@ -4,8 +4,9 @@ per rank and step time by component, ranked, and the command that runs it;
 `python -m infinitrain.plan calibrate` measures this machine's rates into a profile. Its
 pieces: layouts (the candidates and the engine's checks of them), cost (memory from the memory
 plan, time from the profile, the pipeline simulator and an alpha-beta model of collectives),
-profile (the rates' file), calibrate (their measurement). docs/planning.md says how far to
-trust it."""
+profile (the rates' file), calibrate (their measurement), auto (the examples' --layout auto and
+the memory refusal's suggestions). It sits in the top layer beside the examples, whose flags it
+writes. docs/planning.md says how far to trust it."""
 from __future__ import annotations
 
 from .cost import Cluster, Prediction, predict
