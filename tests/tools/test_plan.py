@@ -76,6 +76,16 @@ def test_every_component_of_every_layout_is_a_positive_figure():
         assert min(pred.time.values()) >= 0 and min(pred.memory.values()) >= 0 and min(pred.passes) > 0, c.name
 
 
+def test_the_planner_runs_on_every_preset():
+    from infinitrain.plan import best_layouts
+    cluster = Cluster(nodes=1, ranks_per_node=2, cores_per_node=2, memory_per_node=2**50)
+    for cls, presets in ((GPT2, GPT2_PRESETS), (LLaMA3, LLAMA3_PRESETS)):
+        for name, cfg in presets.items():
+            ranked = best_layouts(2, cfg, cls, cluster, FLAT, 4, 128, micro_batches=[1], zero_stages=(0,),
+                                  recompute=("none",))
+            assert ranked and ranked[0].fits and ranked[0].step_time > 0, name
+
+
 def test_refusals_are_the_engines_messages():
     cfg = GPT2_PRESETS["tiny"]
     assert "does not compose with --pipeline_parallel" in refusal(parse("dp=2,pp=2,zero=3,mb=1"), cfg, GPT2, 8, 64)
