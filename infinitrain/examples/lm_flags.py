@@ -90,6 +90,11 @@ def parse_args(argv, description: str, presets, default_model: str, moe: bool = 
                         "all-to-all inside groups of --cp_a2a_size ranks, a ring across them")
     p.add_argument("--cp_a2a_size", type=positive_int, default=None,
                    help="--cp_comm a2a+p2p: the CP ranks of each all-to-all group (default: those of one node)")
+    p.add_argument("--layout", default=None, choices=["auto"],
+                   help="auto: the plan (python -m infinitrain.plan) picks the layout for the job's ranks: TP, SP, "
+                        "PP and its schedule, CP, and the ZeRO stage, recomputation and --batch_size unless typed")
+    p.add_argument("--plan_profile", default=None, metavar="FILE",
+                   help="with --layout auto: this machine's rates (python -m infinitrain.plan calibrate)")
     p.add_argument("--pipeline_parallel", type=positive_int, default=1,
                    help="pipeline stages the model's layers are split over")
     p.add_argument("--virtual_pipeline_parallel", type=positive_int, default=1,

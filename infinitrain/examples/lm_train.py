@@ -76,6 +76,8 @@ def setup_plan(args):
         refuse(f"--device {args.device}: {e}")
     if device.type == "cpu" and device.index not in (None, 0):
         refuse(f"--device {args.device}: there is one CPU device, cpu (each rank uses its share of its node's cores)")
+    if args.layout == "auto":
+        auto_layout(args)
     try:
         env = parallel.init(args.tensor_parallel, args.pipeline_parallel, device=args.device,
                             context_parallel=args.context_parallel, expert_parallel=args.expert_parallel,
@@ -113,6 +115,22 @@ def setup_plan(args):
     return env, plan
 
 
+def auto_layout(args) -> None:
+    """--layout auto: the plan (infinitrain.plan.auto) sets the layout flags for the job's ranks."""
+    from mpi4py import MPI
+    from infinitrain.plan.auto import choose
+    known = _config_of(args)
+    if known is None:
+        refuse("--layout auto plans a preset's model (--model); with --llmc_filepath or --from_pretrained give the "
+               "layout (python -m infinitrain.plan --config suggests one)")
+    try:
+        line = choose(args, typed_flags(args.argv), *known, MPI.COMM_WORLD)
+    except ValueError as e:
+        refuse(str(e))
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(line, flush=True)
+
+
 def idle_flags(args, plan, world_size: int) -> list:
     """(flag, why) for each flag typed on the command line that does nothing in this run, so
     that it is said once instead of silently ignored."""
@@ -135,7 +153,8 @@ def idle_flags(args, plan, world_size: int) -> list:
             "val_max_steps": (not args.val_loss_every and not args.eval_only, "without --val_loss_every"),
             "profile_steps": (not args.profile, "without --profile"),
             "collective_timeout": (world_size == 1, "on one process (no collective to wait for)"),
-            "flight_recorder_dir": (world_size == 1, "on one process (no collective to record)")}
+            "flight_recorder_dir": (world_size == 1, "on one process (no collective to record)"),
+            "plan_profile": (args.layout != "auto", "without --layout auto")}
     return [(flag, why) for flag, (unused, why) in idle.items() if flag in given and unused]
 
 
@@ -288,6 +307,10 @@ def check_memory(args, plan, local_size: int, accum: int, log) -> None:
             ways = (f"--zero_stage 3 --offload_optimizer nvme --offload_param nvme --offload_path DIR (it would "
                     f"fit, with {both[3]['on disk'] * local_size / 2**30:.1f} GB of AdamW state and "
                     "parameters on that disk), ")
+    from infinitrain.plan.auto import fitting_layouts
+    names = fitting_layouts(plan, *known, args.batch_size, args.sequence_length, accum, args.dtype, local_size, have)
+    if names:
+        ways += f"the plan's best layouts of these ranks that fit ({' | '.join(names)}; --layout auto picks one), "
     sys.exit(f"this job will not fit in memory: {text}. Use {ways}a smaller --model, fewer ranks "
              "per node, --tensor_parallel / --pipeline_parallel to split the model over ranks, "
              "or a smaller --batch_size / --sequence_length")

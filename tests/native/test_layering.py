@@ -25,7 +25,8 @@ LAYERS = [
      "infinitrain.precision_checker", "infinitrain.torch_files", "infinitrain.serialization",
      "infinitrain.distributed", "infinitrain.utils"],
     ["infinitrain.models", "infinitrain.deepspeed"],
-    ["infinitrain.examples", "infinitrain.config", "infinitrain.plot", "infinitrain.lora", "infinitrain.cuda.amp",
+    ["infinitrain.examples", "infinitrain.plan", "infinitrain.config", "infinitrain.plot", "infinitrain.lora",
+     "infinitrain.cuda.amp",
      "infinitrain.generate", "infinitrain"],
 ]
 

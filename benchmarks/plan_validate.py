@@ -1,0 +1,131 @@
+"""The planner (infinitrain.plan) against measured runs: each configuration trains a few steps
+through the examples on this machine, and its predicted peak memory per rank and step time are
+printed beside what the examples report (peak used: the allocator's peak of the busiest rank,
+which the process's own ~350 MB is not part of, so the prediction it is held to leaves out the
+memory plan's "process"; the step: the median of the steps after the first), with the errors.
+The issue's bar: memory within 10% and step time within 15% for 90% of the configurations.
+
+    mpiexec -n 2 python -m infinitrain.plan calibrate --output profile.json     # this machine's rates
+    python benchmarks/plan_validate.py --profile profile.json                   # every configuration
+    python benchmarks/plan_validate.py --profile profile.json --only pp= --steps 6
+
+Step times need an idle machine: ranks sharing cores with other work run at whatever is left.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mpi_launch import find_mpiexec, start  # noqa: E402
+
+# (example, model, global batch, sequence length, layout): GPT-2 and LLaMA-3 from tiny to 124M,
+# DP, TP with and without SP, PP under each schedule, CP's ring and all-to-all, ZeRO 0-3,
+# recomputation, 1-4 ranks
+SMALL = [
+    "dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=8,recompute=full", "dp=1,mb=8,recompute=selective",
+    "dp=2,mb=4", "dp=2,zero=1,mb=4", "dp=2,zero=2,mb=4", "dp=2,zero=3,mb=4",
+    "dp=4,mb=2", "dp=4,zero=2,mb=2", "dp=4,zero=3,mb=2",
+    "dp=1,tp=2,sp=0,mb=8", "dp=1,tp=2,sp=1,mb=8", "dp=1,tp=4,sp=1,mb=8",
+    "dp=1,pp=2,schedule=1f1b,mb=2", "dp=1,pp=2,schedule=gpipe,mb=2", "dp=1,pp=2,schedule=zb-h1,mb=2",
+    "dp=1,pp=2,schedule=interleaved,vpp=2,mb=2", "dp=1,pp=2,schedule=zbv,vpp=2,mb=2",
+    "dp=1,cp=2,mb=8", "dp=1,cp=2,cp_comm=a2a,mb=8",
+    "dp=2,tp=2,sp=1,mb=4", "dp=2,pp=2,schedule=1f1b,mb=2", "dp=1,tp=2,sp=1,pp=2,schedule=1f1b,mb=4",
+    "dp=2,cp=2,zero=1,mb=4",
+]
+LLAMA = ["dp=1,mb=8", "dp=1,mb=8,recompute=full", "dp=2,zero=1,mb=4", "dp=2,zero=3,mb=4", "dp=1,tp=2,sp=1,mb=8",
+         "dp=1,pp=2,schedule=1f1b,mb=2", "dp=1,cp=2,mb=8"]
+GPT2_124M = ["dp=1,mb=4", "dp=2,zero=1,mb=2", "dp=1,tp=2,sp=1,mb=4"]
+CONFIGS = ([("gpt2", "small", 8, 128, c) for c in SMALL] + [("llama3", "small", 8, 128, c) for c in LLAMA]
+           + [("gpt2", "gpt2", 4, 128, c) for c in GPT2_124M])
+
+_STEP = re.compile(r"^step\s+\d+/\d+ \|.*\(([0-9.]+) ms \|.*peak used:\s+(\d+) MB", re.M)
+_PEAKS = re.compile(r"^peak used per rank \(MB\): ([0-9 ]+) \|", re.M)
+
+
+def predicted(example, model, G, T, layout, ranks, profile):
+    """(the prediction, its command's flags) of one configuration on this machine."""
+    from infinitrain.plan import Cluster, parse, predict, refusal
+    from infinitrain.plan.__main__ import model_of
+    config, cls, _ = model_of(model, None, example)
+    c = parse(layout)
+    why = refusal(c, config, cls, G, T)
+    if why:
+        raise SystemExit(f"{example} {model} {layout}: the examples refuse it: {why}")
+    cluster = Cluster(1, ranks, os.cpu_count() or 1, 1e15)
+    return predict(c, config, cls, cluster, profile, G, T), c.flags(G, T)
+
+
+def measure(example, model, flags, ranks, steps, timeout):
+    """(the busiest rank's peak used in bytes, the median step in seconds) of a run, or the error."""
+    cmd = (start(ranks, find_mpiexec()) if ranks > 1 else []) + [
+        sys.executable, "-m", f"infinitrain.examples.{example}", "--model", model, *flags,
+        "--num_iteration", str(steps), "--peak_tflops", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()[-400:]}")
+    rows = [(float(ms), int(mb)) for ms, mb in _STEP.findall(out.stdout)]
+    peaks = _PEAKS.findall(out.stdout)
+    peak_mb = max(map(int, peaks[-1].split())) if peaks else max(mb for _, mb in rows)
+    times = [ms for ms, _ in rows[1:]] or [rows[0][0]]
+    return peak_mb * 2**20, statistics.median(times) / 1e3
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default=None, help="this machine's profile (default: calibrate one first, 2 ranks)")
+    p.add_argument("--only", default=None, help="only the configurations whose line holds this text")
+    p.add_argument("--max_ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
+    p.add_argument("--timeout", type=float, default=600)
+    args = p.parse_args(argv)
+    from infinitrain.plan import Profile
+    if args.profile is None:
+        args.profile = "/tmp/plan_validate_profile.json"
+        subprocess.run(start(2, find_mpiexec()) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output",
+                                                   args.profile], check=True)
+    profile = Profile.load(args.profile)
+    print(f"profile {args.profile} ({profile['name']}); load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores at start")
+    print(f"{'example':<7} {'model':<6} {'layout':<46} {'n':>2} | {'MB pred':>8} {'MB meas':>8} {'err':>6} | "
+          f"{'ms pred':>8} {'ms meas':>8} {'err':>6}")
+    mem_ok = time_ok = done = 0
+    for example, model, G, T, layout in CONFIGS:
+        line = f"{example} {model} {layout}"
+        if args.only and args.only not in line:
+            continue
+        from infinitrain.plan import parse
+        ranks = parse(layout).world_size
+        if ranks > args.max_ranks:
+            continue
+        pred, flags = predicted(example, model, G, T, layout, ranks, profile)
+        mem_pred = pred.memory_per_rank - pred.memory.get("process", 0.0)
+        t0 = time.perf_counter()
+        try:
+            mem, step = measure(example, model, flags, ranks, args.steps, args.timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"{example:<7} {model:<6} {layout:<46} {ranks:>2} | failed: {e}", flush=True)
+            continue
+        e_mem, e_time = mem_pred / mem - 1, pred.step_time / step - 1
+        done += 1
+        mem_ok += abs(e_mem) <= 0.10
+        time_ok += abs(e_time) <= 0.15
+        print(f"{example:<7} {model:<6} {layout:<46} {ranks:>2} | {mem_pred / 2**20:8.0f} {mem / 2**20:8.0f} "
+              f"{e_mem:+6.0%} | {pred.step_time * 1e3:8.0f} {step * 1e3:8.0f} {e_time:+6.0%}   "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    if done:
+        print(f"{done} configurations: memory within 10% for {mem_ok} ({mem_ok / done:.0%}), step time within 15% "
+              f"for {time_ok} ({time_ok / done:.0%}); load average {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

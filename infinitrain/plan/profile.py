@@ -1,0 +1,175 @@
+"""A machine's profile: the rates the planner's cost model multiplies by, measured here by
+`python -m infinitrain.plan calibrate` or written by hand from another machine's datasheet.
+
+The file is JSON (docs/planning.md shows one):
+
+    {"name": "...", "device": "cpu", "cores": 2,                 # the cores the rates were measured on
+     "matmul": [[flops, flop_per_s], ...],                        # by the size of one product (2 m k n)
+     "attention": [[flops, flop_per_s], ...],                     # by the size of one attention call
+     "memory_bandwidth": bytes_per_s,                             # elementwise work (read + write)
+     "optimizer": parameters_per_s,                               # AdamW's step, fp32
+     "intra_node": {collective: {"alpha": s, "beta": s_per_byte}}, # one ring step's latency, a byte's time
+     "inter_node": {...},                                         # the same across nodes (default: intra)
+     "overlap": {"dp": 0.0, "tp": 0.0, "cp": 0.0, "zero": 0.0}}   # the share of each group's traffic hidden
+
+The collectives are all_reduce, all_gather, reduce_scatter, all_to_all and send_recv. alpha and
+beta are a ring's per-step figures (what a datasheet gives: a link's latency and 1 / its
+bandwidth): a collective over n ranks moving `nbytes` (the whole buffer) costs, on a ring,
+    all_reduce                            2 (n-1) alpha + 2 (n-1)/n nbytes beta
+    all_gather, reduce_scatter, all_to_all  (n-1) alpha +   (n-1)/n nbytes beta
+    send_recv                                   alpha +          nbytes beta
+(Thakur, Rabenseifner and Gropp 2005), which is also how `calibrate` turns a measured line
+t = a + b nbytes at its n ranks into alpha and beta. The rates of a CPU scale with the cores a
+rank gets (cores per node / ranks per node) from those measured: an assumption the validation
+benchmark checks.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+OVERLAPS = ("dp", "tp", "cp", "zero")
+
+
+def ring_steps(collective: str, ranks: int) -> tuple:
+    """(latency steps, share of the buffer each rank moves) of a ring collective over `ranks`."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; choose from {', '.join(COLLECTIVES)}")
+    if collective == "send_recv":
+        return 1, 1.0
+    if ranks < 2:
+        return 0, 0.0
+    if collective == "all_reduce":
+        return 2 * (ranks - 1), 2 * (ranks - 1) / ranks
+    return ranks - 1, (ranks - 1) / ranks
+
+
+def collective_time(link: dict, collective: str, ranks: int, nbytes: float) -> float:
+    """Seconds of one collective over `ranks` moving `nbytes` with a link's alpha and beta."""
+    steps, share = ring_steps(collective, ranks)
+    return steps * link["alpha"] + share * nbytes * link["beta"]
+
+
+def fit_alpha_beta(collective: str, ranks: int, sizes, seconds) -> dict:
+    """alpha and beta of a collective from times measured at `ranks` ranks (least squares of
+    t = a + b nbytes, then divided by the ring's steps and share)."""
+    n = len(sizes)
+    if n < 2:
+        raise ValueError("fitting alpha and beta needs times at two message sizes or more")
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    b = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
+    a = my - b * mx
+    steps, share = ring_steps(collective, ranks)
+    return {"alpha": max(a, 0.0) / steps, "beta": max(b, 0.0) / share}
+
+
+def interpolate(table, x: float) -> float:
+    """A rate from a table of [size, rate] rows (any order), log-linear between rows and flat
+    beyond the ends."""
+    rows = sorted((float(s), float(r)) for s, r in table)
+    if not rows:
+        raise ValueError("an empty rate table")
+    if x <= rows[0][0]:
+        return rows[0][1]
+    for (s0, r0), (s1, r1) in zip(rows, rows[1:]):
+        if x <= s1:
+            w = (math.log(x) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return r0 + w * (r1 - r0)
+    return rows[-1][1]
+
+
+# a placeholder for a CPU node no one has measured: one 2020s server core's float32 rates and
+# a 100 Gb/s Ethernet; `calibrate` replaces every figure with this machine's
+DEFAULT = {"name": "unmeasured CPU defaults", "device": "cpu", "cores": 1,
+           "matmul": [[1e6, 5e9], [1e8, 4e10], [1e10, 6e10]],
+           "attention": [[1e6, 2e9], [1e8, 1.5e10], [1e10, 3e10]],
+           "memory_bandwidth": 5e9, "optimizer": 2e8,
+           "intra_node": {c: {"alpha": 5e-6, "beta": 1 / 5e9} for c in COLLECTIVES},
+           "inter_node": {c: {"alpha": 2e-5, "beta": 1 / 12.5e9} for c in COLLECTIVES},
+           "overlap": {k: 0.0 for k in OVERLAPS}}
+
+
+# placeholders for a GPU node no one has measured, from an H100 SXM's datasheet (float32
+# products through TF32 tensor cores at a realistic share of their peak, HBM3, NVLink 4 within a
+# node, 400 Gb/s InfiniBand across): `calibrate` on the machine, or its own figures, replace them
+DEFAULT_GPU = {**DEFAULT, "name": "unmeasured GPU defaults (H100 datasheet)", "device": "cuda",
+               "matmul": [[1e8, 5e13], [1e10, 3e14]], "attention": [[1e8, 3e13], [1e10, 2e14]],
+               "memory_bandwidth": 3e12, "optimizer": 1e11,
+               "intra_node": {c: {"alpha": 3e-6, "beta": 1 / 4.5e11} for c in COLLECTIVES},
+               "inter_node": {c: {"alpha": 1e-5, "beta": 1 / 5e10} for c in COLLECTIVES}}
+
+
+class Profile:
+    """A machine's rates (the JSON above), with every field checked when read."""
+
+    def __init__(self, data: dict, source: str = "<dict>"):
+        self.source = source
+        data = {**DEFAULT, **data}
+        for key in ("matmul", "attention"):
+            rows = data[key]
+            if not isinstance(rows, list) or not rows or any(
+                    not isinstance(r, (list, tuple)) or len(r) != 2 or not all(_positive(v) for v in r) for r in rows):
+                raise ValueError(f"profile {source}: {key!r} must be a list of [flops, flop_per_s] rows of positive "
+                                 f"numbers, got {rows!r}")
+        for key in ("memory_bandwidth", "optimizer", "cores"):
+            if not _positive(data[key]):
+                raise ValueError(f"profile {source}: {key!r} must be a positive number, got {data[key]!r}")
+        links = {}
+        for where in ("intra_node", "inter_node"):
+            given = data.get(where) or data["intra_node"]
+            for c in COLLECTIVES:
+                link = given.get(c) if isinstance(given, dict) else None
+                if not isinstance(link, dict) or not all(isinstance(link.get(k), (int, float)) and link[k] >= 0
+                                                         for k in ("alpha", "beta")):
+                    raise ValueError(f"profile {source}: {where}.{c} must be {{'alpha': seconds, 'beta': seconds per "
+                                     f"byte}} (numbers >= 0), got {link!r}")
+            links[where] = {c: dict(given[c]) for c in COLLECTIVES}
+        overlap = {**DEFAULT["overlap"], **(data.get("overlap") or {})}
+        for k, v in overlap.items():
+            if k not in OVERLAPS or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"profile {source}: overlap.{k} must be one of {OVERLAPS} with a share in [0, 1], "
+                                 f"got {v!r}")
+        self.data = {**data, **links, "overlap": overlap}
+
+    @classmethod
+    def load(cls, path) -> "Profile":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"profile {path}: cannot be read as JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"profile {path}: expected a JSON object, got {type(data).__name__}")
+        return cls(data, str(path))
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.data, indent=1) + "\n")
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def matmul_rate(self, flops: float, cores: float) -> float:
+        """FLOP/s of one product of `flops` on a rank of `cores` cores."""
+        return interpolate(self["matmul"], flops) * self._scale(cores)
+
+    def attention_rate(self, flops: float, cores: float) -> float:
+        return interpolate(self["attention"], flops) * self._scale(cores)
+
+    def bandwidth(self, cores: float) -> float:
+        return self["memory_bandwidth"] * self._scale(cores)
+
+    def optimizer_rate(self, cores: float) -> float:
+        return self["optimizer"] * self._scale(cores)
+
+    def _scale(self, cores: float) -> float:
+        return 1.0 if self["device"] != "cpu" else cores / self["cores"]
+
+    def collective(self, collective: str, ranks: int, nbytes: float, inter_node: bool) -> float:
+        return collective_time(self["inter_node" if inter_node else "intra_node"][collective], collective, ranks,
+                               nbytes)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0

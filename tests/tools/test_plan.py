@@ -1,0 +1,218 @@
+"""The layout planner (infinitrain.plan): every layout it proposes is one the engine builds,
+its memory is the memory plan's, its time model's arithmetic on hand-computed cases (the
+alpha-beta collectives, compute from FLOPs, the pipeline's bubble from the simulator), the
+command line and --explain; calibrate on two ranks (mpi)."""
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+import infinitrain as it
+from infinitrain.models import GPT2, GPT2_PRESETS, LLAMA3_PRESETS, LLaMA3
+from infinitrain.nn.parallel.context_parallel import ContextParallel
+from infinitrain.nn.parallel.expert_parallel import ExpertParallel
+from infinitrain.nn.parallel.memory_plan import stage_estimates, stage_parameters
+from infinitrain.nn.parallel.pp import simulate
+from infinitrain.nn.parallel.pp.schedules import placement
+from infinitrain.nn.parallel.pp.stage import PipelineStage
+from infinitrain.nn.parallel.tensor_parallel import TensorParallel
+from infinitrain.plan import Cluster, Profile, enumerate_candidates, parse, predict, refusal
+from infinitrain.plan.__main__ import main
+from infinitrain.plan.profile import collective_time, fit_alpha_beta
+from helpers import launch, run
+
+CLUSTER = Cluster(nodes=1, ranks_per_node=4, cores_per_node=4, memory_per_node=64 * 2**30)
+R = 1e10  # a flat rate, FLOP/s
+FLAT = Profile({"matmul": [[1, R]], "attention": [[1, R]], "memory_bandwidth": 1e30, "optimizer": 1e30, "cores": 1,
+                "intra_node": {c: {"alpha": 1e-5, "beta": 1e-9} for c in
+                               ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")}})
+
+
+def _group(size, rank=0):
+    return SimpleNamespace(size=size, rank=rank)
+
+
+def _build(cls, config, c, T):
+    """The real model of a candidate's layout, built on stand-in groups (each pipeline stage's,
+    the last holding the head), and its batch check: what the examples do before training."""
+    plan = c.plan()
+    tp = TensorParallel(_group(c.tp), c.sequence_parallel) if c.tp > 1 else None
+    cp = ContextParallel(_group(c.cp), c.cp_comm) if c.cp > 1 else None
+    ep = {"ep": ExpertParallel(_group(c.ep))} if c.ep > 1 else {}
+    for stage in range(c.pp):
+        pp = (PipelineStage(_group(c.pp, stage), c.virtual_pipeline_parallel, None, "balanced",
+                            placement(plan.pipeline_schedule)) if c.pp > 1 else None)
+        model = cls(config, tp=tp, pp=pp, cp=cp, **ep)
+        model.check_batch(it.zeros(1, T, dtype=it.int64))
+
+
+@pytest.mark.parametrize("cls,config", [(GPT2, GPT2_PRESETS["tiny"]), (LLaMA3, LLAMA3_PRESETS["tiny"]),
+                                        (LLaMA3, LLAMA3_PRESETS["moe-tiny"])], ids=["gpt2", "llama3", "moe"])
+def test_every_layout_proposed_is_one_the_model_builds_and_one_it_refuses_is_refused(cls, config):
+    """On 4 ranks: each distinct layout the planner keeps builds (the constructors' own checks),
+    and TP over more heads than the model has, which it refuses, the constructor refuses too
+    (a 1024-token vocabulary keeps the builds fast; the planner is asked about the same model)."""
+    config = replace(config, vocab_size=1024)
+    kept, refused = enumerate_candidates(4, config, cls, 8, 64, zero_stages=(0,), recompute=("none",),
+                                         cp_comms=("p2p", "a2a"), micro_batches=[2])
+    assert kept and refused
+    layouts = {}
+    for c in kept:
+        layouts.setdefault((c.tp, c.sequence_parallel, c.pp, c.pipeline_schedule, c.cp, c.cp_comm, c.ep), c)
+    for c in layouts.values():
+        _build(cls, config, c, 64)
+    c = parse("dp=1,tp=4,sp=1,mb=2")
+    assert refusal(c, config, cls, 8, 64) is not None and c not in kept
+    with pytest.raises(ValueError, match="tensor parallel 4 does not divide"):
+        _build(cls, config, c, 64)
+
+
+def test_every_component_of_every_layout_is_a_positive_figure():
+    cfg = GPT2_PRESETS["tiny"]
+    kept, _ = enumerate_candidates(4, cfg, GPT2, 8, 64, micro_batches=[2])
+    for c in kept:
+        pred = predict(c, cfg, GPT2, CLUSTER, Profile({}), 8, 64)
+        assert min(pred.time.values()) >= 0 and min(pred.memory.values()) >= 0 and min(pred.passes) > 0, c.name
+
+
+def test_the_planner_runs_on_every_preset():
+    from infinitrain.plan import best_layouts
+    cluster = Cluster(nodes=1, ranks_per_node=2, cores_per_node=2, memory_per_node=2**50)
+    for cls, presets in ((GPT2, GPT2_PRESETS), (LLaMA3, LLAMA3_PRESETS)):
+        for name, cfg in presets.items():
+            ranked = best_layouts(2, cfg, cls, cluster, FLAT, 4, 128, micro_batches=[1], zero_stages=(0,),
+                                  recompute=("none",))
+            assert ranked and ranked[0].fits and ranked[0].step_time > 0, name
+
+
+def test_refusals_are_the_engines_messages():
+    cfg = GPT2_PRESETS["tiny"]
+    assert "does not compose with --pipeline_parallel" in refusal(parse("dp=2,pp=2,zero=3,mb=1"), cfg, GPT2, 8, 64)
+    assert "does not divide n_head (2)" in refusal(parse("tp=4,mb=2"), cfg, GPT2, 8, 64)
+    assert "needs at least as many micro-batches" in refusal(parse("pp=2,schedule=zb-h1,mb=8"), cfg, GPT2, 8, 64)
+    assert "must be a multiple of 4" in refusal(parse("cp=2,mb=8"), cfg, GPT2, 8, 62)
+    assert "query heads must be a multiple of 4" in refusal(parse("cp=4,cp_comm=a2a,mb=8"), cfg, GPT2, 8, 64)
+    assert "block size 256" in refusal(parse("mb=8"), cfg, GPT2, 8, 512)
+    assert refusal(parse("dp=2,pp=2,schedule=zbv,vpp=2,mb=1"), GPT2_PRESETS["small"], GPT2, 8, 64) is None
+
+
+def test_a_layouts_name_and_flags_round_trip():
+    c = parse("dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,cp=1,zero=1,recompute=full,mb=2")
+    assert parse(c.name) == c and c.world_size == 8
+    assert c.flags(16, 128) == ["--batch_size", "2", "--sequence_length", "128", "--total_batch_size", "2048",
+                                "--tensor_parallel", "2", "--pipeline_parallel", "2", "--zero_stage", "1",
+                                "--recompute", "full", "--sequence_parallel", "--pipeline_schedule", "interleaved",
+                                "--virtual_pipeline_parallel", "2"]
+    with pytest.raises(ValueError, match="'dq=2' is not one of"):
+        parse("dq=2")
+
+
+def test_memory_is_the_memory_plans_busiest_stage():
+    cfg = GPT2_PRESETS["small"]
+    for text in ("dp=4,zero=2,mb=2", "dp=2,pp=2,schedule=1f1b,zero=1,mb=1", "tp=2,sp=1,cp=2,mb=8"):
+        c = parse(text)
+        pred = predict(c, cfg, GPT2, CLUSTER, FLAT, 8, 128)
+        M = 8 // (c.batch_size * c.dp)
+        busiest = max((parts for parts, *_ in stage_estimates(c.plan(), cfg, GPT2, c.batch_size, 128, M, "float32")),
+                      key=lambda parts: sum(parts.values()))
+        assert pred.memory == busiest and pred.fits
+
+
+def test_the_alpha_beta_model_and_its_fit():
+    link = {"alpha": 2e-6, "beta": 1e-9}
+    assert collective_time(link, "all_reduce", 4, 8e6) == pytest.approx(6 * 2e-6 + 1.5 * 8e6 * 1e-9)
+    assert collective_time(link, "all_gather", 4, 8e6) == pytest.approx(3 * 2e-6 + 0.75 * 8e6 * 1e-9)
+    assert collective_time(link, "send_recv", 2, 8e6) == pytest.approx(2e-6 + 8e6 * 1e-9)
+    assert collective_time(link, "all_reduce", 1, 8e6) == 0
+    sizes = [4096, 65536, 1 << 20]
+    fitted = fit_alpha_beta("all_reduce", 4, sizes, [collective_time(link, "all_reduce", 4, s) for s in sizes])
+    assert fitted["alpha"] == pytest.approx(2e-6) and fitted["beta"] == pytest.approx(1e-9)
+
+
+def test_compute_is_the_models_flops_at_the_rate():
+    """One rank, a flat rate, free memory traffic and optimizer: compute is llm.c's 6 N + 6 L C T
+    FLOPs per token (N: the blocks' and the head's weights, which the products use) over R."""
+    cfg = GPT2_PRESETS["tiny"]
+    pred = predict(parse("mb=4"), cfg, GPT2, CLUSTER, FLAT, 8, 64)
+    first, block, last = GPT2.parameter_parts(cfg)
+    L, C, T = cfg.n_layer, cfg.n_embd, 64
+    n = L * (GPT2.active_parameters(cfg) - first - last) / L + cfg.padded_vocab_size * C
+    assert pred.time["compute"] == pytest.approx(8 * T * (6 * n + 6 * L * C * T) / R, rel=1e-9)
+    assert pred.time["optimizer"] == pytest.approx(0, abs=1e-12)
+
+
+def test_tensor_and_data_parallel_traffic_is_the_alpha_beta_models():
+    cfg = GPT2_PRESETS["tiny"]
+    pred = predict(parse("dp=2,tp=2,sp=1,mb=2"), cfg, GPT2, CLUSTER, FLAT, 8, 64)
+    link = FLAT["intra_node"]
+    tp = 2 * cfg.n_layer * 4 * collective_time(link["all_reduce"], "all_reduce", 2, 2 * 64 * cfg.n_embd * 4)
+    assert pred.time["TP communication"] == pytest.approx(tp)
+    params = stage_parameters(parse("dp=2,tp=2,sp=1,mb=2").plan(), cfg, GPT2)[0][0] / 2  # its TP half
+    dp = collective_time(link["all_reduce"], "all_reduce", 2, params * 4)
+    assert pred.time["DP communication"] == pytest.approx(dp, rel=1e-3)
+
+
+def test_the_pipeline_bubble_is_the_simulators():
+    cfg = GPT2_PRESETS["small"]
+    for text in ("pp=2,schedule=1f1b,mb=1", "pp=2,schedule=zbv,vpp=2,mb=1", "pp=4,schedule=gpipe,mb=2"):
+        c = parse(text)
+        pred = predict(c, cfg, GPT2, CLUSTER, FLAT, 8, 64)
+        f, b = pred.passes
+        sim = simulate(c.pipeline_schedule, c.pp, c.virtual_pipeline_parallel, 8 // c.batch_size, forward_cost=f,
+                       backward_cost=b, chunk_work=pred.chunk_work)
+        assert pred.time["compute"] + pred.time["pipeline bubble"] == pytest.approx(sim["time"])
+        assert pred.time["pipeline bubble"] > 0
+
+
+def test_the_command_line_lists_ranked_layouts_and_explains_one(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    FLAT.save(path)
+    common = ["--model", "tiny", "--global_batch", "8", "--sequence_length", "64", "--cores_per_node", "4",
+              "--ranks_per_node", "2", "--memory_per_node", "8", "--profile", str(path), "--top", "3"]
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert "layouts the examples accept" in out and out.count("mpiexec -n 2 python -m infinitrain.examples.gpt2") == 3
+    assert main(common + ["--explain", "dp=2,zero=1,mb=2"]) == 0
+    out = capsys.readouterr().out
+    assert "DP communication: 1 x reduce_scatter" in out and "step: compute" in out and "--zero_stage 1" in out
+    with pytest.raises(SystemExit, match="the examples refuse this layout: sequence parallelism splits the sequence "
+                                         "over tensor parallel 2, which does not divide the sequence length 63"):
+        main(common + ["--explain", "tp=2,sp=1,mb=8", "--sequence_length", "63"])
+    assert main(common[:-2] + ["--simulate", "1", "2", "--weak_scaling", "--micro_batches", "2", "--zero_stages", "0",
+                               "--recompute", "none"]) == 0
+    lines = capsys.readouterr().out.splitlines()[-2:]
+    assert [ln.split()[:3] for ln in lines] == [["1", "2", "8"], ["2", "4", "16"]] and "100%" in lines[0]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"memory_bandwidth": -1}))
+    with pytest.raises(SystemExit, match="'memory_bandwidth' must be a positive number, got -1"):
+        main(common[:-4] + ["--profile", str(bad)])
+
+
+def test_the_memory_refusal_names_the_plans_fitting_layouts():
+    from infinitrain.nn.parallel import Layout, ParallelPlan
+    from infinitrain.plan.auto import fitting_layouts
+    plan = ParallelPlan(Layout(2))
+    names = fitting_layouts(plan, GPT2_PRESETS["tiny"], GPT2, 2, 64, 2, "float32", 2, 64 * 2**30)
+    assert len(names) == 3 and all(parse(n).world_size == 2 for n in names)
+    assert fitting_layouts(plan, GPT2_PRESETS["tiny"], GPT2, 2, 64, 2, "float32", 2, 2**20) == []
+
+
+@pytest.mark.mpi
+def test_layout_auto_trains_with_the_layout_the_plan_picks(tmp_path):
+    from helpers import example, write_tokens
+    out = example(2, "gpt2", ["--input_bin", write_tokens(tmp_path / "t.bin"), "--model", "tiny", "--layout", "auto",
+                              "--sequence_length", "32", "--total_batch_size", "256", "--num_iteration", "1",
+                              "--peak_tflops", "1"])
+    chosen = parse(out.split("layout auto: ")[1].split(" ")[0])
+    assert chosen.world_size == 2 and f"DP={chosen.dp}, TP={chosen.tp}" in out and "step    1/1" in out
+
+
+@pytest.mark.mpi
+def test_calibrate_on_two_ranks_measures_the_collectives(tmp_path):
+    import sys
+    out = run(launch(2) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output", tmp_path / "p.json",
+                           "--repeats", "1"], timeout=300, check=True)
+    assert "collectives over 2 ranks" in out.stdout
+    profile = Profile.load(tmp_path / "p.json")
+    assert profile["measured_ranks"] == 2 and profile["intra_node"]["all_reduce"]["beta"] > 0
