@@ -49,27 +49,6 @@ __device__ __forceinline__ void load_rows(T *dst, const T *src, int64_t first, i
     }
 }
 
-// The next tile of ROWS rows, fetched from global memory into registers while the block computes
-// on the current one in shared memory, then put there: the loads' latency hidden behind the
-// products (what cp.async does on the hardware, in plain loads the emulated GPU runs too).
-template <typename T, int D, int ROWS> struct NextTile {
-    static constexpr int kChunks = ROWS * D / 8, kPer = (kChunks + kThreads - 1) / kThreads;
-    Chunk c[kPer];
-    __device__ __forceinline__ void fetch(const T *src, int64_t first, int64_t total) {
-        for (int u = 0; u < kPer; u++) {
-            int i = threadIdx.x + u * kThreads, r = i / (D / 8), col = (i % (D / 8)) * 8;
-            c[u] = Chunk{{0, 0, 0, 0}};
-            if (i < kChunks && first + r < total) c[u] = *(const Chunk *)(src + (first + r) * D + col);
-        }
-    }
-    template <int LD> __device__ __forceinline__ void put(T *dst) const {
-        for (int u = 0; u < kPer; u++) {
-            int i = threadIdx.x + u * kThreads, r = i / (D / 8), col = (i % (D / 8)) * 8;
-            if (i < kChunks) *(Chunk *)(dst + r * LD + col) = c[u];
-        }
-    }
-};
-
 // a fragment whose element e holds its own row index: acc.x[e] belongs to row (int)rows.x[e]
 __device__ __forceinline__ void row_index(Accum &rows, float *table) {
     for (int i = threadIdx.x; i < 256; i += kThreads) table[i] = (float)(i / 16);
@@ -129,18 +108,11 @@ __global__ void __launch_bounds__(kThreads) flash_forward(T *out, float *lse, co
     int64_t block_last = causal ? q0 + kRows - 1 + shift : Tk - 1;  // the last key any row here sees
     if (block_last > Tk - 1) block_last = Tk - 1;
     const int64_t tiles = block_last < 0 ? 0 : block_last / BC + 1;
-    NextTile<T, D, BC> next_k, next_v;
-    next_k.fetch(kb, 0, Tk);
-    next_v.fetch(vb, 0, Tk);
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t k0 = t * BC;
-        next_k.template put<LDK>(kv);
-        next_v.template put<LDK>(vs);
+        load_rows<T, D, LDK>(kv, kb, k0, Tk, BC);
+        load_rows<T, D, LDK>(vs, vb, k0, Tk, BC);
         __syncthreads();
-        if (t + 1 < tiles) {
-            next_k.fetch(kb, k0 + BC, Tk);
-            next_v.fetch(vb, k0 + BC, Tk);
-        }
         for (int n = 0; n < BC / 16; n++) {  // S = Q K^T
             Accum s;
             wmma::fill_fragment(s, 0.0f);
@@ -234,18 +206,11 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq(T *dq, const T *do
     int64_t block_last = causal ? q0 + kRows - 1 + shift : Tk - 1;
     if (block_last > Tk - 1) block_last = Tk - 1;
     const int64_t tiles = block_last < 0 ? 0 : block_last / BC + 1;
-    NextTile<T, D, BC> next_k, next_v;
-    next_k.fetch(kb, 0, Tk);
-    next_v.fetch(vb, 0, Tk);
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t k0 = t * BC;
-        next_k.template put<LDK>(kv);
-        next_v.template put<LDK>(vs);
+        load_rows<T, D, LDK>(kv, kb, k0, Tk, BC);
+        load_rows<T, D, LDK>(vs, vb, k0, Tk, BC);
         __syncthreads();
-        if (t + 1 < tiles) {
-            next_k.fetch(kb, k0 + BC, Tk);
-            next_v.fetch(vb, k0 + BC, Tk);
-        }
         for (int n = 0; n < BC / 16; n++) {  // S = Q K^T, dP = dO V^T
             Accum s, p;
             wmma::fill_fragment(s, 0.0f);
@@ -321,32 +286,18 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dkv(T *dk, T *dv, con
     int64_t first = causal ? k0 - shift : 0, my_first = causal ? my_key - shift : 0;
     if (first < 0) first = 0;
     const bool my_key_real = my_key < Tk;
-    // the (query head, query tile) pairs this key block meets, one after the other
-    const int64_t istart = first / BQ * BQ, per_head = first < Tq ? (Tq - istart + BQ - 1) / BQ : 0;
-    NextTile<T, D, BQ> next_q, next_d;
-    float next_lse = -INFINITY, next_delta = 0.0f;
-    auto fetch = [&](int64_t u) {  // pair u's Q and dO tiles, and its rows' lse and delta
-        const int64_t bh = b * H + g * group + u / per_head, i0 = istart + (u % per_head) * BQ;
-        next_q.fetch(q + bh * Tq * D, i0, Tq);
-        next_d.fetch(dout + bh * Tq * D, i0, Tq);
-        if (threadIdx.x < BQ) {
-            bool row = i0 + threadIdx.x < Tq;
-            next_lse = row ? lse[bh * Tq + i0 + threadIdx.x] : -INFINITY;
-            next_delta = row ? delta[bh * Tq + i0 + threadIdx.x] : 0.0f;
-        }
-    };
-    if (per_head) fetch(0);
-    for (int64_t u = 0; u < group * per_head; u++) {
-        const int64_t i0 = istart + (u % per_head) * BQ;
-        {
-            next_q.template put<LDK>(qd);
-            next_d.template put<LDK>(dos);
-            if (threadIdx.x < BQ) {
-                lse2[threadIdx.x] = next_lse * kLog2e;  // -inf: a query that saw no key, no probability
-                dl[threadIdx.x] = next_delta;
+    for (int64_t hq = g * group; hq < (g + 1) * group; hq++) {
+        const int64_t bh = b * H + hq;
+        const T *qb = q + bh * Tq * D, *db = dout + bh * Tq * D;
+        for (int64_t i0 = first / BQ * BQ; i0 < Tq; i0 += BQ) {
+            load_rows<T, D, LDK>(qd, qb, i0, Tq, BQ);
+            load_rows<T, D, LDK>(dos, db, i0, Tq, BQ);
+            for (int i = threadIdx.x; i < BQ; i += kThreads) {
+                float x = i0 + i < Tq ? lse[bh * Tq + i0 + i] : -INFINITY;
+                lse2[i] = x * kLog2e;  // -inf: a query that saw no key, no probability
+                dl[i] = i0 + i < Tq ? delta[bh * Tq + i0 + i] : 0.0f;
             }
             __syncthreads();
-            if (u + 1 < group * per_head) fetch(u + 1);
             for (int n = 0; n < BQ / 16; n++) {  // S^T = K Q^T, dP^T = V dO^T
                 Accum s, p;
                 wmma::fill_fragment(s, 0.0f);
