@@ -165,6 +165,21 @@ def test_unary_ops_and_gradients_against_the_cpu(name, dtype):
 
 
 @needs_gpu
+def test_casts_between_float_dtypes_have_the_cpus_bits():
+    """float32 / bfloat16 / float16 among themselves (autocast's copies): rounding to nearest
+    even on ties, NaN, infinities, float16's overflow and subnormals, as the CPU casts."""
+    edge = [0.0, -0.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -9, 65504.0, 65520.0, 1e6, 2 ** -20, 6e-8, float("nan"),
+            float("inf"), -float("inf"), -3.14159]
+    x = it.from_numpy(np.concatenate([np.array(edge, np.float32), RNG.standard_normal(1000).astype(np.float32)]))
+    for a in ("float32", "bfloat16", "float16"):
+        for b in ("float32", "bfloat16", "float16"):
+            src = x.to(a)
+            got, want = src.to("cuda").to(b).cpu(), src.to(b)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.float().numpy(), want.float().numpy(), err_msg=f"{a} -> {b}")
+
+
+@needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kernels_against_the_cpu(dtype):
     (a, ag), (b, bg) = _pair((4, 1, 33), dtype), _pair((5, 33), dtype)
