@@ -5,7 +5,7 @@ examples would accept it. The checks are the engine's own, called on the candida
 ParallelPlan (every refusal of the flags), the pipeline's chunk_layers and schedule, the
 TensorParallel divisibility check on each width the model splits, CP's check of the sequence
 and a2a's split of the heads, the expert count over EP, the examples' accumulation arithmetic.
-tests/tools/test_plan.py builds the real model of every layout proposed for the tiny presets
+tests/tools/test_planner.py builds the real model of every layout proposed for the tiny presets
 to hold this list to the models' constructors."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..nn.parallel.context_parallel import ContextParallel
 from ..nn.parallel.context_parallel.a2a_attention import head_ranges
 from ..nn.parallel.expert_parallel import ExpertParallel
 from ..nn.parallel.layout import Layout
-from ..nn.parallel.plan import ParallelPlan
+from ..nn.parallel.plan import ParallelPlan, world_size_of
 from ..nn.parallel.pp.schedules import schedule
 from ..nn.parallel.pp.stage import chunk_layers
 from ..nn.parallel.tensor_parallel import TensorParallel
@@ -44,7 +44,7 @@ class Candidate:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return world_size_of(self.dp, self.tp, self.pp, self.cp)
 
     def layout(self) -> Layout:
         return Layout(self.world_size, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep)
@@ -114,8 +114,12 @@ def parse(text: str) -> Candidate:
                 raise ValueError(f"layout {text!r}: {key} must be an integer, got {value!r}") from None
     c = Candidate(**values)
     c = replace(c, sequence_parallel=bool(c.sequence_parallel))
-    if c.pp > 1 and c.pipeline_schedule is None:
-        c = replace(c, pipeline_schedule="interleaved" if c.virtual_pipeline_parallel > 1 else "1f1b")
+    if c.pp > 1 and c.pipeline_schedule is None:  # the schedule the examples default to
+        try:
+            default = ParallelPlan(c.layout(), virtual_pipeline_parallel=c.virtual_pipeline_parallel).pipeline_schedule
+        except ValueError:  # sizes the engine refuses: the refusal says why, later
+            default = None
+        c = replace(c, pipeline_schedule=default)
     return c
 
 
@@ -174,7 +178,7 @@ def _check_widths(config, model_class, c: Candidate) -> None:
         raise ValueError(f"--expert_parallel {c.ep} splits a mixture of experts' experts, and this model has none")
     if experts and c.ep > 1:
         ExpertParallel(_stand_in(c.ep)).num_local_experts(experts)
-    split = (c.tp if c.sequence_parallel else 1) * c.cp
+    split = c.plan().sequence_divisor
     if experts and c.tp > 1 and not c.sequence_parallel:  # nn.moe.layer.MoELayer's own two checks
         raise ValueError(f"mixture-of-experts layers under tensor parallelism ({c.tp}) need sequence "
                          "parallelism (--sequence_parallel): each TP rank routes its own part of the sequence")

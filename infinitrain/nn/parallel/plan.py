@@ -29,6 +29,11 @@ from .pp.schedules import SCHEDULES
 SPLITS = ("balanced", "even")
 
 
+def world_size_of(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """The ranks a layout of these sizes takes (EP is carved out of DP x CP: it adds none)."""
+    return dp * tp * pp * cp
+
+
 def check_offload(zero_stage: int, offload_optimizer, offload_param) -> None:
     """The offload options that compose: the parameters are offloaded only as ZeRO-3's pieces,
     and only to where the optimizer state is (the step updates them together). Also called by
