@@ -1,8 +1,8 @@
 """What the tests share: paths, the one environment and the runners of subprocesses (`run` for
 any program, `mpirun` and `example` for Python on N ranks: no test module starts a process
-itself), the multi-process training script and its one-process reference (cached), log parsing
-through the package's own parser, the equivalence assertion, and numeric references. Test
-modules import from here, never from each other."""
+itself), the multi-process training script (several of its runs batched into one job) and its
+one-process reference (cached), log parsing through the package's own parser, the equivalence
+assertion, and numeric references. Test modules import from here, never from each other."""
 from __future__ import annotations
 
 import os
@@ -76,6 +76,46 @@ def parallel_train(n: int, args, timeout: float = 300) -> str:
     out = mpirun(n, [PARALLEL_TRAIN, *args], timeout=timeout)
     assert out.count(" OK") == n, out
     return out
+
+
+def parallel_train_runs(n: int, runs, timeout: float = 300) -> list:
+    """Several runs of parallel_train (each a list of flags) one after the other in ONE job of n
+    ranks, each its own layout over all of them: one start, import and MPI setup for them all.
+    Returns what each run printed on rank 0 (losses() reads it)."""
+    runs = [list(r) for r in runs]
+    if len(runs) == 1:
+        return [parallel_train(n, runs[0], timeout)]
+    out = parallel_train(n, [w for i, r in enumerate(runs) for w in ["--then"] * (i > 0) + r],
+                         timeout + 60 * len(runs))
+    parts = re.split(rf"^{RANK0_PREFIX}run \d+$", out, flags=re.M)
+    assert len(parts) == len(runs) + 1, out
+    return parts[1:]
+
+
+class BatchedRuns:
+    """parallel_train runs a test module will ask for, started as one job per rank count
+    (parallel_train_runs): the module lists every (ranks, flags) up front; the first test that
+    asks for a run of n ranks runs all of n's, and every test reads its own run's lines. A run
+    not listed is started alone; a job that failed fails every test that asks for one of its runs."""
+
+    def __init__(self, runs):
+        self.listed = {}
+        for n, flags in runs:
+            self.listed.setdefault(n, {})[tuple(flags)] = None
+        self.done = {}
+
+    def __call__(self, n: int, flags) -> str:
+        key = (n, tuple(flags))
+        if key not in self.done:
+            batch = list(self.listed.get(n, {})) if key[1] in self.listed.get(n, {}) else [key[1]]
+            try:
+                outs = parallel_train_runs(n, batch)
+            except (AssertionError, subprocess.TimeoutExpired) as failed:
+                outs = [failed] * len(batch)
+            self.done.update({(n, f): out for f, out in zip(batch, outs)})
+        if isinstance(self.done[key], Exception):
+            raise AssertionError(f"the job of {n} ranks that ran {list(key[1])} failed:\n{self.done[key]}")
+        return self.done[key]
 
 
 def losses(stdout: str):

@@ -9,7 +9,7 @@ import infinitrain as it
 from infinitrain import nn
 from infinitrain.amp import autocast
 from infinitrain.autograd import checkpoint
-from helpers import assert_same, losses, parallel_train
+from helpers import BatchedRuns, assert_same, losses, one_process, parallel_train, parallel_train_runs
 
 
 def _block(x, lin):
@@ -54,8 +54,8 @@ COMMON = ["--vocab", "512", "--embd", "64", "--layers", "6", "--seq", "64", "--b
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 def test_recompute_gives_the_same_losses_with_less_memory(model):
-    runs = {mode: parallel_train(1, ["--model", model, *COMMON, "--recompute", mode])
-            for mode in ("none", "full", "selective")}
+    modes = ("none", "full", "selective")
+    runs = dict(zip(modes, parallel_train_runs(1, [["--model", model, *COMMON, "--recompute", m] for m in modes])))
     peak = {m: int(next(ln.split()[1] for ln in out.splitlines() if ln.startswith("activation_peak")))
             for m, out in runs.items()}
     print(model, {m: f"{v / 2**20:.1f} MB" for m, v in peak.items()})
@@ -65,18 +65,33 @@ def test_recompute_gives_the_same_losses_with_less_memory(model):
     assert peak["full"] < 0.5 * peak["none"] and peak["selective"] < 0.9 * peak["none"], peak
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("model,n,layers,flags", [
+LAYOUTS = [
     ("gpt2", 4, 2, ["--tp", "2", "--sp", "--micro", "2"]),
     ("llama3", 4, 2, ["--tp", "2", "--sp", "--micro", "2"]),
     ("gpt2", 4, 4, ["--pp", "2", "--micro", "4"]),
     ("llama3", 2, 2, ["--zero", "3", "--micro", "2"]),
-])
+]
+LORA = ["--model", "gpt2", "--lora", "4", "--steps", "4", "--batch", "8"]
+
+
+def _common(model, layers):
+    return ["--model", model, "--steps", "5", "--batch", "8", "--layers", str(layers)]
+
+
+# the parallel runs of the tests below as one job per rank count (the first test of each count starts it)
+RUNS = BatchedRuns([(n, _common(m, layers) + flags + ["--recompute", mode])
+                    for m, n, layers, flags in LAYOUTS for mode in ("full", "selective")]
+                   + [(4, LORA + ["--recompute", mode, "--tp", "2", "--sp", "--micro", "2"])
+                      for mode in ("full", "selective")])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model,n,layers,flags", LAYOUTS)
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_recompute_in_parallel_layouts_matches_one_process(model, n, layers, flags, mode):
-    common = ["--model", model, "--steps", "5", "--batch", "8", "--layers", str(layers)]
-    ref = losses(parallel_train(1, common))
-    got = losses(parallel_train(n, common + flags + ["--recompute", mode]))
+    common = _common(model, layers)
+    ref = one_process(*common)
+    got = losses(RUNS(n, common + flags + ["--recompute", mode]))
     assert_same(got, ref, "float32", f"{model} {mode} recomputation with {' '.join(flags)}")
 
 
@@ -85,10 +100,9 @@ def test_recompute_in_parallel_layouts_matches_one_process(model, n, layers, fla
 def test_recompute_with_lora_where_no_block_input_needs_a_gradient(mode):
     """LoRA freezes the embedding, so the first block's input needs no gradient and only the
     adapters inside the block train: the recomputed piece must still be recorded."""
-    common = ["--model", "gpt2", "--lora", "4", "--steps", "4", "--batch", "8"]
-    plain = losses(parallel_train(1, common))
-    assert losses(parallel_train(1, common + ["--recompute", mode])) == plain  # bit-identical
-    got = losses(parallel_train(4, common + ["--recompute", mode, "--tp", "2", "--sp", "--micro", "2"]))
+    plain = one_process(*LORA)
+    assert losses(parallel_train(1, LORA + ["--recompute", mode])) == plain  # bit-identical
+    got = losses(RUNS(4, LORA + ["--recompute", mode, "--tp", "2", "--sp", "--micro", "2"]))
     assert_same(got, plain, "float32", f"LoRA + {mode} recomputation, TP 2 + SP")
 
 

@@ -14,7 +14,7 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn.lora import apply_lora, merge_lora, unmerge_lora
 from infinitrain.optim import AdamW
-from helpers import assert_same, example, losses, parallel_train
+from helpers import BatchedRuns, assert_same, example, losses
 
 
 def tiny(kind="gpt2"):
@@ -115,8 +115,7 @@ def test_adapters_save_and_load_alone(tmp_path):
         apply_lora(tiny(), 0)
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("model,n,flags,dtype", [
+LAYOUTS = [
     ("gpt2", 2, [], "float32"),
     ("gpt2", 4, ["--tp", "2", "--sp", "--micro", "2"], "float32"),
     ("llama3", 4, ["--tp", "4"], "float32"),
@@ -125,21 +124,50 @@ def test_adapters_save_and_load_alone(tmp_path):
     ("gpt2", 8, ["--tp", "2", "--pp", "2", "--micro", "2"], "float32"),
     ("llama3", 8, ["--tp", "2", "--sp", "--pp", "2", "--vpp", "2", "--layers", "4", "--micro", "4"], "float32"),
     ("gpt2", 4, ["--tp", "2", "--sp", "--micro", "2"], "bfloat16"),
-])
-def test_lora_in_parallel_layouts_matches_one_process(model, n, flags, dtype, tmp_path):
+]
+
+
+def _lora_flags(model, flags, dtype):
+    """(the one-process run's flags, the layout's own)."""
     layers = flags[flags.index("--layers") + 1] if "--layers" in flags else "2"
     common = ["--model", model, "--lora", "4", "--steps", "5", "--batch", "8", "--layers", layers,
               "--dtype", dtype, "--lr", "1e-2" if dtype == "float32" else "3e-3"]
-    rest = [f for i, f in enumerate(flags) if f != "--layers" and (i == 0 or flags[i - 1] != "--layers")]
-    ref = losses(parallel_train(1, common + ["--lora_save", str(tmp_path / "one")]))
-    got = losses(parallel_train(n, common + rest + ["--lora_save", str(tmp_path / "par")]))
-    assert_same(got, ref, dtype, f"{model} LoRA {' '.join(flags) or 'DP 2'} {dtype}")
+    return common, [f for i, f in enumerate(flags) if f != "--layers" and (i == 0 or flags[i - 1] != "--layers")]
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+    """Each layout's run, saving its adapters in a folder of its own, as one job per rank count;
+    each one-process reference (a model, its layers and dtype) once: (n, flags, dtype) -> the
+    run's output and folder, and the reference's."""
+    root = tmp_path_factory.mktemp("lora")
+    refs, runs = {}, []
+    for i, (model, n, flags, dtype) in enumerate(LAYOUTS):
+        common, rest = _lora_flags(model, flags, dtype)
+        refs.setdefault(tuple(common), root / f"one-{len(refs)}")
+        runs.append((n, common + rest + ["--lora_save", str(root / f"par-{i}")]))
+    batched = BatchedRuns([(1, list(c) + ["--lora_save", str(d)]) for c, d in refs.items()] + runs)
+
+    def result(model, n, flags, dtype):
+        common, rest = _lora_flags(model, flags, dtype)
+        one = refs[tuple(common)]
+        i = LAYOUTS.index((model, n, flags, dtype))
+        return (batched(1, common + ["--lora_save", str(one)]), one,
+                batched(n, common + rest + ["--lora_save", str(root / f"par-{i}")]), root / f"par-{i}")
+    return result
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model,n,flags,dtype", LAYOUTS)
+def test_lora_in_parallel_layouts_matches_one_process(model, n, flags, dtype, lora_runs):
+    ref_out, ref_dir, par_out, par_dir = lora_runs(model, n, flags, dtype)
+    assert_same(losses(par_out), losses(ref_out), dtype, f"{model} LoRA {' '.join(flags) or 'DP 2'} {dtype}")
     if dtype == "float32":  # the adapters they end with, gathered to one-process tensors
         one = {}
-        for f in (tmp_path / "one").glob("*.safetensors"):
+        for f in ref_dir.glob("*.safetensors"):
             one.update(load_file(str(f)))
         par = {}
-        for f in (tmp_path / "par").glob("*.safetensors"):
+        for f in par_dir.glob("*.safetensors"):
             par.update(load_file(str(f)))
         assert sorted(one) == sorted(par)
         for k in one:  # a misplaced shard would be off by O(1); AdamW's round-off is ~1e-4 of an element

@@ -11,7 +11,8 @@ import pytest
 
 from infinitrain.nn.parallel import Layout
 from infinitrain.nn.parallel.context_parallel import ContextParallel
-from helpers import MPI_SCRIPTS, assert_same, example, losses, mpirun, one_process, parallel_train
+from helpers import (MPI_SCRIPTS, BatchedRuns, assert_same, example, losses, mpirun, one_process, parallel_train,
+                     parallel_train_runs)
 
 LR = {"float32": "1e-2", "bfloat16": "3e-3"}
 
@@ -93,7 +94,7 @@ FP32_RUNS = [(m, n, f) for n, f in CASES for m in ("gpt2", "llama3")
                          ids=[f"{n}ranks{''.join(f)}-{m}".replace("--", "-") for m, n, f in FP32_RUNS])
 def test_context_parallel_fp32_matches_one_process(model, n, flags):
     extra = ["--layers", flags[flags.index("--layers") + 1]] if "--layers" in flags else []
-    got = losses(parallel_train(n, ["--model", model, "--lr", LR["float32"], *flags]))
+    got = losses(RUNS(n, _fp32(model, flags)))
     assert_same(got, reference(model, "float32", *extra), "float32", f"{model} {n} ranks {flags}")
 
 
@@ -115,8 +116,33 @@ A2A_CASES = [  # all-to-all attention (DeepSpeed-Ulysses): the heads split over 
 @pytest.mark.parametrize("n,flags,model", A2A_CASES,
                          ids=[f"{n}ranks{''.join(f)}-{m}".replace("--", "-") for n, f, m in A2A_CASES])
 def test_all_to_all_context_parallel_matches_one_process(model, n, flags):
-    got = losses(parallel_train(n, ["--model", model, "--lr", LR["float32"], "--cp_comm", "a2a", *flags]))
+    got = losses(RUNS(n, _a2a(model, flags)))
     assert_same(got, reference(model, "float32"), "float32", f"{model} {n} ranks a2a {flags}")
+
+
+BF16_CASES = [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp"]), (2, ["--cp", "2", "--cp_comm", "a2a"])]
+
+
+def _fp32(model, flags):
+    return ["--model", model, "--lr", LR["float32"], *flags]
+
+
+def _a2a(model, flags):
+    return ["--model", model, "--lr", LR["float32"], "--cp_comm", "a2a", *flags]
+
+
+def _bf16(model, flags):
+    return ["--model", model, "--dtype", "bfloat16", "--lr", LR["bfloat16"], *flags]
+
+
+def _lora(model):
+    return ["--model", model, "--lora", "4", "--steps", "5", "--lr", LR["float32"]]
+
+
+# every layout above and below run as one job per rank count (the first test of each count starts it)
+RUNS = BatchedRuns([(n, _fp32(m, f)) for m, n, f in FP32_RUNS] + [(n, _a2a(m, f)) for n, f, m in A2A_CASES]
+                   + [(n, _bf16(m, f)) for m in ("gpt2", "llama3") for n, f in BF16_CASES]
+                   + [(2, _lora(m) + ["--cp", "2"]) for m in ("gpt2", "llama3")])
 
 
 def test_the_hybrids_all_to_all_groups_are_one_nodes_cp_ranks_unless_sized():
@@ -146,19 +172,17 @@ def test_all_to_all_refuses_heads_that_do_not_split():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
-@pytest.mark.parametrize("n,flags", [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp"]),
-                                     (2, ["--cp", "2", "--cp_comm", "a2a"])],
-                         ids=["cp2", "cp2-tp2sp", "cp2-a2a"])
+@pytest.mark.parametrize("n,flags", BF16_CASES, ids=["cp2", "cp2-tp2sp", "cp2-a2a"])
 def test_context_parallel_bf16_matches_one_process(model, n, flags):
-    got = losses(parallel_train(n, ["--model", model, "--dtype", "bfloat16", "--lr", LR["bfloat16"], *flags]))
+    got = losses(RUNS(n, _bf16(model, flags)))
     assert_same(got, reference(model, "bfloat16"), "bfloat16", f"{model} bf16 {n} ranks {flags}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 def test_lora_under_context_parallelism_matches_one_process(model):
-    common = ["--model", model, "--lora", "4", "--steps", "5", "--lr", LR["float32"]]
-    assert_same(losses(parallel_train(2, common + ["--cp", "2"])), losses(parallel_train(1, common)),
+    common = _lora(model)
+    assert_same(losses(RUNS(2, common + ["--cp", "2"])), losses(parallel_train(1, common)),
                 "float32", f"{model} LoRA CP 2")
 
 
@@ -167,11 +191,16 @@ def test_a_cp2_tp2_checkpoint_resumes_at_one_process_and_at_cp4(tmp_path):
     """And the other way: one process's checkpoint resumes at CP2 x DP2."""
     common = ["--model", "llama3", "--lr", LR["float32"], "--seq", "32"]
     whole = losses(parallel_train(1, common))[0][::2]
-    parallel_train(4, common + ["--cp", "2", "--tp", "2", "--sp", "--steps", "5", "--save", str(tmp_path / "ck")])
     parallel_train(1, common + ["--steps", "5", "--save", str(tmp_path / "one")])
-    for n, flags, ck in ((1, [], "ck"), (4, ["--cp", "4"], "ck"), (4, ["--cp", "2"], "one")):
-        got = losses(parallel_train(n, common + flags + ["--load", str(tmp_path / ck), "--first", "6"]))[0][::2]
-        np.testing.assert_allclose(got, whole[5:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags} from {ck}")
+    resume = ["--load", str(tmp_path / "ck"), "--first", "6"]
+    # saved and resumed in one job of 4 ranks: each run starts when the one before has finished
+    _, at_cp4, from_one = parallel_train_runs(4, [
+        common + ["--cp", "2", "--tp", "2", "--sp", "--steps", "5", "--save", str(tmp_path / "ck")],
+        common + ["--cp", "4"] + resume,
+        common + ["--cp", "2", "--load", str(tmp_path / "one"), "--first", "6"]])
+    at_one = parallel_train(1, common + resume)
+    for out, what in ((at_one, "1 rank from ck"), (at_cp4, "CP 4 from ck"), (from_one, "CP 2 x DP 2 from one")):
+        np.testing.assert_allclose(losses(out)[0][::2], whole[5:], rtol=1e-5, atol=0, err_msg=what)
 
 
 @pytest.mark.mpi

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from infinitrain.nn.parallel.expert_parallel import ExpertParallel
-from helpers import ENV, MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train
+from helpers import (ENV, MPI_SCRIPTS, BatchedRuns, assert_same, losses, mpirun, one_process, parallel_train,
+                     parallel_train_runs)
 
 
 class _Group:  # what ExpertParallel reads of a process group
@@ -59,13 +60,21 @@ LAYOUTS = [
 ]
 
 MODEL_FLAGS = ("--micro", "--moe_aux", "--moe_capacity", "--layers")  # what the one-process run takes too
+BF16 = MOE + ["--dtype", "bfloat16"]
+FORCED = MOE + ["--moe_top_k", "1", "--one_expert"]
+BIASED = MOE + ["--moe_router", "sigmoid", "--moe_bias_rate", "1e-2"]
+BIASED_LAYOUTS = [(4, ["--ep", "2"]), (4, ["--ep", "2", "--tp", "2", "--sp"])]
+# every layout against one process below run as one job per rank count (the first test of each
+# count starts it)
+RUNS = BatchedRuns([(n, MOE + flags) for n, flags in LAYOUTS] + [(n, BIASED + flags) for n, flags in BIASED_LAYOUTS]
+                   + [(2, BF16 + ["--ep", "2"]), (4, FORCED + ["--ep", "4"]), (1, BIASED)])
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,flags", LAYOUTS, ids=[f"{n}ranks{''.join(f)}".replace("--", "-") for n, f in LAYOUTS])
 def test_a_moe_llama_trains_as_one_process_in_every_expert_parallel_layout(n, flags):
     model = [v for k, v in zip(flags, flags[1:]) for v in (k, v) if k in MODEL_FLAGS]
-    assert_same(losses(parallel_train(n, MOE + flags)), one_process(*MOE, *model), "float32", f"{n} ranks {flags}")
+    assert_same(losses(RUNS(n, MOE + flags)), one_process(*MOE, *model), "float32", f"{n} ranks {flags}")
 
 
 @pytest.mark.mpi
@@ -76,16 +85,14 @@ def test_expert_parallelism_with_the_optimizer_state_offloaded_to_disk(tmp_path)
 
 @pytest.mark.mpi
 def test_a_moe_llama_trains_as_one_process_in_bf16_under_expert_parallelism():
-    bf16 = MOE + ["--dtype", "bfloat16"]
-    assert_same(losses(parallel_train(2, bf16 + ["--ep", "2"])), one_process(*bf16), "bfloat16", "bf16 EP 2")
+    assert_same(losses(RUNS(2, BF16 + ["--ep", "2"])), one_process(*BF16), "bfloat16", "bf16 EP 2")
 
 
 @pytest.mark.mpi
 def test_every_token_routed_to_one_expert_leaves_the_other_ranks_idle_not_hung():
     """Routers at zero with top-1 (the weight is 1, so they stay at zero): every token goes to
     expert 0 on EP rank 0; the other ranks' experts receive nothing, every step."""
-    forced = MOE + ["--moe_top_k", "1", "--one_expert"]
-    assert_same(losses(parallel_train(4, forced + ["--ep", "4"])), one_process(*forced), "float32", "one expert")
+    assert_same(losses(RUNS(4, FORCED + ["--ep", "4"])), one_process(*FORCED), "float32", "one expert")
 
 
 @pytest.mark.mpi
@@ -94,12 +101,19 @@ def test_an_ep4_checkpoint_resumes_at_one_process_ep2_tp_pp_and_zero(tmp_path):
     optimizer state at EP 2 resumes at EP 4 the other way)."""
     whole = one_process(*MOE, "--steps", "6")[0][::2]
     save = ["--steps", "3", "--save"]
-    parallel_train(4, MOE + ["--ep", "4"] + save + [str(tmp_path / "ep4")])
-    parallel_train(4, MOE + ["--ep", "2", "--zero", "2"] + save + [str(tmp_path / "ep2zero")])
-    for n, flags, ck in ((1, [], "ep4"), (2, ["--ep", "2"], "ep4"), (4, ["--ep", "2", "--tp", "2", "--sp"], "ep4"),
-                         (4, ["--ep", "2", "--pp", "2"], "ep4"), (4, ["--ep", "4"], "ep2zero")):
-        got = losses(parallel_train(n, MOE + flags + ["--steps", "6", "--load", str(tmp_path / ck), "--first", "4"]))
-        np.testing.assert_allclose(got[0][::2], whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags} from {ck}")
+
+    def resume(flags, ck):
+        return MOE + flags + ["--steps", "6", "--load", str(tmp_path / ck), "--first", "4"]
+    at_4 = [(4, ["--ep", "2", "--tp", "2", "--sp"], "ep4"), (4, ["--ep", "2", "--pp", "2"], "ep4"),
+            (4, ["--ep", "4"], "ep2zero")]  # resumed in the job of 4 that saved, one run after another
+    _, _, *outs = parallel_train_runs(4, [MOE + ["--ep", "4"] + save + [str(tmp_path / "ep4")],
+                                          MOE + ["--ep", "2", "--zero", "2"] + save + [str(tmp_path / "ep2zero")]]
+                                      + [resume(flags, ck) for _, flags, ck in at_4])
+    others = [(1, [], "ep4"), (2, ["--ep", "2"], "ep4")]
+    outs += [parallel_train(n, resume(flags, ck)) for n, flags, ck in others]
+    for (n, flags, ck), out in zip(at_4 + others, outs):
+        np.testing.assert_allclose(losses(out)[0][::2], whole[3:], rtol=1e-5, atol=0,
+                                   err_msg=f"{n} ranks {flags} from {ck}")
 
 
 @pytest.mark.mpi
@@ -121,24 +135,19 @@ def test_the_example_trains_a_moe_preset_at_ep2_as_one_process_and_exports_every
     assert experts == {"0", "1", "2", "3"}, experts
 
 
-BIASED = MOE + ["--moe_router", "sigmoid", "--moe_bias_rate", "1e-2"]
-
-
 def _biases(stdout: str) -> list:
     import re
     return re.search(r"biases (.*)$", stdout, re.M).group(1).split()
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n,flags", [(4, ["--ep", "2"]), (4, ["--ep", "2", "--tp", "2", "--sp"])],
-                         ids=["ep2-dp2", "ep2-tp2sp"])
+@pytest.mark.parametrize("n,flags", BIASED_LAYOUTS, ids=["ep2-dp2", "ep2-tp2sp"])
 def test_the_selection_biases_move_as_in_one_process(n, flags):
     """DeepSeek-V3's bias balancing (a sigmoid router): each step's loads summed over DP x CP
     (and the sequence-parallel TP ranks) move the biases; after the steps they are the one
     process's, bit for bit, and so are the losses. (PP and CP sum the loads over the same
     group as DP: checked by hand, left out for the suite's time.)"""
-    one = parallel_train(1, BIASED)
-    got = parallel_train(n, BIASED + flags)
+    one, got = RUNS(1, BIASED), RUNS(n, BIASED + flags)
     assert _biases(got) == _biases(one) and len(set(_biases(one))) > 1, (_biases(got), _biases(one))
     assert_same(losses(got), losses(one), "float32", f"biased routing, {n} ranks {flags}")
 

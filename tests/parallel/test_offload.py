@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from helpers import example, parallel_train
+from helpers import example, parallel_train_runs
 
 COMMON = ["--batch", "8", "--steps", "4", "--micro", "2", "--clip", "0.5", "--lr", "3e-3"]
 
@@ -24,8 +24,8 @@ def _result(stdout: str) -> list:
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 def test_offloaded_state_gives_the_same_bits_at_every_zero_stage(tmp_path, model, stage):
     flags = ["--model", model, *COMMON, "--zero", str(stage)]
-    plain = _result(parallel_train(2, flags))
-    offloaded = _result(parallel_train(2, flags + ["--offload", "nvme", "--offload_path", str(tmp_path)]))
+    plain, offloaded = map(_result, parallel_train_runs(2, [flags, flags + ["--offload", "nvme", "--offload_path",
+                                                                             str(tmp_path)]]))
     assert len(plain) == 6 and offloaded == plain
     assert list(tmp_path.iterdir()) == []  # the scratch files went with the processes
 
@@ -34,14 +34,14 @@ def test_offloaded_state_gives_the_same_bits_at_every_zero_stage(tmp_path, model
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 def test_checkpoints_resume_across_offload_both_ways(tmp_path, model):
     common = ["--model", model, *COMMON[:-4], "--clip", "0.5", "--lr", "3e-3", "--micro", "2"]
-    whole = _result(parallel_train(2, common + ["--zero", "2", "--steps", "6"]))
     offload = ["--offload", "nvme", "--offload_path", str(tmp_path)]
+    runs = [common + ["--zero", "2", "--steps", "6"]]  # all in one job, one run after another
     for first, second in ((offload, []), ([], offload)):
         ck = tmp_path.parent / f"ck-{model}-{bool(first)}"
-        parallel_train(2, common + ["--zero", "2", "--steps", "3", "--save", str(ck)] + first)
-        resumed = _result(parallel_train(2, common + ["--zero", "2", "--steps", "6", "--first", "4",
-                                                      "--load", str(ck)] + second))
-        assert resumed[:3] == whole[3:6], (first, second)
+        runs += [common + ["--zero", "2", "--steps", "3", "--save", str(ck)] + first,
+                 common + ["--zero", "2", "--steps", "6", "--first", "4", "--load", str(ck)] + second]
+    whole, _, resumed_plain, _, resumed_offloaded = map(_result, parallel_train_runs(2, runs))
+    assert resumed_plain[:3] == whole[3:6] and resumed_offloaded[:3] == whole[3:6]
 
 
 @pytest.mark.mpi
@@ -52,13 +52,14 @@ def test_offloaded_parameters_give_the_same_bits_and_resume_both_ways(tmp_path, 
     common = ["--model", model, *COMMON[:-4], "--clip", "0.5", "--lr", "3e-3", "--micro", "2", "--zero", "3"]
     offload = ["--offload", "nvme", "--offload_path", str(tmp_path), "--offload_param", "nvme",
                "--offload_buffer_mb", "0.5"]  # many blocks: parameters and units cut across them
-    whole = _result(parallel_train(2, common + ["--steps", "6"]))
-    assert _result(parallel_train(2, common + ["--steps", "6"] + offload)) == whole
+    runs = [common + ["--steps", "6"], common + ["--steps", "6"] + offload]  # all in one job, one after another
     for first, second in ((offload, []), ([], offload)):
         ck = tmp_path.parent / f"ck-param-{model}-{bool(first)}"
-        parallel_train(2, common + ["--steps", "3", "--save", str(ck)] + first)
-        resumed = _result(parallel_train(2, common + ["--steps", "6", "--first", "4", "--load", str(ck)] + second))
-        assert resumed[:3] == whole[3:6], (first, second)
+        runs += [common + ["--steps", "3", "--save", str(ck)] + first,
+                 common + ["--steps", "6", "--first", "4", "--load", str(ck)] + second]
+    whole, offloaded, _, resumed_plain, _, resumed_offloaded = map(_result, parallel_train_runs(2, runs))
+    assert offloaded == whole
+    assert resumed_plain[:3] == whole[3:6] and resumed_offloaded[:3] == whole[3:6]
     assert list(tmp_path.iterdir()) == []
 
 

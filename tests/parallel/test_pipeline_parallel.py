@@ -20,7 +20,7 @@ from infinitrain.models.gpt2 import GPT2
 from infinitrain.models.llama3 import LLaMA3
 from infinitrain.nn.parallel.pp import PipelineStage, chunk_layers, schedule, simulate
 
-from helpers import assert_same, losses, one_process, parallel_train, write_llmc
+from helpers import BatchedRuns, assert_same, losses, one_process, parallel_train, parallel_train_runs, write_llmc
 
 LAYERS = ["--layers", "8", "--batch", "8", "--steps", "6"]
 # 8 layers at lr 1e-2 already amplify round-off chaotically (TP 2 alone drifts by 4e-5 in 6
@@ -169,23 +169,33 @@ FP32_CASES = [  # (ranks, flags); micro-batches M per DP rank
 ]
 
 
+BF16_CASES = [(8, ["--pp", "8", "--micro", "4"]), (4, ["--pp", "4", "--vpp", "2", "--micro", "2"]),
+              (8, ["--tp", "2", "--sp", "--pp", "2", "--vpp", "2", "--micro", "2"])]
+
+
+def _run(model, dtype, flags):
+    return ["--model", model, "--dtype", dtype, "--lr", LR[dtype], *LAYERS, *flags]
+
+
+# every layout of the two tests below run as one job per rank count (the first test of each count starts it)
+RUNS = BatchedRuns([(n, _run(m, "float32", f)) for n, f in FP32_CASES for m in ("gpt2", "llama3")]
+                   + [(n, _run(m, "bfloat16", f)) for n, f in BF16_CASES for m in ("gpt2", "llama3")])
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 @pytest.mark.parametrize("n,flags", FP32_CASES, ids=["".join(f).replace("--", "-") for _, f in FP32_CASES])
 def test_pipeline_fp32_matches_one_process(model, n, flags):
     ref_flags = ["--clip", flags[flags.index("--clip") + 1]] if "--clip" in flags else []
-    got = losses(parallel_train(n, ["--model", model, "--lr", LR["float32"], *LAYERS, *flags]))
+    got = losses(RUNS(n, _run(model, "float32", flags)))
     assert_same(got, reference(model, "float32", *ref_flags), "float32", f"{model} {n} ranks {flags}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
-@pytest.mark.parametrize("n,flags", [(8, ["--pp", "8", "--micro", "4"]),
-                                     (4, ["--pp", "4", "--vpp", "2", "--micro", "2"]),
-                                     (8, ["--tp", "2", "--sp", "--pp", "2", "--vpp", "2", "--micro", "2"])],
-                         ids=["pp8", "pp4-vpp2", "tp2sp-pp2-vpp2-dp2"])
+@pytest.mark.parametrize("n,flags", BF16_CASES, ids=["pp8", "pp4-vpp2", "tp2sp-pp2-vpp2-dp2"])
 def test_pipeline_bf16_matches_one_process(model, n, flags):
-    got = losses(parallel_train(n, ["--model", model, "--dtype", "bfloat16", "--lr", LR["bfloat16"], *LAYERS, *flags]))
+    got = losses(RUNS(n, _run(model, "bfloat16", flags)))
     assert_same(got, reference(model, "bfloat16"), "bfloat16", f"{model} bf16 {n} ranks {flags}")
 
 
@@ -194,8 +204,9 @@ def test_the_three_schedules_agree_and_1f1b_holds_fewer_activations():
     """GPipe, 1F1B and interleaved 1F1B on PP 2 with M = 8 >= 2P micro-batches: the same losses
     within 1e-6; on the first stage 1F1B's activation peak is below GPipe's."""
     common = ["--layers", "4", "--batch", "16", "--seq", "64", "--steps", "3", "--pp", "2", "--micro", "8"]
-    out = {s: parallel_train(2, common + ["--schedule", s] + (["--vpp", "2"] if s == "interleaved" else []))
-           for s in ("gpipe", "1f1b", "interleaved")}
+    schedules = ("gpipe", "1f1b", "interleaved")
+    out = dict(zip(schedules, parallel_train_runs(2, [common + ["--schedule", s] + ["--vpp", "2"] * (s == "interleaved")
+                                                      for s in schedules])))
     got = {s: losses(o)[0][::2] for s, o in out.items()}
     peak = {s: int(re.search(rf"^{RANK0_PREFIX}activation_peak (\d+)$", o, re.M).group(1)) for s, o in out.items()}
     print("losses", got, "\nstage-0 activation peak (bytes)", peak)
@@ -211,7 +222,7 @@ def test_sent_outputs_give_their_memory_back_and_change_no_bit():
     peak by about 7 of them and leaves every loss, norm and parameter bit-identical."""
     common = ["--layers", "4", "--embd", "64", "--batch", "16", "--seq", "64", "--steps", "3", "--pp", "2",
               "--micro", "8", "--schedule", "gpipe"]
-    freed, kept = parallel_train(2, common), parallel_train(2, common + ["--keep_sent"])
+    freed, kept = parallel_train_runs(2, [common, common + ["--keep_sent"]])
     result = lambda o: re.findall(rf"^{RANK0_PREFIX}((?:loss|digest|sample) .*)$", o, re.M)  # noqa: E731
     assert result(freed) == result(kept) and len(result(freed)) >= 3
     peak = {k: int(re.search(rf"^{RANK0_PREFIX}activation_peak (\d+)$", o, re.M).group(1))
@@ -248,14 +259,17 @@ def test_3d_checkpoint_resumes_under_any_layout(tmp_path):
     layout, one process, TP4 x DP2 and PP4 x V2: the uninterrupted one-process losses."""
     common = ["--layers", "8", "--batch", "8", "--micro", "2", "--clip", "0.5"]
     whole = losses(parallel_train(1, common + ["--steps", "8"]))[0][::2]
-    parallel_train(8, common + ["--tp", "2", "--pp", "2", "--steps", "5", "--save", str(tmp_path / "ck")])
+    resume = common + ["--steps", "8", "--first", "6", "--load", str(tmp_path / "ck")]
+    at_8 = [["--tp", "2", "--pp", "2"], ["--tp", "4"]]  # resumed in the job of 8 that saved, one run after another
+    save = common + ["--tp", "2", "--pp", "2", "--steps", "5", "--save", str(tmp_path / "ck")]
+    _, *outs = parallel_train_runs(8, [save] + [resume + flags for flags in at_8])
     files = sorted(p.name for p in (tmp_path / "ck" / "step_000005").iterdir())
     assert files == ["meta.json", "model-stage-0-of-2.safetensors", "model-stage-1-of-2.safetensors",
                      "optimizer-stage-0-of-2.safetensors", "optimizer-stage-1-of-2.safetensors"], files
-    resume = common + ["--steps", "8", "--first", "6", "--load", str(tmp_path / "ck")]
-    for n, flags in ((8, ["--tp", "2", "--pp", "2"]), (1, []), (8, ["--tp", "4"]),
-                     (4, ["--pp", "4", "--vpp", "2"])):
-        got = losses(parallel_train(n, resume + flags))[0][::2]
+    others = [(1, []), (4, ["--pp", "4", "--vpp", "2"])]
+    outs += [parallel_train(n, resume + flags) for n, flags in others]
+    for (n, flags), out in zip([(8, f) for f in at_8] + others, outs):
+        got = losses(out)[0][::2]
         print(n, flags, got, whole[5:])
         np.testing.assert_allclose(got, whole[5:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")
 

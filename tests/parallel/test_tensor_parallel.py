@@ -6,8 +6,8 @@ Each multi-rank run also checks that replicated parameters stay bit-identical ac
 import pytest
 
 from infinitrain.nn.parallel import tensor_parallel as tpm
-from helpers import (ENV, MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train, reference_model,
-                     write_llmc)
+from helpers import (ENV, MPI_SCRIPTS, BatchedRuns, assert_same, losses, mpirun, one_process, parallel_train,
+                     reference_model, write_llmc)
 
 # bf16 with AdamW at a high learning rate amplifies round-off chaotically (even DP alone, which
 # only sums gradients in another order, drifts by 5e-3 over 10 steps at lr 1e-2): bf16 runs
@@ -34,20 +34,31 @@ CASES = [  # (ranks, flags): DP = ranks / TP
 ]
 
 
+BF16_CASES = [(4, ["--tp", "4", "--sp"]), (4, ["--tp", "2"])]
+
+
+def _run(model, dtype, flags):
+    return ["--model", model, "--dtype", dtype, "--lr", LR[dtype], *flags]
+
+
+# every layout of the two tests below run as one job per rank count (the first test of each count starts it)
+RUNS = BatchedRuns([(n, _run(m, "float32", f)) for n, f in CASES for m in ("gpt2", "llama3")]
+                   + [(n, _run(m, "bfloat16", f)) for n, f in BF16_CASES for m in ("gpt2", "llama3")])
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 @pytest.mark.parametrize("n,flags", CASES, ids=[f"{n}ranks{''.join(f)}" for n, f in CASES])
 def test_tensor_parallel_fp32_matches_one_process(model, n, flags):
-    got = losses(parallel_train(n, ["--model", model, "--lr", LR["float32"], *flags]))
+    got = losses(RUNS(n, _run(model, "float32", flags)))
     assert_same(got, reference(model, "float32"), "float32", f"{model} {n} ranks {flags}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
-@pytest.mark.parametrize("n,flags", [(4, ["--tp", "4", "--sp"]), (4, ["--tp", "2"])],
-                         ids=["tp4sp", "dp2tp2"])
+@pytest.mark.parametrize("n,flags", BF16_CASES, ids=["tp4sp", "dp2tp2"])
 def test_tensor_parallel_bf16_matches_one_process(model, n, flags):
-    got = losses(parallel_train(n, ["--model", model, "--dtype", "bfloat16", "--lr", LR["bfloat16"], *flags]))
+    got = losses(RUNS(n, _run(model, "bfloat16", flags)))
     assert_same(got, reference(model, "bfloat16"), "bfloat16", f"{model} bf16 {n} ranks {flags}")
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from infinitrain.plot import RANK0_PREFIX
 
-from helpers import MPI_SCRIPTS, assert_same, losses, mpirun, one_process, parallel_train, step_losses
+from helpers import (MPI_SCRIPTS, BatchedRuns, assert_same, losses, mpirun, one_process, parallel_train,
+                     parallel_train_runs, step_losses)
 
 CHECKS = str(MPI_SCRIPTS / "zero3_checks.py")
 
@@ -21,12 +22,35 @@ def reference(model, dtype, *flags):
     return one_process("--model", model, "--dtype", dtype, "--lr", "3e-3", *COMMON, *flags)
 
 
+DP_CASES = [("gpt2", 2, 2), ("gpt2", 8, 1), ("llama3", 4, 2)]  # (model, DP, micro-batches)
+THREE_D = ["--layers", "4", "--tp", "2", "--pp", "2", "--micro", "2"]
+INTERLEAVED = ["--layers", "4", "--pp", "2", "--vpp", "2", "--zero", "2", "--micro", "4"]
+BF16_CASES = [(1, 8), (2, 2), (1, 4), (2, 4), (3, 4), (3, 2), (3, 8)]  # (stage, DP)
+
+
+def _run(model, *flags, dtype="float32"):
+    return ["--model", model, "--dtype", dtype, "--lr", "3e-3", *COMMON, *flags]
+
+
+def _bf16(stage, n):
+    return _run("llama3", "--zero", str(stage), "--micro", "2" if n < 8 else "1", dtype="bfloat16")
+
+
+# every layout of the tests below against one process run as one job per rank count (the first
+# test of each count starts it)
+RUNS = BatchedRuns(
+    [(n, _run(m, "--zero", str(s), "--micro", str(micro))) for m, n, micro in DP_CASES for s in (1, 2, 3)]
+    + [(4, _run(m, "--zero", str(s), "--micro", "2", "--tp", "2", "--sp"))
+       for m in ("gpt2", "llama3") for s in (1, 2, 3)]
+    + [(8, _run(m, *THREE_D, "--zero", str(s))) for m in ("gpt2", "llama3") for s in (1, 2)]
+    + [(4, _run("gpt2", *INTERLEAVED))] + [(n, _bf16(s, n)) for s, n in BF16_CASES])
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage", [1, 2, 3])
-@pytest.mark.parametrize("model,n,micro", [("gpt2", 2, 2), ("gpt2", 8, 1), ("llama3", 4, 2)])
+@pytest.mark.parametrize("model,n,micro", DP_CASES)
 def test_zero_fp32_matches_one_process(model, n, micro, stage):
-    got = losses(parallel_train(n, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage),
-                                    "--micro", str(micro)]))
+    got = losses(RUNS(n, _run(model, "--zero", str(stage), "--micro", str(micro))))
     assert_same(got, reference(model, "float32"), "float32", f"{model} ZeRO-{stage} DP {n} M {micro}")
 
 
@@ -37,8 +61,7 @@ def test_zero_with_tensor_and_sequence_parallelism_matches_one_process(model, st
     """DP 2 x TP 2 + SP: ZeRO shards each TP rank's slices over DP (stage 3 gathers a unit's
     slices over DP only); SP gradients are summed over TP before they are sharded; the norm
     counts TP shards over TP and replicas once."""
-    got = losses(parallel_train(4, ["--model", model, "--lr", "3e-3", *COMMON, "--zero", str(stage), "--micro", "2",
-                         "--tp", "2", "--sp"]))
+    got = losses(RUNS(4, _run(model, "--zero", str(stage), "--micro", "2", "--tp", "2", "--sp")))
     assert_same(got, reference(model, "float32"), "float32", f"{model} ZeRO-{stage} DP 2 x TP 2 + SP")
 
 
@@ -50,16 +73,14 @@ def test_zero_in_a_3d_layout_matches_one_process(model, stage):
     gradients before they are sharded) and ZeRO-2 (the tied embedding has a bucket of its own
     on the first and last stage, whose gradient pieces are summed over the two); the norm sums
     over stages and leaves the copy out."""
-    flags = ["--layers", "4", "--tp", "2", "--pp", "2", "--zero", str(stage), "--micro", "2"]
-    got = losses(parallel_train(8, ["--model", model, "--lr", "3e-3", *COMMON, *flags]))
+    got = losses(RUNS(8, _run(model, *THREE_D, "--zero", str(stage))))
     assert_same(got, four_layers(model), "float32", f"{model} ZeRO-{stage} DP2 x TP2 x PP2")
 
 
 @pytest.mark.mpi
 def test_zero2_with_interleaved_pipeline_matches_one_process():
     """DP 2 x PP 2 x VPP 2: each micro-batch's backward runs chunk by chunk, each one reducing."""
-    flags = ["--layers", "4", "--pp", "2", "--vpp", "2", "--zero", "2", "--micro", "4"]
-    got = losses(parallel_train(4, ["--model", "gpt2", "--lr", "3e-3", *COMMON, *flags]))
+    got = losses(RUNS(4, _run("gpt2", *INTERLEAVED)))
     assert_same(got, four_layers("gpt2"), "float32", "gpt2 ZeRO-2 DP2 x PP2 x VPP2")
 
 
@@ -68,10 +89,9 @@ def four_layers(model):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("stage,n", [(1, 8), (2, 2), (1, 4), (2, 4), (3, 4), (3, 2), (3, 8)])
+@pytest.mark.parametrize("stage,n", BF16_CASES)
 def test_zero_bf16_matches_one_process(stage, n):
-    got = losses(parallel_train(n, ["--model", "llama3", "--dtype", "bfloat16", "--lr", "3e-3", *COMMON,
-                         "--zero", str(stage), "--micro", "2" if n < 8 else "1"]))
+    got = losses(RUNS(n, _bf16(stage, n)))
     assert_same(got, reference("llama3", "bfloat16"), "bfloat16", f"llama3 bf16 ZeRO-{stage} DP {n}")
 
 
@@ -87,9 +107,10 @@ def test_peak_memory_falls_with_the_stage(tmp_path):
     offload = ["--offload", "nvme", "--offload_path", str(tmp_path)]
     runs = {0: [], 1: [], 2: [], 3: [], "3+optimizer": offload,
             "3+optimizer+param": offload + ["--offload_param", "nvme"]}
-    for name, extra in runs.items():
-        out = parallel_train(4, ["--vocab", "512", "--embd", "64", "--layers", "12", "--seq", "8", "--batch", "8",
-                      "--steps", "3", "--micro", "2", "--zero", str(name)[0], *extra])
+    outs = parallel_train_runs(4, [["--vocab", "512", "--embd", "64", "--layers", "12", "--seq", "8", "--batch", "8",
+                                    "--steps", "3", "--micro", "2", "--zero", str(name)[0], *extra]
+                                   for name, extra in runs.items()])  # one job: each run's peak is its last step's
+    for name, out in zip(runs, outs):
         P = int(re.search(rf"^{RANK0_PREFIX}parameters (\d+)$", out, re.M).group(1))
         peaks[name] = int(re.search(rf"^{RANK0_PREFIX}peak_bytes (\d+)$", out, re.M).group(1))
         step = int(re.search(rf"^{RANK0_PREFIX}activation_peak (\d+)$", out, re.M).group(1))
@@ -121,15 +142,17 @@ def test_zero3_ranks_running_different_modules_get_an_error_not_a_hang():
 
 @pytest.mark.mpi
 def test_zero_stage_flag_of_the_example_matches_one_process(tmp_path):
-    """`mpiexec -n 4 python -m infinitrain.examples.gpt2 --zero_stage 2` with warmup (the
-    schedule reaches the sharded optimizer), accumulation and clipping: one process's losses."""
+    """`mpiexec -n 4 python -m infinitrain.examples.gpt2 --zero_stage 2` (and 3) with warmup (the
+    schedule reaches the sharded optimizer), accumulation and clipping: one process's losses;
+    stage 1 through the example's flag where stage 2's checkpoint resumes on DP 2 (every stage
+    against one process in every layout: parallel_train above)."""
     from infinitrain.data import write_shard
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
     args = ["-m", "infinitrain.examples.gpt2", "--input_bin", str(tmp_path / "t.bin"), "--model", "tiny",
             "--batch_size", "2", "--sequence_length", "32", "--num_iteration", "5", "--learning_rate", "3e-3",
             "--warmup_iters", "3", "--grad_clip", "0.5", "--total_batch_size", "256"]
     one = mpirun(1, args)
-    for stage in ("1", "2", "3"):
+    for stage in ("2", "3"):  # stage 1 through the flag: resumed below on DP 2
         got = mpirun(4, args + ["--zero_stage", stage, "--save", str(tmp_path / f"ck{stage}"), "--save_interval", "2",
                                 *(["--val_loss_every", "4", "--sample_every", "5", "--sample_length", "4"]
                                   if stage == "3" else [])])  # ZeRO-3 evaluates and samples on every rank
@@ -138,7 +161,7 @@ def test_zero_stage_flag_of_the_example_matches_one_process(tmp_path):
     for saved, stage in (("ck2", "1"), ("ck3", "3")):
         resumed = mpirun(2, args + ["--zero_stage", stage, "--load", str(tmp_path / saved / "step_000002")])
         np.testing.assert_allclose(step_losses(resumed), step_losses(one)[2:], rtol=1e-5, atol=0, err_msg=saved)
-    refused = mpirun(4, args + ["--zero_stage", "3", "--pipeline_parallel", "2"], timeout=120, check=False)
+    refused = mpirun(2, args + ["--zero_stage", "3", "--pipeline_parallel", "2"], timeout=120, check=False)
     assert refused.returncode != 0 and "does not compose with --pipeline_parallel" in refused.stderr, refused.stderr
 
 
@@ -148,12 +171,14 @@ def test_a_zero2_checkpoint_resumes_under_another_dp_size(tmp_path):
     resumed by ZeRO-2 on DP 2, ZeRO-1 on DP 8 and one process: the uninterrupted losses."""
     common = ["--batch", "8", "--micro", "1", "--clip", "0.5", "--lr", "3e-3"]
     whole = losses(parallel_train(1, common + ["--steps", "6"]))[0][::2]
-    parallel_train(4, common + ["--zero", "2", "--steps", "3", "--save", str(tmp_path / "ck")])
     resume = common + ["--steps", "6", "--first", "4", "--load", str(tmp_path / "ck")]
-    for n, flags in ((2, ["--zero", "2"]), (8, ["--zero", "1"]), (1, []), (4, ["--zero", "2", "--tp", "2"]),
-                     (4, ["--zero", "3"])):
-        got = losses(parallel_train(n, resume + flags))[0][::2]
-        np.testing.assert_allclose(got, whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")
+    at_4 = [["--zero", "2", "--tp", "2"], ["--zero", "3"]]  # resumed in the job of 4 that saved, one run after another
+    _, *outs = parallel_train_runs(4, [common + ["--zero", "2", "--steps", "3", "--save", str(tmp_path / "ck")]]
+                                   + [resume + flags for flags in at_4])
+    for n, flags in ((2, ["--zero", "2"]), (8, ["--zero", "1"]), (1, [])):
+        outs.append(parallel_train(n, resume + flags))
+    for (n, flags), out in zip([(4, f) for f in at_4] + [(2, ["--zero", "2"]), (8, ["--zero", "1"]), (1, [])], outs):
+        np.testing.assert_allclose(losses(out)[0][::2], whole[3:], rtol=1e-5, atol=0, err_msg=f"{n} ranks {flags}")
     # and a ZeRO-3 checkpoint (parameters gathered from their shards) resumes in one process
     parallel_train(2, common + ["--zero", "3", "--steps", "3", "--save", str(tmp_path / "ck3")])
     got = losses(parallel_train(1, common + ["--steps", "6", "--first", "4", "--load", str(tmp_path / "ck3")]))[0][::2]

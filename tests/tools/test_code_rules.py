@@ -28,12 +28,14 @@ MAY_START_PROCESSES = {
 PROCESS_MODULES = {"subprocess", "multiprocessing", "pty", "concurrent.futures.process"}
 OS_PROCESS_CALLS = {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
 
-# what starts a process when a test calls it: the helpers' runners, mpi_launch's probes, the
-# emulated GPU's build and the data sets' first preparation (pip download)
+# what starts a process when a test calls it: the helpers' runners (RUNS: a module's BatchedRuns
+# of the training script), mpi_launch's probes, the emulated GPU's build and the data sets'
+# first preparation (pip download)
+BATCHED = {"parallel_train_runs", "BatchedRuns", "RUNS"}
 RUNNERS = {"run", "mpirun", "example", "parallel_train", "launch", "one_process", "launcher_kind",
-           "srun_mpi_plugin", "build", "build_program", "mnist_file", "translation_file", "shakespeare_files"}
+           "srun_mpi_plugin", "build", "build_program", "mnist_file", "translation_file", "shakespeare_files"} | BATCHED
 # ...and what makes it an MPI job (ranks; mpi_launch; the multi-process training script)
-MPI_RUNNERS = {"launch", "parallel_train", "one_process"}
+MPI_RUNNERS = {"launch", "parallel_train", "one_process"} | BATCHED
 MPI_WORDS = {"PARALLEL_TRAIN", "MPI_SCRIPTS", "MPIEXEC", "mpi_launch"}
 
 

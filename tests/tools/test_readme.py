@@ -144,7 +144,8 @@ RUNNABLE_PAGES = _runnable_lines()
 RUNNABLE = sorted(RUNNABLE_PAGES)
 # what keeps each run to a few seconds; argparse takes the last value of a flag
 SHORT = {"mnist": ["--epochs", "1", "--train_subset", "256"],
-         "transformer": ["--num_iteration", "2", "--batch_size", "8", "--translate", "2", "--beam", "2"],
+         "transformer": ["--num_iteration", "2", "--batch_size", "8", "--max_len", "16", "--translate", "2",
+                         "--beam", "2"],
          "lm": ["--num_iteration", "2", "--batch_size", "2", "--sequence_length", "32"]}
 
 
@@ -157,27 +158,74 @@ def gpt2_124m_file(tmp_path_factory):
     return path
 
 
+# a command that reads a folder -> the flag of the command that writes it (the adapters the
+# LoRA command saves, the transformers folder the export writes)
+STARTS_FROM = {"--lora_load_path": "--lora_save_path", "--from_pretrained": "--save_pretrained"}
+
+
+def _folder(line: str, flag: str) -> str:
+    words = shlex.split(line)
+    return words[words.index(flag) + 1].rstrip("/")
+
+
+def _short(line: str) -> list:
+    """The flags that cut a command to two short steps. A command that sets --total_batch_size
+    keeps its page's number of micro-batches per step (the schedule it shows): the global batch
+    scaled by the short micro-batch against the page's. A GPT-2 command that names no model
+    trains the small one: the default, 124M, trains in the commands that start from its llm.c
+    file (one process, and TP 2 with LoRA)."""
+    kind = re.search(r"examples\.(\w+)", line).group(1)
+    short = SHORT.get(kind, SHORT["lm"])
+    words = shlex.split(line)
+    if kind == "gpt2" and not {"--model", "--llmc_filepath", "--from_pretrained", "--load"} & set(words):
+        short = short + ["--model", "small"]
+    if "--total_batch_size" in words and kind in ("gpt2", "llama3"):
+        module = words.index("-m") + 1
+        page, cut = _parse(words[module], words[module + 1:]), _parse(words[module], words[module + 1:] + short)
+        total = int(words[words.index("--total_batch_size") + 1])
+        short = short + ["--total_batch_size", str(total * cut.batch_size * cut.sequence_length
+                                                   // (page.batch_size * page.sequence_length))]
+    return short
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory, request):
+    """Runs a command once in a folder of its own: line -> (that folder, what it printed). A
+    command whose folder another command starts from is run once for both of their tests."""
+    done = {}
+
+    def run_once(line):
+        if line not in done:
+            cwd = tmp_path_factory.mktemp("run")
+            if "gpt2_124M.bin" in line:
+                (cwd / "gpt2_124M.bin").symlink_to(request.getfixturevalue("gpt2_124m_file"))
+            done[line] = cwd, _run_as_written(line, cwd, _short(line))
+        return done[line]
+    return run_once
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("line", RUNNABLE, ids=[_id(RUNNABLE_PAGES[ln], [ln]) for ln in RUNNABLE])
 def test_every_training_command_in_the_pages_runs(line, tmp_path, request):
     """Each command as its page writes it, with the files it names where it names them (an
-    llm.c GPT-2 124M checkpoint; the adapters the first LoRA command saves for the second; the
-    transformers folder one command exports for the one that starts from it), cut
-    to two short steps."""
+    llm.c GPT-2 124M checkpoint; the adapters the LoRA command saves for the one that loads
+    them; the transformers folder one command exports for the one that starts from it: each
+    saver run once, for its own test and its reader's), cut to two short steps."""
     where = ", ".join(dict.fromkeys(RUNNABLE_PAGES[line]))
-    if "gpt2_124M.bin" in line:
-        (tmp_path / "gpt2_124M.bin").symlink_to(request.getfixturevalue("gpt2_124m_file"))
-        if "--lora_load_path" in line:
-            (saver,) = [ln for ln in RUNNABLE if "--lora_save_path" in ln]
-            _run_as_written(saver, tmp_path, SHORT["lm"])
-    if "--from_pretrained" in line:  # the transformers folder the page's other command exports
-        (saver,) = [ln for ln in RUNNABLE if "--save_pretrained" in ln]
-        _run_as_written(saver, tmp_path, SHORT["lm"])
-    if "my_data/" in line:  # the text the page's `prepare text` line prepares, from files of its names
-        _prepare_own_text(tmp_path)
-    kind = re.search(r"examples\.(\w+)", line).group(1)
-    out = _run_as_written(line, tmp_path, SHORT.get(kind, SHORT["lm"]))
+    if any(f" {flag} " in line for flag in STARTS_FROM.values()):
+        tmp_path, out = request.getfixturevalue("ran")(line)
+    else:
+        if "gpt2_124M.bin" in line:
+            (tmp_path / "gpt2_124M.bin").symlink_to(request.getfixturevalue("gpt2_124m_file"))
+        for reader, writer in STARTS_FROM.items():
+            if f" {reader} " in line:
+                (saver,) = [ln for ln in RUNNABLE if f" {writer} " in ln]
+                saved, _ = request.getfixturevalue("ran")(saver)
+                (tmp_path / _folder(line, reader)).symlink_to(saved / _folder(saver, writer))
+        if "my_data/" in line:  # the text the page's `prepare text` line prepares, from files of its names
+            _prepare_own_text(tmp_path)
+        out = _run_as_written(line, tmp_path, _short(line))
     assert re.search(r"step +2/2 .*train loss|epoch 1", out), f"{where}\n{out[-2000:]}"
     for generate in [ln for _, b in _blocks("bash") for ln in _lines(b) if "infinitrain.generate --load my_run" in ln
                      and "--save my_run" in line]:  # generation from the checkpoint the run saved
@@ -210,13 +258,14 @@ def test_the_pages_have_training_commands_to_run():
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_the_precision_checker_example_runs_as_written(tmp_path):
-    """The one-process baseline and the two-rank comparison, exactly as their page writes them
-    (mpirun is the launcher the tests use): every tensor within tolerance."""
+    """The one-process baseline and the two-rank comparison as their page writes them (mpirun is
+    the launcher the tests use), with the short micro-batch of the training commands (the page's
+    micro-batches per step kept): every tensor within tolerance."""
     (page, block), = [(p, b) for p, b in _blocks("bash")
                       if "--precision_check" in b and "output_path=" in b and "baseline=" in b]
     lines = [ln for ln in re.sub(r"\\\n\s*", " ", block).splitlines() if ln.strip() and not ln.startswith("#")]
     assert len(lines) == 2, page
-    outs = [_run_as_written(line, tmp_path) for line in lines]
+    outs = [_run_as_written(line, tmp_path, _short(line)) for line in lines]
     summary = re.findall(r"(\d+) tensors compared with one, (\d+) beyond", outs[-1])
     assert len(summary) == 2 and all(int(n) > 100 and bad == "0" for n, bad in summary), f"{page}\n{outs[-1][-2000:]}"
 
