@@ -4,8 +4,8 @@ tests/cuda_emulator compiles the unchanged sources of native/src/cuda with g++ a
 model of CUDA: every thread a fiber, __syncthreads() and warp shuffles real barriers, launch
 limits as on the hardware, streams that run only when waited on, device memory filled with NaN
 when handed out and when freed, and cuBLAS / one-rank NCCL computed by their documented
-meaning (NCCL across processes: the MPI ranks of a test). Every GPU test of test_cuda.py then
-runs through it, in a subprocess pointed at it by INFINITRAIN_CUDA_LIBRARY, and DP/TP+SP/PP/ZeRO
+meaning (NCCL across processes: the MPI ranks of a test). Every GPU test of test_cuda.py and
+test_cuda_step.py then runs through it, in a subprocess pointed at it by INFINITRAIN_CUDA_LIBRARY, and DP/TP+SP/PP/ZeRO
 training over NCCL on two emulated GPUs is checked against one CPU process. What it proves: the
 kernels' indexing, reductions and barriers, the host code's launch sizes, stream and event
 ordering, cuBLAS argument mapping and the NCCL process groups compute what the CPU computes.
@@ -43,8 +43,8 @@ def _python(code, env):
 
 def test_the_gpu_tests_pass_on_the_emulated_gpu(emulated):
     _, env = emulated
-    out = mpirun(1, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", HERE / "test_cuda.py"], timeout=900,
-                 env=env, check=False)
+    out = mpirun(1, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", HERE / "test_cuda.py",
+                     HERE / "test_cuda_step.py"], timeout=900, env=env, check=False)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     passed = int(re.search(r"(\d+) passed", out.stdout).group(1))
     assert "no CUDA device" not in out.stdout and passed >= 40, out.stdout[-3000:]
