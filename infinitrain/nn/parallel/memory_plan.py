@@ -49,30 +49,80 @@ def embedding_rows(config) -> int:
     return getattr(config, "padded_vocab_size", config.vocab_size)
 
 
+def block_activation_bytes(config, dtype: str, recompute: str, tp: int = 1, sp: bool = False) -> tuple:
+    """(bytes per token, bytes per micro-batch) one block keeps from its forward for its backward
+    on a rank: the tensors its autograd nodes save, read off the blocks' forward (and held to
+    the allocator's counters in tests/parallel/test_memory_plan.py). Per token, with a the
+    activation itemsize (2 under bfloat16 autocast, else 4), the residual stream always fp32:
+    each norm's input (4 C, and its mean/rstd or rstd: 2 or 1 floats), each linear's input (a C;
+    under autocast each linear casts its own copy, so LLaMA's two MLP inputs are two), the fused
+    attention's q, k, v and output (a (2H + 2KV) D) and a float32 log-sum-exp per head (no T x T
+    scores), the output projection's input (a H D), and the MLP's: GPT-2 GELU's input and output
+    (2 a F), LLaMA SwiGLU's gate, up and output (3 a F). Selective recomputation drops the
+    activation's output (rerun in backward), full keeps only the block's input (4 C). Under TP
+    the head- and MLP-wide tensors are split, under SP the C-wide ones too (a column-parallel
+    linear saves its sequence shard and gathers it again in backward). Per micro-batch: under
+    autocast each linear's weight cast to bfloat16 (a forward saves that copy: 2 bytes per
+    weight), not kept under full recomputation."""
+    C = config.n_embd
+    a = 2 if dtype == "bfloat16" else 4
+    llama = hasattr(config, "n_kv_head")
+    H = config.n_head / tp
+    KV = (config.n_kv_head if llama else config.n_head) / tp
+    D = config.head_dim if llama else C // config.n_head
+    if getattr(config, "num_experts", 0):  # routed tokens through top_k experts' MLPs (not validated)
+        F = config.moe_top_k * (config.moe_ffn_hidden or config.ffn_hidden) / tp
+    else:
+        F = (config.ffn_hidden if llama else 4 * C) / tp
+    Cs = C / tp if sp else C  # the C-wide tensors' share on this rank
+    if recompute == "full":
+        return 4 * Cs, 0.0
+    norms = 2 * (4 * Cs + (1 if llama else 2) * 4 * Cs / C)
+    mlp_inputs = 2 if llama and a == 2 else 1
+    linear_inputs = a * Cs * (1 + mlp_inputs) + a * H * D
+    attention = a * (2 * H + 2 * KV) * D + 4 * H
+    mlp = a * F * ((3 if llama else 2) - (recompute == "selective"))
+    weights = 2 * (C * (H + 2 * KV) * D + H * D * C + F * C * (3 if llama else 2)) if a == 2 else 0.0
+    return norms + linear_inputs + attention + mlp, weights
+
+
 def stage_estimates(plan, config, model_class, batch_size: int, seq_len: int, micro_batches: int,
                     dtype: str) -> list:
     """Each pipeline stage's estimate, [(bytes by component, the AdamW state's bytes, parameters,
     micro-batches in flight)] per stage (one without a pipeline), for a rank of that stage."""
     L = plan.layout
     per_stage, blocks = stage_parameters(plan, config, model_class)
-    # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
-    B, T, C = batch_size, seq_len // L.cp, config.n_embd
-    per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (config.n_head / L.tp) * T * T)
+    # under CP a rank holds T / CP tokens
+    C, V = config.n_embd, embedding_rows(config)
+    tokens = batch_size * seq_len // L.cp
+    sp = bool(plan.sequence_parallel) and L.tp > 1
+    per_token, per_micro_batch = block_activation_bytes(config, dtype, plan.recompute, L.tp, sp)
+    per_block = tokens * per_token + per_micro_batch
+    a = 2 if dtype == "bfloat16" else 4
+    # the head's: the final norm's input (fp32) and the output product's (a, C wide; split under
+    # SP), the logits (a, their gradient is written over them), a float32 log-sum-exp per token,
+    # and under autocast the output weight's bfloat16 copy
+    head = tokens * ((4 + a) * C / (L.tp if sp else 1) + a * V / L.tp + 4) + (2 * V * C / L.tp if a == 2 else 0)
     # the micro-batches in flight on each stage: all M under GPipe, PP - stage under 1F1B (and
     # ZB-H1, whose deferred W's keep less than that), PP on every stage under ZBV
     in_flight = [1] if L.pp == 1 else [micro_batches if plan.pipeline_schedule == "gpipe" else
                                        min(micro_batches, L.pp if plan.pipeline_schedule == "zbv" else L.pp - s)
                                        for s in range(L.pp)]
-    embedding = 4 * embedding_rows(config) * C / L.tp  # the bytes of the token embedding
-    # the embedding-shaped gradients a stage makes whole before adding them into .grad: the
-    # input embedding's on the first stage, a tied head's (the embedding again) on the last
-    made = [(s == 0) + (model_class.ties_embedding and s == L.pp - 1) for s in range(L.pp)]
-    logits = 2 * 4 * B * T * embedding_rows(config) / L.tp  # the last stage's logits and their gradient
+    embedding = 4 * V * C / L.tp  # the bytes of the token embedding
+    # the output product's weight gradient, made whole at the start of the last stage's backward
+    # (under autocast in bfloat16 first, then its float32 copy): a tied head's is the embedding's
+    head_gradient = V * C / L.tp * (4 + (2 if a == 2 else 0))
+    # gradients live through the whole step where DDP's buckets hold them (DP x CP > 1), where
+    # micro-batches accumulate into them or under a pipeline; on one rank with one micro-batch
+    # (.grad set to None after each step) only what backward has made so far
+    persistent = plan.dp_cp > 1 or micro_batches > 1 or L.pp > 1
     out = []
     for s in range(L.pp):
-        activations = in_flight[s] * blocks[s] * per_layer + (logits if s == L.pp - 1 else 0.0)
-        parts, state = _stage_parts(plan, dtype, per_stage[s] / L.tp, embedding if made[s] else 0.0,
-                                    made[s] * embedding, activations, config.n_layer / L.pp)
+        last = s == L.pp - 1
+        activations = in_flight[s] * (blocks[s] * per_block + (head if last else 0.0))
+        parts, state = _stage_parts(plan, dtype, per_stage[s] / L.tp, embedding if s == 0 else 0.0,
+                                    activations, head_gradient if last else 0.0, embedding if s == 0 else 0.0,
+                                    persistent, config.n_layer / L.pp)
         out.append((parts, state, per_stage[s] / L.tp, in_flight[s]))
     return out
 
@@ -114,17 +164,19 @@ def memory_plan(plan, config, model_class, batch_size: int, seq_len: int, micro_
     return need, available, text, parts
 
 
-def _stage_parts(plan, dtype: str, params: float, embedding: float, made: float, activations: float,
-                 blocks_per_stage: float):
+def _stage_parts(plan, dtype: str, params: float, embedding: float, activations: float, head_gradient: float,
+                 embedding_gradient: float, persistent: bool, blocks_per_stage: float):
     """(bytes by component, the AdamW state's bytes) of a rank holding `params` parameters (its
     TP share of its stage's), `embedding` bytes of them the token embedding's (0 if it holds
-    none), `made` bytes of embedding-shaped gradients made whole in backward, and `activations`
-    bytes of activations."""
+    none), at the busier of two moments of its backward: its start (every activation held, the
+    head's weight gradient `head_gradient` being made on the last stage) and its end (the
+    activations gone, every gradient there, the input embedding's gradient
+    `embedding_gradient` made whole before it is added into .grad on the first stage)."""
     moments = 10 if dtype == "bfloat16" else 8
     shards, stage = plan.dp_cp, plan.active_zero_stage
     state = params * moments / (shards if stage >= 1 else 1)
+    gradients = params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0)
     parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
-             "gradients": params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0),
              "AdamW state": state if plan.offload_optimizer != "nvme" else min(state, staging_bytes())}
     if plan.offload_param == "nvme":  # the gathered units only: the embedding and a block running with the next read
         parts["parameters"] = embedding + 2 * 4 * max(0.0, params - embedding / 4) / max(1, blocks_per_stage)
@@ -132,8 +184,12 @@ def _stage_parts(plan, dtype: str, params: float, embedding: float, made: float,
         parts["parameters"] += embedding
     if stage >= 2:  # a full-size bucket reducing while the next fills
         parts["buckets in flight"] = min(2 * BUCKET_BYTES, params * 4)
+    start = (gradients if persistent else 0.0, head_gradient, activations)
+    end = (gradients, embedding_gradient, 0.0)
+    held, made, kept = max(start, end, key=sum)
+    parts["gradients"] = held
     if made:
         parts["embedding gradients being made"] = made
-    parts["activations"] = activations
+    parts["activations"] = kept
     parts["process"] = PROCESS_BYTES
     return parts, state
