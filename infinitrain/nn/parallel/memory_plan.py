@@ -63,7 +63,7 @@ def block_activation_bytes(config, dtype: str, recompute: str, tp: int = 1, sp: 
     the head- and MLP-wide tensors are split, under SP the C-wide ones too (a column-parallel
     linear saves its sequence shard and gathers it again in backward). Per micro-batch: under
     autocast each linear's weight cast to bfloat16 (a forward saves that copy: 2 bytes per
-    weight), not kept under full recomputation."""
+    weight), not kept for what recomputation reruns."""
     C = config.n_embd
     a = 2 if dtype == "bfloat16" else 4
     llama = hasattr(config, "n_kv_head")
@@ -82,8 +82,34 @@ def block_activation_bytes(config, dtype: str, recompute: str, tp: int = 1, sp: 
     linear_inputs = a * Cs * (1 + mlp_inputs) + a * H * D
     attention = a * (2 * H + 2 * KV) * D + 4 * H
     mlp = a * F * ((3 if llama else 2) - (recompute == "selective"))
-    weights = 2 * (C * (H + 2 * KV) * D + H * D * C + F * C * (3 if llama else 2)) if a == 2 else 0.0
+    # (selective recomputation casts the down projection's weight again in backward)
+    mlp_weights = F * C * ((3 if llama else 2) - (recompute == "selective"))
+    weights = 2 * (C * (H + 2 * KV) * D + H * D * C + mlp_weights) if a == 2 else 0.0
     return norms + linear_inputs + attention + mlp, weights
+
+
+def forward_activation_bytes(plan, config, batch_size: int, seq_len: int, dtype: str) -> tuple:
+    """(bytes one block keeps for backward, bytes the head keeps) of one micro-batch of
+    batch_size x seq_len tokens on a rank of `plan` (under CP it holds T / CP of them)."""
+    L = plan.layout
+    C, V = config.n_embd, embedding_rows(config)
+    tokens = batch_size * seq_len // L.cp
+    sp = bool(plan.sequence_parallel) and L.tp > 1
+    per_token, per_micro_batch = block_activation_bytes(config, dtype, plan.recompute, L.tp, sp)
+    a = 2 if dtype == "bfloat16" else 4
+    # the head's: the final norm's input (fp32) and the output product's (a, C wide; split under
+    # SP), a float32 log-sum-exp per token, under autocast the output weight's bfloat16 copy, and
+    # the logits: on one rank the loss keeps them (a) and writes their gradient over them; under
+    # TP the vocab-parallel loss keeps their float32 softmax and makes their gradient (a) in a new
+    # buffer on a rank holding padding columns (counted on every rank: the busiest has them)
+    logits = a * V if L.tp == 1 else (4 + a) * V / L.tp
+    head = tokens * ((4 + a) * C / (L.tp if sp else 1) + logits + 4) + (2 * V * C / L.tp if a == 2 else 0)
+    return tokens * per_token + per_micro_batch, head
+
+
+def _widest(config) -> int:
+    """The MLP's width (a block's widest matrix is C x that)."""
+    return getattr(config, "ffn_hidden", 4 * config.n_embd)
 
 
 def stage_estimates(plan, config, model_class, batch_size: int, seq_len: int, micro_batches: int,
@@ -92,17 +118,9 @@ def stage_estimates(plan, config, model_class, batch_size: int, seq_len: int, mi
     micro-batches in flight)] per stage (one without a pipeline), for a rank of that stage."""
     L = plan.layout
     per_stage, blocks = stage_parameters(plan, config, model_class)
-    # under CP a rank holds T / CP tokens
     C, V = config.n_embd, embedding_rows(config)
-    tokens = batch_size * seq_len // L.cp
-    sp = bool(plan.sequence_parallel) and L.tp > 1
-    per_token, per_micro_batch = block_activation_bytes(config, dtype, plan.recompute, L.tp, sp)
-    per_block = tokens * per_token + per_micro_batch
     a = 2 if dtype == "bfloat16" else 4
-    # the head's: the final norm's input (fp32) and the output product's (a, C wide; split under
-    # SP), the logits (a, their gradient is written over them), a float32 log-sum-exp per token,
-    # and under autocast the output weight's bfloat16 copy
-    head = tokens * ((4 + a) * C / (L.tp if sp else 1) + a * V / L.tp + 4) + (2 * V * C / L.tp if a == 2 else 0)
+    per_block, head = forward_activation_bytes(plan, config, batch_size, seq_len, dtype)
     # the micro-batches in flight on each stage: all M under GPipe, PP - stage under 1F1B (and
     # ZB-H1, whose deferred W's keep less than that), PP on every stage under ZBV
     in_flight = [1] if L.pp == 1 else [micro_batches if plan.pipeline_schedule == "gpipe" else
@@ -120,9 +138,12 @@ def stage_estimates(plan, config, model_class, batch_size: int, seq_len: int, mi
     for s in range(L.pp):
         last = s == L.pp - 1
         activations = in_flight[s] * (blocks[s] * per_block + (head if last else 0.0))
+        # AdamW's step makes a temporary the size of the largest parameter it updates: the
+        # embedding (or the head) at the ends of the model, a block's widest matrix between
+        widest = embedding if s == 0 or last else 4 * C * max(3 * C, _widest(config)) / L.tp
         parts, state = _stage_parts(plan, dtype, per_stage[s] / L.tp, embedding if s == 0 else 0.0,
                                     activations, head_gradient if last else 0.0, embedding if s == 0 else 0.0,
-                                    persistent, config.n_layer / L.pp)
+                                    persistent, config.n_layer / L.pp, widest)
         out.append((parts, state, per_stage[s] / L.tp, in_flight[s]))
     return out
 
@@ -165,7 +186,7 @@ def memory_plan(plan, config, model_class, batch_size: int, seq_len: int, micro_
 
 
 def _stage_parts(plan, dtype: str, params: float, embedding: float, activations: float, head_gradient: float,
-                 embedding_gradient: float, persistent: bool, blocks_per_stage: float):
+                 embedding_gradient: float, persistent: bool, blocks_per_stage: float, widest: float):
     """(bytes by component, the AdamW state's bytes) of a rank holding `params` parameters (its
     TP share of its stage's), `embedding` bytes of them the token embedding's (0 if it holds
     none), at the busier of two moments of its backward: its start (every activation held, the
@@ -184,12 +205,17 @@ def _stage_parts(plan, dtype: str, params: float, embedding: float, activations:
         parts["parameters"] += embedding
     if stage >= 2:  # a full-size bucket reducing while the next fills
         parts["buckets in flight"] = min(2 * BUCKET_BYTES, params * 4)
-    start = (gradients if persistent else 0.0, head_gradient, activations)
-    end = (gradients, embedding_gradient, 0.0)
-    held, made, kept = max(start, end, key=sum)
+    # (gradients, embedding-shaped gradients being made, activations, the optimizer's temporary)
+    start = (gradients if persistent else 0.0, head_gradient, activations, 0.0)
+    end = (gradients, embedding_gradient, 0.0, 0.0)
+    # AdamW's step on the rank's share (ZeRO >= 1: its pieces, at most a shard of the widest)
+    optimizer = (gradients, 0.0, 0.0, widest / (shards if stage >= 1 else 1))
+    held, made, kept, temporary = max(start, end, optimizer, key=sum)
     parts["gradients"] = held
     if made:
         parts["embedding gradients being made"] = made
+    if temporary:
+        parts["optimizer step's temporary"] = temporary
     parts["activations"] = kept
     parts["process"] = PROCESS_BYTES
     return parts, state
