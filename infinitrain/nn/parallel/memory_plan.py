@@ -88,14 +88,16 @@ def block_activation_bytes(config, dtype: str, recompute: str, tp: int = 1, sp: 
     return norms + linear_inputs + attention + mlp, weights
 
 
-def forward_activation_bytes(plan, config, batch_size: int, seq_len: int, dtype: str) -> tuple:
+def forward_activation_bytes(plan, config, batch_size: int, seq_len: int, dtype: str,
+                             recompute: str | None = None) -> tuple:
     """(bytes one block keeps for backward, bytes the head keeps) of one micro-batch of
-    batch_size x seq_len tokens on a rank of `plan` (under CP it holds T / CP of them)."""
+    batch_size x seq_len tokens on a rank of `plan` (under CP it holds T / CP of them), under
+    the plan's recomputation or `recompute`."""
     L = plan.layout
     C, V = config.n_embd, embedding_rows(config)
     tokens = batch_size * seq_len // L.cp
     sp = bool(plan.sequence_parallel) and L.tp > 1
-    per_token, per_micro_batch = block_activation_bytes(config, dtype, plan.recompute, L.tp, sp)
+    per_token, per_micro_batch = block_activation_bytes(config, dtype, recompute or plan.recompute, L.tp, sp)
     a = 2 if dtype == "bfloat16" else 4
     # the head's: the final norm's input (fp32) and the output product's (a, C wide; split under
     # SP), a float32 log-sum-exp per token, under autocast the output weight's bfloat16 copy, and
