@@ -68,7 +68,8 @@ def test_the_activation_estimate_is_what_a_forward_keeps(kind, dtype, recompute)
 def test_the_estimate_of_every_stage_matches_its_measured_peak(tmp_path, stages):
     """The example on PP 2 and PP 4 (GPT-2 small: its 50k-row embedding and tied head dwarf its
     blocks, so the ends of the pipeline hold the most) prints every rank's peak; each is within
-    20% of its stage's estimate, and the busiest stage's estimate is not below any of them."""
+    10% of its stage's estimate (which counts what the run holds, not a margin: the refusal's is
+    the process's share), and the busiest stage is the one estimated the busiest."""
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
     out = example(stages, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "small", "--batch_size", "2",
                                    "--sequence_length", "64", "--total_batch_size", "512", "--num_iteration", "3",
@@ -79,5 +80,7 @@ def test_the_estimate_of_every_stage_matches_its_measured_peak(tmp_path, stages)
                  for parts, *_ in stage_estimates(plan, GPT2_PRESETS["small"], GPT2, 2, 64, 4, "float32")]
     assert len(measured) == stages, out
     for s, (got, want) in enumerate(zip(measured, estimates)):
-        assert 0.8 * want <= got <= 1.2 * want, (s, got / 2**20, want / 2**20)
-    assert max(estimates) >= max(measured), (estimates, measured)
+        # (within 2 MB on PP 4's middle stages, one block each: the pipeline's send and receive
+        # buffers are not counted)
+        assert abs(got - want) <= max(0.1 * want, 2 * 2**20), (s, got / 2**20, want / 2**20)
+    assert measured.index(max(measured)) == estimates.index(max(estimates)), (estimates, measured)
