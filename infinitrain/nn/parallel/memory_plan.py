@@ -5,20 +5,23 @@ with a way to make it fit rather than killed by the system halfway through its f
 Per parameter: 4 bytes of weights, 4 of gradient and 8 of AdamW moments (+2 for bfloat16
 copies), each pipeline stage's own (its blocks in the split the pipeline uses, the embeddings on
 the first, the head on the last: GPT-2 124M on two stages holds 103M and 60M), split over TP,
-and ZeRO's shares over DP x CP; the busiest stage is the answer. The embedding-shaped gradients
-a stage makes whole in backward before adding them into .grad (the input embedding's on the
-first stage, a tied head's on the last) count once more. At stages 2 and 3 the token
+and ZeRO's shares over DP x CP; the busiest stage is the answer. At stages 2 and 3 the token
 embedding's gradient is whole during backward (a gradient is reduce-scattered only once it is
 final: the tied embedding's at the very end) and two buckets are in flight; at stage 3 the
-embedding's weights are gathered too. Activations of the stage that holds the most: its
-blocks (the split the pipeline makes) times the micro-batches in flight there (all M under
-GPipe, PP - stage under 1F1B, one without a pipeline) at about 24 B T C floats per block plus
-the attention scores, the logits and their gradient on the last stage, and ~350 MB for the
-process itself (Python, numpy, MPI, BLAS buffers, the data). With offload_optimizer "nvme"
-the moments are on disk (parts["on disk"], not counted in the memory) and the staging buffers
-stay; with offload_param "nvme" (stage 3, also on one rank) the parameter pieces are there
-too, and what stays of the parameters is the units gathered at a time (the embedding and two
-blocks).
+embedding's weights are gathered too. Activations (forward_activation_bytes): the tensors each
+block's autograd nodes save, per token (block_activation_bytes: dtype, recomputation, TP, SP;
+no T x T scores, the fused attention keeps its output and a log-sum-exp), the head's (one copy
+of the logits, their gradient written over them; the float32 softmax and a new gradient under
+TP), times the micro-batches in flight on the stage (all M under GPipe, PP - stage under 1F1B,
+one without a pipeline). The step's peak is the busiest of three moments: backward's start
+(every activation, the head's weight gradient being made, the gradients only where DDP's
+buckets, accumulation or a pipeline keep them), its end (every gradient, the input embedding's
+being made whole) and AdamW's step (a temporary the size of the largest parameter). The
+process itself (Python, numpy, MPI, BLAS buffers, the data) is ~350 MB. With offload_optimizer
+"nvme" the moments are on disk (parts["on disk"], not counted in the memory) and the staging
+buffers stay; with offload_param "nvme" (stage 3, also on one rank) the parameter pieces are
+there too, and what stays of the parameters is the units gathered at a time (the embedding and
+two blocks). Held to the examples' measured peaks in docs/planning.md (benchmarks/plan_validate.py).
 """
 from __future__ import annotations
 
