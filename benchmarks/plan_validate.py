@@ -8,6 +8,7 @@ The issue's bar: memory within 10% and step time within 15% for 90% of the confi
     mpiexec -n 2 python -m infinitrain.plan calibrate --output profile.json     # this machine's rates
     python benchmarks/plan_validate.py --profile profile.json                   # every configuration
     python benchmarks/plan_validate.py --profile profile.json --only pp= --steps 6
+    python benchmarks/plan_validate.py --memory_only --steps 2 --only llama3      # no profile, memory only
 
 Step times need an idle machine: ranks sharing cores with other work run at whatever is left.
 """
@@ -86,17 +87,22 @@ def main(argv=None) -> int:
     p.add_argument("--max_ranks", type=int, default=4)
     p.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--memory_only", action="store_true",
+                   help="hold only the memory to the runs (no profile is calibrated; step times are not printed)")
     args = p.parse_args(argv)
     from infinitrain.plan import Profile
-    if args.profile is None:
+    if args.memory_only:
+        profile = Profile({})
+    elif args.profile is None:
         args.profile = "/tmp/plan_validate_profile.json"
         subprocess.run(start(2, find_mpiexec()) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output",
                                                    args.profile], check=True)
-    profile = Profile.load(args.profile)
-    print(f"profile {args.profile} ({profile['name']}); load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores at start")
-    print(f"{'example':<7} {'model':<6} {'layout':<46} {'n':>2} | {'MB pred':>8} {'MB meas':>8} {'err':>6} | "
-          f"{'ms pred':>8} {'ms meas':>8} {'err':>6}")
+    if not args.memory_only:
+        profile = Profile.load(args.profile)
+    which = "none (memory only)" if args.memory_only else f"{args.profile} ({profile['name']})"
+    print(f"profile {which}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start")
+    print(f"{'example':<7} {'model':<6} {'layout':<46} {'n':>2} | {'MB pred':>8} {'MB meas':>8} {'err':>6}"
+          + ("" if args.memory_only else f" | {'ms pred':>8} {'ms meas':>8} {'err':>6}"))
     mem_ok = time_ok = done = 0
     for example, model, G, T, layout in CONFIGS:
         line = f"{example} {model} {layout}"
@@ -118,12 +124,14 @@ def main(argv=None) -> int:
         done += 1
         mem_ok += abs(e_mem) <= 0.10
         time_ok += abs(e_time) <= 0.15
+        timing = "" if args.memory_only else \
+            f" | {pred.step_time * 1e3:8.0f} {step * 1e3:8.0f} {e_time:+6.0%}"
         print(f"{example:<7} {model:<6} {layout:<46} {ranks:>2} | {mem_pred / 2**20:8.0f} {mem / 2**20:8.0f} "
-              f"{e_mem:+6.0%} | {pred.step_time * 1e3:8.0f} {step * 1e3:8.0f} {e_time:+6.0%}   "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+              f"{e_mem:+6.0%}{timing}   ({time.perf_counter() - t0:.0f} s)", flush=True)
     if done:
-        print(f"{done} configurations: memory within 10% for {mem_ok} ({mem_ok / done:.0%}), step time within 15% "
-              f"for {time_ok} ({time_ok / done:.0%}); load average {os.getloadavg()[0]:.1f} at the end")
+        timing = "" if args.memory_only else f", step time within 15% for {time_ok} ({time_ok / done:.0%})"
+        print(f"{done} configurations: memory within 10% for {mem_ok} ({mem_ok / done:.0%}){timing}; load average "
+              f"{os.getloadavg()[0]:.1f} at the end")
     return 0
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..nn.parallel.memory_plan import embedding_rows, stage_estimates
+from ..nn.parallel.memory_plan import embedding_rows, forward_activation_bytes, stage_estimates
 from ..nn.parallel.pp.schedules import placement, simulate
 from ..nn.parallel.pp.stage import chunk_layers, global_chunk
 from .layouts import Candidate, model_facts
@@ -101,11 +101,10 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
     mm_rate = profile.matmul_rate(2 * tokens * C * 4 * C / c.tp, cores)
     att_flops = 2 * tokens * C * T / c.tp  # causal: half of Q K^T and A V over the whole sequence (llm.c's 6LCT)
     att_rate = profile.attention_rate(att_flops, cores)
-    # one block's activations of one micro-batch: the stage's (the memory plan's: the micro-batches in
-    # flight times its blocks, and on the last stage the logits and their gradient once) shared out
-    logits = 2 * 4 * B * (T // c.cp) * embedding_rows(config) / c.tp
-    held_logits = logits if busiest == c.pp - 1 else 0.0
-    per_block_acts = (parts["activations"] - held_logits) / max(1, held * _blocks(c, config, model_class)[busiest])
+    # one block's activations of one micro-batch, as its forward writes them (the memory plan's,
+    # without recomputation)
+    per_block_acts = forward_activation_bytes(plan, config, B, T, dtype, recompute="none")[0]
+    logits = 2 * 4 * B * (T // c.cp) * embedding_rows(config) / c.tp  # the logits and their gradient
     bw = profile.bandwidth(cores)
     f_mm, f_att, f_ew = 2 * tokens * block / c.tp / mm_rate, att_flops / att_rate, per_block_acts / bw
     f = f_mm + f_att + f_ew

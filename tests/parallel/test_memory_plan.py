@@ -8,7 +8,8 @@ import pytest
 from infinitrain.data import write_shard
 from infinitrain.models import GPT2, GPT2_PRESETS
 from infinitrain.nn.parallel import Layout, ParallelPlan
-from infinitrain.nn.parallel.memory_plan import PROCESS_BYTES, memory_plan, stage_estimates, stage_parameters
+from infinitrain.nn.parallel.memory_plan import (PROCESS_BYTES, forward_activation_bytes, memory_plan, stage_estimates,
+                                                 stage_parameters)
 from helpers import example
 
 
@@ -27,12 +28,48 @@ def test_each_stage_holds_its_own_blocks_and_ends():
     assert "103.2M parameters, pipeline stage 0 of 2 (the busiest)" in text, text
 
 
+@pytest.mark.parametrize("kind, dtype, recompute", [("gpt2", "float32", "none"), ("llama3", "float32", "none"),
+                                                     ("gpt2", "bfloat16", "selective"), ("llama3", "bfloat16", "none"),
+                                                     ("llama3", "float32", "full")])
+def test_the_activation_estimate_is_what_a_forward_keeps(kind, dtype, recompute):
+    """What one forward pass keeps for backward (the allocator's bytes after it, less those before,
+    the gradients already there) is the memory plan's blocks and head within 10% (they are the
+    tensors the blocks save: under 1% apart here), for GPT-2 and LLaMA-3, float32 and bfloat16
+    autocast, without and with recomputation."""
+    import gc
+    from dataclasses import replace
+
+    import infinitrain as it
+    from infinitrain.amp import autocast
+    from infinitrain.models import LLaMA3
+    from infinitrain.models.gpt2 import GPT2Config
+    from infinitrain.models.llama3_config import PRESETS
+    V, B, T = 512, 2, 64
+    cfg = GPT2Config(block_size=T, vocab_size=V, n_layer=2, n_head=2, n_embd=64) if kind == "gpt2" else \
+        replace(PRESETS["tiny"], block_size=T, vocab_size=V, n_layer=2)
+    model = (GPT2 if kind == "gpt2" else LLaMA3)(cfg, seed=0).set_recompute(recompute)
+    x = it.from_numpy(np.random.default_rng(0).integers(0, V, (B, T)))
+
+    def forward():
+        with autocast("cpu", dtype=dtype, enabled=dtype != "float32"):
+            return model(x, x, return_logits=False)[1]
+    forward().backward()  # the gradients exist before the measured forward, as in training
+    gc.collect()
+    before = it.memory_stats()["allocated_bytes"]
+    loss = forward()
+    kept = it.memory_stats()["allocated_bytes"] - before
+    block, head = forward_activation_bytes(ParallelPlan(Layout(1), recompute=recompute), cfg, B, T, dtype)
+    assert abs((cfg.n_layer * block + head) / kept - 1) < 0.10, (kept, cfg.n_layer * block, head)
+    del loss
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("stages", [2, 4])
 def test_the_estimate_of_every_stage_matches_its_measured_peak(tmp_path, stages):
     """The example on PP 2 and PP 4 (GPT-2 small: its 50k-row embedding and tied head dwarf its
     blocks, so the ends of the pipeline hold the most) prints every rank's peak; each is within
-    20% of its stage's estimate, and the busiest stage's estimate is not below any of them."""
+    10% of its stage's estimate (which counts what the run holds, not a margin: the refusal's is
+    the process's share), and the busiest stage is the one estimated the busiest."""
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 300), 40))
     out = example(stages, "gpt2", ["--input_bin", tmp_path / "t.bin", "--model", "small", "--batch_size", "2",
                                    "--sequence_length", "64", "--total_batch_size", "512", "--num_iteration", "3",
@@ -43,5 +80,7 @@ def test_the_estimate_of_every_stage_matches_its_measured_peak(tmp_path, stages)
                  for parts, *_ in stage_estimates(plan, GPT2_PRESETS["small"], GPT2, 2, 64, 4, "float32")]
     assert len(measured) == stages, out
     for s, (got, want) in enumerate(zip(measured, estimates)):
-        assert 0.8 * want <= got <= 1.2 * want, (s, got / 2**20, want / 2**20)
-    assert max(estimates) >= max(measured), (estimates, measured)
+        # (within 2 MB on PP 4's middle stages, one block each: the pipeline's send and receive
+        # buffers are not counted)
+        assert abs(got - want) <= max(0.1 * want, 2 * 2**20), (s, got / 2**20, want / 2**20)
+    assert measured.index(max(measured)) == estimates.index(max(estimates)), (estimates, measured)

@@ -5,20 +5,23 @@ with a way to make it fit rather than killed by the system halfway through its f
 Per parameter: 4 bytes of weights, 4 of gradient and 8 of AdamW moments (+2 for bfloat16
 copies), each pipeline stage's own (its blocks in the split the pipeline uses, the embeddings on
 the first, the head on the last: GPT-2 124M on two stages holds 103M and 60M), split over TP,
-and ZeRO's shares over DP x CP; the busiest stage is the answer. The embedding-shaped gradients
-a stage makes whole in backward before adding them into .grad (the input embedding's on the
-first stage, a tied head's on the last) count once more. At stages 2 and 3 the token
+and ZeRO's shares over DP x CP; the busiest stage is the answer. At stages 2 and 3 the token
 embedding's gradient is whole during backward (a gradient is reduce-scattered only once it is
 final: the tied embedding's at the very end) and two buckets are in flight; at stage 3 the
-embedding's weights are gathered too. Activations of the stage that holds the most: its
-blocks (the split the pipeline makes) times the micro-batches in flight there (all M under
-GPipe, PP - stage under 1F1B, one without a pipeline) at about 24 B T C floats per block plus
-the attention scores, the logits and their gradient on the last stage, and ~350 MB for the
-process itself (Python, numpy, MPI, BLAS buffers, the data). With offload_optimizer "nvme"
-the moments are on disk (parts["on disk"], not counted in the memory) and the staging buffers
-stay; with offload_param "nvme" (stage 3, also on one rank) the parameter pieces are there
-too, and what stays of the parameters is the units gathered at a time (the embedding and two
-blocks).
+embedding's weights are gathered too. Activations (forward_activation_bytes): the tensors each
+block's autograd nodes save, per token (block_activation_bytes: dtype, recomputation, TP, SP;
+no T x T scores, the fused attention keeps its output and a log-sum-exp), the head's (one copy
+of the logits, their gradient written over them; the float32 softmax and a new gradient under
+TP), times the micro-batches in flight on the stage (all M under GPipe, PP - stage under 1F1B,
+one without a pipeline). The step's peak is the busiest of three moments: backward's start
+(every activation, the head's weight gradient being made, the gradients only where DDP's
+buckets, accumulation or a pipeline keep them), its end (every gradient, the input embedding's
+being made whole) and AdamW's step (a temporary the size of the largest parameter). The
+process itself (Python, numpy, MPI, BLAS buffers, the data) is ~350 MB. With offload_optimizer
+"nvme" the moments are on disk (parts["on disk"], not counted in the memory) and the staging
+buffers stay; with offload_param "nvme" (stage 3, also on one rank) the parameter pieces are
+there too, and what stays of the parameters is the units gathered at a time (the embedding and
+two blocks). Held to the examples' measured peaks in docs/planning.md (benchmarks/plan_validate.py).
 """
 from __future__ import annotations
 
@@ -49,30 +52,109 @@ def embedding_rows(config) -> int:
     return getattr(config, "padded_vocab_size", config.vocab_size)
 
 
+def block_activation_bytes(config, dtype: str, recompute: str, tp: int = 1, sp: bool = False) -> tuple:
+    """(bytes per token, bytes per micro-batch) one block keeps from its forward for its backward
+    on a rank: the tensors its autograd nodes save, read off the blocks' forward (and held to
+    the allocator's counters in tests/parallel/test_memory_plan.py). Per token, with a the
+    activation itemsize (2 under bfloat16 autocast, else 4), the residual stream always fp32:
+    each norm's input (4 C, and its mean/rstd or rstd: 2 or 1 floats), each linear's input (a C;
+    under autocast each linear casts its own copy, so LLaMA's two MLP inputs are two), the fused
+    attention's q, k, v and output (a (2H + 2KV) D) and a float32 log-sum-exp per head (no T x T
+    scores), the output projection's input (a H D), and the MLP's: GPT-2 GELU's input and output
+    (2 a F), LLaMA SwiGLU's gate, up and output (3 a F). Selective recomputation drops the
+    activation's output (rerun in backward), full keeps only the block's input (4 C). Under TP
+    the head- and MLP-wide tensors are split, under SP the C-wide ones too (a column-parallel
+    linear saves its sequence shard and gathers it again in backward). Per micro-batch: under
+    autocast each linear's weight cast to bfloat16 (a forward saves that copy: 2 bytes per
+    weight), not kept for what recomputation reruns."""
+    C = config.n_embd
+    a = 2 if dtype == "bfloat16" else 4
+    llama = hasattr(config, "n_kv_head")
+    H = config.n_head / tp
+    KV = (config.n_kv_head if llama else config.n_head) / tp
+    D = config.head_dim if llama else C // config.n_head
+    if getattr(config, "num_experts", 0):  # routed tokens through top_k experts' MLPs (not validated)
+        F = config.moe_top_k * (config.moe_ffn_hidden or config.ffn_hidden) / tp
+    else:
+        F = (config.ffn_hidden if llama else 4 * C) / tp
+    Cs = C / tp if sp else C  # the C-wide tensors' share on this rank
+    if recompute == "full":
+        return 4 * Cs, 0.0
+    norms = 2 * (4 * Cs + (1 if llama else 2) * 4 * Cs / C)
+    mlp_inputs = 2 if llama and a == 2 else 1
+    linear_inputs = a * Cs * (1 + mlp_inputs) + a * H * D
+    attention = a * (2 * H + 2 * KV) * D + 4 * H
+    mlp = a * F * ((3 if llama else 2) - (recompute == "selective"))
+    # (selective recomputation casts the down projection's weight again in backward)
+    mlp_weights = F * C * ((3 if llama else 2) - (recompute == "selective"))
+    weights = 2 * (C * (H + 2 * KV) * D + H * D * C + mlp_weights) if a == 2 else 0.0
+    return norms + linear_inputs + attention + mlp, weights
+
+
+def forward_activation_bytes(plan, config, batch_size: int, seq_len: int, dtype: str,
+                             recompute: str | None = None) -> tuple:
+    """(bytes one block keeps for backward, bytes the head keeps) of one micro-batch of
+    batch_size x seq_len tokens on a rank of `plan` (under CP it holds T / CP of them), under
+    the plan's recomputation or `recompute`."""
+    L = plan.layout
+    C, V = config.n_embd, embedding_rows(config)
+    tokens = batch_size * seq_len // L.cp
+    sp = bool(plan.sequence_parallel) and L.tp > 1
+    per_token, per_micro_batch = block_activation_bytes(config, dtype, recompute or plan.recompute, L.tp, sp)
+    a = 2 if dtype == "bfloat16" else 4
+    # the head's: the final norm's input (fp32) and the output product's (a, C wide; split under
+    # SP), a float32 log-sum-exp per token, under autocast the output weight's bfloat16 copy, and
+    # the logits: on one rank the loss keeps them (a) and writes their gradient over them; under
+    # TP the vocab-parallel loss keeps their float32 softmax and makes their gradient (a) in a new
+    # buffer on a rank holding padding columns (counted on every rank: the busiest has them)
+    logits = a * V if L.tp == 1 else (4 + a) * V / L.tp
+    head = tokens * ((4 + a) * C / (L.tp if sp else 1) + logits + 4) + (2 * V * C / L.tp if a == 2 else 0)
+    return tokens * per_token + per_micro_batch, head
+
+
+def _widest(config) -> int:
+    """The MLP's width (a block's widest matrix is C x that)."""
+    return getattr(config, "ffn_hidden", 4 * config.n_embd)
+
+
 def stage_estimates(plan, config, model_class, batch_size: int, seq_len: int, micro_batches: int,
                     dtype: str) -> list:
     """Each pipeline stage's estimate, [(bytes by component, the AdamW state's bytes, parameters,
     micro-batches in flight)] per stage (one without a pipeline), for a rank of that stage."""
     L = plan.layout
     per_stage, blocks = stage_parameters(plan, config, model_class)
-    # under CP a rank holds T / CP tokens, and its attention a T/CP x T/CP block at a time
-    B, T, C = batch_size, seq_len // L.cp, config.n_embd
-    per_layer = 4 * (24 * B * T * C / L.tp + 2 * B * (config.n_head / L.tp) * T * T)
+    C, V = config.n_embd, embedding_rows(config)
+    a = 2 if dtype == "bfloat16" else 4
+    per_block, head = forward_activation_bytes(plan, config, batch_size, seq_len, dtype)
+    logits_bytes = batch_size * seq_len // L.cp * a * V / L.tp
     # the micro-batches in flight on each stage: all M under GPipe, PP - stage under 1F1B (and
     # ZB-H1, whose deferred W's keep less than that), PP on every stage under ZBV
     in_flight = [1] if L.pp == 1 else [micro_batches if plan.pipeline_schedule == "gpipe" else
                                        min(micro_batches, L.pp if plan.pipeline_schedule == "zbv" else L.pp - s)
                                        for s in range(L.pp)]
-    embedding = 4 * embedding_rows(config) * C / L.tp  # the bytes of the token embedding
-    # the embedding-shaped gradients a stage makes whole before adding them into .grad: the
-    # input embedding's on the first stage, a tied head's (the embedding again) on the last
-    made = [(s == 0) + (model_class.ties_embedding and s == L.pp - 1) for s in range(L.pp)]
-    logits = 2 * 4 * B * T * embedding_rows(config) / L.tp  # the last stage's logits and their gradient
+    embedding = 4 * V * C / L.tp  # the bytes of the token embedding
+    # the output product's weight gradient, made whole at the start of the last stage's backward
+    # (under autocast in bfloat16 first, then its float32 copy): a tied head's is the embedding's
+    head_gradient = V * C / L.tp * (4 + (2 if a == 2 else 0))
+    # gradients live through the whole step where DDP's buckets hold them (DP x CP > 1), where
+    # micro-batches accumulate into them or under a pipeline; on one rank with one micro-batch
+    # (.grad set to None after each step) only what backward has made so far
+    persistent = plan.dp_cp > 1 or micro_batches > 1 or L.pp > 1
     out = []
     for s in range(L.pp):
-        activations = in_flight[s] * blocks[s] * per_layer + (logits if s == L.pp - 1 else 0.0)
-        parts, state = _stage_parts(plan, dtype, per_stage[s] / L.tp, embedding if made[s] else 0.0,
-                                    made[s] * embedding, activations, config.n_layer / L.pp)
+        last = s == L.pp - 1
+        activations = in_flight[s] * (blocks[s] * per_block + (head if last else 0.0))
+        if last and plan.pipeline_schedule == "zb-h1":
+            # ZB-H1 runs the head's weight gradient (W) after its input gradient (B): the logits'
+            # gradient waits for it beside the next micro-batch's (measured: 374 MB against 312
+            # without it, GPT-2 small at PP 2; ZBV's V places the head on stage 0, within 3% without)
+            activations += logits_bytes
+        # AdamW's step makes a temporary the size of the largest parameter it updates: the
+        # embedding (or the head) at the ends of the model, a block's widest matrix between
+        widest = embedding if s == 0 or last else 4 * C * max(3 * C, _widest(config)) / L.tp
+        parts, state = _stage_parts(plan, dtype, per_stage[s] / L.tp, embedding if s == 0 else 0.0,
+                                    activations, head_gradient if last else 0.0, embedding if s == 0 else 0.0,
+                                    persistent, config.n_layer / L.pp, widest)
         out.append((parts, state, per_stage[s] / L.tp, in_flight[s]))
     return out
 
@@ -114,17 +196,19 @@ def memory_plan(plan, config, model_class, batch_size: int, seq_len: int, micro_
     return need, available, text, parts
 
 
-def _stage_parts(plan, dtype: str, params: float, embedding: float, made: float, activations: float,
-                 blocks_per_stage: float):
+def _stage_parts(plan, dtype: str, params: float, embedding: float, activations: float, head_gradient: float,
+                 embedding_gradient: float, persistent: bool, blocks_per_stage: float, widest: float):
     """(bytes by component, the AdamW state's bytes) of a rank holding `params` parameters (its
     TP share of its stage's), `embedding` bytes of them the token embedding's (0 if it holds
-    none), `made` bytes of embedding-shaped gradients made whole in backward, and `activations`
-    bytes of activations."""
+    none), at the busier of two moments of its backward: its start (every activation held, the
+    head's weight gradient `head_gradient` being made on the last stage) and its end (the
+    activations gone, every gradient there, the input embedding's gradient
+    `embedding_gradient` made whole before it is added into .grad on the first stage)."""
     moments = 10 if dtype == "bfloat16" else 8
     shards, stage = plan.dp_cp, plan.active_zero_stage
     state = params * moments / (shards if stage >= 1 else 1)
+    gradients = params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0)
     parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
-             "gradients": params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0),
              "AdamW state": state if plan.offload_optimizer != "nvme" else min(state, staging_bytes())}
     if plan.offload_param == "nvme":  # the gathered units only: the embedding and a block running with the next read
         parts["parameters"] = embedding + 2 * 4 * max(0.0, params - embedding / 4) / max(1, blocks_per_stage)
@@ -132,8 +216,17 @@ def _stage_parts(plan, dtype: str, params: float, embedding: float, made: float,
         parts["parameters"] += embedding
     if stage >= 2:  # a full-size bucket reducing while the next fills
         parts["buckets in flight"] = min(2 * BUCKET_BYTES, params * 4)
+    # (gradients, embedding-shaped gradients being made, activations, the optimizer's temporary)
+    start = (gradients if persistent else 0.0, head_gradient, activations, 0.0)
+    end = (gradients, embedding_gradient, 0.0, 0.0)
+    # AdamW's step on the rank's share (ZeRO >= 1: its pieces, at most a shard of the widest)
+    optimizer = (gradients, 0.0, 0.0, widest / (shards if stage >= 1 else 1))
+    held, made, kept, temporary = max(start, end, optimizer, key=sum)
+    parts["gradients"] = held
     if made:
         parts["embedding gradients being made"] = made
-    parts["activations"] = activations
+    if temporary:
+        parts["optimizer step's temporary"] = temporary
+    parts["activations"] = kept
     parts["process"] = PROCESS_BYTES
     return parts, state
