@@ -81,7 +81,7 @@ class TrainingLoop:
         self.check_outputs()
         self.monitor = open_monitor(args, env)  # --tensorboard_dir, --csv_log (rank 0 writes)
         self.pending_save = None  # an --async_save in flight
-        self.prof = profiler.profile()
+        self.prof = profiler.profile(device=device)  # a GPU run: its own GPU's time too
         self.profiling = ProfileWindow(args.profile, self.first, args.num_iteration, args.profile_steps)
         self.checker = self.precision_checker()
         self.moe = MoEStepLog(model, plan, device, args.moe_log_every, log)  # (inactive for a dense model)
