@@ -25,8 +25,9 @@ def argument(decl: str, keep: list):
         return lib.IT_INT64 if name in ("index_dtype", "target_dtype") else lib.IT_FLOAT32
     if ctype in ENUMS:
         return ENUMS[ctype]
-    if ctype.endswith("*const *"):  # a host array of device pointers
-        keep.append(ffi.new("void *[1]", [ffi.cast("void *", 64)]))
+    if ctype.endswith("*const *"):  # a host array of device pointers (void *, float *, ...)
+        element = ctype[:-len("const *")].strip()
+        keep.append(ffi.new(f"{element}[1]", [ffi.cast(element, 64)]))
         return keep[-1]
     if ctype == "const it_attention_options *":  # host options: a device mask and dropout
         keep.append(ffi.new("it_attention_options *", {"bias": ffi.cast("float *", 4096),
