@@ -72,6 +72,26 @@ __device__ __forceinline__ void store_rows(T *out, int64_t row0, int64_t total, 
     }
 }
 
+// The two score-shaped products of the backward passes, 16 columns n of each into the warp's
+// float buffers: S = A B^T and dP = C E^T, A and C the warp's rows in fragments, B and E tiles
+// of rows in shared memory (dQ's pass: Q K^T and dO V^T; dK/dV's: K Q^T and V dO^T)
+template <typename T, int D, int LDK, int LDS>
+__device__ __forceinline__ void scores_and_dp(float *S, float *dP, const RowA<T> (&a)[D / 16], const T *b,
+                                              const RowA<T> (&c)[D / 16], const T *e, int n) {
+    Accum s, p;
+    wmma::fill_fragment(s, 0.0f);
+    wmma::fill_fragment(p, 0.0f);
+    for (int k = 0; k < D / 16; k++) {
+        ColB<T> bf, ef;
+        wmma::load_matrix_sync(bf, b + 16 * n * LDK + 16 * k, LDK);
+        wmma::mma_sync(s, a[k], bf, s);
+        wmma::load_matrix_sync(ef, e + 16 * n * LDK + 16 * k, LDK);
+        wmma::mma_sync(p, c[k], ef, p);
+    }
+    wmma::store_matrix_sync(S + 16 * n, s, LDS, wmma::mem_row_major);
+    wmma::store_matrix_sync(dP + 16 * n, p, LDS, wmma::mem_row_major);
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 template <typename T, int D, int BC>
 __global__ void __launch_bounds__(kThreads) flash_forward(T *out, float *lse, const T *q, const T *k, const T *v,
@@ -211,20 +231,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq(T *dq, const T *do
         load_rows<T, D, LDK>(kv, kb, k0, Tk, BC);
         load_rows<T, D, LDK>(vs, vb, k0, Tk, BC);
         __syncthreads();
-        for (int n = 0; n < BC / 16; n++) {  // S = Q K^T, dP = dO V^T
-            Accum s, p;
-            wmma::fill_fragment(s, 0.0f);
-            wmma::fill_fragment(p, 0.0f);
-            for (int c = 0; c < D / 16; c++) {
-                ColB<T> kf, vf;
-                wmma::load_matrix_sync(kf, kv + 16 * n * LDK + 16 * c, LDK);
-                wmma::mma_sync(s, qf[c], kf, s);
-                wmma::load_matrix_sync(vf, vs + 16 * n * LDK + 16 * c, LDK);
-                wmma::mma_sync(p, df[c], vf, p);
-            }
-            wmma::store_matrix_sync(S + 16 * n, s, LDS, wmma::mem_row_major);
-            wmma::store_matrix_sync(dP + 16 * n, p, LDS, wmma::mem_row_major);
-        }
+        for (int n = 0; n < BC / 16; n++) scores_and_dp<T, D, LDK, LDS>(S, dP, qf, kv, df, vs, n);  // Q K^T, dO V^T
         __syncwarp();
         for (int j = half; j < BC; j += 2) {
             float p = k0 + j <= my_last ? exp2f(S[my * LDS + j] * sl2 - lse2) : 0.0f;
@@ -298,20 +305,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dkv(T *dk, T *dv, con
                 dl[i] = i0 + i < Tq ? delta[bh * Tq + i0 + i] : 0.0f;
             }
             __syncthreads();
-            for (int n = 0; n < BQ / 16; n++) {  // S^T = K Q^T, dP^T = V dO^T
-                Accum s, p;
-                wmma::fill_fragment(s, 0.0f);
-                wmma::fill_fragment(p, 0.0f);
-                for (int c = 0; c < D / 16; c++) {
-                    ColB<T> qf, df;
-                    wmma::load_matrix_sync(qf, qd + 16 * n * LDK + 16 * c, LDK);
-                    wmma::mma_sync(s, kf[c], qf, s);
-                    wmma::load_matrix_sync(df, dos + 16 * n * LDK + 16 * c, LDK);
-                    wmma::mma_sync(p, vf[c], df, p);
-                }
-                wmma::store_matrix_sync(S + 16 * n, s, LDS, wmma::mem_row_major);
-                wmma::store_matrix_sync(dP + 16 * n, p, LDS, wmma::mem_row_major);
-            }
+            for (int n = 0; n < BQ / 16; n++)  // S^T = K Q^T, dP^T = V dO^T
+                scores_and_dp<T, D, LDK, LDS>(S, dP, kf, qd, vf, dos, n);
             __syncwarp();
             for (int j = half; j < BQ; j += 2) {
                 bool seen = my_key_real && i0 + j >= my_first && lse2[j] != -INFINITY;
