@@ -15,13 +15,13 @@ defaults (or --base's figures), and it says so.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
+from ..nn.parallel.global_env import share_node_cores
 from .profile import COLLECTIVES, DEFAULT, Profile, fit_alpha_beta
 
 SIZES = [2 ** k for k in range(12, 24, 2)]  # 4 KB .. 8 MB per collective
@@ -118,10 +118,11 @@ def main(argv=None) -> int:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     base = Profile.load(args.base).data if args.base else dict(DEFAULT)
+    # the threads a training job's rank gets (init()'s share of the node's cores), so that ranks
+    # measuring at once do not oversubscribe the cores: the rates are per those cores
+    cores = share_node_cores(comm)
     compute = measure_compute(args.repeats)
-    # the cores each rank had while every rank of its node measured at once: what the rates are per
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    compute["cores"] = (os.cpu_count() or 1) / local
+    compute["cores"] = cores
     links = measure_collectives(comm) if comm.Get_size() > 1 else None
     if comm.Get_rank() != 0:
         return 0

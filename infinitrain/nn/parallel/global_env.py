@@ -378,6 +378,15 @@ def _share_cores(cores: int) -> None:
     set_num_threads(max(1, cores))
 
 
+def share_node_cores(comm) -> int:
+    """What init() does to the threads, for tools that time the engine on several ranks without a
+    training job (the planner's calibration): this rank's threads set to its share of the node's
+    cores, unless OMP_NUM_THREADS says otherwise; returns the threads it runs."""
+    from ...runtime import get_num_threads
+    _share_cores(_local_cores(comm)[2])
+    return get_num_threads()
+
+
 def get_env() -> GlobalEnv:
     if _ENV is None:
         raise RuntimeError("infinitrain.nn.parallel.init() has not been called")
