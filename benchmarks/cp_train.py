@@ -15,6 +15,7 @@
    the first's.
 
     python benchmarks/cp_train.py                           # LLaMA-3 small, T 256..1024
+    python benchmarks/cp_train.py --seqs 1024 2048 4096 8192 --cp_comms p2p all_gather a2a a2a+p2p
     python benchmarks/cp_train.py --model tiny --seqs 128 256 --cps 1 2 --cp_comms p2p a2a
 
 (The balance part runs itself under mpiexec: `python benchmarks/cp_train.py --balance`.)
@@ -32,11 +33,29 @@ from mpi_launch import start as launch
 
 
 
+def _block_size(args) -> int:
+    from infinitrain.models import LLAMA3_PRESETS
+    return LLAMA3_PRESETS[args.model].block_size
+
+
+def _comm_flags(args, cp: int, comm: str) -> list:
+    """The example's CP flags; a2a+p2p's all-to-all groups --cp_a2a_size ranks wide (on one node
+    the default would be every CP rank: a2a itself)."""
+    flags = ["--cp_comm", comm]
+    if comm == "a2a+p2p":
+        if cp % args.cp_a2a_size or cp == args.cp_a2a_size:
+            raise SystemExit(f"a2a+p2p at CP {cp} needs --cp_a2a_size dividing it and smaller (got {args.cp_a2a_size})")
+        flags += ["--cp_a2a_size", str(args.cp_a2a_size)]
+    return flags
+
+
 def train_run(args, seq: int, cp: int, comm: str) -> tuple:
     tokens = args.batch * seq
-    cmd = [*launch(cp), sys.executable, "-m", "infinitrain.examples.llama3", "--model", args.model,
+    longer = ["--max_position_embeddings", str(seq)] if seq > _block_size(args) else []
+    cmd = [*launch(cp), sys.executable, "-m", "infinitrain.examples.llama3", "--model", args.model, *longer,
            "--batch_size", str(args.batch), "--sequence_length", str(seq), "--total_batch_size", str(tokens),
-           "--num_iteration", str(args.steps), "--context_parallel", str(cp), "--cp_comm", comm, "--peak_tflops", "1"]
+           "--num_iteration", str(args.steps), "--context_parallel", str(cp), *_comm_flags(args, cp, comm),
+           "--peak_tflops", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                          env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
     if out.returncode:
@@ -57,13 +76,18 @@ def under_mpiexec(args, n: int, *flags) -> str:
 def activations(args) -> None:
     """Under mpiexec -n CP: prints the largest per-rank activation peak (bytes) of a forward and
     backward of --batch sequences of --seq tokens."""
+    from dataclasses import replace
+
     import numpy as np
     import infinitrain as it
-    from infinitrain.models.llama3 import llama3
+    from infinitrain.models import LLAMA3_PRESETS, LLaMA3
     from infinitrain.nn import parallel
     from mpi4py import MPI
     env = parallel.init(context_parallel=MPI.COMM_WORLD.Get_size())  # every rank in one CP group
-    model = llama3(args.model, cp=parallel.ParallelPlan(env, cp_comm=args.cp_comm).context_parallel())
+    A = args.cp_a2a_size if args.cp_comm == "a2a+p2p" else None
+    cp = parallel.ParallelPlan(env, cp_comm=args.cp_comm, cp_a2a_size=A).context_parallel()
+    config = LLAMA3_PRESETS[args.model]
+    model = LLaMA3(replace(config, block_size=max(config.block_size, args.seq)), cp=cp)
     data = np.random.default_rng(0).integers(0, 50257, (args.batch, args.seq + 1))
     idx, targets = it.from_numpy(data[:, :-1].copy()), it.from_numpy(data[:, 1:].copy())
     peak = 0
@@ -88,9 +112,12 @@ def memory_and_speed(args) -> None:
     for seq in args.seqs:
         for cp in args.cps:
             for comm in (args.cp_comms if cp > 1 else ["-"]):
+                if comm == "a2a+p2p" and cp <= args.cp_a2a_size:
+                    continue  # (one all-to-all group: a2a itself)
                 rate, peak = train_run(args, seq, cp, comm if cp > 1 else "p2p")
                 out = under_mpiexec(args, cp, "--activations", "--model", args.model, "--batch", str(args.batch),
-                                    "--seq", str(seq), "--cp_comm", comm if cp > 1 else "p2p")
+                                    "--seq", str(seq), "--cp_comm", comm if cp > 1 else "p2p",
+                                    "--cp_a2a_size", str(args.cp_a2a_size))
                 act = int(re.search(r"activation_peak (\d+)", out).group(1)) / 2**20
                 print(f"{seq:6d} | {cp:3d} | {comm:>10} | {rate:7.0f} | {peak:12d} | {act:19.1f}", flush=True)
 
@@ -143,6 +170,8 @@ def main() -> None:
     p.add_argument("--cps", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--cp_comms", nargs="+", default=["p2p", "all_gather", "a2a"],
                    choices=["p2p", "all_gather", "a2a", "a2a+p2p"])
+    p.add_argument("--cp_a2a_size", type=int, default=2,
+                   help="a2a+p2p: the all-to-all groups' size (the ring joins the groups)")
     p.add_argument("--cp_comm", default="p2p", help="(internal) with --activations")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per rank")

@@ -39,7 +39,7 @@ def build_model(args, tp=None, pp=None, cp=None, ep=None):
 
 
 def main(argv=None) -> int:
-    return train(parse_args(argv, __doc__, LLAMA3_PRESETS, "small", moe=True), build_model)
+    return train(parse_args(argv, __doc__, LLAMA3_PRESETS, "small", moe=True, rope=True), build_model)
 
 
 if __name__ == "__main__":

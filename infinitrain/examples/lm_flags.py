@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from infinitrain.examples.flags import (add_async_tp_flag, add_monitor_flags, add_nan_check_flag, nonnegative_float,
                                        nonnegative_int, positive_float, positive_int)
@@ -13,8 +14,10 @@ from infinitrain.nn.lora import DEFAULT_TARGETS
 from infinitrain.nn.parallel.pp import SCHEDULES
 
 
-def parse_args(argv, description: str, presets, default_model: str, moe: bool = False):
-    """moe: the model can have experts (LLaMA-3): the MoE flags (moe_flags.py) are taken."""
+def parse_args(argv, description: str, presets, default_model: str, moe: bool = False, rope: bool = False):
+    """moe: the model can have experts (LLaMA-3): the MoE flags (moe_flags.py) are taken. rope:
+    its positions are rotary (LLaMA-3), so --max_position_embeddings may lift the preset's
+    block size (a learned position table, GPT-2's, has as many rows as it has)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)  # a flag is its full name: the typed ones are checked
     p.add_argument("--input_bin", default=None, help="training token shard(s), a path or glob (default: Shakespeare)")
@@ -153,6 +156,11 @@ def parse_args(argv, description: str, presets, default_model: str, moe: bool = 
                         "to name the first tensor that differs from a run saved there by more than round-off")
     if moe:
         add_moe_flags(p)
+    if rope:
+        p.add_argument("--max_position_embeddings", type=positive_int, default=None,
+                       help="the longest sequence the preset takes (its block size; Megatron's and Hugging Face's "
+                            "name): rotary positions have no table to outgrow, e.g. --model small "
+                            "--max_position_embeddings 8192 --sequence_length 8192")
     add_config_arguments(p)
     # AdamW's betas and eps (GPT-3's); a DeepSpeed config may set them, and its schedule
     p.set_defaults(presets=presets, betas=(0.9, 0.95), eps=1e-8, ds_scheduler=None)
@@ -165,6 +173,11 @@ def parse_args(argv, description: str, presets, default_model: str, moe: bool = 
     args.moe_overrides, args.moe_log_every = {}, getattr(args, "moe_log_every", 0)
     if moe:
         apply_moe_flags(args, p.error)
+    if getattr(args, "max_position_embeddings", None):
+        if args.llmc_filepath or args.from_pretrained:
+            p.error("--max_position_embeddings sizes a preset; a checkpoint's model keeps its own block size")
+        args.presets = {**args.presets, args.model: replace(args.presets[args.model],
+                                                            block_size=args.max_position_embeddings)}
     if args.min_lr > args.learning_rate:
         p.error(f"--min_lr {args.min_lr:g} is above --learning_rate {args.learning_rate:g}: the decay ends below "
                 "where it starts")

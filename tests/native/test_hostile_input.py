@@ -568,3 +568,20 @@ def test_flags_that_do_nothing_in_this_run_are_named():
     used = parse_args(["--save", "ck", "--save_interval", "5", "--lr_decay", "cosine", "--min_lr", "1e-5"], "",
                       GPT2_PRESETS, "gpt2")
     assert idle_flags(used, ParallelPlan(Layout(1)), 1) == []
+
+
+def test_max_position_embeddings_lifts_a_rope_presets_block_size_and_nothing_else(capsys):
+    """LLaMA-3's rotary positions have no table, so its example takes longer sequences than a
+    preset's block size when asked; GPT-2's learned table does not, and a checkpoint keeps its own."""
+    from infinitrain.examples.lm_flags import parse_args
+    from infinitrain.models import GPT2_PRESETS, LLAMA3_PRESETS
+    args = parse_args(["--model", "small", "--max_position_embeddings", "8192"], "", LLAMA3_PRESETS, "small",
+                      moe=True, rope=True)
+    assert args.presets["small"].block_size == 8192 and LLAMA3_PRESETS["small"].block_size == 1024
+    with pytest.raises(SystemExit):
+        parse_args(["--max_position_embeddings", "8192", "--llmc_filepath", "x.bin"], "", LLAMA3_PRESETS, "small",
+                   moe=True, rope=True)
+    assert "a checkpoint's model keeps its own block size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--max_position_embeddings", "8192"], "", GPT2_PRESETS, "gpt2")
+    assert "unrecognized arguments: --max_position_embeddings" in capsys.readouterr().err
