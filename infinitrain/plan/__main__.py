@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import Cluster, Profile, enumerate_candidates, parse, predict, refusal
 from .layouts import RECOMPUTE
-from .profile import DEFAULT_GPU
+from .profile import DEFAULT_GPU, SHIPPED
 
 GB = 2 ** 30
 
@@ -64,7 +64,9 @@ def _args(argv):
     p.add_argument("--ranks_per_node", type=int, nargs="+", default=None,
                    help="CPU: the ranks per node to try (default: every divisor of --cores_per_node)")
     p.add_argument("--memory_per_node", type=float, required=True, help="GB a node's ranks may use")
-    p.add_argument("--profile", default=None, help="the machine's profile (calibrate writes one)")
+    p.add_argument("--profile", default=None,
+                   help="the machine's profile: a file (calibrate writes one) or a shipped one by name "
+                        f"({', '.join(SHIPPED)})")
     p.add_argument("--zero_stages", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--recompute", nargs="+", default=list(RECOMPUTE), choices=list(RECOMPUTE))
     p.add_argument("--cp_comm", nargs="+", default=["p2p"], choices=["p2p", "all_gather", "a2a"])
@@ -117,6 +119,9 @@ def main(argv=None) -> int:
         sys.exit(str(e))
     G, T = args.global_batch, args.sequence_length
     where = args.profile or "no profile: placeholder rates, run calibrate"
+    rated = profile.data.get("dtype", "float32")
+    if rated != args.dtype:
+        where += f" (its rates are {rated}'s, the job's products {args.dtype}: read the times with that in mind)"
     print(f"{cls.__name__} {args.config or args.model}: {G} x {T} tokens per step, {args.dtype}; rates from {where}")
     if args.explain:
         return explain(args, config, cls, example, profile)

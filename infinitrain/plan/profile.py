@@ -102,6 +102,10 @@ DEFAULT_GPU = {**DEFAULT, "name": "unmeasured GPU defaults (H100 datasheet)", "d
                "inter_node": {c: {"alpha": 1e-5, "beta": 1 / 5e10} for c in COLLECTIVES}}
 
 
+# profiles written by hand for machines this project cannot measure, each with its sources
+SHIPPED = {f.stem: f for f in sorted((Path(__file__).parent / "profiles").glob("*.json"))}
+
+
 class Profile:
     """A machine's rates (the JSON above), with every field checked when read."""
 
@@ -136,6 +140,10 @@ class Profile:
 
     @classmethod
     def load(cls, path) -> "Profile":
+        """A profile file, or the name of one this package ships (SHIPPED: machines written from
+        their datasheets, e.g. h100-sxm)."""
+        if not Path(path).exists() and str(path) in SHIPPED:
+            path = SHIPPED[str(path)]
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:

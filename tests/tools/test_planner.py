@@ -189,6 +189,22 @@ def test_the_command_line_lists_ranked_layouts_and_explains_one(capsys, tmp_path
         main(common[:-4] + ["--profile", str(bad)])
 
 
+
+def test_the_shipped_gpu_profiles_load_by_name_and_price_bf16_products_at_their_rates(capsys, tmp_path):
+    from infinitrain.plan.profile import SHIPPED
+    assert {"h100-sxm", "a100-sxm-80gb"} <= set(SHIPPED)
+    h100, a100 = Profile.load("h100-sxm"), Profile.load("a100-sxm-80gb")
+    assert h100["dtype"] == "bfloat16" and h100["source"] and h100.matmul_rate(1e11, 1) == pytest.approx(7.0e14, 0.01)
+    assert a100.matmul_rate(1e11, 1) < h100.matmul_rate(1e11, 1)  # and the rates are the files', not placeholders
+    common = ["--model", "gpt2", "--global_batch", "64", "--sequence_length", "1024", "--gpus_per_node", "8",
+              "--memory_per_node", "640", "--dtype", "bfloat16", "--explain", "dp=8,zero=1,mb=8"]
+    assert main(common + ["--profile", "h100-sxm"]) == 0
+    assert "rates from h100-sxm\n" in capsys.readouterr().out  # (no dtype note: the profile's are bf16's)
+    assert main(common[:-4] + ["--dtype", "float32", "--explain", "dp=8,zero=1,mb=8", "--profile", "h100-sxm"]) == 0
+    assert "its rates are bfloat16's, the job's products float32" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="profile h200-made-up: cannot be read as JSON"):
+        main(common + ["--profile", "h200-made-up"])
+
 def test_the_memory_refusal_names_the_plans_fitting_layouts():
     from infinitrain.nn.parallel import Layout, ParallelPlan
     from infinitrain.plan.auto import fitting_layouts
