@@ -9,6 +9,9 @@ The issue's bar: memory within 10% and step time within 15% for 90% of the confi
     python benchmarks/plan_validate.py --profile profile.json                   # every configuration
     python benchmarks/plan_validate.py --profile profile.json --only pp= --steps 6
     python benchmarks/plan_validate.py --memory_only --steps 2 --only llama3      # no profile, memory only
+    python benchmarks/plan_validate.py --profile profile.json --choice gpt2,small,8,128,2
+        # the planner's first choice for one job against the best of its layouts measured:
+        # its --choice_top best by prediction and --choice_spread more spread over the ranking
 
 Step times need an idle machine: ranks sharing cores with other work run at whatever is left.
 """
@@ -80,6 +83,43 @@ def measure(example, model, flags, ranks, steps, timeout):
     return peak_mb * 2**20, statistics.median(times) / 1e3
 
 
+def choice(args, profile) -> int:
+    """The planner's ranking of one job's layouts held against their measured steps: is its first
+    choice within 10% of the best one measured?"""
+    from infinitrain.plan import Cluster, best_layouts
+    from infinitrain.plan.__main__ import model_of
+    example, model, G, T, ranks = args.choice.split(",")
+    G, T, ranks = int(G), int(T), int(ranks)
+    config, cls, _ = model_of(model, None, example)
+    cluster = Cluster(1, ranks, os.cpu_count() or 1, 1e15)
+    ranked = [pr for pr in best_layouts(ranks, config, cls, cluster, profile, G, T) if pr.fits]
+    rest = ranked[args.choice_top:]
+    step = max(1, len(rest) // max(1, args.choice_spread))
+    chosen = ranked[:args.choice_top] + rest[::step][:args.choice_spread]
+    print(f"{example} {model}, {G} x {T} on {ranks} ranks: {len(ranked)} layouts fit; measuring the planner's "
+          f"best {args.choice_top} and {len(chosen) - args.choice_top} more spread over its ranking "
+          f"(load average {os.getloadavg()[0]:.1f})")
+    print(f"{'rank':>4} {'layout':<70} | {'ms pred':>8} {'ms meas':>8}")
+    measured = []
+    for pred in chosen:
+        i = ranked.index(pred) + 1
+        try:
+            _, step_s = measure(example, model, pred.candidate.flags(G, T), ranks, args.steps, args.timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"{i:>4} {pred.candidate.name:<70} | failed: {str(e)[-200:]}", flush=True)
+            continue
+        measured.append((step_s, i, pred))
+        print(f"{i:>4} {pred.candidate.name:<70} | {pred.step_time * 1e3:8.0f} {step_s * 1e3:8.0f}", flush=True)
+    if measured:
+        best = min(measured)
+        first = next((m for m in measured if m[1] == 1), None)
+        if first:
+            print(f"the first choice measured {first[0] * 1e3:.0f} ms, the best measured (#{best[1]}, "
+                  f"{best[2].candidate.name}) {best[0] * 1e3:.0f} ms: {first[0] / best[0] - 1:+.0%}; load average "
+                  f"{os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default=None, help="this machine's profile (default: calibrate one first, 2 ranks)")
@@ -89,6 +129,10 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--memory_only", action="store_true",
                    help="hold only the memory to the runs (no profile is calibrated; step times are not printed)")
+    p.add_argument("--choice", default=None, metavar="EXAMPLE,MODEL,BATCH,SEQ,RANKS",
+                   help="measure the planner's ranking of one job's layouts instead of the configurations")
+    p.add_argument("--choice_top", type=int, default=4)
+    p.add_argument("--choice_spread", type=int, default=6)
     args = p.parse_args(argv)
     from infinitrain.plan import Profile
     if args.memory_only:
@@ -99,6 +143,8 @@ def main(argv=None) -> int:
                                                    args.profile], check=True)
     if not args.memory_only:
         profile = Profile.load(args.profile)
+    if args.choice:
+        return choice(args, profile)
     which = "none (memory only)" if args.memory_only else f"{args.profile} ({profile['name']})"
     print(f"profile {which}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start")
     print(f"{'example':<7} {'model':<6} {'layout':<46} {'n':>2} | {'MB pred':>8} {'MB meas':>8} {'err':>6}"
