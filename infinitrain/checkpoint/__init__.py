@@ -27,8 +27,8 @@ from .format import FORMAT, READABLE_VERSIONS, VERSION, CheckpointError, ensure_
 from .format import _meta_digest  # noqa: F401  (tests read it)
 from .writer import AsyncSave
 from .sharded import load_checkpoint, save_checkpoint, save_checkpoint_async
-from .pretrained import from_pretrained, load_lora, read_lora_config, save_lora, save_pretrained
+from .pretrained import config_from_pretrained, from_pretrained, load_lora, read_lora_config, save_lora, save_pretrained
 
 __all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "CheckpointError", "ensure_writable", "resolve", "read_meta",
            "AsyncSave", "save_checkpoint", "save_checkpoint_async", "load_checkpoint", "save_pretrained",
-           "from_pretrained", "save_lora", "read_lora_config", "load_lora"]
+           "from_pretrained", "config_from_pretrained", "save_lora", "read_lora_config", "load_lora"]

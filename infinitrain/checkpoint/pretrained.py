@@ -74,6 +74,30 @@ def save_pretrained(model, folder, write: bool = True, merge_lora: bool = False)
     return folder
 
 
+def _read_config_json(folder: Path) -> tuple:
+    where = input_file(folder / "config.json", "config")
+    try:
+        config = json.loads(where.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataFormatError(f"{where} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(config, dict):
+        raise DataFormatError(f"{where} is not a JSON object")
+    return where, config
+
+
+def config_from_pretrained(folder, gpt2_class, llama_class) -> tuple:
+    """(the model class, its configuration) a transformers folder's config.json describes
+    (model_type gpt2: gpt2_class; the LLaMA family's: llama_class), without reading the weights."""
+    from .. import hf
+    folder = Path(folder)
+    where, config = _read_config_json(folder)
+    if not hf.is_transformers_config(config):
+        raise DataFormatError(f"{where}: model_type {config.get('model_type')!r} is none this package reads "
+                              f"(gpt2, {', '.join(hf.hf_llama.KINDS)})")
+    cls = gpt2_class if config["model_type"] == "gpt2" else llama_class
+    return cls, hf.config_of(cls, config, folder)
+
+
 @no_grad()
 def from_pretrained(cls, folder, tp=None, pp=None, cp=None, ep=None):
     """A model from a folder in transformers' format (what save_pretrained writes, or what
@@ -83,13 +107,7 @@ def from_pretrained(cls, folder, tp=None, pp=None, cp=None, ep=None):
     before anything is built. Under TP/PP each rank reads its slice of what it holds."""
     from .. import hf
     folder = Path(folder)
-    where = input_file(folder / "config.json", "config")
-    try:
-        config = json.loads(where.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataFormatError(f"{where} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(config, dict):
-        raise DataFormatError(f"{where} is not a JSON object")
+    where, config = _read_config_json(folder)
     if not hf.is_transformers_config(config):
         return _from_earlier_format(cls, folder, config, tp, pp, cp)
     cfg = hf.config_of(cls, config, folder)

@@ -215,6 +215,20 @@ class GPT2(CausalLM):
     def from_llmc(cls, path, dtype=None, tp: TensorParallel | None = None, pp=None, cp=None) -> "GPT2":
         """Loads an llm.c GPT-2 checkpoint (version 3 float32 or 5 bfloat16); under TP each rank
         keeps its slice of every tensor, under PP its stage's layers."""
+        cfg, store = cls._llmc_header(path)
+        model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
+        model._llmc_load_payload(np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f"
+                                           else store, mode="r", offset=1024))
+        return model.to(dtype) if dtype is not None else model
+
+    @classmethod
+    def config_from_llmc(cls, path) -> GPT2Config:
+        """The model an llm.c GPT-2 checkpoint holds, read from its header (the file's size checked
+        against it) without reading the weights."""
+        return cls._llmc_header(path)[0]
+
+    @classmethod
+    def _llmc_header(cls, path) -> tuple:
         path = input_file(path, "checkpoint")
         size = path.stat().st_size
         if size < 1024:
@@ -240,10 +254,7 @@ class GPT2(CausalLM):
             what = "truncated" if size < expected else "trailing data"
             raise DataFormatError(f"{path}: {size} bytes, but a {L}-layer, {C}-wide model in "
                                   f"version {version} needs {expected} ({what})")
-        model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
-        model._llmc_load_payload(np.memmap(path, dtype=store.newbyteorder("<") if store.kind == "f"
-                                           else store, mode="r", offset=1024))
-        return model.to(dtype) if dtype is not None else model
+        return cfg, store
 
     def save_llmc(self, path, version: int = 3) -> None:
         """Writes an llm.c checkpoint: version 3 (float32) or 5 (bfloat16), atomically."""

@@ -323,6 +323,14 @@ class LLaMA3(CausalLM):
 
     @classmethod
     def from_llmc(cls, path, tp: TensorParallel | None = None, pp=None, cp=None) -> "LLaMA3":
+        model = cls(cls.config_from_llmc(path), seed=0, tp=tp, pp=pp, cp=cp)
+        model._llmc_load_payload(np.memmap(path, dtype="<f4", mode="r", offset=1024))
+        return model
+
+    @classmethod
+    def config_from_llmc(cls, path) -> LLaMA3Config:
+        """The model an llm.c LLaMA-3 checkpoint holds, read from its header (the file's size
+        checked against it) without reading the weights."""
         path = input_file(path, "checkpoint")
         size = path.stat().st_size
         if size < 1024:
@@ -365,9 +373,7 @@ class LLaMA3(CausalLM):
         if size != expected:  # checked before the model is built: a header cannot eat the memory
             raise DataFormatError(f"{path}: {size} bytes, but the model in its header needs {expected} "
                                   f"({'truncated' if size < expected else 'trailing data'})")
-        model = cls(cfg, seed=0, tp=tp, pp=pp, cp=cp)
-        model._llmc_load_payload(np.memmap(path, dtype="<f4", mode="r", offset=1024))
-        return model
+        return cfg
 
 
 def llama3(name: str = "small", tp: TensorParallel | None = None, pp=None, cp=None, ep=None,

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from . import Cluster, Profile, enumerate_candidates, parse, predict, refusal
 from .layouts import RECOMPUTE
 from .profile import DEFAULT_GPU, SHIPPED
@@ -28,9 +30,27 @@ def model_of(name: str, config_file: str | None, example: str | None):
     """(config, model class, the example that trains it) of a preset or a config file (the
     model class's configuration fields as JSON)."""
     from ..models import GPT2, GPT2_PRESETS, LLAMA3_PRESETS, LLaMA3
+    from ..models.gpt2 import LLMC_GPT2_MAGIC
+    from ..models.llama3 import LLMC_LLAMA3_MAGIC
     families = {"gpt2": (GPT2, GPT2_PRESETS), "llama3": (LLaMA3, LLAMA3_PRESETS)}
     if example is not None and example not in families:
         raise ValueError(f"--example must be gpt2 or llama3, got {example!r}")
+    if Path(name).exists():  # a checkpoint: its header or config.json says the model, no weights read
+        from ..checkpoint import config_from_pretrained
+        from ..io import DataFormatError
+        try:
+            if Path(name).is_dir():
+                cls, config = config_from_pretrained(name, GPT2, LLaMA3)
+            else:
+                magic = int(np.fromfile(name, dtype="<i4", count=1)[0]) if Path(name).stat().st_size >= 4 else None
+                cls = {LLMC_GPT2_MAGIC: GPT2, LLMC_LLAMA3_MAGIC: LLaMA3}.get(magic)
+                if cls is None:
+                    raise DataFormatError(f"{name}: magic number {magic} is neither an llm.c GPT-2 checkpoint's "
+                                          f"({LLMC_GPT2_MAGIC}) nor a LLaMA-3 one's ({LLMC_LLAMA3_MAGIC})")
+                config = cls.config_from_llmc(name)
+        except DataFormatError as e:
+            raise ValueError(f"--model {name}: {e}") from None
+        return config, cls, "gpt2" if cls is GPT2 else "llama3"
     if config_file:
         fam = example or "gpt2"
         cls = families[fam][0]
@@ -50,7 +70,9 @@ def model_of(name: str, config_file: str | None, example: str | None):
 def _args(argv):
     p = argparse.ArgumentParser(prog="python -m infinitrain.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="gpt2", help="a preset of the examples (gpt2, small, llama3.2-1b, ...)")
+    p.add_argument("--model", default="gpt2",
+                   help="a preset of the examples (gpt2, small, llama3.2-1b, ...), an llm.c checkpoint (GPT-2 or "
+                        "LLaMA-3) or a Hugging Face transformers folder (its config.json is read, not its weights)")
     p.add_argument("--example", default=None, choices=["gpt2", "llama3"],
                    help="the example that trains it (default: the first whose presets have --model; small and "
                         "tiny are GPT-2's unless --example llama3)")
@@ -99,10 +121,17 @@ def clusters(args) -> list:
     return [Cluster(args.nodes, r, args.cores_per_node, args.memory_per_node * GB) for r in per_node]
 
 
+def model_flag(model: str) -> str:
+    """The examples' flag that names the model: a preset, an llm.c checkpoint or a transformers folder."""
+    if not Path(model).exists():
+        return f"--model {model}"
+    return f"--{'from_pretrained' if Path(model).is_dir() else 'llmc_filepath'} {model}"
+
+
 def command(c, cluster, example: str, model: str, global_batch: int, seq_len: int) -> str:
     launch = f"mpiexec -n {cluster.world_size}" + (f" -ppn {cluster.ranks_per_node}" if cluster.nodes > 1 else "")
     flags = " ".join(c.flags(global_batch, seq_len))
-    return f"{launch} python -m infinitrain.examples.{example} --model {model} {flags}"
+    return f"{launch} python -m infinitrain.examples.{example} {model_flag(model)} {flags}"
 
 
 def main(argv=None) -> int:

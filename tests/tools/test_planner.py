@@ -205,6 +205,30 @@ def test_the_shipped_gpu_profiles_load_by_name_and_price_bf16_products_at_their_
     with pytest.raises(SystemExit, match="profile h200-made-up: cannot be read as JSON"):
         main(common + ["--profile", "h200-made-up"])
 
+
+def test_an_llmc_checkpoint_or_a_transformers_folder_is_the_model_without_its_weights_read(capsys, tmp_path):
+    gpt2, llama = GPT2(GPT2_PRESETS["tiny"], seed=0), LLaMA3(LLAMA3_PRESETS["tiny"], seed=0)
+    gpt2.save_llmc(tmp_path / "gpt2.bin")
+    llama.save_llmc(tmp_path / "llama.bin")
+    gpt2.save_pretrained(tmp_path / "hf")
+    common = ["--global_batch", "8", "--sequence_length", "64", "--cores_per_node", "2", "--ranks_per_node", "2",
+              "--memory_per_node", "8", "--explain", "dp=2,zero=1,mb=2"]
+    for path, cls, flag in ((tmp_path / "gpt2.bin", "GPT2", "--llmc_filepath"),
+                            (tmp_path / "llama.bin", "LLaMA3", "--llmc_filepath"), (tmp_path / "hf", "GPT2",
+                                                                                   "--from_pretrained")):
+        assert main(["--model", str(path)] + common) == 0
+        out = capsys.readouterr().out
+        example = "llama3" if cls == "LLaMA3" else "gpt2"
+        assert out.startswith(f"{cls} {path}:") and f"examples.{example} {flag} {path} " in out, out
+    preset = main(["--model", "tiny"] + common) == 0 and capsys.readouterr().out
+    assert preset.split("\n")[2:4] == out.split("\n")[2:4]  # the folder's model is the preset it was saved from
+    (tmp_path / "foreign.bin").write_bytes(b"\x00" * 2048)
+    with pytest.raises(SystemExit, match="magic number 0 is neither an llm.c GPT-2 checkpoint's"):
+        main(["--model", str(tmp_path / "foreign.bin")] + common)
+    (tmp_path / "gpt2.bin").write_bytes((tmp_path / "gpt2.bin").read_bytes()[:4096])
+    with pytest.raises(SystemExit, match="truncated"):
+        main(["--model", str(tmp_path / "gpt2.bin")] + common)
+
 def test_the_memory_refusal_names_the_plans_fitting_layouts():
     from infinitrain.nn.parallel import Layout, ParallelPlan
     from infinitrain.plan.auto import fitting_layouts
