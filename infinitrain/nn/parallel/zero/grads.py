@@ -72,9 +72,10 @@ class ZeroGrads:
                 view.add_(p.grad)
                 p.grad = view
             return
-        if not self._callback_queued:
-            queue_callback(self._finish_backward)
-            self._callback_queued = True
+        if b.shared:  # a use that read the parameter outside its modules' forward (shared.py)
+            g, p.grad = p.grad, None
+            return self._on_shared_grad(p, g)
+        self._queue_finish()
         mark_ready(self._ready, p)
         reduce_partial_grads([p])  # SP, LoRA: summed over TP now, before this rank's .grad is dropped
         if b.flat_grad is None and len(b.params) == 1 and b.padded == p.numel() and p.grad.is_contiguous():
@@ -91,6 +92,35 @@ class ZeroGrads:
             if self.gatherer is not None:
                 self.gatherer.grads_done(bi)
 
+    def _queue_finish(self) -> None:
+        if not self._callback_queued:
+            queue_callback(self._finish_backward)
+            self._callback_queued = True
+
+    @no_grad()
+    def _on_shared_grad(self, p, g) -> None:
+        """One use's gradient of a parameter several modules hold (shared.py), which has a
+        bucket of its own: stage 1 adds it into the flat gradient (.grad's view); stages 2 and 3
+        reduce-scatter it into the shard now, and stage 3 frees the weights that use gathered."""
+        bi, j = self.buffer.locate(p)
+        b = self.buckets[bi]
+        if self.stage == 1:
+            b.grad_view(j).add_(g)
+            return
+        self._queue_finish()
+        if g.dtype is not b.dtype:
+            g = g.to(b.dtype)
+        if b.padded == p.numel() and g.is_contiguous():
+            b.flat_grad = g.view(-1)  # its own memory, reduced and dropped: no copy
+        else:
+            b.flat_grad = b.new_flat()
+            b.grad_view(j).copy_(g)
+        del g
+        self._reduce(b)
+        self._collect(keep=1)
+        if self.gatherer is not None:
+            self.gatherer.grads_done(bi)  # this use's backward is done: the next gathers again
+
     def _reduce(self, b) -> None:
         """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
         it is done (at the end of backward). One rank (offload_param's ZeRO-3): the gradient
@@ -101,7 +131,9 @@ class ZeroGrads:
             self._landed(b)
             return
         out = empty(b.piece, dtype=b.dtype, device=b.device)
-        self._works.append((b, out, self._reduce_scatter(b, out, b.flat_grad, async_op=True)))
+        # the work keeps the gradient it reads (a shared bucket's next use may replace flat_grad)
+        flat, b.flat_grad = b.flat_grad, None
+        self._works.append((b, out, flat, self._reduce_scatter(b, out, flat, async_op=True)))
         b.pending = -1  # launched
 
     def _reduce_scatter(self, b, out, flat, async_op: bool = False):
@@ -121,10 +153,9 @@ class ZeroGrads:
         """Waits for all but the newest `keep` reduce-scatters, adds them into the shards and
         frees their full-size buckets."""
         done, self._works = self._works[:len(self._works) - keep], self._works[len(self._works) - keep:]
-        for b, out, work in done:
+        for b, out, _, work in done:
             work.wait()
             b.shard_grad.add_(out)
-            b.flat_grad = None
             self._landed(b)
 
     def _landed(self, b) -> None:
@@ -133,7 +164,7 @@ class ZeroGrads:
 
     def _finish_backward(self) -> None:
         for b in self.buckets:  # a parameter that got no gradient contributes zeros
-            if b.pending >= 0:
+            if b.pending >= 0 and not b.shared:
                 if b.flat_grad is None:
                     b.flat_grad = b.new_flat()
                 self._reduce(b)
