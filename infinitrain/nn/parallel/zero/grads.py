@@ -13,7 +13,7 @@ _tied_buckets.
 from __future__ import annotations
 
 from ....autograd import no_grad
-from ....autograd.engine import queue_callback
+from ....autograd.engine import accumulate, queue_callback
 from ....creation import empty, zeros
 from ...utils import scale_, total_norm
 from ..finalize import reduce_partial_grads
@@ -69,7 +69,7 @@ class ZeroGrads:
         if self.stage == 1:
             if p.grad._storage is not b.flat_grad._storage:  # .grad was reset behind our back
                 view = b.grad_view(j)
-                view.add_(p.grad)
+                accumulate(view, p.grad)
                 p.grad = view
             return
         if b.shared:  # a use that read the parameter outside its modules' forward (shared.py)
@@ -83,7 +83,7 @@ class ZeroGrads:
         else:
             if b.flat_grad is None:
                 b.flat_grad = b.new_flat()
-            b.grad_view(j).add_(p.grad)
+            accumulate(b.grad_view(j), p.grad)  # (in place: add_ would make a temporary of its size)
         p.grad = None  # the flat bucket holds it now
         b.pending -= 1
         if b.pending == 0:
@@ -105,7 +105,7 @@ class ZeroGrads:
         bi, j = self.buffer.locate(p)
         b = self.buckets[bi]
         if self.stage == 1:
-            b.grad_view(j).add_(g)
+            accumulate(b.grad_view(j), g)
             return
         self._queue_finish()
         if g.dtype is not b.dtype:
@@ -126,7 +126,7 @@ class ZeroGrads:
         it is done (at the end of backward). One rank (offload_param's ZeRO-3): the gradient
         is the shard's, added now."""
         if b.group.size == 1:
-            b.shard_grad.add_(b.flat_grad if b.expert_scale is None else b.flat_grad * b.expert_scale)
+            accumulate(b.shard_grad, b.flat_grad if b.expert_scale is None else b.flat_grad * b.expert_scale)
             b.flat_grad, b.pending = None, -1
             self._landed(b)
             return
@@ -155,7 +155,7 @@ class ZeroGrads:
         done, self._works = self._works[:len(self._works) - keep], self._works[len(self._works) - keep:]
         for b, out, _, work in done:
             work.wait()
-            b.shard_grad.add_(out)
+            accumulate(b.shard_grad, out)
             self._landed(b)
 
     def _landed(self, b) -> None:
