@@ -18,6 +18,8 @@ import subprocess
 import sys
 
 MB = 2 ** 20
+HEADER = ["stage", "params (m/t)", "grads (m/t)", "AdamW (m/t)", "persistent (m/t)", "activations",
+          "gradient made", "buckets in flight", "units gathered", "   peak", "  bound", "peak/bound", "B/param"]
 
 
 def _args(argv=None):
@@ -81,10 +83,10 @@ def _job(args) -> None:
     peak = it.memory_stats()["peak_allocated_bytes"]
     if env.is_main:
         bound = sum(theory) + activations + sum(transient)
-        cells = [f"{m / MB:6.1f}/{t / MB:6.1f}" for m, t in zip((params, grads, state), theory)]
-        print(f"{args.stage:5d} | {' | '.join(cells)} | {persistent / MB:6.1f}/{sum(theory) / MB:6.1f} "
-              f"| {activations / MB:11.1f} | {' | '.join(f'{t / MB:8.1f}' for t in transient)} "
-              f"| {peak / MB:7.1f} | {bound / MB:7.1f} | {peak / bound:6.2f} | {peak / n_params:5.1f}", flush=True)
+        row = [f"{m / MB:.1f}/{t / MB:.1f}" for m, t in zip((params, grads, state, persistent), (*theory, sum(theory)))]
+        row += [f"{v / MB:.1f}" for v in (activations, *transient, peak, bound)]
+        row += [f"{peak / bound:.2f}", f"{peak / n_params:.1f}"]
+        print(" | ".join([f"{args.stage:>5}"] + [f"{v:>{len(h)}}" for v, h in zip(row, HEADER[1:])]), flush=True)
 
 
 def _transients(model, buckets, stage) -> tuple:
@@ -107,8 +109,7 @@ def main() -> None:
     from mpi_launch import start
     print(f"GPT-2 {args.layers} layers x {args.embd}, vocabulary {args.vocab}, DP {args.dp}, "
           f"{args.batch} x {args.seq} tokens per rank, fp32 AdamW; rank 0's allocator, MB")
-    print("stage | params (measured/theory) | grads | AdamW | persistent | activations | gradient made | "
-          "buckets in flight | units gathered | peak | bound | peak/bound | B/param")
+    print(" | ".join(HEADER))
     for stage in args.stages:
         cmd = [*start(args.dp), sys.executable, __file__, *sys.argv[1:], "--stage", str(stage)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
@@ -116,7 +117,7 @@ def main() -> None:
         if out.returncode:
             raise SystemExit(f"stage {stage} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
         print("\n".join(ln.split("] ", 1)[-1] for ln in out.stdout.splitlines() if "|" in ln), flush=True)
-    print("each component measured/theory; persistent: what stays between steps (params + grads + AdamW + small "
+    print("m/t: measured/theory; persistent: what stays between steps (params + grads + AdamW + small "
           "buffers) against the stage's promise for those; activations: what one forward keeps for backward; "
           "gradient made: the largest weight's gradient, whole before it is reduced; buckets in flight (stages 2, 3): "
           "the two largest full-size buckets; units gathered (stage 3): the two largest; bound: the promise + "

@@ -36,6 +36,7 @@ class ZeroGrads:
                 p.grad = b.grad_view(j)
         else:
             b.shard_grad = zeros(b.piece, dtype=b.dtype, device=b.device)
+            b.shard_zero = True  # nothing landed in it since zero_grad: a reduce-scatter may write it
             if offload_param is not None:  # made once the pieces are gone: half the peak
                 b.shard_grad._storage.release("ZeRO-3's gradient shard before its memory is made")
 
@@ -126,11 +127,14 @@ class ZeroGrads:
         it is done (at the end of backward). One rank (offload_param's ZeRO-3): the gradient
         is the shard's, added now."""
         if b.group.size == 1:
+            b.shard_zero = False
             accumulate(b.shard_grad, b.flat_grad if b.expert_scale is None else b.flat_grad * b.expert_scale)
             b.flat_grad, b.pending = None, -1
             self._landed(b)
             return
-        out = empty(b.piece, dtype=b.dtype, device=b.device)
+        # the first reduction since zero_grad lands in the shard itself, later ones are added to it
+        out = b.shard_grad if b.shard_zero else empty(b.piece, dtype=b.dtype, device=b.device)
+        b.shard_zero = False
         # the work keeps the gradient it reads (a shared bucket's next use may replace flat_grad)
         flat, b.flat_grad = b.flat_grad, None
         self._works.append((b, out, flat, self._reduce_scatter(b, out, flat, async_op=True)))
@@ -155,7 +159,8 @@ class ZeroGrads:
         done, self._works = self._works[:len(self._works) - keep], self._works[len(self._works) - keep:]
         for b, out, _, work in done:
             work.wait()
-            accumulate(b.shard_grad, out)
+            if out is not b.shard_grad:
+                accumulate(b.shard_grad, out)
             self._landed(b)
 
     def _landed(self, b) -> None:

@@ -250,6 +250,7 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
                     p.grad = b.grad_view(j)
             else:
                 b.shard_grad.zero_()
+                b.shard_zero = True
                 b.flat_grad = None
                 for p in b.params:
                     p.grad = None
