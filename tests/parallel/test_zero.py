@@ -168,7 +168,7 @@ def test_each_stage_holds_no_more_than_the_one_before_at_every_size():
     most a sixteenth of the model, a gathered unit is freed when its backward ends), and every
     stage's losses are stage 0's."""
     runs = [(size, stage) for size in SIZES for stage in range(4)]
-    outs = parallel_train_runs(4, [SIZES[size] + ["--batch", "8", "--steps", "3", "--zero", str(stage)]
+    outs = parallel_train_runs(4, [SIZES[size] + ["--batch", "8", "--steps", "2", "--zero", str(stage)]
                                    for size, stage in runs])
     peaks = {run: int(re.search(rf"^{RANK0_PREFIX}peak_bytes (\d+)$", out, re.M).group(1))
              for run, out in zip(runs, outs)}
