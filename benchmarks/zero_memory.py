@@ -1,10 +1,11 @@
 """Where a rank's memory goes under ZeRO 0/1/2/3: GPT-2 trained through the trainer's own step
 (nn.parallel.train_step) on DP ranks, one fresh job per stage. For rank 0 it prints, from the
-native allocator's counters, the persistent bytes by component (parameters, gradients, AdamW
-state: what the stage promises to shard), the activations one forward pass keeps for backward,
-the step's peak, and what the peak holds beyond those two (gradients of whole buckets and
-parameters in flight, the logits' gradient, gathered ZeRO-3 units), beside the theory:
-(4 + 4 + 8) bytes per parameter at stage 0, 4 + 4 + 8/DP at 1, 4 + (4 + 8)/DP at 2, 16/DP at 3.
+native allocator's counters, each component measured beside its theory: the persistent bytes
+(parameters, gradients, AdamW state: what the stage promises to shard, (4 + 4 + 8) bytes per
+parameter at stage 0, 4 + 4 + 8/DP at 1, 4 + (4 + 8)/DP at 2, 16/DP at 3), the activations one
+forward pass keeps for backward, and what a step holds beyond those by the layout's own sizes
+(the largest weight's gradient made whole, the buckets in flight, ZeRO-3's gathered units); then
+the step's peak against their sum (the goal: within 15% of it).
 
     python benchmarks/zero_memory.py                          # DP 4, GPT-2 4 layers x 256
     python benchmarks/zero_memory.py --dp 2 --vocab 8192 --stages 0 2
@@ -17,6 +18,8 @@ import subprocess
 import sys
 
 MB = 2 ** 20
+HEADER = ["stage", "params (m/t)", "grads (m/t)", "AdamW (m/t)", "persistent (m/t)", "activations",
+          "gradient made", "buckets in flight", "units gathered", "   peak", "  bound", "peak/bound", "B/param"]
 
 
 def _args(argv=None):
@@ -58,14 +61,19 @@ def _job(args) -> None:
     opt = trainer.optimizer.optimizer if trainer.zero else trainer.optimizer
     state = sum(v.numel() * v.dtype.itemsize for s in (opt.state.values() if opt else ()) for v in s.values()
                 if isinstance(v, it.Tensor) and v.ndim > 0)
+    dp = env.layout.dp
+    shard = {0: (1, 1, 1), 1: (1, 1, dp), 2: (1, dp, dp), 3: (dp, dp, dp)}[args.stage]  # params, grads, AdamW
+    theory = [4 * n_params / shard[0], 4 * n_params / shard[1], 8 * n_params / shard[2]]
     if trainer.zero:
         buckets = trainer.optimizer.buckets
         params = sum(b.piece if args.stage == 3 else b.padded for b in buckets) * 4
         # stage 1: the shard is a piece of it
         grads = sum(b.padded if args.stage == 1 else b.piece for b in buckets) * 4
     else:
+        buckets = []
         params = n_params * 4
         grads = sum(b.flat_grad.numel() for b in trainer.net.reducer.buffer) * 4 if env.layout.dp > 1 else n_params * 4
+    transient = _transients(model, buckets, args.stage)
     persistent = allocated()
     it.reset_peak_memory_stats()
     _, loss = trainer.net(x, y, return_logits=False)  # the activations kept for backward
@@ -73,13 +81,25 @@ def _job(args) -> None:
     loss.backward()
     trainer.optimizer_step()
     peak = it.memory_stats()["peak_allocated_bytes"]
-    dp = env.layout.dp
-    theory = {0: 16, 1: 8 + 8 / dp, 2: 4 + 12 / dp, 3: 16 / dp}[args.stage] * n_params
     if env.is_main:
-        in_flight = peak - persistent - activations
-        print(f"{args.stage:5d} | {params / MB:7.1f} | {grads / MB:7.1f} | {state / MB:7.1f} | {persistent / MB:10.1f} "
-              f"| {theory / MB:7.1f} | {activations / MB:11.1f} | {peak / MB:7.1f} | {in_flight / MB:9.1f} "
-              f"| {peak / n_params:5.1f}", flush=True)
+        bound = sum(theory) + activations + sum(transient)
+        row = [f"{m / MB:.1f}/{t / MB:.1f}" for m, t in zip((params, grads, state, persistent), (*theory, sum(theory)))]
+        row += [f"{v / MB:.1f}" for v in (activations, *transient, peak, bound)]
+        row += [f"{peak / bound:.2f}", f"{peak / n_params:.1f}"]
+        print(" | ".join([f"{args.stage:>5}"] + [f"{v:>{len(h)}}" for v, h in zip(row, HEADER[1:])]), flush=True)
+
+
+def _transients(model, buckets, stage) -> tuple:
+    """What a step holds beyond the persistent state and the activations, by the layout's own
+    sizes: (the largest weight gradient, made whole by its product before it lands in its
+    bucket or is reduce-scattered; stages 2 and 3: two full-size buckets in flight, the largest
+    but a shared parameter's (whose gradient is that first one); stage 3: the two largest units
+    gathered at a time, one running and the next prefetched)."""
+    made = max(p.numel() for p in model.parameters()) * 4
+    regular = sorted((b.padded * 4 for b in buckets if not getattr(b, "shared", False)), reverse=True)
+    in_flight = sum(regular[:2]) if stage >= 2 else 0
+    gathered = sum(sorted((b.padded * 4 for b in buckets), reverse=True)[:2]) if stage == 3 else 0
+    return made, in_flight, gathered
 
 
 def main() -> None:
@@ -89,8 +109,7 @@ def main() -> None:
     from mpi_launch import start
     print(f"GPT-2 {args.layers} layers x {args.embd}, vocabulary {args.vocab}, DP {args.dp}, "
           f"{args.batch} x {args.seq} tokens per rank, fp32 AdamW; rank 0's allocator, MB")
-    print("stage |  params |   grads |   AdamW | persistent |  theory | activations |    peak | in flight "
-          "| B/param")
+    print(" | ".join(HEADER))
     for stage in args.stages:
         cmd = [*start(args.dp), sys.executable, __file__, *sys.argv[1:], "--stage", str(stage)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
@@ -98,8 +117,11 @@ def main() -> None:
         if out.returncode:
             raise SystemExit(f"stage {stage} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
         print("\n".join(ln.split("] ", 1)[-1] for ln in out.stdout.splitlines() if "|" in ln), flush=True)
-    print("persistent: what stays between steps (params + grads + AdamW + small buffers); theory: the "
-          "stage's promise for those; in flight: peak - persistent - activations")
+    print("m/t: measured/theory; persistent: what stays between steps (params + grads + AdamW + small "
+          "buffers) against the stage's promise for those; activations: what one forward keeps for backward; "
+          "gradient made: the largest weight's gradient, whole before it is reduced; buckets in flight (stages 2, 3): "
+          "the two largest full-size buckets; units gathered (stage 3): the two largest; bound: the promise + "
+          "activations + those three; peak/bound: the goal is at most 1.15")
 
 
 if __name__ == "__main__":

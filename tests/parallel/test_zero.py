@@ -123,6 +123,62 @@ def test_peak_memory_falls_with_the_stage(tmp_path):
         assert theory[stage] * 0.95 < peaks[stage] < theory[stage] * 1.15, (stage, peaks, theory)
 
 
+def test_a_shared_parameter_hands_over_each_uses_gradient_and_gets_none_itself():
+    """zero/shared.py on a tied embedding and head: each use's gradient reaches on_grad once per
+    backward (the head's first), equal to PyTorch's for two separate copies of the weight; the
+    parameter itself gets none, and the modules hold the parameter again after forward."""
+    import torch
+
+    import infinitrain as it
+    from infinitrain import nn
+    from infinitrain.nn.parallel.zero.shared import SharedUses, shared_parameters
+
+    rng = np.random.default_rng(0)
+    w, ids = rng.standard_normal((11, 5)).astype(np.float32), rng.integers(0, 11, (2, 3))
+    model = nn.Sequential(nn.Embedding(11, 5), nn.Linear(5, 11, bias=False))
+    model[1].weight = model[0].weight
+    with it.no_grad():
+        model[0].weight.copy_(it.from_numpy(w))
+    weight = model[0].weight
+    assert shared_parameters(model, list(model.parameters())) == [weight]
+    got = []
+    SharedUses(model, [weight], lambda p, g: got.append((p, g.detach().numpy().copy())))
+    loss = (model(it.from_numpy(ids)) ** 2).mean()
+    assert model[1]._parameters["weight"] is weight and model[0]._parameters["weight"] is weight
+    loss.backward()
+    copies = [torch.tensor(w, requires_grad=True) for _ in range(2)]
+    want = (torch.nn.functional.linear(torch.nn.functional.embedding(torch.tensor(ids), copies[0]), copies[1]) ** 2)
+    want.mean().backward()
+    assert weight.grad is None and [p is weight for p, _ in got] == [True, True]
+    np.testing.assert_allclose(loss.item(), want.mean().item(), rtol=1e-6)
+    for (_, g), copy in zip(got, (copies[1], copies[0])):  # the head's use first, then the embedding's
+        np.testing.assert_allclose(g, copy.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+# the model sizes the tests train (tiny GPT-2 whose 50k-row tied embedding is nearly all of it,
+# the 12 small layers above, tiny LLaMA-3 whose head is not tied)
+SIZES = {"gpt2": ["--model", "gpt2"], "gpt2 12 x 64": ["--vocab", "512", "--embd", "64", "--layers", "12"],
+         "llama3": ["--model", "llama3"]}
+
+
+@pytest.mark.mpi
+def test_each_stage_holds_no_more_than_the_one_before_at_every_size():
+    """DP 4, stages 0 to 3, at every model size the tests train: the per-rank peak never rises
+    with the stage (a tied embedding's gradient is handed over use by use, a stage-2 bucket is at
+    most a sixteenth of the model, a gathered unit is freed when its backward ends), and every
+    stage's losses are stage 0's."""
+    runs = [(size, stage) for size in SIZES for stage in range(4)]
+    outs = parallel_train_runs(4, [SIZES[size] + ["--batch", "8", "--steps", "2", "--zero", str(stage)]
+                                   for size, stage in runs])
+    peaks = {run: int(re.search(rf"^{RANK0_PREFIX}peak_bytes (\d+)$", out, re.M).group(1))
+             for run, out in zip(runs, outs)}
+    print({run: f"{v / 2**20:.2f} MB" for run, v in peaks.items()})
+    for (size, stage), out in zip(runs, outs):
+        if stage:
+            assert peaks[size, stage] <= peaks[size, stage - 1], (size, stage, peaks)
+            assert_same(losses(out), losses(outs[runs.index((size, 0))]), "float32", f"{size} ZeRO-{stage} DP 4")
+
+
 @pytest.mark.mpi
 def test_zero3_gathers_around_each_unit_and_refuses_released_reads():
     """Parameters are whole during their unit's forward and released after forward and

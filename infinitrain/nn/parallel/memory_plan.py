@@ -5,12 +5,14 @@ with a way to make it fit rather than killed by the system halfway through its f
 Per parameter: 4 bytes of weights, 4 of gradient and 8 of AdamW moments (+2 for bfloat16
 copies), each pipeline stage's own (its blocks in the split the pipeline uses, the embeddings on
 the first, the head on the last: GPT-2 124M on two stages holds 103M and 60M), split over TP,
-and ZeRO's shares over DP x CP; the busiest stage is the answer. At stages 2 and 3 the token
+and ZeRO's shares over DP x CP; the busiest stage is the answer. At stages 2 and 3 two buckets
+are in flight (stage 2's at most a sixteenth of the model each), and under a pipeline the token
 embedding's gradient is whole during backward (a gradient is reduce-scattered only once it is
-final: the tied embedding's at the very end) and two buckets are in flight; at stage 3 the
-embedding's weights are gathered too. Activations (forward_activation_bytes): the tensors each
-block's autograd nodes save, per token (block_activation_bytes: dtype, recomputation, TP, SP;
-no T x T scores, the fused attention keeps its output and a log-sum-exp), the head's (one copy
+final: the tied embedding's at the very end; without one each use's share is reduce-scattered
+as it is made); at stage 3 the embedding's weights are gathered too. Activations
+(forward_activation_bytes): the tensors each block's autograd nodes save, per token
+(block_activation_bytes: dtype, recomputation, TP, SP; no T x T scores, the fused attention
+keeps its output and a log-sum-exp), the head's (one copy
 of the logits, their gradient written over them; the float32 softmax and a new gradient under
 TP), times the micro-batches in flight on the stage (all M under GPipe, PP - stage under 1F1B,
 one without a pipeline). The step's peak is the busiest of three moments: backward's start
@@ -207,15 +209,17 @@ def _stage_parts(plan, dtype: str, params: float, embedding: float, activations:
     moments = 10 if dtype == "bfloat16" else 8
     shards, stage = plan.dp_cp, plan.active_zero_stage
     state = params * moments / (shards if stage >= 1 else 1)
-    gradients = params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 else 0)
+    # under a pipeline a ZeRO-2 tied embedding's gradient is whole until the end of backward;
+    # without one each use's gradient is reduce-scattered as it is made (zero/shared.py)
+    gradients = params * 4 / (shards if stage >= 2 else 1) + (embedding if stage >= 2 and plan.layout.pp > 1 else 0)
     parts = {"parameters": params * 4 / (shards if stage >= 3 else 1),
              "AdamW state": state if plan.offload_optimizer != "nvme" else min(state, staging_bytes())}
     if plan.offload_param == "nvme":  # the gathered units only: the embedding and a block running with the next read
         parts["parameters"] = embedding + 2 * 4 * max(0.0, params - embedding / 4) / max(1, blocks_per_stage)
     elif stage >= 3:
         parts["parameters"] += embedding
-    if stage >= 2:  # a full-size bucket reducing while the next fills
-        parts["buckets in flight"] = min(2 * BUCKET_BYTES, params * 4)
+    if stage >= 2:  # a full-size bucket reducing while the next fills (stage 2's at most a 16th of the model)
+        parts["buckets in flight"] = min(2 * BUCKET_BYTES, params * 4 / (8 if stage == 2 else 1))
     # (gradients, embedding-shaped gradients being made, activations, the optimizer's temporary)
     start = (gradients if persistent else 0.0, head_gradient, activations, 0.0)
     end = (gradients, embedding_gradient, 0.0, 0.0)

@@ -18,7 +18,13 @@ zero_grad). Stage 2 keeps only the shards: a post-accumulate-grad hook moves eac
 gradient into its bucket (allocated when the bucket's first gradient lands) and drops .grad;
 the bucket is reduce-scattered as soon as its last gradient has landed (overlapped with the
 rest of backward), this rank's piece added into its shard and the full-size bucket freed;
-with gradient accumulation every micro-batch is reduced so (DeepSpeed's way).
+with gradient accumulation every micro-batch is reduced so (DeepSpeed's way). Stage 2's buckets
+hold at most a sixteenth of the model (and bucket_cap_mb), so what is in flight stays a small
+part of what it holds whatever the model's size. A parameter several modules hold (a tied
+embedding) has a bucket of its own and gets its gradient use by use (shared.py): stage 1 adds
+each use's into the flat gradient, stages 2 and 3 reduce-scatter each as it is made (the head's
+during backward, the embedding's at its end), so it is never held whole through backward nor
+summed into a third copy.
 
 Stage 3 reduces gradients as stage 2 does, with one bucket per unit of the model (stage3.py):
 this rank's pieces are the only persistent copy of the parameters, gathered around each unit's
@@ -30,9 +36,9 @@ the pieces there, so no parameter stays in memory between uses.
 The package, by what each module owns: optimizer.py the ZeroOptimizer class (its constructor
 in named steps, step, zero_grad, gathered_parameters); grads.py the gradient path of stages 1
 to 3 (the post-accumulate-grad hook, the reduce-scatters, finish_grad_sync, tied_grad_shards,
-the norm and clipping); state.py the state dicts (one process's optimizer state gathered from
-and scattered to the shards); stage3.py stage 3's parameter side (partition, Gatherer,
-OffloadPieces).
+the norm and clipping); shared.py the use-by-use gradients of a parameter several modules
+hold; state.py the state dicts (one process's optimizer state gathered from and scattered to
+the shards); stage3.py stage 3's parameter side (partition, Gatherer, OffloadPieces).
 """
 from .optimizer import ZeroOptimizer
 

@@ -13,7 +13,7 @@ _tied_buckets.
 from __future__ import annotations
 
 from ....autograd import no_grad
-from ....autograd.engine import queue_callback
+from ....autograd.engine import accumulate, queue_callback
 from ....creation import empty, zeros
 from ...utils import scale_, total_norm
 from ..finalize import reduce_partial_grads
@@ -36,6 +36,7 @@ class ZeroGrads:
                 p.grad = b.grad_view(j)
         else:
             b.shard_grad = zeros(b.piece, dtype=b.dtype, device=b.device)
+            b.shard_zero = True  # nothing landed in it since zero_grad: a reduce-scatter may write it
             if offload_param is not None:  # made once the pieces are gone: half the peak
                 b.shard_grad._storage.release("ZeRO-3's gradient shard before its memory is made")
 
@@ -69,12 +70,13 @@ class ZeroGrads:
         if self.stage == 1:
             if p.grad._storage is not b.flat_grad._storage:  # .grad was reset behind our back
                 view = b.grad_view(j)
-                view.add_(p.grad)
+                accumulate(view, p.grad)
                 p.grad = view
             return
-        if not self._callback_queued:
-            queue_callback(self._finish_backward)
-            self._callback_queued = True
+        if b.shared:  # a use that read the parameter outside its modules' forward (shared.py)
+            g, p.grad = p.grad, None
+            return self._on_shared_grad(p, g)
+        self._queue_finish()
         mark_ready(self._ready, p)
         reduce_partial_grads([p])  # SP, LoRA: summed over TP now, before this rank's .grad is dropped
         if b.flat_grad is None and len(b.params) == 1 and b.padded == p.numel() and p.grad.is_contiguous():
@@ -82,7 +84,7 @@ class ZeroGrads:
         else:
             if b.flat_grad is None:
                 b.flat_grad = b.new_flat()
-            b.grad_view(j).add_(p.grad)
+            accumulate(b.grad_view(j), p.grad)  # (in place: add_ would make a temporary of its size)
         p.grad = None  # the flat bucket holds it now
         b.pending -= 1
         if b.pending == 0:
@@ -91,17 +93,51 @@ class ZeroGrads:
             if self.gatherer is not None:
                 self.gatherer.grads_done(bi)
 
+    def _queue_finish(self) -> None:
+        if not self._callback_queued:
+            queue_callback(self._finish_backward)
+            self._callback_queued = True
+
+    @no_grad()
+    def _on_shared_grad(self, p, g) -> None:
+        """One use's gradient of a parameter several modules hold (shared.py), which has a
+        bucket of its own: stage 1 adds it into the flat gradient (.grad's view); stages 2 and 3
+        reduce-scatter it into the shard now, and stage 3 frees the weights that use gathered."""
+        bi, j = self.buffer.locate(p)
+        b = self.buckets[bi]
+        if self.stage == 1:
+            accumulate(b.grad_view(j), g)
+            return
+        self._queue_finish()
+        if g.dtype is not b.dtype:
+            g = g.to(b.dtype)
+        if b.padded == p.numel() and g.is_contiguous():
+            b.flat_grad = g.view(-1)  # its own memory, reduced and dropped: no copy
+        else:
+            b.flat_grad = b.new_flat()
+            b.grad_view(j).copy_(g)
+        del g
+        self._reduce(b)
+        self._collect(keep=1)
+        if self.gatherer is not None:
+            self.gatherer.grads_done(bi)  # this use's backward is done: the next gathers again
+
     def _reduce(self, b) -> None:
         """Stage 2: this bucket's reduce-scatter starts now; its full gradient is freed when
         it is done (at the end of backward). One rank (offload_param's ZeRO-3): the gradient
         is the shard's, added now."""
         if b.group.size == 1:
-            b.shard_grad.add_(b.flat_grad if b.expert_scale is None else b.flat_grad * b.expert_scale)
+            b.shard_zero = False
+            accumulate(b.shard_grad, b.flat_grad if b.expert_scale is None else b.flat_grad * b.expert_scale)
             b.flat_grad, b.pending = None, -1
             self._landed(b)
             return
-        out = empty(b.piece, dtype=b.dtype, device=b.device)
-        self._works.append((b, out, self._reduce_scatter(b, out, b.flat_grad, async_op=True)))
+        # the first reduction since zero_grad lands in the shard itself, later ones are added to it
+        out = b.shard_grad if b.shard_zero else empty(b.piece, dtype=b.dtype, device=b.device)
+        b.shard_zero = False
+        # the work keeps the gradient it reads (a shared bucket's next use may replace flat_grad)
+        flat, b.flat_grad = b.flat_grad, None
+        self._works.append((b, out, flat, self._reduce_scatter(b, out, flat, async_op=True)))
         b.pending = -1  # launched
 
     def _reduce_scatter(self, b, out, flat, async_op: bool = False):
@@ -121,10 +157,10 @@ class ZeroGrads:
         """Waits for all but the newest `keep` reduce-scatters, adds them into the shards and
         frees their full-size buckets."""
         done, self._works = self._works[:len(self._works) - keep], self._works[len(self._works) - keep:]
-        for b, out, work in done:
+        for b, out, _, work in done:
             work.wait()
-            b.shard_grad.add_(out)
-            b.flat_grad = None
+            if out is not b.shard_grad:
+                accumulate(b.shard_grad, out)
             self._landed(b)
 
     def _landed(self, b) -> None:
@@ -133,7 +169,7 @@ class ZeroGrads:
 
     def _finish_backward(self) -> None:
         for b in self.buckets:  # a parameter that got no gradient contributes zeros
-            if b.pending >= 0:
+            if b.pending >= 0 and not b.shared:
                 if b.flat_grad is None:
                     b.flat_grad = b.new_flat()
                 self._reduce(b)

@@ -21,8 +21,14 @@ from ..expert_parallel import is_expert_param, require_expert_group
 from ..param_buffer import ParamAndGradBuffer, broadcast_replicas, pack
 from ..plan import check_offload
 from .grads import ZeroGrads
+from .shared import SharedUses, shared_parameters
 from .stage3 import RELEASED, Gatherer, OffloadPieces, partition
 from .state import ZeroState
+
+
+# stage 2: a bucket holds at most this fraction of the model (and bucket_cap_mb), so that the
+# full-size buckets in flight at stage 2 stay a small part of what it holds, whatever its size
+BUCKETS_PER_MODEL = 16
 
 
 def _check_arguments(stage: int, module, offload_optimizer, offload_param):
@@ -59,7 +65,7 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
             raise ValueError("--offload_param does not compose with --expert_parallel yet")
         group_of, ordered = self._group_parameters(params)
         require_expert_group(ordered, expert_group, "ZeroOptimizer", "expert_group", dp_group)
-        packs, tied, units, uses = self._plan_buckets(module, ordered, group_of, bucket_cap_mb)
+        packs, tied, units, uses, shared = self._plan_buckets(module, ordered, group_of, bucket_cap_mb)
         self.buffer = ParamAndGradBuffer(packs, pad_to=lambda ps: self._group_of_pack(ps).size)
         self.buckets = self.buffer.buckets
         for b in self.buckets:  # the group that shards each bucket, this rank's index in it
@@ -67,6 +73,8 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
             b.rank = b.group.rank
             b.expert_scale = 1.0 / self.world if b.group is not self.group else None
         self._tied_buckets = self.buckets[len(self.buckets) - len(tied):] if tied and stage == 2 else []
+        for b in self.buckets:  # a shared parameter's bucket: its gradient comes use by use (shared.py)
+            b.shared = len(b.params) == 1 and any(b.params[0] is q for q in shared)
         self._pack_buckets(offload_param)
         # stage 3: the gathering around each unit's forward and backward
         self.gatherer = Gatherer(dp_group, self.buckets, units, uses,
@@ -79,6 +87,8 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
         self.state_type = optimizer_class.__name__  # state_dict() is that optimizer's, whole
         self._mirror_settings(defaults)
         self._init_grad_sync()
+        self.shared_uses = SharedUses(module, [b.params[0] for b in self.buckets if b.shared],
+                                      self._on_shared_grad) if any(b.shared for b in self.buckets) else None
 
     # ---- the constructor's steps ------------------------------------------------------------
     def _group_parameters(self, params) -> tuple:
@@ -103,11 +113,13 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
 
     def _plan_buckets(self, module, ordered, group_of, bucket_cap_mb) -> tuple:
         """(the parameters of each bucket, the tied parameters, stage 3's units and the
-        parameters each uses)."""
+        parameters each uses, the shared parameters whose uses hand their gradients over one
+        by one: shared.py)."""
         # a pipeline's tied embedding (GPT-2's on the first and last stage) gets a bucket of its
         # own on both, so that the two stages' pieces line up and their gradients can be summed
         tied = module.tied_parameters() if module is not None and hasattr(module, "tied_parameters") else []
         tied = [p for p in tied if id(p) in group_of]
+        shared = self._shared_parameters(module, ordered, tied)
         units = uses = None
         if self.stage == 3:  # a bucket per unit of the model
             if tied:  # (ParallelPlan refuses the layout; this is a model built so by hand)
@@ -116,9 +128,26 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
             # a unit's experts in a bucket of their own (sharded over their group)
             packs = [part for ps in owned for part in ([q for q in ps if not is_expert_param(q)],
                                                        [q for q in ps if is_expert_param(q)])]
-        else:  # the buckets DDP would reduce whole; a tied parameter alone, last
-            packs = pack([p for p in ordered if not any(p is q for q in tied)], bucket_cap_mb) + [[p] for p in tied]
-        return packs, tied, units, uses
+            # a shared parameter is handed over use by use only where it has its unit's bucket alone
+            shared = [p for p in shared if any(len(ps) == 1 and ps[0] is p for ps in packs)]
+        else:  # the buckets DDP would reduce whole (stage 2: at most a sixteenth of the model each,
+            # as they are in flight full-size); a tied or shared parameter alone, last
+            alone = tied + shared
+            rest = [p for p in ordered if not any(p is q for q in alone)]
+            cap = bucket_cap_mb if self.stage == 1 else \
+                min(bucket_cap_mb, sum(p.nbytes for p in ordered) / BUCKETS_PER_MODEL / 2**20)
+            packs = pack(rest, cap) + [[p] for p in alone]
+        return packs, tied, units, uses, shared
+
+    @staticmethod
+    def _shared_parameters(module, ordered, tied) -> list:
+        """The parameters several modules hold (a tied embedding) whose gradients are handed
+        over use by use (shared.py): not under a pipeline (whose schedules defer weight
+        gradients, and sum a tied parameter over two stages), not experts, not SP's partial ones."""
+        if module is None or tied or getattr(module, "pp", None) is not None:
+            return []
+        return [p for p in shared_parameters(module, ordered)
+                if not is_expert_param(p) and getattr(p, "partial_grad_group", None) is None]
 
     def _group_of_pack(self, params):
         """The group that shards a bucket of these parameters (pack keeps experts apart)."""
@@ -221,6 +250,7 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
                     p.grad = b.grad_view(j)
             else:
                 b.shard_grad.zero_()
+                b.shard_zero = True
                 b.flat_grad = None
                 for p in b.params:
                     p.grad = None
