@@ -32,7 +32,7 @@ from mpi_launch import find_mpiexec, start  # noqa: E402
 
 # (example, model, global batch, sequence length, layout): GPT-2 and LLaMA-3 from tiny to 124M,
 # DP, TP with and without SP, PP under each schedule, CP's ring and all-to-all, ZeRO 0-3,
-# recomputation, 1-4 ranks
+# recomputation, 1-8 ranks
 SMALL = [
     "dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=8,recompute=full", "dp=1,mb=8,recompute=selective",
     "dp=2,mb=4", "dp=2,zero=1,mb=4", "dp=2,zero=2,mb=4", "dp=2,zero=3,mb=4",
@@ -43,6 +43,8 @@ SMALL = [
     "dp=1,cp=2,mb=8", "dp=1,cp=2,cp_comm=a2a,mb=8",
     "dp=2,tp=2,sp=1,mb=4", "dp=2,pp=2,schedule=1f1b,mb=2", "dp=1,tp=2,sp=1,pp=2,schedule=1f1b,mb=4",
     "dp=2,cp=2,zero=1,mb=4",
+    # 8 ranks (4 to a core here: the profile's rates scale with each rank's share of the cores)
+    "dp=8,zero=2,mb=1", "dp=2,tp=2,sp=1,pp=2,schedule=1f1b,mb=2", "dp=2,tp=2,sp=1,cp=2,mb=2",
 ]
 LLAMA = ["dp=1,mb=8", "dp=1,mb=8,recompute=full", "dp=2,zero=1,mb=4", "dp=2,zero=3,mb=4", "dp=1,tp=2,sp=1,mb=8",
          "dp=1,pp=2,schedule=1f1b,mb=2", "dp=1,cp=2,mb=8"]
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default=None, help="this machine's profile (default: calibrate one first, 2 ranks)")
     p.add_argument("--only", default=None, help="only the configurations whose line holds this text")
-    p.add_argument("--max_ranks", type=int, default=4)
+    p.add_argument("--max_ranks", type=int, default=8)
     p.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--memory_only", action="store_true",
