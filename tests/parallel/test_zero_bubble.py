@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import infinitrain as it
+from infinitrain.autograd import defer_weight_grads
 from infinitrain.models import gpt2
 from infinitrain.profiler import profile
 from infinitrain.nn import parallel
@@ -70,6 +71,26 @@ def test_zb_h1_on_one_stage_gives_1f1bs_gradient_bits_and_profiles_its_passes():
     assert grads["1f1b"][0] == grads["zb-h1"][0]
     for a, b in zip(grads["1f1b"][1], grads["zb-h1"][1]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_norm_whose_w_waits_keeps_only_its_weights_gradients():
+    """ZB-H1 promises 1F1B's memory: a micro-batch whose W waits keeps a product's input and
+    output gradient, but of a norm (whose kernel gave the weights' gradients in B) nothing more."""
+    ln, rms = it.nn.LayerNorm(256), it.nn.RMSNorm(256)
+    x = it.randn(64, 256, requires_grad=True)
+    for norm in (ln, rms):
+        x.grad = None
+        h = x * 2.0  # held by the norm alone
+        loss = norm(h).sum()
+        del h
+        held = it.memory_stats()["allocated_bytes"]
+        with defer_weight_grads() as deferred:
+            loss.backward()
+        # x.grad is made and h given back (kept until W, it would add its 64 kB)
+        assert it.memory_stats()["allocated_bytes"] - held < 64 * 256 * 4 // 2
+        assert norm.weight.grad is None
+        deferred.backward_weight()
+        assert norm.weight.grad is not None
 
 
 def test_zbv_places_chunks_in_a_v_and_needs_less_bubble_than_zb_h1():
