@@ -70,17 +70,21 @@ def child(args) -> None:
                                      pipeline_split=args.split)
         sizes = {"vocab_size": args.vocab} if args.vocab else {}
         it.manual_seed(0)
+        before = it.memory_stats()["allocated_bytes"]
         model = gpt2(args.model, pp=plan.pipeline_stage(), n_layer=args.layers, **sizes)
         pipe = Timed(model, name, deallocate_outputs=args.outputs[0] == "freed",
                      post_receives=args.receives[0] == "ahead")
-        jobs.append((name, V, model, pipe, AdamW(model.parameters(), lr=1e-4), []))
+        # what this schedule's model holds between steps: its weights here, gradients and the
+        # optimizer's state after the first step (the peak counts these, not the other schedules')
+        own = [it.memory_stats()["allocated_bytes"] - before]
+        jobs.append((name, V, model, pipe, AdamW(model.parameters(), lr=1e-4), [], own))
     rng = __import__("numpy").random.default_rng(0)
     b = args.batch // args.micro
     for step in range(args.steps):
         data = rng.integers(0, jobs[0][2].config.vocab_size, (args.batch, args.seq + 1))
         micro = [(it.from_numpy(data[m * b:(m + 1) * b, :-1].copy()),
                   it.from_numpy(data[m * b:(m + 1) * b, 1:].copy())) for m in range(args.micro)]
-        for name, V, model, pipe, opt, rows in jobs:  # the schedules take turns, step by step
+        for name, V, model, pipe, opt, rows, own in jobs:  # the schedules take turns, step by step
             start_bytes = it.memory_stats()["allocated_bytes"]
             it.reset_peak_memory_stats()
             env.world.barrier()
@@ -91,9 +95,14 @@ def child(args) -> None:
             peak = it.memory_stats()["peak_allocated_bytes"]
             opt.step()
             opt.zero_grad(set_to_none=False)
-            rows.append((elapsed, pipe.p2p.wait_s / elapsed, peak, peak - start_bytes, cpu, pipe.pass_times))
+            if step == 0:
+                own[0] += it.memory_stats()["allocated_bytes"] - start_bytes
+            held = peak - start_bytes  # the step's activations and temporaries
+            if len(jobs) > 1:  # the peak of this schedule's model alone
+                peak = own[0] + held
+            rows.append((elapsed, pipe.p2p.wait_s / elapsed, peak, held, cpu, pipe.pass_times))
     load = os.getloadavg()[0]
-    for name, V, model, pipe, opt, rows in jobs:
+    for name, V, model, pipe, opt, rows, _ in jobs:
         rows = rows[1:] or rows  # the first step allocates the gradients
         mine = (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
                 max(r[2] for r in rows), max(r[3] for r in rows), statistics.median(r[4] for r in rows),
@@ -173,8 +182,7 @@ def main() -> None:
                         "receives posted when needed (to compare: --receives on_demand ahead)")
     p.add_argument("--interleave", action="store_true",
                    help="run the schedules in one job, taking turns step by step, so that a loaded machine "
-                        "slows them alike (each its own model, the same weights; the peak memory then counts "
-                        "every schedule's model, the activation peak only its own)")
+                        "slows them alike (each its own model, the same weights)")
     p.add_argument("--split", default="balanced", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--schedule", default=None, help=argparse.SUPPRESS)
