@@ -20,6 +20,8 @@ the load falls on them alike.
     python benchmarks/pp_train.py --schedules 1f1b zb-h1 zbv --splits balanced   # the zero-bubble table
     python benchmarks/pp_train.py --pp 2 --vocab 1024 --schedules 1f1b zb-h1 zbv --splits even --interleave \
         --steps 9                                          # ZB-H1's and ZBV's cost against 1F1B's
+    python benchmarks/pp_train.py --pp 1 --vocab 1024 --schedules 1f1b zb-h1 --splits even --interleave \
+        --steps 9                                          # one stage: the B/W split's cost alone
 
 Each schedule is a fresh `mpiexec -n PP` job running this file with --child; with fewer cores
 than ranks the stages share cores and the measured bubble mixes with that contention.
@@ -42,13 +44,16 @@ def _timed_pipeline(base):
     changes: the figure to compare on a loaded machine), per (kind, local chunk)."""
     class Timed(base):
         def _run_pass(self, batches, kind, micro, chunk, context):
-            wait, c0, t0 = self.p2p.wait_s, time.process_time(), time.perf_counter()
+            wait, c0, t0 = self.waited(), time.process_time(), time.perf_counter()
             out = super()._run_pass(batches, kind, micro, chunk, context)
             row = self.pass_times.setdefault((kind, chunk), [0, 0.0, 0.0])
             row[0] += 1
-            row[1] += time.perf_counter() - t0 - (self.p2p.wait_s - wait)
+            row[1] += time.perf_counter() - t0 - (self.waited() - wait)
             row[2] += time.process_time() - c0
             return out
+
+        def waited(self) -> float:
+            return self.p2p.wait_s if self.p2p is not None else 0.0  # one stage (--pp 1) waits for no one
     return Timed
 
 
@@ -88,7 +93,9 @@ def child(args) -> None:
             start_bytes = it.memory_stats()["allocated_bytes"]
             it.reset_peak_memory_stats()
             env.world.barrier()
-            pipe.p2p.wait_s, pipe.pass_times = 0.0, {}
+            if pipe.p2p is not None:
+                pipe.p2p.wait_s = 0.0
+            pipe.pass_times = {}
             t0, c0 = time.perf_counter(), time.process_time()
             pipe.forward_backward(micro)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -100,7 +107,7 @@ def child(args) -> None:
             held = peak - start_bytes  # the step's activations and temporaries
             if len(jobs) > 1:  # the peak of this schedule's model alone
                 peak = own[0] + held
-            rows.append((elapsed, pipe.p2p.wait_s / elapsed, peak, held, cpu, pipe.pass_times))
+            rows.append((elapsed, pipe.waited() / elapsed, peak, held, cpu, pipe.pass_times))
     load = os.getloadavg()[0]
     for name, V, model, pipe, opt, rows, _ in jobs:
         rows = rows[1:] or rows  # the first step allocates the gradients
