@@ -56,6 +56,16 @@ def add_bias(y: Tensor, bias: Tensor) -> Tensor:
     return AddBias.apply(y, bias)
 
 
+def _keep_only_weight_grads(ctx, *grads) -> None:
+    """A norm's kernel gives its weights' gradients with the input's: what a deferred W
+    (autograd.defer_weight_grads) returns. The saved input and statistics go now, not when W
+    has run (unless the graph is kept for another backward), so that a micro-batch whose W
+    waits holds only those."""
+    if not ctx.retain_graph:
+        ctx.release()
+    ctx.weight_grads = grads
+
+
 class LayerNorm(Function):
     # the kernel computes the three gradients together: a deferred W takes the weights' from B
     weight_inputs = (1, 2)
@@ -71,7 +81,7 @@ class LayerNorm(Function):
     def backward(ctx, g):
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = knn.layer_norm_backward(g, x, weight, mean, rstd, ctx.has_bias)
-        ctx.weight_grads = (dw, db)
+        _keep_only_weight_grads(ctx, dw, db)
         return dx, dw, db, None
 
     @staticmethod
@@ -92,7 +102,7 @@ class RMSNorm(Function):
     def backward(ctx, g):
         x, weight, rstd = ctx.saved_tensors
         dx, dw = knn.rms_norm_backward(g, x, weight, rstd)
-        ctx.weight_grads = (dw,)
+        _keep_only_weight_grads(ctx, dw)
         return dx, dw, None
 
     @staticmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from .... import _trace
 from ....autograd import no_grad
 from ....autograd.engine import backward as autograd_backward
 from ....autograd.engine import defer_weight_grads
@@ -29,6 +30,9 @@ from ...moe import aux_loss_scale
 from ..param_buffer import broadcast_replicas
 from .p2p import P2P
 from .schedules import SPLIT_BACKWARD, schedule
+
+
+_PASS_NAMES = {"F": "pipeline F", "B": "pipeline B", "W": "pipeline W"}
 
 
 class _SingleStage:
@@ -148,23 +152,30 @@ class PipelineParallel:
                 for j in range(max(i, posted + 1), min(i + 2, len(plan))):
                     self._post(micro_batches, *plan[j])
                 posted = max(posted, i + 1)
-            if kind == "F":
-                with context():
-                    loss = self._forward(micro_batches, micro, chunk, num_micro_batches=M)
-                if loss is not None:
-                    loss_sum = loss if loss_sum is None else loss_sum + loss
-            else:
-                for c in sync_before.get(i, ()):
-                    self.reducers[c].sync = True  # the chunk's gradients are complete after this pass
-                if kind == "W":
-                    self._weights.pop((micro, chunk)).backward_weight()
-                else:
-                    self._backward(micro_batches, micro, chunk)
+            for c in sync_before.get(i, ()):
+                self.reducers[c].sync = True  # the chunk's gradients are complete after this pass
+            loss = self._run_pass(micro_batches, kind, micro, chunk, context)
+            if loss is not None:
+                loss_sum = loss if loss_sum is None else loss_sum + loss
             if self.p2p is not None:
                 self.p2p.poll()
         if self.p2p is not None:
             self.p2p.flush()
         return self._share_loss(loss_sum, M)
+
+    def _run_pass(self, batches, kind: str, micro: int, chunk: int, context):
+        """One pass of the schedule; a forward of the last chunk returns its loss (float64, on the
+        device). Recorded as a span "pipeline F" / "pipeline B" / "pipeline W" while a profiler
+        runs (with the waits for its input inside)."""
+        with _trace.span(_PASS_NAMES[kind], "pipeline", {"micro": micro, "chunk": chunk}):
+            if kind == "F":
+                with context():
+                    return self._forward(batches, micro, chunk, num_micro_batches=len(batches))
+            if kind == "W":
+                self._weights.pop((micro, chunk)).backward_weight()
+            else:
+                self._backward(batches, micro, chunk)
+            return None
 
     def _forward(self, batches, micro: int, chunk: int, num_micro_batches: int):
         model, g = self.model, self._global(chunk)

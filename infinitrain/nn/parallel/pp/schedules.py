@@ -211,7 +211,8 @@ def _check_link_order(name: str, plans: list, P: int, last: int) -> None:
 
 
 def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: float = 1.0,
-             backward_cost: float = 2.0, chunk_work=None, weight_cost: float | None = None) -> dict:
+             backward_cost: float = 2.0, chunk_work=None, weight_cost: float | None = None,
+             pass_costs=None) -> dict:
     """Runs the schedule of every stage on paper, with the engine's rule (a pass waits for
     its input, sends never wait). Raises RuntimeError on a deadlock; returns the step's
     length, the idle share of it (the pipeline bubble: `bubble` over all stages, and each
@@ -221,15 +222,21 @@ def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: flo
     the work of each of the P x V global chunks, as a multiple of the costs (an uneven split:
     blocks per chunk, the head's blocks' worth on the last); by default every chunk does 1/V
     of a stage's equal share. weight_cost: the W part of backward_cost where the schedule
-    splits it (default half: a product for the input's gradient, one for the weight's)."""
+    splits it (default half: a product for the input's gradient, one for the weight's).
+    pass_costs: instead of the costs and chunk_work, each global chunk's measured cost of one
+    pass of each kind, {"F": ..., "B": ..., "W": ...} ("B" the whole backward, or its input part
+    where the schedule splits it and "W" the rest)."""
     P, V, last = stages, virtual, stages * virtual - 1
     work = [1.0 / V] * (P * V) if chunk_work is None else [float(w) for w in chunk_work]
     if len(work) != P * V:
         raise ValueError(f"chunk_work gives {len(work)} chunks' work, the pipeline has {P} x {V}")
+    if pass_costs is not None and len(pass_costs) != P * V:
+        raise ValueError(f"pass_costs gives {len(pass_costs)} chunks' costs, the pipeline has {P} x {V}")
     plans = [schedule(name, P, V, micro, s) for s in range(P)]
     _check_link_order(name, plans, P, last)
     at, clock = [0] * P, [0.0] * P
     held, peak, awaiting, peak_w = [0] * P, [0] * P, [0] * P, [0] * P
+    busy = [0.0] * P  # each stage's time in passes
     w_cost = backward_cost / 2 if weight_cost is None else weight_cost
     cost = {"F": forward_cost, "B": backward_cost, "W": w_cost}
     if name in SPLIT_BACKWARD:
@@ -261,7 +268,9 @@ def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: flo
                     break
                 start = max(clock[s], t)
                 g = global_chunk(s, a.chunk, P, where)
-                clock[s] = start + cost[a.kind] * work[g]
+                took = cost[a.kind] * work[g] if pass_costs is None else float(pass_costs[g][a.kind])
+                clock[s] = start + took
+                busy[s] += took
                 done[(a.kind, a.micro, g)] = clock[s]
                 held[s] += 1 if a.kind == "F" else -1 if a.kind == "B" else 0
                 if name in SPLIT_BACKWARD and a.kind != "F":
@@ -275,7 +284,5 @@ def simulate(name: str, stages: int, virtual: int, micro: int, forward_cost: flo
             raise RuntimeError(f"schedule {name} deadlocks at P={P}, V={V}, M={micro}: "
                                f"stages wait on {stuck}")
     span = max(clock)
-    busy = [micro * (forward_cost + backward_cost) * sum(work[global_chunk(s, v, P, where)] for v in range(V))
-            for s in range(P)]
     return {"time": span, "bubble": 1.0 - sum(busy) / (P * span),
             "stage_bubbles": [1.0 - b / span for b in busy], "peak_in_flight": peak, "peak_awaiting_w": peak_w}
