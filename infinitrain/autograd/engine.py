@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections import deque
 
 from .. import _trace
@@ -60,7 +61,7 @@ def _dependencies(roots) -> tuple:
     return deps, leaf_deps
 
 
-def _accumulate_leaf(leaf, grad, fresh: dict) -> None:
+def _accumulate_leaf(leaf, grad, fresh) -> None:
     for hook in getattr(leaf, "_hooks", None) or ():
         out = hook(grad)
         if out is not None:
@@ -71,7 +72,8 @@ def _accumulate_leaf(leaf, grad, fresh: dict) -> None:
         if id(grad) in fresh or not grad.is_contiguous() or grad.dtype is not leaf.dtype \
                 or grad.shape != leaf.shape:
             grad = convert(grad._expand_raw(leaf.shape), leaf.dtype)
-        fresh[id(grad)] = grad  # (held: a freed gradient's id may be reused by a new one)
+        fresh[id(grad)] = grad  # (weakly: held, it would outlive a hook that frees it, as ZeRO's do;
+        # by id alone, a freed gradient's id reused by a new one would make a needless copy)
         leaf.grad = grad
     else:
         accumulate(leaf.grad, grad)
@@ -257,7 +259,8 @@ class _Walk:
 
     def __init__(self, retain_graph: bool, capture, accumulate: bool, defer: bool):
         self.retain_graph, self.accumulate, self.defer = retain_graph, accumulate, defer
-        self.captured, self.captured_nodes, self.fresh = {id(t): None for t in capture}, {}, {}
+        self.captured, self.captured_nodes = {id(t): None for t in capture}, {}
+        self.fresh = weakref.WeakValueDictionary()
         for t in capture:
             if t.grad_fn is not None:
                 self.captured_nodes.setdefault(t.grad_fn, []).append((t._output_nr, id(t)))
