@@ -7,15 +7,22 @@ When the last gradient of a bucket lands (post-accumulate-grad hook) the bucket'
 starts while backward goes on; buckets are launched strictly in order so that every rank issues the same collectives in
 the same sequence. At the end of backward the Reducer launches whatever is left (a parameter
 that got no gradient contributes zeros, so unused parameters cannot hang the job) and waits.
+A reduce dtype other than the gradients' (PyTorch DDP's mixed_precision=_MixedPrecision(reduce_dtype=),
+FSDP2's MixedPrecisionPolicy(reduce_dtype=), Megatron's --accumulate-allreduce-grads-in-fp32)
+reduces a copy of each bucket in that dtype and writes the mean back: bf16 gradients summed in
+fp32 and rounded once, or fp32 gradients sent as bf16 (half the bytes where the backend reduces
+bf16 itself, as NCCL does; the MPI group sums bf16 through an fp32 copy, so there it saves nothing).
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ...autograd import is_grad_enabled, no_grad
 from ...autograd.engine import queue_callback
 from ...device import as_device
+from ...dtypes import as_dtype
 from ..module import Module
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack, trainable
 from .expert_parallel import is_expert_param, require_expert_group
@@ -31,8 +38,9 @@ class Reducer:
     mean over every rank's loss as the other gradients."""
 
     def __init__(self, params, group, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
-                 expert_group=None):
+                 expert_group=None, reduce_dtype=None):
         self.group = group
+        self.reduce_dtype = None if reduce_dtype is None else as_dtype(reduce_dtype)  # None: the gradients'
         self.expert_group = expert_group if expert_group is not group else None
         self.buffer = ParamAndGradBuffer(pack(trainable(params), bucket_cap_mb, first_bucket_mb))
         for b in self.buffer:
@@ -86,12 +94,14 @@ class Reducer:
 
     def _launch(self, i: int) -> None:
         flat = self.buckets[i].flat_grad
+        wire = flat if self.reduce_dtype in (None, flat.dtype) else flat.to(self.reduce_dtype)
         if self.expert_group is not None and is_expert_param(self.buckets[i].params[0]):
             scale = 1.0 / self.group.size
-            self.works[i] = _then(self.expert_group.all_reduce(flat, ReduceOp.SUM, async_op=True),
-                                  lambda: flat.mul_(scale))
+            work = _then(self.expert_group.all_reduce(wire, ReduceOp.SUM, async_op=True), lambda: wire.mul_(scale))
         else:
-            self.works[i] = self.group.all_reduce(flat, ReduceOp.AVG, async_op=True)
+            work = self.group.all_reduce(wire, ReduceOp.AVG, async_op=True)
+        # the mean, rounded once to the gradients' dtype (wire is held by the closure until then)
+        self.works[i] = work if wire is flat else _then(work, lambda: flat.copy_(wire))
         self.next_bucket = i + 1
         if self.on_reduced is not None:
             self.on_reduced(self.buckets[i].params, self.works[i])
@@ -113,6 +123,37 @@ class Reducer:
         self.last_wait_s = time.perf_counter() - t0  # communication not hidden behind backward
 
 
+@dataclass
+class _MixedPrecision:
+    """PyTorch DDP's mixed_precision= (torch.nn.parallel.distributed._MixedPrecision): here only
+    reduce_dtype, the dtype gradients are all-reduced in; the computation's dtype is autocast's."""
+    param_dtype: object = None
+    reduce_dtype: object = None
+    buffer_dtype: object = None
+
+
+def _reduce_dtype(mixed_precision):
+    """mixed_precision's reduce_dtype (an infinitrain dtype or its name), or None;
+    param_dtype and buffer_dtype are refused: autocast decides the computation's dtype."""
+    if mixed_precision is None:
+        return None
+    for name in ("param_dtype", "buffer_dtype"):
+        if getattr(mixed_precision, name, None) is not None:
+            raise ValueError(f"DistributedDataParallel: mixed_precision.{name}={getattr(mixed_precision, name)} "
+                             f"is not supported (compute in low precision with autocast); only reduce_dtype is")
+    if not hasattr(mixed_precision, "reduce_dtype"):
+        raise ValueError(f"DistributedDataParallel: mixed_precision={mixed_precision!r} is not supported: give "
+                         f"a _MixedPrecision (PyTorch's), of which only reduce_dtype is taken")
+    value = mixed_precision.reduce_dtype
+    if value is None:
+        return None
+    reduce_dtype = as_dtype(value)
+    if not reduce_dtype.is_floating_point:
+        raise ValueError(f"DistributedDataParallel: mixed_precision.reduce_dtype must be a floating-point dtype, "
+                         f"got {reduce_dtype.name}")
+    return reduce_dtype
+
+
 class DistributedDataParallel(Module):
     """PyTorch's DistributedDataParallel: module replicated on every rank of process_group (the
     default: the group of init_process_group / nn.parallel.init), rank 0's parameters and
@@ -124,7 +165,8 @@ class DistributedDataParallel(Module):
     Accepted for PyTorch's programs and already how the Reducer works: find_unused_parameters
     (a parameter without a gradient contributes zeros, whether or not it is set),
     gradient_as_bucket_view (the gradients are always views into the buckets), static_graph,
-    check_reduction, batched_grad_copy, dim. first_bucket_mb: the first bucket's size
+    check_reduction, batched_grad_copy, dim. mixed_precision: its reduce_dtype only (_MixedPrecision),
+    the dtype gradients are averaged in. first_bucket_mb: the first bucket's size
     (communication starts early); broadcast_from: the rank whose replica the others copy;
     expert_process_group: under expert parallelism, the group that holds the same experts and
     reduces their parameters (Reducer)."""
@@ -143,13 +185,14 @@ class DistributedDataParallel(Module):
                             "group as process_group=")
         for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
                             ("param_to_hook_all_reduce", param_to_hook_all_reduce),
-                            ("mixed_precision", mixed_precision), ("device_mesh", device_mesh),
+                            ("device_mesh", device_mesh),
                             ("bucket_cap_mb_list", bucket_cap_mb_list)):
             if value is not None:
                 raise ValueError(f"DistributedDataParallel: {name}= is not supported (leave it None)")
         if skip_all_reduce_unused_params:
             raise ValueError("DistributedDataParallel: skip_all_reduce_unused_params=True is not supported: "
                              "parameters without a gradient are reduced as zeros")
+        reduce_dtype = _reduce_dtype(mixed_precision)
         self.module = module
         group = process_group if process_group is not None else default_data_parallel_group()
         if not isinstance(group, ProcessGroup):
@@ -175,7 +218,7 @@ class DistributedDataParallel(Module):
             if experts is not None:  # each EP rank holds other experts: copied from their first holder
                 broadcast_replicas([p for p in module.parameters() if is_expert_param(p)], experts)
         self.reducer = Reducer(module.parameters(), group, 25.0 if bucket_cap_mb is None else bucket_cap_mb,
-                               first_bucket_mb, expert_group=experts)
+                               first_bucket_mb, expert_group=experts, reduce_dtype=reduce_dtype)
         self._sync = True
 
     def forward(self, *args, **kwargs):
