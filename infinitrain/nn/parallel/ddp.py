@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from ...autograd import is_grad_enabled, no_grad
 from ...autograd.engine import queue_callback
+from ...creation import tensor
 from ...device import as_device
-from ...dtypes import as_dtype
+from ...dtypes import as_dtype, int64
 from ..module import Module
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack, trainable
 from .expert_parallel import is_expert_param, require_expert_group
@@ -35,18 +36,27 @@ class Reducer:
     group that reduces the experts' parameters (marked `expert_parallel`; the ranks holding the
     same experts, a part of `group`): each expert's gradient there already sums the tokens of
     its EP group's ranks, so it is summed over expert_group and divided by group's size, the
-    mean over every rank's loss as the other gradients."""
+    mean over every rank's loss as the other gradients.
+
+    order_by_backward (DDP's): after the first synchronised backward the buckets are packed
+    again in the order the gradients arrived there (rank 0's, the same on every rank), as
+    PyTorch's DDP rebuilds its buckets after the first iteration: registration order puts a
+    parameter used first in forward (GPT-2's position embedding; a tied embedding, final only
+    when the lookup's share arrives) beside the first blocks, whose bucket then waits for it
+    until backward ends instead of leaving while backward goes on."""
 
     def __init__(self, params, group, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
-                 expert_group=None, reduce_dtype=None):
+                 expert_group=None, reduce_dtype=None, order_by_backward: bool = False):
         self.group = group
         self.reduce_dtype = None if reduce_dtype is None else as_dtype(reduce_dtype)  # None: the gradients'
         self.expert_group = expert_group if expert_group is not group else None
-        self.buffer = ParamAndGradBuffer(pack(trainable(params), bucket_cap_mb, first_bucket_mb))
-        for b in self.buffer:
-            b.flat_grad = b.new_flat()  # the .grad views are made before each forward (prepare)
-            for p in b.params:
-                p.register_post_accumulate_grad_hook(self._on_grad)
+        self.params = trainable(params)
+        self.caps = bucket_cap_mb, first_bucket_mb
+        self._pack(list(reversed(self.params)))  # pack's own guess: reverse registration order
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self.arrivals = [] if order_by_backward else None  # the first synchronised backward's order
+        self.repack = False
         self.sync = True
         self.last_wait_s = 0.0
         # called as on_reduced(params, work) when a bucket's all-reduce is queued: its gradients
@@ -58,10 +68,36 @@ class Reducer:
     def buckets(self) -> list:
         return self.buffer.buckets
 
+    def _pack(self, order) -> None:
+        """Buckets of the parameters in `order` (the first gradient expected first)."""
+        self.buffer = ParamAndGradBuffer(pack(list(reversed(order)), *self.caps))
+        for b in self.buffer:
+            b.flat_grad = b.new_flat()  # the .grad views are made before each forward (prepare)
+
+    def _repack_by_arrival(self) -> None:
+        """Packs the buckets again in the order the first synchronised backward produced the
+        gradients (rank 0's order, so that every rank issues the same collectives; parameters
+        that got none last, in the old order). The .grad views move on the next hold_grads."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        arrived = [index[id(p)] for p in self.arrivals]
+        order = arrived + [index[id(p)] for b in self.buckets for p in b.params if index[id(p)] not in set(arrived)]
+        if self.group.size > 1:
+            shared = tensor(order, dtype=int64).to(self.buckets[0].device)  # (NCCL: on the group's GPU)
+            self.group.broadcast(shared, 0)
+            order = shared.tolist()
+        old = [[id(p) for p in b.params] for b in self.buckets]
+        new = [self.params[i] for i in order]
+        if [[id(p) for p in ps] for ps in pack(list(reversed(new)), *self.caps) if ps] != old:
+            self._pack(new)
+        self.arrivals = None
+
     def prepare(self, sync: bool) -> None:
         """Before a forward pass: every .grad is its bucket view again (a grad set to None by
         zero_grad starts from zero; one assigned by the user is copied in)."""
         self.sync = sync
+        if self.repack:
+            self.repack = False
+            self._repack_by_arrival()
         self.buffer.hold_grads()
         self._reset_round()
 
@@ -86,6 +122,8 @@ class Reducer:
             view.copy_(p.grad)
             p.grad = view
         mark_ready(self.ready, p)
+        if self.arrivals is not None:
+            self.arrivals.append(p)
         self.pending[bi] -= 1
         while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] <= 0:
             self._launch(self.next_bucket)
@@ -121,6 +159,7 @@ class Reducer:
         for w in self.works:
             w.wait()
         self.last_wait_s = time.perf_counter() - t0  # communication not hidden behind backward
+        self.repack = self.arrivals is not None
 
 
 @dataclass
@@ -218,7 +257,8 @@ class DistributedDataParallel(Module):
             if experts is not None:  # each EP rank holds other experts: copied from their first holder
                 broadcast_replicas([p for p in module.parameters() if is_expert_param(p)], experts)
         self.reducer = Reducer(module.parameters(), group, 25.0 if bucket_cap_mb is None else bucket_cap_mb,
-                               first_bucket_mb, expert_group=experts, reduce_dtype=reduce_dtype)
+                               first_bucket_mb, expert_group=experts, reduce_dtype=reduce_dtype,
+                               order_by_backward=True)
         self._sync = True
 
     def forward(self, *args, **kwargs):

@@ -1,7 +1,7 @@
-"""DDP's reduce dtype: PyTorch's mixed_precision=_MixedPrecision(reduce_dtype=) and the examples'
---grad_reduce_dtype. The arguments in process; under MPI, the averaged gradients bit for bit
-against the ranks' own (tests/parallel/mpi/ddp_reduce_dtype.py) and the example's flag reaching
-the reduction."""
+"""How DDP reduces: PyTorch's mixed_precision=_MixedPrecision(reduce_dtype=) and the examples'
+--grad_reduce_dtype, and the buckets repacked in backward's order. The arguments in process;
+under MPI, the averaged gradients bit for bit against the ranks' own and the buckets' order
+(tests/parallel/mpi/ddp_reduction.py), and the example's flag reaching the reduction."""
 import dataclasses
 
 import numpy as np
@@ -34,8 +34,8 @@ def test_mixed_precision_refusals_name_the_value(policy, error, match):
 
 
 @pytest.mark.mpi
-def test_gradients_averaged_in_the_reduce_dtype():
-    assert mpirun(2, [str(MPI_SCRIPTS / "ddp_reduce_dtype.py")]).count("OK") == 2
+def test_reduce_dtype_and_buckets_in_backwards_order():
+    assert mpirun(2, [str(MPI_SCRIPTS / "ddp_reduction.py")]).count("OK") == 2
 
 
 @pytest.mark.mpi
