@@ -5,20 +5,25 @@ over gloo, the same GPT-2, data and AdamW, side by side. Prints tokens/s and the
     python benchmarks/dp_train.py                     # GPT-2 small, 1 x 1 and 2 x 1, 3 repeats
     python benchmarks/dp_train.py --quick             # one repeat, few steps (~3 min on 2 quiet cores)
     python benchmarks/dp_train.py --model 124M --batch 1 --seq 128 --ranks 4
-    python benchmarks/dp_train.py --it_args "--grad_reduce_dtype bfloat16 --dtype bfloat16"
+    python benchmarks/dp_train.py --it_variants "--zero_stage 1" "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring"
+    python benchmarks/dp_train.py --engines infinitrain --profile   # where the DP step's time goes
 
 Every run is a fresh job started by mpi_launch (torchrun's variables over mpiexec; PyTorch runs
 `init_process_group("gloo")` from them), ranks x threads 1 x 1, 2 x 1 and, with --ranks 4, 4 x 1
 (oversubscribed where the machine has fewer cores). The engines alternate within every repeat
 (the order rotates), so that drift in the machine's load hits them all; each run's figure is the
 median of its steps after --warmup, the table's the median over repeats. infinitrain runs
-`python -m infinitrain.examples.gpt2` (DDP through its TrainStep; --it_args adds flags to it);
+`python -m infinitrain.examples.gpt2` (DDP through its TrainStep); each --it_variants string is
+one more infinitrain row with those flags added (NAME=VALUE words set environment variables;
+by default ZeRO-1, which also shards AdamW as FSDP2 does);
 PyTorch runs benchmarks/torch_gpt2.py's model (unpadded vocabulary) with DDP, or fully_shard on
 every block and the root, AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, no decay: the example's) and
 the example's Shakespeare batches (the same TokenLoader). One process's baseline is the engine
 without a process group (PyTorch's serves DDP and FSDP2). Each step is timed from fetching the
 batch to the loss, averaged over the ranks, on the host. --tuned_malloc runs PyTorch with
-gpt2_train.py's tuned glibc malloc. Figures are only worth reading on a quiet machine: the load
+gpt2_train.py's tuned glibc malloc. --profile ends with one more infinitrain job at the largest
+DP size under the example's --profile: its op table's head and how much of the communication
+was hidden behind computation. Figures are only worth reading on a quiet machine: the load
 average before and after is printed.
 """
 from __future__ import annotations
@@ -92,25 +97,42 @@ def torch_child(preset: str, B: int, T: int, steps: int, fsdp: bool) -> None:
         dist.destroy_process_group()
 
 
+def label(engine: str) -> str:
+    kind, flags, env = variant(engine)
+    extra = " ".join([f"{k}={v}" for k, v in env.items()] + flags)
+    return LABEL[kind] + (f" {extra}" if extra else "")
+
+
 def free_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
 
 
-def run(engine: str, ranks: int, a) -> dict:
-    """One fresh job: {tok_s, ms, losses}; tokens/s counts every rank's B x T."""
+def variant(engine: str) -> tuple:
+    """An engine name ("infinitrain", "infinitrain FLAGS", "ddp", "fsdp2") -> (its kind, the
+    example's extra flags, environment variables), from the words after "infinitrain"."""
+    kind, _, extra = engine.partition(" ")
+    words = shlex.split(extra)
+    env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w))
+    return kind, [w for w in words if w.split("=", 1)[0] not in env], env
+
+
+def run(engine: str, ranks: int, a, profile: str | None = None) -> dict:
+    """One fresh job: {tok_s, ms, losses, out}; tokens/s counts every rank's B x T."""
     launch = ["--nproc_per_node", str(ranks), "--rdzv_endpoint", f"127.0.0.1:{free_port()}"]
     steps = a.warmup + a.steps
-    if engine == "infinitrain":
+    kind, flags, env = variant(engine)
+    if kind == "infinitrain":
         program = ["-m", "infinitrain.examples.gpt2", "--model", MODELS[a.model], "--batch_size", str(a.batch),
                    "--sequence_length", str(a.seq), "--num_iteration", str(steps),
-                   "--peak_tflops", "1", *shlex.split(a.it_args)]  # (a given peak skips measuring one)
-        env = {}
+                   "--peak_tflops", "1", *flags]  # (a given peak skips measuring one)
+        if profile:
+            program += ["--profile", profile, "--profile_steps", str(min(a.steps, 2))]
     else:
-        program = [__file__, "--child", engine, "--model", a.model, "--batch", str(a.batch), "--seq", str(a.seq),
+        program = [__file__, "--child", kind, "--model", a.model, "--batch", str(a.batch), "--seq", str(a.seq),
                    "--steps", str(steps)]
-        env = TUNED_MALLOC if a.tuned_malloc else {}
+        env = dict(env, **TUNED_MALLOC) if a.tuned_malloc else env
     cmd = command(parse(launch + program))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
                          env=dict(os.environ, OMP_NUM_THREADS=str(a.threads), **env))
@@ -119,7 +141,8 @@ def run(engine: str, ranks: int, a) -> dict:
         raise SystemExit(f"{engine} on {ranks} rank(s) failed ({out.returncode}):\n{shlex.join(cmd)}\n"
                          f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     ms = statistics.median(float(t) for _, _, t in found[a.warmup:])
-    return {"tok_s": ranks * a.batch * a.seq / ms * 1e3, "ms": ms, "losses": [float(v) for _, v, _ in found]}
+    return {"tok_s": ranks * a.batch * a.seq / ms * 1e3, "ms": ms, "losses": [float(v) for _, v, _ in found],
+            "out": out.stdout}
 
 
 def load() -> str:
@@ -139,7 +162,11 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="steps per run before those measured")
     p.add_argument("--quick", action="store_true", help="1 repeat, 3 measured steps after 1, small batches")
     p.add_argument("--tuned_malloc", action="store_true", help="PyTorch with gpt2_train.py's tuned malloc")
-    p.add_argument("--it_args", default="", help="more flags for infinitrain's example, as one string")
+    p.add_argument("--it_variants", nargs="*", default=["--zero_stage 1"], metavar="FLAGS",
+                   help="more infinitrain rows, each the example with these flags (and NAME=VALUE variables); "
+                        "default: ZeRO-1 (each rank's AdamW on its half: the optimizer step's share is large on "
+                        "a CPU); give none to leave it out")
+    p.add_argument("--profile", action="store_true", help="then profile infinitrain at the largest DP size")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--child", choices=["ddp", "fsdp2"], help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -159,38 +186,45 @@ def main() -> None:
     sizes = [1, 2] + ([4] if a.ranks == 4 else [])
     print(f"GPT-2 {a.model}, {a.batch} x {a.seq} tokens per rank, fp32 AdamW, {a.threads} thread(s) per rank, "
           f"{os.cpu_count()} cores; {a.repeats} repeat(s) of {a.warmup} + {a.steps} steps; {load()}", flush=True)
-    if a.it_args:
-        print(f"infinitrain's flags: {a.it_args}")
+    if a.it_variants and "infinitrain" not in a.engines:
+        p.error("--it_variants are columns beside infinitrain's: keep infinitrain in --engines")
+    engines = [e for v in a.engines for e in [v] + (["infinitrain " + f for f in a.it_variants] if v == "infinitrain"
+                                                     else [])]
     # one process's baseline: PyTorch's serves DDP and FSDP2
-    jobs = [(n, e) for n in sizes for e in a.engines if n > 1 or e != "fsdp2" or "ddp" not in a.engines]
+    jobs = [(n, e) for n in sizes for e in engines if n > 1 or e != "fsdp2" or "ddp" not in engines]
     results = {job: [] for job in jobs}
     for r in range(a.repeats):
         for n in sizes:
-            mine = [e for e in a.engines if (n, e) in results]
+            mine = [e for e in engines if (n, e) in results]
             for e in mine[r % len(mine):] + mine[:r % len(mine)]:  # rotated each repeat
                 results[(n, e)].append(run(e, n, a))
-                print(f"  repeat {r + 1}: {n} x {a.threads} {LABEL[e]}: {results[(n, e)][-1]['tok_s']:.0f} tok/s",
+                print(f"  repeat {r + 1}: {n} x {a.threads} {label(e)}: {results[(n, e)][-1]['tok_s']:.0f} tok/s",
                       flush=True)
     tok = {job: statistics.median(x["tok_s"] for x in runs) for job, runs in results.items()}
-
-    def one(e):
-        return tok.get((1, e)) or tok.get((1, "ddp" if e == "fsdp2" else e))
-
-    print(f"\n{'ranks x threads':16s}" + "".join(f" | {LABEL[e] + ' tok/s':>24s} {'eff':>5s}" for e in a.engines)
-          + "".join(f" | {'it / ' + e:>10s}" for e in a.engines if e != "infinitrain" and "infinitrain" in a.engines))
-    for n in sizes:
-        over = " (oversubscribed)" if n * a.threads > (os.cpu_count() or 1) else ""
-        row = f"{f'{n} x {a.threads}{over}':16s}"
-        for e in a.engines:
-            t, base = tok.get((n, e)), one(e)
-            row += f" | {t:24.0f} {100 * t / (n * base):4.0f}%" if t and base else f" | {'':>24s} {'':>5s}"
-        for e in a.engines:
-            if e != "infinitrain" and "infinitrain" in a.engines:
-                t = tok.get((n, e)) or (one(e) if n == 1 else None)
-                row += f" | {tok[(n, 'infinitrain')] / t:9.2f}x" if t else f" | {'':>10s}"
-        print(row)
-    print(f"eff: tokens/s over N x one process's (same engine, per-rank batch and threads); {load()}")
-
+    for e in engines:  # PyTorch's one process, under FSDP2's row too
+        if (1, e) not in tok:
+            tok[(1, e)] = tok[(1, "ddp")]
+    cols = [f"{n} x {a.threads}" + (" over" if n * a.threads > (os.cpu_count() or 1) else "") for n in sizes]
+    width = max(len(label(e)) for e in engines) + 8
+    print(f"\n{'tokens/s (scaling efficiency)':{width}s}" + "".join(f" | {c:>15s}" for c in cols))
+    for e in engines:
+        print(f"{label(e):{width}s}" + "".join(
+            f" | {tok[(n, e)]:8.0f} ({100 * tok[(n, e)] / (n * tok[(1, e)]):3.0f}%)" for n in sizes))
+    for theirs in [e for e in engines if variant(e)[0] != "infinitrain"]:
+        for ours in [e for e in engines if variant(e)[0] == "infinitrain"]:
+            print(f"{label(ours) + ' / ' + label(theirs):{width}s}" + "".join(
+                f" | {tok[(n, ours)] / tok[(n, theirs)]:14.2f}x" for n in sizes))
+    print(f"efficiency: tokens/s over N x one process's (same engine, per-rank batch and threads); 'over': more "
+          f"ranks x threads than the {os.cpu_count()} cores; {load()}", flush=True)
+    if a.profile:
+        path = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"dp_train_{os.getpid()}.json")
+        lines = run("infinitrain", sizes[-1], a, profile=path)["out"].splitlines()
+        at = next((i for i, ln in enumerate(lines) if "---- profile of steps" in ln), len(lines))
+        comm = re.compile(r"(^|\] )(wait|all_reduce) |communication:")
+        table = lines[at:at + 14] + [ln for ln in lines[at:] if comm.search(ln)]
+        print(f"\ninfinitrain at DP {sizes[-1]} under --profile (rank 0, the op table's head; every rank's trace: "
+              f"{path})")
+        print("\n".join(dict.fromkeys(table)) or "(no profile in the output)")
 
 if __name__ == "__main__":
     main()
