@@ -7,6 +7,7 @@ When the last gradient of a bucket lands (post-accumulate-grad hook) the bucket'
 starts while backward goes on; buckets are launched strictly in order so that every rank issues the same collectives in
 the same sequence. At the end of backward the Reducer launches whatever is left (a parameter
 that got no gradient contributes zeros, so unused parameters cannot hang the job) and waits.
+After the first backward DDP packs the buckets again in the order the gradients arrived.
 A reduce dtype other than the gradients' (PyTorch DDP's mixed_precision=_MixedPrecision(reduce_dtype=),
 FSDP2's MixedPrecisionPolicy(reduce_dtype=), Megatron's --accumulate-allreduce-grads-in-fp32)
 reduces a copy of each bucket in that dtype and writes the mean back: bf16 gradients summed in
@@ -79,8 +80,11 @@ class Reducer:
         gradients (rank 0's order, so that every rank issues the same collectives; parameters
         that got none last, in the old order). The .grad views move on the next hold_grads."""
         index = {id(p): i for i, p in enumerate(self.params)}
-        arrived = [index[id(p)] for p in self.arrivals]
-        order = arrived + [index[id(p)] for b in self.buckets for p in b.params if index[id(p)] not in set(arrived)]
+        arrived, seen = [index[id(p)] for p in self.arrivals], {id(p) for p in self.arrivals}
+        self.arrivals = None
+        if not self.params:
+            return
+        order = arrived + [index[id(p)] for b in self.buckets for p in b.params if id(p) not in seen]
         if self.group.size > 1:
             shared = tensor(order, dtype=int64).to(self.buckets[0].device)  # (NCCL: on the group's GPU)
             self.group.broadcast(shared, 0)
@@ -89,7 +93,6 @@ class Reducer:
         new = [self.params[i] for i in order]
         if [[id(p) for p in ps] for ps in pack(list(reversed(new)), *self.caps) if ps] != old:
             self._pack(new)
-        self.arrivals = None
 
     def prepare(self, sync: bool) -> None:
         """Before a forward pass: every .grad is its bucket view again (a grad set to None by
