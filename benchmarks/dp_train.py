@@ -205,15 +205,15 @@ def main() -> None:
         if (1, e) not in tok:
             tok[(1, e)] = tok[(1, "ddp")]
     cols = [f"{n} x {a.threads}" + (" over" if n * a.threads > (os.cpu_count() or 1) else "") for n in sizes]
-    width = max(len(label(e)) for e in engines) + 8
+    ours = [e for e in engines if variant(e)[0] == "infinitrain"]
+    ratios = [(o, t, f"{label(o)} / {LABEL[t]}") for t in engines if variant(t)[0] != "infinitrain" for o in ours]
+    width = max(len(name) for name in [label(e) for e in engines] + [r[2] for r in ratios])
     print(f"\n{'tokens/s (scaling efficiency)':{width}s}" + "".join(f" | {c:>15s}" for c in cols))
     for e in engines:
         print(f"{label(e):{width}s}" + "".join(
             f" | {tok[(n, e)]:8.0f} ({100 * tok[(n, e)] / (n * tok[(1, e)]):3.0f}%)" for n in sizes))
-    for theirs in [e for e in engines if variant(e)[0] != "infinitrain"]:
-        for ours in [e for e in engines if variant(e)[0] == "infinitrain"]:
-            print(f"{label(ours) + ' / ' + label(theirs):{width}s}" + "".join(
-                f" | {tok[(n, ours)] / tok[(n, theirs)]:14.2f}x" for n in sizes))
+    for o, t, name in ratios:
+        print(f"{name:{width}s}" + "".join(f" | {tok[(n, o)] / tok[(n, t)]:14.2f}x" for n in sizes))
     print(f"efficiency: tokens/s over N x one process's (same engine, per-rank batch and threads); 'over': more "
           f"ranks x threads than the {os.cpu_count()} cores; {load()}", flush=True)
     if a.profile:
