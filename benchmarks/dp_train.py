@@ -7,6 +7,7 @@ over gloo, the same GPT-2, data and AdamW, side by side. Prints tokens/s and the
     python benchmarks/dp_train.py --model 124M --batch 1 --seq 128 --ranks 4
     python benchmarks/dp_train.py --it_variants "--zero_stage 1" "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring"
     python benchmarks/dp_train.py --engines infinitrain --profile   # where the DP step's time goes
+    python benchmarks/dp_train.py --overlap 160     # can an all-reduce hide behind computation here?
 
 Every run is a fresh job started by mpi_launch (torchrun's variables over mpiexec; PyTorch runs
 `init_process_group("gloo")` from them), ranks x threads 1 x 1, 2 x 1 and, with --ranks 4, 4 x 1
@@ -97,6 +98,48 @@ def torch_child(preset: str, B: int, T: int, steps: int, fsdp: bool) -> None:
         dist.destroy_process_group()
 
 
+def overlap_child(mb: float) -> None:
+    """One rank of --overlap: the all-reduce of `mb` MB of fp32 on its own (blocking, median of 3),
+    then started asynchronously while this rank multiplies matrices, polled between products as
+    DDP's gradient hooks poll; the part hidden is what the overlapped run saved against the two
+    one after the other."""
+    import infinitrain as it
+    from infinitrain.nn import parallel
+
+    group = parallel.init().world
+    grads = it.ones(int(mb * 2**18))
+    a = it.randn(384, 384)
+
+    def blocking() -> float:
+        group.barrier()
+        t0 = time.perf_counter()
+        group.all_reduce(grads)
+        return time.perf_counter() - t0
+
+    def compute(products: int, work=None) -> float:
+        group.barrier()
+        t0 = time.perf_counter()
+        for _ in range(products):
+            it.matmul(a, a)
+            if work is not None:
+                work.is_completed()
+        if work is not None:
+            work.wait()
+        return time.perf_counter() - t0
+
+    comm = statistics.median(blocking() for _ in range(3))
+    per = compute(20) / 20
+    products = max(1, int(2 * comm / per))  # twice the all-reduce's time in products
+    alone = compute(products)
+    group.barrier()
+    both = compute(products, group.all_reduce(grads, async_op=True))
+    if group.rank == 0:
+        hidden = (alone + comm - both) / comm
+        print(f"all-reduce of {mb:g} MB: {comm * 1e3:.0f} ms alone; started before {alone * 1e3:.0f} ms of matrix "
+              f"products (polled after each of {products}): {both * 1e3:.0f} ms for both, so {100 * hidden:.0f}% of "
+              f"the all-reduce was hidden", flush=True)
+
+
 def label(engine: str) -> str:
     kind, flags, env = variant(engine)
     extra = " ".join([f"{k}={v}" for k, v in env.items()] + flags)
@@ -168,7 +211,10 @@ def main() -> None:
                         "a CPU); give none to leave it out")
     p.add_argument("--profile", action="store_true", help="then profile infinitrain at the largest DP size")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
-    p.add_argument("--child", choices=["ddp", "fsdp2"], help=argparse.SUPPRESS)
+    p.add_argument("--overlap", type=float, default=None, metavar="MB",
+                   help="only probe whether an all-reduce of MB megabytes hides behind computation on these ranks "
+                        "(without and with the communication thread); --ranks of them")
+    p.add_argument("--child", choices=["ddp", "fsdp2", "overlap"], help=argparse.SUPPRESS)
     a = p.parse_args()
     big = a.model == "124M"
     if a.quick:
@@ -180,8 +226,22 @@ def main() -> None:
             p.error(f"--{flag} must be at least 1, got {getattr(a, flag)}")
     if a.warmup < 0:
         p.error(f"--warmup must be at least 0, got {a.warmup}")
+    if a.child == "overlap":
+        overlap_child(a.overlap)
+        return
     if a.child:
         torch_child(MODELS[a.model], a.batch, a.seq, a.steps, a.child == "fsdp2")
+        return
+    if a.overlap is not None:
+        for thread in ("0", "1"):
+            print(f"{a.ranks} ranks x {a.threads} thread(s), communication thread {'on' if thread == '1' else 'off'} "
+                  f"(INFINITRAIN_COMM_THREAD={thread}); {load()}", flush=True)
+            cmd = command(parse(["--nproc_per_node", str(a.ranks), __file__, "--child", "overlap", "--overlap",
+                                 str(a.overlap)]))
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=dict(
+                os.environ, OMP_NUM_THREADS=str(a.threads), INFINITRAIN_COMM_THREAD=thread))
+            print("".join(ln.split("] ", 1)[-1] + "\n" for ln in out.stdout.splitlines() if "all-reduce of" in ln)
+                  or f"failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}", end="")
         return
     sizes = [1, 2] + ([4] if a.ranks == 4 else [])
     print(f"GPT-2 {a.model}, {a.batch} x {a.seq} tokens per rank, fp32 AdamW, {a.threads} thread(s) per rank, "
