@@ -8,6 +8,10 @@ starts while backward goes on; buckets are launched strictly in order so that ev
 the same sequence. At the end of backward the Reducer launches whatever is left (a parameter
 that got no gradient contributes zeros, so unused parameters cannot hang the job) and waits.
 After the first backward DDP packs the buckets again in the order the gradients arrived.
+A tied embedding (GPT-2's wte, also the head's weight) is reduced in two parts: the head's
+share, final early in backward, in its bucket while backward goes on; the lookup's share, which
+arrives last but touches only the rows of the tokens looked up, as those rows (gathered from
+every rank and added once the bucket is reduced) instead of the whole table at the end.
 A reduce dtype other than the gradients' (PyTorch DDP's mixed_precision=_MixedPrecision(reduce_dtype=),
 FSDP2's MixedPrecisionPolicy(reduce_dtype=), Megatron's --accumulate-allreduce-grads-in-fp32)
 reduces a copy of each bucket in that dtype and writes the mean back: bf16 gradients summed in
@@ -19,13 +23,18 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
 
 from ...autograd import is_grad_enabled, no_grad
 from ...autograd.engine import queue_callback
-from ...creation import tensor
+from ...creation import tensor, zeros
 from ...device import as_device
 from ...dtypes import as_dtype, int64
+from .. import functional as F
 from ..module import Module
+from ..modules import Embedding
 from .param_buffer import ParamAndGradBuffer, broadcast_replicas, mark_ready, pack, trainable
 from .expert_parallel import is_expert_param, require_expert_group
 from .process_group import ProcessGroup, ReduceOp, _then, default_data_parallel_group
@@ -105,6 +114,7 @@ class Reducer:
         self._reset_round()
 
     def _reset_round(self) -> None:
+        self.lookups = []  # (parameter, rows, their gradient): tied embeddings' lookup shares
         self.pending = [len(b.params) for b in self.buckets]
         self.works = [None] * len(self.buckets)
         self.next_bucket = 0
@@ -133,6 +143,42 @@ class Reducer:
         for w in self.works[:self.next_bucket]:  # MPI moves non-blocking calls only when asked
             w.is_completed()
 
+    @no_grad()
+    def lookup_share(self, p, share, indices) -> None:
+        """The share of tied embedding p's gradient that its lookup of `indices` produced (the
+        head's share is p's own gradient, reduced in p's bucket): under no_sync added to p's
+        gradient; else its rows kept for finish_grad_sync."""
+        if not self.sync:
+            p.grad.add_(share)
+            return
+        if not self.callback_queued:
+            queue_callback(self.finish_grad_sync)
+            self.callback_queued = True
+        rows = tensor(np.unique(indices.cpu().numpy()), dtype=int64).to(share.device)
+        self.lookups.append((p, rows, share.index_select(0, rows)))
+
+    def _add_lookup_shares(self) -> None:
+        """Every rank's lookup rows, gathered (padded to the longest with zero rows), averaged
+        into each tied embedding's gradient once its bucket's all-reduce is done: the same
+        additions in the same order on every rank."""
+        n = self.group.size
+        for p, rows, grads in self.lookups:
+            device = grads.device
+            counts = zeros(n, dtype=int64, device=device)
+            self.group.all_gather(counts, tensor([rows.numel()], dtype=int64).to(device))
+            most = max(counts.tolist())
+            padded_rows, padded = zeros(most, dtype=int64, device=device), zeros(most, grads.shape[1],
+                                                                                dtype=grads.dtype, device=device)
+            padded_rows[:rows.numel()] = rows
+            padded[:rows.numel()] = grads
+            every_row = zeros(n * most, dtype=int64, device=device)
+            every_grad = zeros(n * most, grads.shape[1], dtype=grads.dtype, device=device)
+            self.group.all_gather(every_row, padded_rows)
+            self.group.all_gather(every_grad, padded)
+            self.works[self.buffer.locate(p)[0]].wait()
+            p.grad.index_add_(0, every_row, every_grad, alpha=1.0 / n)
+        self.lookups = []
+
     def _launch(self, i: int) -> None:
         flat = self.buckets[i].flat_grad
         wire = flat if self.reduce_dtype in (None, flat.dtype) else flat.to(self.reduce_dtype)
@@ -159,10 +205,33 @@ class Reducer:
         while self.next_bucket < len(self.buckets):
             self._launch(self.next_bucket)
         t0 = time.perf_counter()
+        self._add_lookup_shares()
         for w in self.works:
             w.wait()
         self.last_wait_s = time.perf_counter() - t0  # communication not hidden behind backward
         self.repack = self.arrivals is not None
+
+
+def _split_tied_lookups(module: Module, ddp) -> None:
+    """Each Embedding of module whose weight another module also holds (a tied head) looks up
+    through a leaf of its own while ddp's forward runs, so that the weight's gradient is the
+    head's share alone and the lookup's comes to the Reducer apart (Reducer.lookup_share)."""
+    holders = {}
+    for m in module.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                holders[id(p)] = holders.get(id(p), 0) + 1
+    for m in module.modules():
+        if type(m) is Embedding and m.weight.requires_grad and holders[id(m.weight)] > 1:
+            m.forward = partial(_lookup, m, ddp)
+
+
+def _lookup(m, ddp, indices):
+    if not (ddp.splitting and is_grad_enabled()):  # outside DDP's forward: as Embedding does
+        return F.embedding(indices, m.weight, m.padding_idx)
+    alias = m.weight.detach().requires_grad_()  # the same memory, a leaf of its own
+    alias.register_post_accumulate_grad_hook(lambda a: ddp.reducer.lookup_share(m.weight, a.grad, indices))
+    return F.embedding(indices, alias, m.padding_idx)
 
 
 @dataclass
@@ -263,6 +332,9 @@ class DistributedDataParallel(Module):
                                first_bucket_mb, expert_group=experts, reduce_dtype=reduce_dtype,
                                order_by_backward=True)
         self._sync = True
+        self.splitting = False  # DDP's forward is running: tied lookups go through their own leaf
+        if group.size > 1 and experts is None:
+            _split_tied_lookups(module, self)
 
     def forward(self, *args, **kwargs):
         if self.forward_sync_buffers and self._sync and is_grad_enabled() and self.process_group.size > 1:
@@ -270,7 +342,11 @@ class DistributedDataParallel(Module):
             if buffers:  # running statistics and the like: every replica starts the step with rank 0's
                 broadcast_replicas(buffers, self.process_group, self.broadcast_from)
         self.reducer.prepare(self._sync)
-        return self.module(*args, **kwargs)
+        self.splitting = True
+        try:
+            return self.module(*args, **kwargs)
+        finally:
+            self.splitting = False
 
     @contextmanager
     def no_sync(self):

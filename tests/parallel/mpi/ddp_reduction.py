@@ -6,7 +6,10 @@
    gradients (computed without DDP and gathered), bit for bit.
 2. The buckets in the order backward produces the gradients: a layer registered first but used
    first (its gradient arrives last) shares the first blocks' bucket until the first backward
-   has run, then has one of the last; the gradients stay those of one process."""
+   has run, then has one of the last; the gradients stay those of one process.
+3. A tied embedding's gradient in two parts: the head's share leaves in its bucket before the
+   lookup's share has arrived, the lookup's rows are added after; the gradients those of one
+   process, also after accumulation under no_sync."""
 import numpy as np
 from mpi4py import MPI
 
@@ -120,4 +123,47 @@ for step in range(3):
     if step >= 1:
         assert [where(p)[0] for p in model.pos.parameters()] == [1, 1] and where(model.tok.weight)[0] == 0, step
         assert all(p.grad._storage is reducer.buckets[where(p)[0]].flat_grad._storage for p in model.parameters())
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(64, 8)
+        self.mid = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 64, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx):
+        return self.head(self.mid(self.wte(idx)).relu())
+
+
+it.manual_seed(2)
+ddp = parallel.DistributedDataParallel(Tied(), bucket_cap_mb=0.001, first_bucket_mb=0.001)
+ref = Tied()
+ref.load_state_dict(ddp.module.state_dict())
+model, reducer = ddp.module, ddp.reducer
+wte = model.wte.weight
+launched_early = []  # at wte's launch, had backward not yet reached mid (let alone the lookup)?
+reducer.on_reduced = lambda params, work: launched_early.extend(
+    id(model.mid.weight) not in reducer.ready for p in params if p is wte)
+tokens = np.random.default_rng(1).integers(0, 40, (n * 2, 3, 5))  # rows 40..63 never looked up
+for step, micro in enumerate((1, 2, 1)):  # step 1: two micro-batches, the first under no_sync
+    for net in (model, ref):
+        net.zero_grad(set_to_none=True)
+    launched_early.clear()
+    for i in range(micro):
+        mine = it.tensor(tokens[r * 2 + i % 2])
+        if i < micro - 1:
+            with ddp.no_sync():
+                (ddp(mine) ** 2).mean().backward()
+        else:
+            (ddp(mine) ** 2).mean().backward()
+        for k in range(n):  # the same micro-batches in one process, each rank's loss a 1/n of the mean
+            ((ref(it.tensor(tokens[k * 2 + i % 2])) ** 2).mean() / n).backward()
+    for (k, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert np.allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7), (step, k, np.abs(
+            p.grad.numpy() - q.grad.numpy()).max())
+    # wte's bucket first once repacked: the head's share leaves as soon as it is computed
+    assert launched_early == [step > 0], (step, launched_early)
+assert model.wte(it.tensor(tokens[0])).requires_grad  # outside DDP's forward: the weight itself
 print(f"rank {r} OK", flush=True)
