@@ -78,9 +78,23 @@ class Reducer:
     def buckets(self) -> list:
         return self.buffer.buckets
 
+    def _packs(self, order) -> list:
+        """The parameters in `order` (the first gradient expected first) as buckets: the first
+        and the last at most first_bucket_mb (communication starts early, and little is left
+        for after backward: GPT-2's wpe, the last gradient to arrive, stays out of the blocks'
+        bucket), the others at most bucket_cap_mb."""
+        cap, first = self.caps
+        tail, size = [], 0
+        for p in reversed(order):
+            if tail and size + p.nbytes > first * 2**20:
+                break
+            tail.append(p)
+            size += p.nbytes
+        rest = order[:len(order) - len(tail)]
+        return [ps for ps in pack(list(reversed(rest)), cap, first) + pack(tail, cap) if ps]
+
     def _pack(self, order) -> None:
-        """Buckets of the parameters in `order` (the first gradient expected first)."""
-        self.buffer = ParamAndGradBuffer(pack(list(reversed(order)), *self.caps))
+        self.buffer = ParamAndGradBuffer(self._packs(order))
         for b in self.buffer:
             b.flat_grad = b.new_flat()  # the .grad views are made before each forward (prepare)
 
@@ -100,7 +114,7 @@ class Reducer:
             order = shared.tolist()
         old = [[id(p) for p in b.params] for b in self.buckets]
         new = [self.params[i] for i in order]
-        if [[id(p) for p in ps] for ps in pack(list(reversed(new)), *self.caps) if ps] != old:
+        if [[id(p) for p in ps] for ps in self._packs(new)] != old:
             self._pack(new)
 
     def prepare(self, sync: bool) -> None:

@@ -94,8 +94,8 @@ class UsedFirst(nn.Module):
 
 
 it.manual_seed(1)
-cap = 5 * 1088 / 2**20  # five 16 x 16 Linears' weights and biases in a bucket
-ddp = parallel.DistributedDataParallel(UsedFirst(), bucket_cap_mb=cap, first_bucket_mb=cap)
+linear = 1088 / 2**20  # a 16 x 16 Linear's weight and bias: the first and last buckets; five in the others
+ddp = parallel.DistributedDataParallel(UsedFirst(), bucket_cap_mb=5 * linear, first_bucket_mb=linear)
 ref = UsedFirst()
 ref.load_state_dict(ddp.module.state_dict())
 model, reducer = ddp.module, ddp.reducer
@@ -106,7 +106,8 @@ def where(p):
     return reducer.buffer.locate(p)
 
 
-assert [where(p)[0] for p in model.pos.parameters()] == [0, 0] and where(model.tok.weight)[0] == 1
+# reverse registration order: [layers 3], [layers 2, 1, 0, pos], [tok]
+assert [where(p)[0] for p in model.pos.parameters()] == [1, 1] and where(model.tok.weight)[0] == 2
 ready_at_launch = []
 reducer.on_reduced = lambda params, work: ready_at_launch.append(id(model.pos.weight) in reducer.ready)
 x16 = it.tensor(x_all[r * 4:(r + 1) * 4])
@@ -118,10 +119,10 @@ for step in range(3):
     (ref(it.tensor(x_all)) ** 2).mean().backward()  # one process, the whole batch
     for (k, p), q in zip(model.named_parameters(), ref.parameters()):
         assert np.allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7), (step, k)
-    # before the repack the blocks' bucket leaves only once pos's gradient is in; after it, first
-    assert ready_at_launch[0] == (step == 0), (step, ready_at_launch)
-    if step >= 1:
-        assert [where(p)[0] for p in model.pos.parameters()] == [1, 1] and where(model.tok.weight)[0] == 0, step
+    # before the repack the blocks' bucket leaves only once pos's gradient is in; after it, before
+    assert ready_at_launch[1] == (step == 0), (step, ready_at_launch)
+    if step >= 1:  # backward's order: [layers 3], [layers 2, 1, 0, tok], [pos]
+        assert [where(p)[0] for p in model.pos.parameters()] == [2, 2] and where(model.tok.weight)[0] == 1, step
         assert all(p.grad._storage is reducer.buckets[where(p)[0]].flat_grad._storage for p in model.parameters())
 
 
