@@ -32,6 +32,7 @@ from ...autograd.engine import queue_callback
 from ...creation import tensor, zeros
 from ...device import as_device
 from ...dtypes import as_dtype, int64
+from ...kernels.index import index_add
 from .. import functional as F
 from ..module import Module
 from ..modules import Embedding
@@ -189,8 +190,9 @@ class Reducer:
             every_grad = zeros(n * most, grads.shape[1], dtype=grads.dtype, device=device)
             self.group.all_gather(every_row, padded_rows)
             self.group.all_gather(every_grad, padded)
+            every_grad.mul_(1.0 / n)
             self.works[self.buffer.locate(p)[0]].wait()
-            p.grad.index_add_(0, every_row, every_grad, alpha=1.0 / n)
+            index_add(p.grad, 0, every_row, every_grad)  # in place (Tensor.index_add_ copies the whole table)
         self.lookups = []
 
     def _launch(self, i: int) -> None:
