@@ -159,10 +159,12 @@ class Reducer:
             w.is_completed()
 
     @no_grad()
-    def lookup_share(self, p, share, indices) -> None:
-        """The share of tied embedding p's gradient that its lookup of `indices` produced (the
-        head's share is p's own gradient, reduced in p's bucket): under no_sync added to p's
-        gradient; else its rows kept for finish_grad_sync."""
+    def lookup_share(self, p, alias, indices) -> None:
+        """The share of tied embedding p's gradient that its lookup of `indices` produced, in
+        alias.grad (the head's share is p's own gradient, reduced in p's bucket): under no_sync
+        added to p's gradient; else its rows kept for finish_grad_sync. The table-sized
+        alias.grad is let go at once."""
+        share, alias.grad = alias.grad, None
         if not self.sync:
             p.grad.add_(share)
             return
@@ -246,7 +248,7 @@ def _lookup(m, ddp, indices):
     if not (ddp.splitting and is_grad_enabled()):  # outside DDP's forward: as Embedding does
         return F.embedding(indices, m.weight, m.padding_idx)
     alias = m.weight.detach().requires_grad_()  # the same memory, a leaf of its own
-    alias.register_post_accumulate_grad_hook(lambda a: ddp.reducer.lookup_share(m.weight, a.grad, indices))
+    alias.register_post_accumulate_grad_hook(lambda a: ddp.reducer.lookup_share(m.weight, a, indices))
     return F.embedding(indices, alias, m.padding_idx)
 
 
