@@ -115,6 +115,11 @@ def parse_args(argv, description: str, presets, default_model: str, moe: bool = 
     p.add_argument("--zero_stage", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO over the data-parallel ranks (replaces DDP): 1 shards the optimizer "
                         "state, 2 also the gradients, 3 also the parameters (gathered per layer)")
+    p.add_argument("--grad_reduce_dtype", default=None, choices=["float32", "bfloat16"],
+                   help="the dtype DDP averages the gradients in (default: theirs, float32 with the fp32 master "
+                        "weights of --dtype bfloat16): float32 sums bf16 gradients without rounding between "
+                        "ranks (Megatron's --accumulate-allreduce-grads-in-fp32, FSDP2's reduce_dtype); "
+                        "bfloat16 sends half the bytes where the backend sums bf16 (NCCL; MPI sums it in float32)")
     p.add_argument("--offload_optimizer", default="none", choices=["none", "cpu", "nvme"],
                    help="where the AdamW state (each rank's ZeRO shard of it) lives: cpu, in host memory "
                         "(off the GPU, updated there); nvme, in a scratch file under --offload_path, "

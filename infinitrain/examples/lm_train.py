@@ -44,7 +44,8 @@ def train(args, build_model) -> int:
     model = build(args, env, plan, build_model, log)
     try:
         trainer = TrainStep(model, plan, decay_groups(model, args.weight_decay), AdamW,
-                            pipeline_timeout=args.pipeline_timeout, lr=args.learning_rate, betas=args.betas,
+                            pipeline_timeout=args.pipeline_timeout, grad_reduce_dtype=args.grad_reduce_dtype,
+                            lr=args.learning_rate, betas=args.betas,
                             eps=args.eps)
     except OffloadError as e:  # the disk, found too small (or failing) when its space is reserved
         sys.exit(f"rank {env.rank}: {e}")
@@ -154,7 +155,9 @@ def idle_flags(args, plan, world_size: int) -> list:
             "profile_steps": (not args.profile, "without --profile"),
             "collective_timeout": (world_size == 1, "on one process (no collective to wait for)"),
             "flight_recorder_dir": (world_size == 1, "on one process (no collective to record)"),
-            "plan_profile": (args.layout != "auto", "without --layout auto")}
+            "plan_profile": (args.layout != "auto", "without --layout auto"),
+            "grad_reduce_dtype": (plan.data_parallel_wrapper != "ddp", "without DDP (more than one data-parallel "
+                                                                       "rank, no ZeRO, no pipeline)")}
     return [(flag, why) for flag, (unused, why) in idle.items() if flag in given and unused]
 
 

@@ -20,7 +20,7 @@ from ...optim.offload import OffloadOptimizer, offloaded
 from ...profiler import record_function
 from ..moe import aux_loss_scale
 from ..utils import clip_coef, clip_grad_norm_
-from .ddp import DistributedDataParallel
+from .ddp import DistributedDataParallel, _MixedPrecision
 from .finalize import changed_after_reduction, finalize_grads, scale_loss
 from .pp import PipelineParallel
 from .process_group import ReduceOp
@@ -44,7 +44,7 @@ class TrainStep:
     shard of it) in host memory or on disk (OffloadOptimizer) as the plan's offload options say."""
 
     def __init__(self, model, plan, param_groups, optimizer_class, pipeline_timeout: float = 300.0,
-                 bucket_cap_mb: float = 25.0, set_to_none: bool = True, **optimizer_kwargs):
+                 bucket_cap_mb: float = 25.0, set_to_none: bool = True, grad_reduce_dtype=None, **optimizer_kwargs):
         self.model, self.plan = model, plan
         wrapper = plan.data_parallel_wrapper
         # the group that reduces gradients and means the loss (DP x CP), when there is one
@@ -58,7 +58,9 @@ class TrainStep:
                                      pipeline_timeout, expert_group=self.expert_group) if plan.pipelined else None
         # the models' buffers are constants (rope tables, positions), the same on every rank from
         # the start: broadcasting them before every forward (PyTorch's default) is bytes for nothing
+        # grad_reduce_dtype: the dtype DDP averages gradients in (None: theirs)
         self.net = DistributedDataParallel(model, process_group=self.dp_group, broadcast_buffers=False,
+                                           mixed_precision=_MixedPrecision(reduce_dtype=grad_reduce_dtype),
                                            expert_process_group=self.expert_group) if wrapper == "ddp" else model
         if self.zero:
             self.optimizer = ZeroOptimizer(param_groups, optimizer_class, self.dp_group, stage=plan.zero_stage,
