@@ -29,20 +29,31 @@ SIZES = [2 ** k for k in range(12, 24, 2)]  # 4 KB .. 8 MB per collective
 SHAPES = [(128, 64), (128, 256), (512, 256), (256, 768), (1024, 768)]
 
 
-def _best(fn, repeats: int, least_seconds: float = 0.2, most: int = 100) -> float:
-    """The fastest of at least `repeats` calls and of as many as fill least_seconds (up to
-    `most`): on cores shared with other work the fastest call is the one least disturbed."""
+def _timed(fn, comm=None, least_seconds: float = 0.2) -> float:
+    """Seconds per call of fn while every rank of comm runs it too: the same number of calls on
+    every rank, started together, over at least least_seconds. (The fastest single call, timed
+    while the other ranks were between theirs, had a core to itself: on this project's 2-core
+    machine it put two ranks' matrix products at twice what they reach together.)"""
     fn()  # warm up
-    best, count, start = float("inf"), 0, time.perf_counter()
-    while count < repeats or (time.perf_counter() - start < least_seconds and count < most):
-        t = time.perf_counter()
+    t = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t, 1e-9)
+    calls = max(3, int(least_seconds / once))
+    if comm is not None and comm.Get_size() > 1:
+        calls = comm.allreduce(calls, op=_min_op())
+        comm.Barrier()
+    t = time.perf_counter()
+    for _ in range(calls):
         fn()
-        best = min(best, time.perf_counter() - t)
-        count += 1
-    return best
+    return (time.perf_counter() - t) / calls
 
 
-def measure_compute(repeats: int = 3) -> dict:
+def _min_op():
+    from mpi4py import MPI
+    return MPI.MIN
+
+
+def measure_compute(comm=None) -> dict:
     import infinitrain as it
     from infinitrain.nn import functional as F
     from infinitrain.optim import AdamW
@@ -54,19 +65,19 @@ def measure_compute(repeats: int = 3) -> dict:
     for tokens, C in SHAPES:
         for k, n in ((C, 3 * C), (C, 4 * C), (4 * C, C), (C, 50304)):  # the last: a head
             a, b = randn(tokens, k), randn(k, n)
-            matmul.append([2 * tokens * k * n, 2 * tokens * k * n / _best(lambda: it.matmul(a, b), repeats)])
+            matmul.append([2 * tokens * k * n, 2 * tokens * k * n / _timed(lambda: it.matmul(a, b), comm)])
         H = C // 64
         for B, T in ((1, tokens), (max(1, tokens // 128), 128)):
             q, kk, v = (randn(B, H, T, 64) for _ in range(3))
             flops = 2 * B * H * T * T * 64
-            t = _best(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True), repeats)
+            t = _timed(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True), comm)
             attention.append([flops, flops / t])
     x, y = randn(16 * 2 ** 20), randn(16 * 2 ** 20)
-    bandwidth = 3 * x.numel() * 4 / _best(lambda: it.add(x, y), repeats)
+    bandwidth = 3 * x.numel() * 4 / _timed(lambda: it.add(x, y), comm)
     p = it.nn.Parameter(randn(4 * 2 ** 20))
     p.grad = randn(4 * 2 ** 20)
     opt = AdamW([p], lr=1e-4)
-    optimizer = p.numel() / _best(opt.step, repeats)
+    optimizer = p.numel() / _timed(opt.step, comm)
     return {"matmul": matmul, "attention": attention, "memory_bandwidth": bandwidth, "optimizer": optimizer}
 
 
@@ -113,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--name", default=None, help="the machine's name in the profile")
     p.add_argument("--base", default=None, help="a profile whose figures this one starts from (the inter-node link, "
                                                "the overlap shares, collectives on one process)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="timings of each collective per size (their median)")
     args = p.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -121,9 +132,9 @@ def main(argv=None) -> int:
     # the threads a training job's rank gets (init()'s share of the node's cores), so that ranks
     # measuring at once do not oversubscribe the cores: the rates are per those cores
     cores = share_node_cores(comm)
-    compute = measure_compute(args.repeats)
+    compute = measure_compute(comm)
     compute["cores"] = cores
-    links = measure_collectives(comm) if comm.Get_size() > 1 else None
+    links = measure_collectives(comm, args.repeats) if comm.Get_size() > 1 else None
     if comm.Get_rank() != 0:
         return 0
     import platform
