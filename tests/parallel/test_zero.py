@@ -120,7 +120,10 @@ def test_peak_memory_falls_with_the_stage(tmp_path):
     assert peaks["3+optimizer+param"] < peaks["3+optimizer"] < peaks[3] < peaks[2] < peaks[1] < peaks[0], peaks
     assert peaks[1] < 0.75 * peaks[0] and peaks[2] < 0.9 * peaks[1] and peaks[3] < 0.85 * peaks[2], peaks
     for stage in peaks:
-        assert theory[stage] * 0.95 < peaks[stage] < theory[stage] * 1.15, (stage, peaks, theory)
+        # (DDP adds a tied embedding's lookup as its rows, not as the table-sized gradient the
+        # measured step makes whole: its step holds less than that, hence its lower bound)
+        low = 0.85 if stage == 0 else 0.95
+        assert theory[stage] * low < peaks[stage] < theory[stage] * 1.15, (stage, peaks, theory)
 
 
 def test_a_shared_parameter_hands_over_each_uses_gradient_and_gets_none_itself():

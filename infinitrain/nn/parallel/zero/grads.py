@@ -54,6 +54,7 @@ class ZeroGrads:
         # has landed in this rank's shard (an OffloadOptimizer streams them to the host then); a
         # tied parameter's shard is left out, as finalize_grads still sums it over the pipeline
         self.on_reduced = None
+        self._shared_landed = {}  # shared buckets reduced this backward, told to on_reduced at its end
         self._shards_of = {}  # id(bucket) -> this rank's shard parameters in it
         for shard, bi, _, _, _ in self.segments:
             self._shards_of.setdefault(id(self.buckets[bi]), []).append(shard)
@@ -164,8 +165,12 @@ class ZeroGrads:
             self._landed(b)
 
     def _landed(self, b) -> None:
-        if self.on_reduced is not None:
-            self.on_reduced(self._shards_of.get(id(b), []))
+        if self.on_reduced is None:
+            return
+        if b.shared:  # final only after its last use's share: told once, at the end of backward
+            self._shared_landed[id(b)] = b
+            return
+        self.on_reduced(self._shards_of.get(id(b), []))
 
     def _finish_backward(self) -> None:
         for b in self.buckets:  # a parameter that got no gradient contributes zeros
@@ -174,6 +179,9 @@ class ZeroGrads:
                     b.flat_grad = b.new_flat()
                 self._reduce(b)
         self._collect()
+        for b in self._shared_landed.values():  # (offload streams the tied shard once, not per use)
+            self.on_reduced(self._shards_of.get(id(b), []))
+        self._shared_landed = {}
         for b in self.buckets:
             b.pending = len(b.params)
         self._callback_queued = False
