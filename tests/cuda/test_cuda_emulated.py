@@ -169,6 +169,10 @@ def test_memory_never_written_reads_as_nan(emulated):
     ("too-many-threads", "invalid configuration argument", "no error", None),
     ("race", "no error", "no error", 32),   # read shared memory that another warp has not written yet
     ("no-race", "no error", "no error", 0),
+    ("async-copy-waited", "no error", "no error", 0),
+    ("async-copy-unwaited", "no error", "no error", 64),  # cp.async read before cp.async.wait_group
+    ("big-shared", "invalid configuration argument", "no error", None),  # 64 KB without cudaFuncSetAttribute
+    ("big-shared-allowed", "no error", "no error", 0),
 ])
 def test_the_emulator_catches_kernels_that_break_the_programming_model(emulated, case, launch, running, wrong):
     out_dir, _ = emulated

@@ -371,12 +371,19 @@ void launch_backward(cudaStream_t s, const FlashShape &f, void *dq, void *dk, vo
 }
 
 bool aligned(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+// INFINITRAIN_CUDA_ATTENTION: reference (the row kernels), mma (attention_mma.cu) or, by
+// default, the WMMA kernels here, the ones a real GPU has checked so far. Read at every call (a
+// getenv is far below a launch), so a test can compare the kernels in one process.
+const char *attention_choice() {
+    const char *choice = getenv("INFINITRAIN_CUDA_ATTENTION");
+    return choice ? choice : "wmma";
+}
 }  // namespace
 
 bool flash_attention_applies(it_dtype dtype, const FlashShape &f, const it_attention_options *options,
                              std::initializer_list<const void *> pointers) {
-    static const char *choice = getenv("INFINITRAIN_CUDA_ATTENTION");  // "reference": the row kernels
-    if (choice && !strcmp(choice, "reference")) return false;
+    if (!strcmp(attention_choice(), "reference")) return false;  // the row kernels
     if (dtype != IT_BFLOAT16 && dtype != IT_FLOAT16) return false;
     if (f.D != 64 && f.D != 128) return false;
     if (options && (options->bias || options->dropout_p > 0.0f)) return false;
@@ -388,6 +395,7 @@ bool flash_attention_applies(it_dtype dtype, const FlashShape &f, const it_atten
 
 void flash_attention_forward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *out, float *lse,
                              const void *q, const void *k, const void *v) {
+    if (!strcmp(attention_choice(), "mma")) return mma_attention_forward(s, dtype, f, out, lse, q, k, v);
     if (dtype == IT_BFLOAT16)
         f.D == 64 ? launch_forward<__nv_bfloat16, 64>(s, f, out, lse, q, k, v)
                   : launch_forward<__nv_bfloat16, 128>(s, f, out, lse, q, k, v);
@@ -399,6 +407,8 @@ void flash_attention_forward(cudaStream_t s, it_dtype dtype, const FlashShape &f
 void flash_attention_backward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *dq, void *dk, void *dv,
                               const void *dout, const void *q, const void *k, const void *v, const float *lse,
                               const float *delta) {
+    if (!strcmp(attention_choice(), "mma"))
+        return mma_attention_backward(s, dtype, f, dq, dk, dv, dout, q, k, v, lse, delta);
     if (dtype == IT_BFLOAT16)
         f.D == 64 ? launch_backward<__nv_bfloat16, 64>(s, f, dq, dk, dv, dout, q, k, v, lse, delta)
                   : launch_backward<__nv_bfloat16, 128>(s, f, dq, dk, dv, dout, q, k, v, lse, delta);

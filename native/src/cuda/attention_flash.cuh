@@ -23,3 +23,11 @@ void flash_attention_forward(cudaStream_t s, it_dtype dtype, const FlashShape &f
 void flash_attention_backward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *dq, void *dk, void *dv,
                               const void *dout, const void *q, const void *k, const void *v, const float *lse,
                               const float *delta);
+
+// The same on mma.sync with the tiles in registers (attention_mma.cu): what the two above run
+// where INFINITRAIN_CUDA_ATTENTION=mma
+void mma_attention_forward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *out, float *lse,
+                           const void *q, const void *k, const void *v);
+void mma_attention_backward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *dq, void *dk, void *dv,
+                            const void *dout, const void *q, const void *k, const void *v, const float *lse,
+                            const float *delta);

@@ -15,6 +15,14 @@
 #include "../cuda_bridge.h"
 #include "infinitrain.h"
 
+// A kernel's dynamic shared memory as a T * (nvcc wants one type per extern __shared__ name, so
+// every kernel takes the same byte array; the emulated GPU defines its own)
+#ifndef IT_DYNAMIC_SHARED
+#define IT_DYNAMIC_SHARED(T, name)                                    \
+    extern __shared__ __align__(16) unsigned char it_dynamic_shared[]; \
+    T *name = (T *)it_dynamic_shared
+#endif
+
 // libinfinitrain finds it_cuda_<op> by name (dlsym) and calls it through a pointer of
 // it_<op>'s type: a signature that drifted would be undefined behaviour no test sees, so each
 // file states, for every entry point it defines, that the two types are the same.

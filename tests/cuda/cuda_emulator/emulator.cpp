@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -378,6 +379,7 @@ emu_switch_stack:
 namespace emu {
 struct Block {
     std::vector<Fiber> fibers;
+    std::vector<unsigned char> shared;  // dynamic shared memory
     std::vector<uint64_t> slots;  // two rounds of [warps][32] shuffle values
     void *scheduler;  // the stack pointer of the scheduler while a fiber runs
     const std::function<void()> *body = nullptr;
@@ -541,14 +543,28 @@ void enqueue_task(cudaStream_t stream, std::function<void()> task) {
     if (sticky_error == cudaSuccess) enqueue(stream, std::move(task));
 }
 
-void launch_grid(const char *name, dim3 grid, dim3 threads, size_t shared_bytes, cudaStream_t stream,
-                 std::function<void()> thread_body) {
+static std::map<const void *, int> shared_allowed;  // cudaFuncAttributeMaxDynamicSharedMemorySize
+
+extern "C" cudaError_t emu_func_set_attribute(const void *kernel, cudaFuncAttribute attribute, int value) {
     std::lock_guard<std::recursive_mutex> guard(big_lock);
+    if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > 227 * 1024)
+        return last_error = cudaErrorInvalidValue;
+    shared_allowed[kernel] = value;
+    return cudaSuccess;
+}
+
+unsigned char *dynamic_shared() { return block->shared.data(); }
+
+void launch_grid(const char *name, const void *kernel, dim3 grid, dim3 threads, size_t shared_bytes,
+                 cudaStream_t stream, std::function<void()> thread_body) {
+    std::lock_guard<std::recursive_mutex> guard(big_lock);
+    size_t allowed = 48 * 1024;  // more only where the kernel asked (cudaFuncSetAttribute), as on a GPU
+    if (shared_allowed.count(kernel)) allowed = std::max(allowed, (size_t)shared_allowed[kernel]);
     size_t per_block = (size_t)threads.x * threads.y * threads.z;
     // the limits of every GPU since compute capability 3.0
     if (per_block == 0 || per_block > 1024 || threads.z > 64 || grid.x == 0 || grid.y == 0 ||
         grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535 ||
-        shared_bytes > 48 * 1024) {
+        shared_bytes > allowed) {
         fprintf(stderr, "emulated CUDA: invalid launch of %s: grid (%u,%u,%u), block (%u,%u,%u), %zu "
                 "bytes of shared memory\n", name, grid.x, grid.y, grid.z, threads.x, threads.y, threads.z,
                 shared_bytes);
@@ -557,7 +573,7 @@ void launch_grid(const char *name, dim3 grid, dim3 threads, size_t shared_bytes,
     }
     if (sticky_error != cudaSuccess) return;
     if (tracing) fprintf(stderr, "emulated CUDA: queue %s on stream %p\n", name, (void *)resolve(stream));
-    enqueue(stream, [name, grid, threads, thread_body] {
+    enqueue(stream, [name, grid, threads, shared_bytes, thread_body] {
         if (tracing) fprintf(stderr, "emulated CUDA: run %s (%u blocks of %u)\n", name, grid.x, threads.x);
         Block b;
         b.kernel = name;
@@ -570,6 +586,7 @@ void launch_grid(const char *name, dim3 grid, dim3 threads, size_t shared_bytes,
             for (unsigned y = 0; y < grid.y && !b.failed; y++)
                 for (unsigned x = 0; x < grid.x && !b.failed; x++) {
                     block_index = uint3{x, y, z};
+                    b.shared.assign(shared_bytes, 0xff);
                     run_block(b);
                 }
         block = outer;

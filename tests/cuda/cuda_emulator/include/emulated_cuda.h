@@ -261,8 +261,10 @@ cudaError_t cudaMemcpyToSymbol(T &symbol, const void *src, size_t n, size_t offs
 namespace emu {
 // Queues `thread_body` to run as every thread of the grid on `stream` (checks the launch
 // configuration first and records an invalid one as the runtime's last error).
-void launch_grid(const char *name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                 std::function<void()> thread_body);
+void launch_grid(const char *name, const void *kernel, dim3 grid, dim3 block, size_t shared_bytes,
+                 cudaStream_t stream, std::function<void()> thread_body);
+// the block's dynamic shared memory (extern __shared__): the launch's bytes, 0xff (NaN) until written
+unsigned char *dynamic_shared();
 
 // Queues host work on `stream`, run in order with its kernels (the emulated cuBLAS and NCCL).
 void enqueue_task(cudaStream_t stream, std::function<void()> task);
@@ -277,10 +279,19 @@ template <typename... P> struct Launch {
         // the arguments are copied at the launch, as CUDA copies kernel parameters
         std::tuple<typename std::decay<P>::type...> params(std::forward<A>(args)...);
         auto k = kernel;
-        launch_grid(name, grid, block, shared_bytes, stream, [k, params] { std::apply(k, params); });
+        launch_grid(name, (const void *)k, grid, block, shared_bytes, stream, [k, params] { std::apply(k, params); });
     }
 };
 }  // namespace emu
+
+// IT_DYNAMIC_SHARED(T, name) of common.cuh: a kernel's dynamic shared memory as a T *
+#define IT_DYNAMIC_SHARED(T, name) T *name = (T *)emu::dynamic_shared()
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+// allows a kernel more than 48 KB of dynamic shared memory, up to the H100's 227 KB
+extern "C" cudaError_t emu_func_set_attribute(const void *kernel, cudaFuncAttribute attribute, int value);
+template <typename... P> cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attribute, int value) {
+    return emu_func_set_attribute((const void *)kernel, attribute, value);
+}
 
 template <typename... P>
 emu::Launch<P...> emu_launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block,

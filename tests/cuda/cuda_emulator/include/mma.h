@@ -13,6 +13,10 @@
 #pragma once
 #include "emulated_cuda.h"
 
+#include <map>
+#include <string.h>
+#include <vector>
+
 namespace nvcuda {
 namespace wmma {
 struct matrix_a {};
@@ -123,3 +127,110 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix
 }
 }  // namespace wmma
 }  // namespace nvcuda
+
+// The PTX building blocks of native/src/cuda/mma.cuh (mma.sync.m16n8k16, ldmatrix, cp.async) in
+// the layouts the PTX ISA documents, each warp-collective as on the hardware. cp.async is
+// deferred: a copy lands in shared memory only when its thread waits for its group, so a kernel
+// that reads a tile it has not waited for reads stale values here instead of luckily right ones.
+namespace emu_ptx {
+struct Staging {
+    float a[16][16], b[16][8];
+    const unsigned char *rows[32];
+};
+inline Staging &staging(int warp) {
+    static Staging s[32];
+    return s[warp];
+}
+template <typename T> float value(uint32_t reg, int half) {
+    uint16_t bits = (uint16_t)(reg >> (16 * half));
+    T x;
+    memcpy(&x, &bits, 2);
+    return (float)x;
+}
+inline uint32_t pair(const unsigned char *lo, const unsigned char *hi) {
+    uint16_t a, b;
+    memcpy(&a, lo, 2);
+    memcpy(&b, hi, 2);
+    return (uint32_t)a | ((uint32_t)b << 16);
+}
+struct Copy {
+    unsigned char *dst;
+    const unsigned char *src;
+    bool valid;
+};
+struct Pending {  // one thread's committed groups, oldest first, and the group being formed
+    const char *kernel = nullptr;
+    uint3 block{0, 0, 0};
+    std::vector<std::vector<Copy>> groups;
+    std::vector<Copy> open;
+};
+inline Pending &pending() {
+    static std::map<const void *, Pending> all;
+    Pending &p = all[emu::current];
+    uint3 b = emu::block_index;
+    if (p.kernel != emu::kernel_name() || p.block.x != b.x || p.block.y != b.y || p.block.z != b.z)
+        p = Pending{emu::kernel_name(), b, {}, {}};  // a new block on this fiber: nothing is in flight
+    return p;
+}
+}  // namespace emu_ptx
+
+inline uint32_t shared_address(const void *p) { return (uint32_t)(uintptr_t)p; }
+
+template <typename T> void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    emu_ptx::Staging &s = emu_ptx::staging(emu::current->warp);
+    const int l = emu::lane(), g = l >> 2, t = l & 3;
+    for (int h = 0; h < 2; h++) {
+        s.a[g][2 * t + h] = emu_ptx::value<T>(a[0], h);
+        s.a[g + 8][2 * t + h] = emu_ptx::value<T>(a[1], h);
+        s.a[g][2 * t + 8 + h] = emu_ptx::value<T>(a[2], h);
+        s.a[g + 8][2 * t + 8 + h] = emu_ptx::value<T>(a[3], h);
+        s.b[2 * t + h][g] = emu_ptx::value<T>(b0, h);
+        s.b[2 * t + 8 + h][g] = emu_ptx::value<T>(b1, h);
+    }
+    emu::sync_warp();  // every lane's operands are in
+    float out[4];
+    for (int e = 0; e < 4; e++) {
+        int r = g + 8 * (e >> 1), c = 2 * t + (e & 1);
+        float sum = d[e];
+        for (int k = 0; k < 16; k++) sum += s.a[r][k] * s.b[k][c];
+        out[e] = sum;
+    }
+    emu::sync_warp();  // every lane has read them before any lane stages its next product
+    for (int e = 0; e < 4; e++) d[e] = out[e];
+}
+
+inline void ldmatrix(uint32_t (&r)[4], const void *row, bool trans) {
+    if ((uintptr_t)row % 16) emu::fail("an ldmatrix row address that is not 16-byte aligned");
+    emu_ptx::Staging &s = emu_ptx::staging(emu::current->warp);
+    const int l = emu::lane(), g = l >> 2, t = l & 3;
+    s.rows[l] = (const unsigned char *)row;
+    emu::sync_warp();  // every lane's row address is in
+    for (int i = 0; i < 4; i++) {
+        const unsigned char *const *m = s.rows + 8 * i;  // tile i's eight rows of 8 values
+        r[i] = trans ? emu_ptx::pair(m[2 * t] + 2 * g, m[2 * t + 1] + 2 * g)
+                     : emu_ptx::pair(m[g] + 4 * t, m[g] + 4 * t + 2);
+    }
+    emu::sync_warp();
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], const void *row) { ldmatrix(r, row, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) { ldmatrix(r, row, true); }
+
+inline void cp_async16(void *dst, const void *src, bool valid) {
+    if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) emu::fail("a cp.async of 16 bytes that is not 16-byte aligned");
+    emu_ptx::pending().open.push_back({(unsigned char *)dst, (const unsigned char *)src, valid});
+}
+inline void cp_async_commit() {
+    emu_ptx::Pending &p = emu_ptx::pending();
+    p.groups.push_back(std::move(p.open));
+    p.open.clear();
+}
+template <int N> void cp_async_wait() {
+    emu_ptx::Pending &p = emu_ptx::pending();
+    while ((int)p.groups.size() > N) {
+        for (const emu_ptx::Copy &c : p.groups.front()) {
+            if (c.valid) memcpy(c.dst, c.src, 16);
+            else memset(c.dst, 0, 16);
+        }
+        p.groups.erase(p.groups.begin());
+    }
+}
