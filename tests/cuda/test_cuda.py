@@ -165,6 +165,28 @@ def test_unary_ops_and_gradients_against_the_cpu(name, dtype):
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_elementwise_kernels_take_vectors_with_the_one_at_a_time_bits(dtype):
+    """Contiguous elementwise kernels take 16 bytes a thread where the pointers allow; a view one
+    element in (misaligned: one element at a time) gives the same bits, and so does the tail of
+    a length that is no multiple of the vector."""
+    full = it.from_numpy(RNG.standard_normal(1004).astype(np.float64)).to(dtype).to("cuda")
+    aligned, shifted = full[:1003].contiguous(), full[1:]  # the same 1003 values; shifted starts 1 in
+    shifted_values = full[1:].contiguous()
+    assert np.array_equal(aligned.cpu().float().numpy()[1:], shifted_values.cpu().float().numpy()[:-1])
+
+    def results(x):
+        x = x.detach().requires_grad_()
+        y = nn.functional.gelu(x)
+        y.backward(it.ones_like(y))
+        casts = [x.detach().to(d) for d in ("float32", "bfloat16") if d != dtype]
+        return [y, x.grad, x.detach() * 3.0, x.detach().exp(), *casts]
+
+    for a, b in zip(results(shifted_values), results(shifted)):
+        np.testing.assert_array_equal(a.cpu().float().numpy(), b.cpu().float().numpy())
+
+
+@needs_gpu
 def test_casts_between_float_dtypes_have_the_cpus_bits():
     """float32 / bfloat16 / float16 among themselves (autocast's copies): rounding to nearest
     even on ties, NaN, infinities, float16's overflow and subnormals, as the CPU casts."""

@@ -179,6 +179,19 @@ static inline unsigned int it_blocks(int64_t n, int threads = IT_THREADS) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
          i += (int64_t)blockDim.x * gridDim.x)
 
+// Over contiguous tensors a thread takes V elements at once, 16 bytes of the widest operand in one
+// vector load (llm.c's Packed128), where every pointer is aligned to it, and the last n % V one by
+// one; each element's arithmetic is the one-at-a-time kernel's, and so are the bits. V = 1 is the
+// one-at-a-time kernel.
+template <typename T, int V> struct alignas(sizeof(T) * V) Vec {
+    T x[V];
+};
+static inline bool vec_aligned(std::initializer_list<const void *> pointers) {
+    for (const void *p : pointers)
+        if ((uintptr_t)p % 16) return false;
+    return true;
+}
+
 // Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float warp_sums[32];

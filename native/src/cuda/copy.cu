@@ -68,8 +68,16 @@ __global__ void cast_kernel(void *out, int out_dtype, const void *inp, int inp_d
 // float32 / bfloat16 / float16 among themselves (autocast's weight copies, their gradients back):
 // typed loads through float, each 16-bit value exact in float32, rounded to nearest even as the
 // double route above rounds, at a fraction of its cost
-template <typename O, typename I> __global__ void cast_float_kernel(O *out, const I *inp, int64_t n) {
-    GRID_STRIDE(i, n) out[i] = from_f<O>(to_f(inp[i]));
+// (V at a time: contiguous-kernel vectors, common.cuh)
+template <typename O, typename I, int V> __global__ void cast_float_kernel(O *out, const I *inp, int64_t n) {
+    GRID_STRIDE(p, n / V) {
+        Vec<I, V> x = ((const Vec<I, V> *)inp)[p];
+        Vec<O, V> y;
+#pragma unroll
+        for (int e = 0; e < V; e++) y.x[e] = from_f<O>(to_f(x.x[e]));
+        ((Vec<O, V> *)out)[p] = y;
+    }
+    GRID_STRIDE(i, n % V) out[n / V * V + i] = from_f<O>(to_f(inp[n / V * V + i]));
 }
 
 it_status concat_or_split(it_device device, it_dtype dtype, void *joined, void *const *parts,
@@ -164,10 +172,16 @@ it_status it_cuda_cast(it_device device, void *out, it_dtype out_dtype, const vo
     }
     auto floating = [](it_dtype d) { return d == IT_FLOAT32 || d == IT_BFLOAT16 || d == IT_FLOAT16; };
     if (floating(out_dtype) && floating(inp_dtype)) {
+        const bool vec = vec_aligned({out, inp});
         IT_FLOAT_SWITCH(inp_dtype, "it_cast", {
             using I = T;
-            IT_FLOAT_SWITCH(out_dtype, "it_cast",
-                            cast_float_kernel<T, I><<<it_blocks(n), IT_THREADS, 0, s>>>((T *)out, (const I *)inp, n));
+            IT_FLOAT_SWITCH(out_dtype, "it_cast", {
+                constexpr int V = 16 / (sizeof(T) > sizeof(I) ? sizeof(T) : sizeof(I));
+                if (vec)
+                    cast_float_kernel<T, I, V><<<it_blocks(n / V), IT_THREADS, 0, s>>>((T *)out, (const I *)inp, n);
+                else
+                    cast_float_kernel<T, I, 1><<<it_blocks(n), IT_THREADS, 0, s>>>((T *)out, (const I *)inp, n);
+            });
         });
     } else {
         cast_kernel<<<it_blocks(n), IT_THREADS, 0, s>>>(out, (int)out_dtype, inp, (int)inp_dtype, n);

@@ -95,13 +95,28 @@ template <typename C> __device__ C scalar_op(int op, C x, C s) {
 }
 
 
-template <typename T> __global__ void unary_kernel(int op, T *out, const T *inp, int64_t n) {
-    GRID_STRIDE(i, n) store_acc(out, i, unary_op(op, load_acc(inp, i)));
+template <typename T, int V> __global__ void unary_kernel(int op, T *out, const T *inp, int64_t n) {
+    GRID_STRIDE(p, n / V) {
+        Vec<T, V> x = ((const Vec<T, V> *)inp)[p];
+#pragma unroll
+        for (int e = 0; e < V; e++) store_acc(x.x, e, unary_op(op, load_acc(x.x, e)));
+        ((Vec<T, V> *)out)[p] = x;
+    }
+    GRID_STRIDE(i, n % V) store_acc(out, n / V * V + i, unary_op(op, load_acc(inp, n / V * V + i)));
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void unary_grad_kernel(int op, T *dinp, const T *dout, const T *saved, int64_t n) {
-    GRID_STRIDE(i, n) store_acc(dinp, i, unary_grad(op, load_acc(dout, i), load_acc(saved, i)));
+    GRID_STRIDE(p, n / V) {
+        Vec<T, V> dy = ((const Vec<T, V> *)dout)[p], x = ((const Vec<T, V> *)saved)[p];
+#pragma unroll
+        for (int e = 0; e < V; e++) store_acc(dy.x, e, unary_grad(op, load_acc(dy.x, e), load_acc(x.x, e)));
+        ((Vec<T, V> *)dinp)[p] = dy;
+    }
+    GRID_STRIDE(i, n % V) {
+        int64_t j = n / V * V + i;
+        store_acc(dinp, j, unary_grad(op, load_acc(dout, j), load_acc(saved, j)));
+    }
 }
 
 template <typename T>
@@ -122,10 +137,16 @@ __global__ void binary_int_kernel(int op, I *out, const I *a, const I *b, Stride
     }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void scalar_kernel(int op, T *out, const T *inp, double scalar, int64_t n) {
     using C = typename Acc<T>::type;
-    GRID_STRIDE(i, n) store_acc(out, i, scalar_op(op, load_acc(inp, i), (C)scalar));
+    GRID_STRIDE(p, n / V) {
+        Vec<T, V> x = ((const Vec<T, V> *)inp)[p];
+#pragma unroll
+        for (int e = 0; e < V; e++) store_acc(x.x, e, scalar_op(op, load_acc(x.x, e), (C)scalar));
+        ((Vec<T, V> *)out)[p] = x;
+    }
+    GRID_STRIDE(i, n % V) store_acc(out, n / V * V + i, scalar_op(op, load_acc(inp, n / V * V + i), (C)scalar));
 }
 
 // integer tensors: add/mul/rsub/max/min by an integer (the library refuses the rest), in int64
@@ -173,8 +194,14 @@ it_status it_cuda_unary(it_device device, it_unary_op op, it_dtype dtype, void *
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    FLOAT_OR_DOUBLE(dtype, "it_unary",
-                    unary_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp, n));
+    const bool vec = vec_aligned({out, inp});
+    FLOAT_OR_DOUBLE(dtype, "it_unary", {
+        constexpr int V = 16 / sizeof(T);
+        if (vec)
+            unary_kernel<T, V><<<it_blocks(n / V), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp, n);
+        else
+            unary_kernel<T, 1><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp, n);
+    });
     CU_LAUNCHED();
     return IT_OK;
 }
@@ -184,9 +211,16 @@ it_status it_cuda_unary_backward(it_device device, it_unary_op op, it_dtype dtyp
     if (n == 0) return IT_OK;
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    FLOAT_OR_DOUBLE(dtype, "it_unary_backward",
-                    unary_grad_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>(
-                        (int)op, (T *)dinp, (const T *)dout, (const T *)saved, n));
+    const bool vec = vec_aligned({dinp, dout, saved});
+    FLOAT_OR_DOUBLE(dtype, "it_unary_backward", {
+        constexpr int V = 16 / sizeof(T);
+        if (vec)
+            unary_grad_kernel<T, V><<<it_blocks(n / V), IT_THREADS, 0, s>>>((int)op, (T *)dinp, (const T *)dout,
+                                                                            (const T *)saved, n);
+        else
+            unary_grad_kernel<T, 1><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)dinp, (const T *)dout,
+                                                                        (const T *)saved, n);
+    });
     CU_LAUNCHED();
     return IT_OK;
 }
@@ -228,9 +262,14 @@ it_status it_cuda_scalar(it_device device, it_scalar_op op, it_dtype dtype, void
     case IT_INT64: scalar_int_kernel<int64_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (int64_t *)out, (const int64_t *)inp, si, n); break;
     case IT_UINT8: scalar_int_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (uint8_t *)out, (const uint8_t *)inp, si, n); break;
     default:
-        FLOAT_OR_DOUBLE(dtype, "it_scalar",
-                        scalar_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp,
-                                                                            scalar, n));
+        FLOAT_OR_DOUBLE(dtype, "it_scalar", {
+            constexpr int V = 16 / sizeof(T);
+            if (vec_aligned({out, inp}))
+                scalar_kernel<T, V><<<it_blocks(n / V), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp,
+                                                                            scalar, n);
+            else
+                scalar_kernel<T, 1><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)inp, scalar, n);
+        });
     }
     CU_LAUNCHED();
     return IT_OK;
