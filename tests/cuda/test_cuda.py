@@ -316,6 +316,9 @@ def test_reductions_of_few_long_rows_and_columns_against_the_cpu(dtype):
     tall, tallg = _pair((9000, 3, 5), dtype)
     for red in (lambda t: t.sum(0), lambda t: t.mean(0), lambda t: t.amax(0), lambda t: t.sum((0, 2))):
         _same(red(tallg), red(tall), dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    wide, wideg = _pair((2, 3000, 40), dtype)  # rows of whole vectors: columns a vector at a time
+    for red in (lambda t: t.sum(1), lambda t: t.amin(1), lambda t: t[:, :, 1:33].sum(1)):  # the last: one at a time
+        _same(red(wideg), red(wide), dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
     x, xg = _pair((5000, 48), dtype)
     w, wg = _pair((48,), dtype)
     b, bg = _pair((48,), dtype)
@@ -349,6 +352,31 @@ def test_attention_loss_and_optimizer_against_the_cpu(dtype):
     logits, logitsg = _pair((12, 70), dtype)
     targets = it.from_numpy(RNG.integers(0, 70, 12))
     _same(nn.functional.cross_entropy(logitsg, targets.to("cuda")), nn.functional.cross_entropy(logits, targets), dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("vocab,padded", [(70, 72), (70, 70), (1001, 1024)])
+def test_fused_cross_entropy_against_the_cpu(dtype, vocab, padded):
+    """The fused softmax + cross-entropy kernels over a padded vocabulary (rows of whole vectors:
+    16 bytes at a time, the padding never entering the softmax; or one at a time), with masked
+    (-inf) logits, an ignored row and the gradient zero on the padding, against the CPU."""
+    from infinitrain.kernels import neural as knn
+    x = RNG.standard_normal((9, padded)).astype(np.float32) * 3
+    x[2, :40] = -np.inf  # masked logits: the online softmax must not make NaN of them
+    x[:, vocab:] = 1e4  # the padding: would dominate if it entered the softmax
+    targets = RNG.integers(0, vocab, 9)
+    targets[2], targets[5] = 50, -100  # a target the mask left alone; an ignored row
+    logits, t = it.from_numpy(x).to(dtype), it.from_numpy(targets)
+    loss_c, lse_c = knn.cross_entropy(logits, t, vocab=vocab)
+    loss_g, lse_g = knn.cross_entropy(logits.to("cuda"), t.to("cuda"), vocab=vocab)
+    _same(loss_g, loss_c, "float32", rtol=1e-5)
+    _same(lse_g, lse_c, "float32", rtol=1e-5)
+    dl = it.from_numpy(RNG.standard_normal(9).astype(np.float32))
+    grad_c = knn.cross_entropy_backward(dl, logits, lse_c, t, vocab=vocab)
+    grad_g = knn.cross_entropy_backward(dl.to("cuda"), logits.to("cuda"), lse_g, t.to("cuda"), vocab=vocab)
+    _same(grad_g, grad_c, dtype)
+    assert np.all(grad_g.cpu().float().numpy()[:, vocab:] == 0) and np.all(grad_g.cpu().float().numpy()[5] == 0)
 
 
 @needs_gpu

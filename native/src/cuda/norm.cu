@@ -54,23 +54,30 @@ __global__ void norm_bwd_rows(T *dinp, const T *dout, const T *inp, const T *w, 
 }
 
 // dweight[c] = sum over rows of dout * xhat, dbias[c] = sum of dout (overwritten), in two
-// passes so that more threads than columns work: chunk k of `len` rows of column c sums into
-// partial[k * C + c] (dweight) and partial[(chunks + k) * C + c] (dbias), then each column adds
-// its chunks in order
-template <typename T>
+// passes so that more threads than columns work: chunk k of `len` rows of columns c .. c + V - 1
+// (V at a time where rows are whole aligned vectors, common.cuh) sums into partial[k * C + c]
+// (dweight) and partial[(chunks + k) * C + c] (dbias), then each column adds its chunks in order
+template <typename T, int V>
 __global__ void norm_bwd_col_chunks(float *partial, const T *dout, const T *inp, const float *mean,
                                     const float *rstd, int64_t rows, int64_t C, int64_t chunks, int64_t len,
                                     int rms) {
-    GRID_STRIDE(w, chunks * C) {
-        int64_t c = w % C, k = w / C, end = (k + 1) * len < rows ? (k + 1) * len : rows;
-        float sw = 0, sb = 0;
+    GRID_STRIDE(w, chunks * (C / V)) {
+        int64_t c = (w % (C / V)) * V, k = w / (C / V), end = (k + 1) * len < rows ? (k + 1) * len : rows;
+        float sw[V] = {}, sb[V] = {};
         for (int64_t n = k * len; n < end; n++) {
-            float dy = to_f(dout[n * C + c]);
-            sw += dy * (to_f(inp[n * C + c]) - (rms ? 0.0f : mean[n])) * rstd[n];
-            sb += dy;
+            Vec<T, V> dy = *(const Vec<T, V> *)(dout + n * C + c), x = *(const Vec<T, V> *)(inp + n * C + c);
+            const float m = rms ? 0.0f : mean[n], r = rstd[n];
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                sw[e] += to_f(dy.x[e]) * (to_f(x.x[e]) - m) * r;
+                sb[e] += to_f(dy.x[e]);
+            }
         }
-        partial[w] = sw;
-        partial[chunks * C + w] = sb;
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            partial[k * C + c + e] = sw[e];
+            partial[(chunks + k) * C + c + e] = sb[e];
+        }
     }
 }
 
@@ -149,7 +156,9 @@ static it_status norm_backward(it_device device, it_dtype dtype, void *dinp, voi
     }
     IT_CU_TRY(check_rows(rows, fn));
     float *partial = nullptr;
-    int64_t want = (kEnoughOutputs + cols - 1) / cols, most = (rows + 63) / 64;
+    const int64_t vector = 16 / (int64_t)dtype_bytes(dtype);  // columns a thread takes where rows are whole vectors
+    const bool vec = cols % vector == 0 && vec_aligned({dout, inp});
+    int64_t want = (kEnoughOutputs * (vec ? vector : 1) + cols - 1) / cols, most = (rows + 63) / 64;
     int64_t chunks = want < most ? want : most, len = (rows + chunks - 1) / chunks;
     chunks = (rows + len - 1) / len;
     if (dweight) CU_TRY(cudaMallocAsync((void **)&partial, (size_t)(2 * chunks * cols) * sizeof(float), s));
@@ -158,8 +167,13 @@ static it_status norm_backward(it_device device, it_dtype dtype, void *dinp, voi
             norm_bwd_rows<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
                 (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, cols, rms);
         if (dweight) {
-            norm_bwd_col_chunks<T><<<it_blocks(chunks * cols), IT_THREADS, 0, s>>>(
-                partial, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, chunks, len, rms);
+            constexpr int V = 16 / sizeof(T);
+            if (vec)
+                norm_bwd_col_chunks<T, V><<<it_blocks(chunks * cols / V), IT_THREADS, 0, s>>>(
+                    partial, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, chunks, len, rms);
+            else
+                norm_bwd_col_chunks<T, 1><<<it_blocks(chunks * cols), IT_THREADS, 0, s>>>(
+                    partial, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, chunks, len, rms);
             norm_bwd_col_sums<T><<<it_blocks(cols), IT_THREADS, 0, s>>>((T *)dweight, (T *)dbias, partial, cols,
                                                                        chunks);
         }

@@ -41,18 +41,27 @@ __global__ void row_partials(int op, T *out, const typename Acc<T>::type *partia
     }
 }
 
-// inner > 1: a thread per (o, chunk, i) sums rows [chunk * len, ...) of column i into
-// partial[(o * chunks + chunk) * inner + i]; then a thread per output combines its chunks
-template <typename T>
+// inner > 1: a thread per (o, chunk, i) sums rows [chunk * len, ...) of columns i .. i + V - 1
+// (V at a time: one vector load a row, common.cuh) into partial[(o * chunks + chunk) * inner + i];
+// then a thread per output combines its chunks
+template <typename T, int V>
 __global__ void column_chunks(int op, typename Acc<T>::type *partial, const T *inp, int64_t outer, int64_t n,
                               int64_t inner, int64_t chunks, int64_t len) {
     using C = typename Acc<T>::type;
-    GRID_STRIDE(w, outer * chunks * inner) {
-        int64_t i = w % inner, c = (w / inner) % chunks, o = w / (inner * chunks);
+    const int64_t vecs = inner / V;
+    GRID_STRIDE(w, outer * chunks * vecs) {
+        int64_t i = (w % vecs) * V, c = (w / vecs) % chunks, o = w / (vecs * chunks);
         int64_t end = (c + 1) * len < n ? (c + 1) * len : n;
-        C acc = identity<C>(op);
-        for (int64_t j = c * len; j < end; j++) acc = combine(op, acc, load_acc(inp, (o * n + j) * inner + i));
-        partial[w] = acc;
+        C acc[V];
+#pragma unroll
+        for (int e = 0; e < V; e++) acc[e] = identity<C>(op);
+        for (int64_t j = c * len; j < end; j++) {
+            Vec<T, V> x = *(const Vec<T, V> *)(inp + (o * n + j) * inner + i);
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[e] = combine(op, acc[e], load_acc(x.x, e));
+        }
+#pragma unroll
+        for (int e = 0; e < V; e++) partial[(o * chunks + c) * inner + i + e] = acc[e];
     }
 }
 
@@ -120,14 +129,16 @@ it_status it_cuda_reduce(it_device device, it_reduce_op op, it_dtype dtype, void
     // chunks along n: for rows, blocks of kRowChunk; for columns, enough threads to fill the GPU,
     // each walking at least 64 rows
     int64_t chunks, len;
+    const int64_t vector = 16 / dtype_bytes(dtype);  // columns a thread takes where rows are aligned vectors
+    const bool vec = inner > 1 && inner % vector == 0 && vec_aligned({inp}) && (inner * dtype_bytes(dtype)) % 16 == 0;
     if (inner == 1) {
         len = kRowChunk;
         chunks = (n + len - 1) / len;
         if (outer * chunks > 2147483647LL)
             return it_cuda_error(IT_ERR_NOT_SUPPORTED, "it_reduce: %lld rows of %lld are too many blocks",
                                  (long long)outer, (long long)n);
-    } else {
-        int64_t want = (kEnoughOutputs + outputs - 1) / outputs, most = (n + 63) / 64;
+    } else {  // (columns V at a time count as one output here: as many threads either way)
+        int64_t v = vec ? vector : 1, want = (kEnoughOutputs * v + outputs - 1) / outputs, most = (n + 63) / 64;
         chunks = want < most ? want : most;
         len = (n + chunks - 1) / chunks;
         chunks = (n + len - 1) / len;
@@ -145,8 +156,13 @@ it_status it_cuda_reduce(it_device device, it_reduce_op op, it_dtype dtype, void
                 row_partials<T><<<(unsigned int)outer, IT_THREADS, 0, s>>>((int)op, (T *)out, (const C *)partial,
                                                                           n, chunks);
         } else {
-            column_chunks<T><<<it_blocks(outputs * chunks), IT_THREADS, 0, s>>>(
-                (int)op, (C *)partial, (const T *)inp, outer, n, inner, chunks, len);
+            constexpr int V = 16 / sizeof(T);
+            if (vec)
+                column_chunks<T, V><<<it_blocks(outputs / V * chunks), IT_THREADS, 0, s>>>(
+                    (int)op, (C *)partial, (const T *)inp, outer, n, inner, chunks, len);
+            else
+                column_chunks<T, 1><<<it_blocks(outputs * chunks), IT_THREADS, 0, s>>>(
+                    (int)op, (C *)partial, (const T *)inp, outer, n, inner, chunks, len);
             column_partials<T><<<it_blocks(outputs), IT_THREADS, 0, s>>>((int)op, (T *)out, (const C *)partial,
                                                                         outer, n, inner, chunks);
         }
