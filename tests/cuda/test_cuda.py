@@ -336,6 +336,24 @@ def test_reductions_of_few_long_rows_and_columns_against_the_cpu(dtype):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows,C,affine", [(37, 48, True), (37, 45, True), (9, 64, False), (3, 5000, True)])
+def test_layer_norm_rows_against_the_cpu(dtype, rows, C, affine):
+    """LayerNorm's row kernels on each path: a warp a row with vector loads (48, 64 wide; no
+    weight), a warp a row one value at a time (45), a block a row (5000: past a warp's rows)."""
+    (x, xg), (w, wg), (b, bg) = _pair((rows, C), dtype), _pair((C,), dtype), _pair((C,), dtype)
+    for t in (x, xg, w, wg, b, bg):
+        t.requires_grad_()
+    yc = nn.functional.layer_norm(x, (C,), w if affine else None, b if affine else None)
+    yg = nn.functional.layer_norm(xg, (C,), wg if affine else None, bg if affine else None)
+    _same(yg, yc, dtype, rtol=1e-4 if dtype == "float32" else 2e-2)
+    (yc.float() ** 2).sum().backward()
+    (yg.float() ** 2).sum().backward()
+    for gg, gc in ((xg, x), (wg, w), (bg, b)) if affine else ((xg, x),):
+        _same(gg.grad, gc.grad, dtype, rtol=1e-4 if dtype == "float32" else 3e-2)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_attention_loss_and_optimizer_against_the_cpu(dtype):
     q, qg = _pair((2, 4, 19, 16), dtype)
     k, kg = _pair((2, 2, 19, 16), dtype)

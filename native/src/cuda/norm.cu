@@ -31,6 +31,93 @@ __global__ void layernorm_fwd(T *out, float *mean, float *rstd, const T *inp, co
     }
 }
 
+// Rows of at most kWarpRow columns (GPT-2's 768 to LLaMA-8B's 4096; most training rows) take a
+// warp each instead of a block: the sums need no block barrier, and where the rows are whole
+// aligned vectors a lane loads V values at once (common.cuh). The row is read from memory once
+// and again from the cache for each later pass.
+constexpr int64_t kWarpRow = 4096;
+constexpr int kRowsPerBlock = 8;  // warps of a block, a row each
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T, int V>
+__global__ void layernorm_fwd_warp(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
+                                   int64_t rows, int64_t C, float eps) {
+    const int64_t row = (int64_t)blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+    if (row >= rows) return;  // a whole warp leaves: its shuffles below stay full
+    const int lane = threadIdx.x & 31;
+    const T *x = inp + row * C;
+    float sum = 0.0f;
+    for (int64_t c = lane * V; c < C; c += 32 * V) {
+        Vec<T, V> v = *(const Vec<T, V> *)(x + c);
+#pragma unroll
+        for (int e = 0; e < V; e++) sum += to_f(v.x[e]);
+    }
+    const float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int64_t c = lane * V; c < C; c += 32 * V) {
+        Vec<T, V> v = *(const Vec<T, V> *)(x + c);
+#pragma unroll
+        for (int e = 0; e < V; e++) var += (to_f(v.x[e]) - m) * (to_f(v.x[e]) - m);
+    }
+    const float r = rsqrtf(warp_sum(var) / C + eps);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+    for (int64_t c = lane * V; c < C; c += 32 * V) {
+        Vec<T, V> v = *(const Vec<T, V> *)(x + c);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            float h = (to_f(v.x[e]) - m) * r;
+            if (w) h = h * to_f(w[c + e]) + (b ? to_f(b[c + e]) : 0.0f);
+            v.x[e] = from_f<T>(h);
+        }
+        *(Vec<T, V> *)(out + row * C + c) = v;
+    }
+}
+
+template <typename T, int V>
+__global__ void norm_bwd_rows_warp(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
+                                   const float *rstd, int64_t rows, int64_t C, int rms) {
+    const int64_t row = (int64_t)blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+    if (row >= rows) return;
+    const int lane = threadIdx.x & 31;
+    const T *x = inp + row * C, *dy = dout + row * C;
+    const float m = rms ? 0.0f : mean[row], r = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t c = lane * V; c < C; c += 32 * V) {
+        Vec<T, V> xv = *(const Vec<T, V> *)(x + c), gv = *(const Vec<T, V> *)(dy + c);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            float g = to_f(gv.x[e]) * (w ? to_f(w[c + e]) : 1.0f);
+            sg += g;
+            sgx += g * (to_f(xv.x[e]) - m) * r;
+        }
+    }
+    const float mg = rms ? 0.0f : warp_sum(sg) / C, mgx = warp_sum(sgx) / C;
+    for (int64_t c = lane * V; c < C; c += 32 * V) {
+        Vec<T, V> xv = *(const Vec<T, V> *)(x + c), gv = *(const Vec<T, V> *)(dy + c);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            float g = to_f(gv.x[e]) * (w ? to_f(w[c + e]) : 1.0f);
+            gv.x[e] = from_f<T>(r * (g - mg - (to_f(xv.x[e]) - m) * r * mgx));
+        }
+        *(Vec<T, V> *)(dinp + row * C + c) = gv;
+    }
+}
+
+// the vector width a warp-per-row kernel takes (0: rows too long, a block each)
+template <typename T> int warp_row_vector(int64_t C, std::initializer_list<const void *> pointers) {
+    constexpr int V = 16 / sizeof(T);
+    if (C > kWarpRow) return 0;
+    return C % V == 0 && vec_aligned(pointers) ? V : 1;
+}
+unsigned int warp_row_blocks(int64_t rows) { return (unsigned int)((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight (rms: no mean(g) term)
 template <typename T>
 __global__ void norm_bwd_rows(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
@@ -137,9 +224,19 @@ it_status it_cuda_layernorm_forward(it_device device, it_dtype dtype, void *out,
     IT_CU_TRY(check_rows(rows, "it_layernorm_forward"));
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
-    IT_FLOAT_SWITCH(dtype, "it_layernorm_forward",
-                    layernorm_fwd<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
-                        (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, cols, eps));
+    IT_FLOAT_SWITCH(dtype, "it_layernorm_forward", {
+        constexpr int V = 16 / sizeof(T);
+        const int v = warp_row_vector<T>(cols, {out, inp, weight, bias});
+        if (v > 1)
+            layernorm_fwd_warp<T, V><<<warp_row_blocks(rows), 32 * kRowsPerBlock, 0, s>>>(
+                (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, rows, cols, eps);
+        else if (v == 1)
+            layernorm_fwd_warp<T, 1><<<warp_row_blocks(rows), 32 * kRowsPerBlock, 0, s>>>(
+                (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, rows, cols, eps);
+        else
+            layernorm_fwd<T><<<row_blocks(rows), IT_THREADS, 0, s>>>((T *)out, mean, rstd, (const T *)inp,
+                                                                   (const T *)weight, (const T *)bias, cols, eps);
+    });
     CU_LAUNCHED();
     return IT_OK;
 }
@@ -163,11 +260,18 @@ static it_status norm_backward(it_device device, it_dtype dtype, void *dinp, voi
     chunks = (rows + len - 1) / len;
     if (dweight) CU_TRY(cudaMallocAsync((void **)&partial, (size_t)(2 * chunks * cols) * sizeof(float), s));
     IT_FLOAT_SWITCH(dtype, fn, {
-        if (dinp)
+        constexpr int V = 16 / sizeof(T);
+        const int v = warp_row_vector<T>(cols, {dinp, dout, inp, weight});
+        if (dinp && v > 1)
+            norm_bwd_rows_warp<T, V><<<warp_row_blocks(rows), 32 * kRowsPerBlock, 0, s>>>(
+                (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, rows, cols, rms);
+        else if (dinp && v == 1)
+            norm_bwd_rows_warp<T, 1><<<warp_row_blocks(rows), 32 * kRowsPerBlock, 0, s>>>(
+                (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, rows, cols, rms);
+        else if (dinp)
             norm_bwd_rows<T><<<row_blocks(rows), IT_THREADS, 0, s>>>(
                 (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, cols, rms);
         if (dweight) {
-            constexpr int V = 16 / sizeof(T);
             if (vec)
                 norm_bwd_col_chunks<T, V><<<it_blocks(chunks * cols / V), IT_THREADS, 0, s>>>(
                     partial, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, chunks, len, rms);
