@@ -5,12 +5,13 @@ the same GPU: milliseconds per call (median, device synchronised around each) an
 
     python benchmarks/attention.py                          # bf16 on cuda, both shapes
     python benchmarks/attention.py --shape 16 12 12 1024 64 --repeat 50
-    INFINITRAIN_CUDA_ATTENTION=reference python benchmarks/attention.py --repeat 3   # the row kernels
+    python benchmarks/attention.py --kernels wmma mma mma-dkv32 reference --repeat 3
 
-infinitrain runs its tensor-core flash kernels for 16-bit inputs with head size 64 or 128 (the
-row kernels otherwise, or with INFINITRAIN_CUDA_ATTENTION=reference); PyTorch (if installed with
-CUDA) runs cuDNN's, FlashAttention-2's and the memory-efficient backends. Prints figures; asserts
-nothing.
+infinitrain runs its tensor-core flash kernels for 16-bit inputs with head size 64 or 128, each
+family of --kernels in turn (INFINITRAIN_CUDA_ATTENTION: wmma, the default; mma, the register-
+tiled mma.sync kernels, with mma-dkv32 their dK/dV pass on query tiles of 32; reference, the row
+kernels); PyTorch (if installed with CUDA) runs cuDNN's, FlashAttention-2's and the memory-
+efficient backends. Prints figures; asserts nothing.
 """
 from __future__ import annotations
 
@@ -79,16 +80,21 @@ def main():
     ap.add_argument("--shape", type=int, nargs=5, action="append", metavar=("B", "H", "KV", "T", "D"))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--kernels", nargs="+", default=["wmma", "mma"],
+                    choices=["wmma", "mma", "mma-dkv32", "reference"], help="infinitrain's kernel families to time")
     args = ap.parse_args()
     import infinitrain as it
     if not it.cuda.is_available():
         raise SystemExit("benchmarks/attention.py: no CUDA device here (the CPU's attention is timed by "
                          "benchmarks/gpt2_train.py's steps)")
-    kernels = os.environ.get("INFINITRAIN_CUDA_ATTENTION", "flash")
     print(f"{'shape':28s} {'implementation':24s} {'fwd ms':>8s} {'TFLOP/s':>8s} {'bwd ms':>8s} {'TFLOP/s':>8s}")
     for shape in args.shape or SHAPES:
         B, H, KV, T, D = shape
-        rows = [(f"infinitrain ({kernels})", ours(shape, args.dtype, args.repeat))]
+        rows = []
+        for kernels in args.kernels:  # the library reads both variables at every call
+            os.environ["INFINITRAIN_CUDA_ATTENTION"] = kernels.split("-")[0]
+            os.environ["INFINITRAIN_FLASH_DKV_TILE"] = "32" if kernels == "mma-dkv32" else "64"
+            rows.append((f"infinitrain ({kernels})", ours(shape, args.dtype, args.repeat)))
         try:
             import torch
             if torch.cuda.is_available():
