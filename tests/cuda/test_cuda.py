@@ -508,6 +508,18 @@ def test_tensor_core_attention_against_the_cpu_in_float32(dtype, D, Tq, Tk, caus
 
 
 @needs_gpu
+@pytest.mark.parametrize("name,value,message", [
+    ("INFINITRAIN_CUDA_ATTENTION", "flash2", "INFINITRAIN_CUDA_ATTENTION=flash2: expected reference, wmma or mma"),
+    ("INFINITRAIN_FLASH_DKV_TILE", "48", "INFINITRAIN_FLASH_DKV_TILE=48: expected 32 or 64")])
+def test_an_unknown_attention_kernel_setting_is_refused_by_name(monkeypatch, name, value, message):
+    from infinitrain.kernels import neural as knn
+    q = it.zeros((1, 2, 8, 64), dtype="bfloat16", device="cuda")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        knn.attention(q, q, q, causal=True)
+
+
+@needs_gpu
 @pytest.mark.slow
 def test_16_bit_attention_runs_on_the_tensor_core_kernels():
     """The routing: the same call with INFINITRAIN_CUDA_ATTENTION=reference (the row kernels)

@@ -262,6 +262,7 @@ it_status it_cuda_attention_forward(it_device device, it_dtype dtype, void *out,
     IT_CU_TRY(it_cuda_use(device));
     cudaStream_t s = it_cuda_stream(device);
     FlashShape f = {batch, heads, kv_heads, q_len, kv_len, head_dim, causal, scale};
+    IT_CU_TRY(flash_attention_settings());
     if (flash_attention_applies(dtype, f, options, {out, q, k, v})) {
         flash_attention_forward(s, dtype, f, out, lse, q, k, v);
         CU_LAUNCHED();
@@ -288,6 +289,7 @@ it_status it_cuda_attention_backward(it_device device, it_dtype dtype, void *dq,
     cudaStream_t s = it_cuda_stream(device);
     int64_t group = heads / kv_heads;
     Extras ex = extras_of(options);
+    IT_CU_TRY(flash_attention_settings());
     float *delta;
     CU_TRY(cudaMallocAsync((void **)&delta, (size_t)rows * sizeof(float), s));
     FlashShape f = {batch, heads, kv_heads, q_len, kv_len, head_dim, causal, scale};

@@ -381,6 +381,17 @@ const char *attention_choice() {
 }
 }  // namespace
 
+it_status flash_attention_settings() {
+    const char *choice = attention_choice(), *tile = getenv("INFINITRAIN_FLASH_DKV_TILE");
+    if (strcmp(choice, "reference") && strcmp(choice, "wmma") && strcmp(choice, "mma"))
+        return it_cuda_error(IT_ERR_INVALID_ARGUMENT,
+                             "INFINITRAIN_CUDA_ATTENTION=%s: expected reference, wmma or mma (or unset)", choice);
+    if (tile && strcmp(tile, "32") && strcmp(tile, "64"))
+        return it_cuda_error(IT_ERR_INVALID_ARGUMENT, "INFINITRAIN_FLASH_DKV_TILE=%s: expected 32 or 64 (or unset)",
+                             tile);
+    return IT_OK;
+}
+
 bool flash_attention_applies(it_dtype dtype, const FlashShape &f, const it_attention_options *options,
                              std::initializer_list<const void *> pointers) {
     if (!strcmp(attention_choice(), "reference")) return false;  // the row kernels

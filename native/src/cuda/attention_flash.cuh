@@ -15,6 +15,9 @@ struct FlashShape {
 // Whether the flash kernels take this call: 16-bit q/k/v, head size 64 or 128, no bias or
 // dropout, 16-byte aligned pointers. The rest goes to the reference kernels of attention.cu, as
 // does every call when INFINITRAIN_CUDA_ATTENTION=reference.
+// IT_OK, or an error naming a value of INFINITRAIN_CUDA_ATTENTION (reference, wmma, mma) or
+// INFINITRAIN_FLASH_DKV_TILE (32, 64) that is none of those
+it_status flash_attention_settings();
 bool flash_attention_applies(it_dtype dtype, const FlashShape &f, const it_attention_options *options,
                              std::initializer_list<const void *> pointers);
 void flash_attention_forward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *out, float *lse,
