@@ -59,7 +59,7 @@ _PEAKS = re.compile(r"^peak used per rank \(MB\): ([0-9 ]+) \|", re.M)
 def predicted(example, model, G, T, layout, ranks, profile):
     """(the prediction, its command's flags) of one configuration on this machine."""
     from infinitrain.plan import Cluster, parse, predict, refusal
-    from infinitrain.plan.__main__ import model_of
+    from infinitrain.plan.layouts import model_of
     config, cls, _ = model_of(model, None, example)
     c = parse(layout)
     why = refusal(c, config, cls, G, T)
@@ -89,7 +89,7 @@ def choice(args, profile) -> int:
     """The planner's ranking of one job's layouts held against their measured steps: is its first
     choice within 10% of the best one measured?"""
     from infinitrain.plan import Cluster, best_layouts
-    from infinitrain.plan.__main__ import model_of
+    from infinitrain.plan.layouts import model_of
     example, model, G, T, ranks = args.choice.split(",")
     G, T, ranks = int(G), int(T), int(ranks)
     config, cls, _ = model_of(model, None, example)
