@@ -95,8 +95,8 @@ def measure_compute(comm=None, full: bool = True) -> dict:
     p.grad = randn(4 * 2 ** 20)
     opt = AdamW([p], lr=1e-4)
     optimizer = p.numel() / _timed(opt.step, comm)
-    logits = randn(1024, 50304, grad=True)
-    targets = it.from_numpy(rng.integers(0, 50304, 1024).astype(np.int64))
+    logits = randn(SHAPES[-1][0], 50304, grad=True)
+    targets = it.from_numpy(rng.integers(0, 50304, SHAPES[-1][0]).astype(np.int64))
     loss = logits.numel() / _timed(lambda: F.cross_entropy(logits, targets).backward(), comm)
     return {"matmul": matmul, "matmul_backward": backward, "attention": attention, "memory_bandwidth": bandwidth,
             "optimizer": optimizer, "loss": loss}
@@ -206,7 +206,12 @@ def main(argv=None) -> int:
     p.add_argument("--base", default=None, help="a profile whose figures this one starts from (the inter-node link, "
                                                "the overlap shares, collectives on one process)")
     p.add_argument("--repeats", type=int, default=5, help="timings of each collective per size (their median)")
+    p.add_argument("--quick", action="store_true", help="the small shapes only (no 768-wide blocks or GPT-2 124M's "
+                                                      "head): a check that it runs, not a profile to plan with")
     args = p.parse_args(argv)
+    if args.quick:
+        global SHAPES
+        SHAPES = SHAPES[:2]
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     base = Profile.load(args.base).data if args.base else dict(DEFAULT)
