@@ -5,16 +5,21 @@ Memory is the memory plan's (nn.parallel.memory_plan.stage_estimates, the number
 examples refuse a job with), the busiest pipeline stage's. Time is the busiest stage's:
 
 - compute: the FLOPs of its blocks (and the head on the last stage) per micro-batch, the
-  matrix products at the profile's rate for the product a block's MLP makes (the size the rate
-  depends on), attention at its rate, and the elementwise work as the activations' bytes
-  (the memory plan's) moved three times (written, read back, their gradient written) at the
-  memory bandwidth; backward twice forward's products, full recomputation a forward more,
-  selective a sixth of one;
+  matrix products at the rate of the rank's threads for the product a block's MLP makes (the
+  size the rate depends on; profile.Rates: the threads' measured rates, the share of the cores
+  where ranks take turns on them), the backward's products (twice forward's FLOPs) at their own
+  measured rate, attention at its rate, the elementwise work as the activations' bytes (the
+  memory plan's) moved three times at the memory bandwidth, the logits through the loss at its
+  measured rate; full recomputation a block's forward more, selective a sixth of its products
+  (the head is not recomputed);
 - bubble: the pipeline schedule played out by the simulator (nn.parallel.pp.simulate) with
-  those forward and backward costs and the split's work per chunk; its idle time;
+  those forward and backward costs and the split's work per chunk; its idle time. Where ranks
+  share cores, a stage waiting for its neighbour leaves its core to the others but for the share
+  a rank waiting in MPI keeps busy (communication_cpu);
 - communication per group from the profile's alpha-beta model per collective (ring; a group
   inside one node uses the intra-node link, else the inter-node one), less the share the
-  profile says the engine hides behind computation (overlap, measured, 0 unless known);
+  profile says the engine hides behind computation (overlap, measured, 0 unless known), and
+  stretched where ranks share cores for the share of it their cores are busy;
 - optimizer: AdamW over the parameters the rank updates (its ZeRO share) at the profile's rate.
 """
 from __future__ import annotations
@@ -136,6 +141,13 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         where = placement(plan.pipeline_schedule)
         busy = [M * (f + b) * sum(work[global_chunk(s, v, c.pp, where)] for v in range(c.virtual_pipeline_parallel))
                 for s in range(c.pp)]
+        if rates.per_core > 1:  # ranks take turns on the cores, but a stage waiting for its
+            # neighbour leaves them its core but for the busy share of waiting in MPI
+            used = sum(u + rates.busy * (1 - u) for u in (s / sim["time"] for s in busy)) / c.pp
+            relief = rates.slowdown(max(1.0, rates.per_core * used)) / rates.slowdown(rates.per_core)
+            busy, sim = [s * relief for s in busy], {**sim, "time": sim["time"] * relief}
+            say(f"the stages busy {used:.0%} of the step on average: the cores shared by "
+                f"{max(1.0, rates.per_core * used):.2f} ranks each, not {rates.per_core:g} (x {relief:.2f})")
         time["compute"] = max(busy)
         time["pipeline bubble"] = max(0.0, sim["time"] - max(busy))  # (round-off where the busiest never waits)
         say(f"pipeline: {plan.pipeline_schedule} over {c.pp} stages x {c.virtual_pipeline_parallel} chunks, {M} "

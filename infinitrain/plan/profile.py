@@ -193,11 +193,13 @@ class Profile:
         table = {k: measured[k] if k in measured else _scaled(self.data.get(k), threads / self["cores"])
                  for k in RATES}
         per_core = ranks_per_node * threads / cores_per_node  # > 1: the ranks take turns on the cores
-        if per_core <= 1:
-            return Rates(table, 1.0, 1.0)
-        throughput = _linear(self.data.get("shared_cores", [[1, 1.0]]), per_core)
-        stretch = 1 + self.data.get("communication_cpu", 0.0) * (per_core / throughput - 1)
-        return Rates(table, throughput / per_core, stretch)
+        rates = Rates(table, 1.0, 1.0)
+        rates.slowdown = lambda k: k / _linear(self.data.get("shared_cores", [[1, 1.0]]), k) if k > 1 else 1.0
+        rates.per_core, rates.busy = per_core, self.data.get("communication_cpu", 0.0)
+        if per_core > 1:
+            rates.scale = 1 / rates.slowdown(per_core)
+            rates.stretch = 1 + rates.busy * (rates.slowdown(per_core) - 1)
+        return rates
 
     def matmul_rate(self, flops: float, cores: float) -> float:
         """FLOP/s of one product of `flops` on a rank of `cores` cores (one rank per core: rates())."""
@@ -227,6 +229,9 @@ class Rates:
 
     def __init__(self, table: dict, scale: float, stretch: float):
         self.table, self.scale, self.stretch = table, scale, stretch
+        # ranks per core (threads counted), the busy share of a core waiting in MPI, and the
+        # slowdown of a rank at k ranks per core (k / the node's throughput there)
+        self.per_core, self.busy, self.slowdown = 1.0, 0.0, lambda k: 1.0
 
     def describe(self) -> str:
         """What --explain says of the share (nothing where a rank has its cores to itself)."""

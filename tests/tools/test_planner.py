@@ -184,6 +184,27 @@ def test_a_ranks_rates_are_its_threads_and_its_share_of_the_cores():
         Profile({**FLAT.data, "communication_cpu": 2})
 
 
+def test_pipeline_stages_waiting_leave_the_shared_cores_to_the_busy_ones():
+    """Ranks beyond the cores: a stage waiting for its neighbour takes only the busy share of
+    its core (communication_cpu); all of it (1) is the plain share, none (0) the busy time alone."""
+    cfg, c = GPT2_PRESETS["tiny"], parse("dp=2,pp=2,schedule=1f1b,mb=2")
+    alone, node = Cluster(1, 4, 4, 64 * 2**30), Cluster(1, 4, 2, 64 * 2**30)
+    polling, sleeping = (Profile({**FLAT.data, "communication_cpu": busy}) for busy in (1.0, 0.0))
+    base = predict(c, cfg, GPT2, alone, polling, 8, 64)
+    assert predict(c, cfg, GPT2, node, polling, 8, 64).time["compute"] == pytest.approx(2 * base.time["compute"])
+    pred = predict(c, cfg, GPT2, node, sleeping, 8, 64)
+    total = base.time["compute"] + base.time["pipeline bubble"]
+    used = 2 * sum(s / total for s in _stage_busy(base)) / 2  # ranks per core x the stages' mean busy share
+    assert pred.time["compute"] == pytest.approx(base.time["compute"] * max(1.0, used), rel=1e-6)
+
+
+def _stage_busy(pred) -> list:
+    """Each stage's busy time of a two-stage 1F1B prediction (the busiest is time["compute"])."""
+    f, b = pred.passes
+    M = 2  # 8 sequences / (dp 2 x mb 2)
+    return [M * (f + b) * w for w in pred.chunk_work]
+
+
 def test_tensor_and_data_parallel_traffic_is_the_alpha_beta_models():
     cfg = GPT2_PRESETS["tiny"]
     pred = predict(parse("dp=2,tp=2,sp=1,mb=2"), cfg, GPT2, CLUSTER, FLAT, 8, 64)
