@@ -5,7 +5,9 @@ which the process's own ~350 MB is not part of, so the prediction it is held to 
 memory plan's "process"; the step: the median of the steps after the first), with the errors.
 The issue's bar: memory within 10% and step time within 15% for 90% of the configurations.
 
-    mpiexec -n 2 python -m infinitrain.plan calibrate --output profile.json     # this machine's rates
+    mpiexec -n 8 python -m infinitrain.plan calibrate --output profile.json     # this machine's rates
+        # (8: the most ranks a configuration puts on the node, so that calibrate measures the
+        # node's throughput with ranks taking turns on its cores; on an idle machine)
     python benchmarks/plan_validate.py --profile profile.json                   # every configuration
     python benchmarks/plan_validate.py --profile profile.json --only pp= --steps 6
     python benchmarks/plan_validate.py --memory_only --steps 2 --only llama3      # no profile, memory only
@@ -129,7 +131,8 @@ def choice(args, profile) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default=None, help="this machine's profile (default: calibrate one first, 2 ranks)")
+    p.add_argument("--profile", default=None,
+                   help="this machine's profile (default: calibrate one first, on --max_ranks ranks)")
     p.add_argument("--only", default=None, help="only the configurations whose line holds this text")
     p.add_argument("--max_ranks", type=int, default=8)
     p.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
@@ -152,7 +155,8 @@ def main(argv=None) -> int:
         raise SystemExit("--measured needs the --profile the predictions are made with")
     elif args.profile is None:
         args.profile = "/tmp/plan_validate_profile.json"
-        subprocess.run(start(2, find_mpiexec()) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output",
+        subprocess.run(start(args.max_ranks, find_mpiexec()) + [sys.executable, "-m", "infinitrain.plan", "calibrate",
+                                                                "--output",
                                                    args.profile], check=True)
     if not args.memory_only:
         profile = Profile.load(args.profile)

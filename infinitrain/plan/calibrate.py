@@ -150,11 +150,23 @@ def measure_node(comm, cores: int) -> dict:
     return out
 
 
-def _products(comm) -> float:
-    """The node's FLOP/s of a block's products, every rank of comm running them at once (summed)."""
-    rows = measure_compute(comm, full=False)["matmul"]
-    mine = len(rows) / sum(1 / r for _, r in rows)  # the harmonic mean: the rate of doing each once
-    return comm.allreduce(mine)
+def _products(comm, least_seconds: float = 0.5) -> float:
+    """The node's FLOP/s of a block's product with every rank of comm running it at once: all the
+    ranks' FLOPs over the span from the first start to the last end (each rank's own rate would
+    count the time it ran while others were still waiting to start as shared)."""
+    import infinitrain as it
+    from infinitrain.nn import functional as F
+    tokens, C = SHAPES[-2] if len(SHAPES) > 2 else SHAPES[-1]
+    rng = np.random.default_rng(0)
+    x, w = (it.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((tokens, C), (4 * C, C)))
+    once = _timed(lambda: F.linear(x, w), None, least_seconds=0.05)
+    calls = comm.allreduce(max(3, int(least_seconds / once)), op=_min_op())
+    comm.Barrier()
+    start = time.monotonic()  # one clock for the node's processes
+    for _ in range(calls):
+        F.linear(x, w)
+    spans = comm.allgather((start, time.monotonic()))
+    return comm.Get_size() * calls * 2 * tokens * C * 4 * C / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
 def measure_collectives(comm, repeats: int = 5) -> dict:
