@@ -155,9 +155,8 @@ def main(argv=None) -> int:
         raise SystemExit("--measured needs the --profile the predictions are made with")
     elif args.profile is None:
         args.profile = "/tmp/plan_validate_profile.json"
-        subprocess.run(start(args.max_ranks, find_mpiexec()) + [sys.executable, "-m", "infinitrain.plan", "calibrate",
-                                                                "--output",
-                                                   args.profile], check=True)
+        calibrate = [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output", args.profile]
+        subprocess.run(start(args.max_ranks, find_mpiexec()) + calibrate, check=True)
     if not args.memory_only:
         profile = Profile.load(args.profile)
     if args.choice:
