@@ -16,7 +16,9 @@ process the collectives keep the profile's defaults (or --base's figures), and i
     optimizer:       AdamW's step over 4M fp32 parameters
     loss:            nn.functional.cross_entropy's forward and backward over a head's logits
     collectives:     all_reduce, all_gather, reduce_scatter, all_to_all, send_recv at 4 KB - 8 MB,
-                     the median of a few, fitted to alpha + beta bytes per ring step (profile.py)
+                     the median of a few, fitted to alpha + beta bytes per ring step (profile.py);
+                     synchronization: what a 1 MB all-reduce between block-sized products costs
+                     beyond that (the skew between computing ranks)
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import time
 
 import numpy as np
 
-from .profile import COLLECTIVES, DEFAULT, Profile, fit_alpha_beta
+from .profile import COLLECTIVES, DEFAULT, Profile, collective_time, fit_alpha_beta
 
 SIZES = [2 ** k for k in range(12, 24, 2)]  # 4 KB .. 8 MB per collective
 # (tokens, width) of the blocks measured: the tiny presets' to GPT-2 124M's, short and long micro-batches
@@ -207,7 +209,33 @@ def measure_collectives(comm, repeats: int = 5) -> dict:
         out[name] = fit_alpha_beta(name, n if name != "send_recv" else 2, [s // 4 // n * n * 4 for s in SIZES], times)
     # the share of a collective's time its rank's core was busy (copying, reducing, polling)
     busy = comm.allreduce(min(1.0, cpu / wall) if wall else 0.0) / n
-    return out, round(busy, 3)
+    return out, round(busy, 3), measure_synchronization(comm, out["all_reduce"])
+
+
+def measure_synchronization(comm, link: dict, calls: int = 60) -> float:
+    """Seconds a blocking collective costs beyond its alpha-beta time when the ranks compute
+    between calls, as a training step does: the skew between them (the slowest rank of each
+    call sets its end). A block-sized product and a 1 MB all-reduce in turn, against the
+    products alone, both with every rank running."""
+    import infinitrain as it
+    from infinitrain.nn import functional as F
+    from mpi4py import MPI
+    tokens, C = SHAPES[min(2, len(SHAPES) - 1)]
+    rng = np.random.default_rng(0)
+    x, w = (it.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((tokens, C), (4 * C, C)))
+    send, recv = np.ones(2 ** 18, np.float32), np.empty(2 ** 18, np.float32)
+
+    def loop(talk: bool) -> float:
+        comm.Barrier()
+        t = time.perf_counter()
+        for _ in range(calls):
+            F.linear(x, w)
+            if talk:
+                comm.Allreduce(send, recv, MPI.SUM)
+        return comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
+    loop(True)
+    extra = (loop(True) - loop(False)) / calls - collective_time(link, "all_reduce", comm.Get_size(), send.nbytes)
+    return max(0.0, extra)
 
 
 def main(argv=None) -> int:
@@ -235,9 +263,9 @@ def main(argv=None) -> int:
                    if sub.Get_size() > 1 else None) if comm.Get_size() > 1 else None
     if comm.Get_rank() != 0:
         return 0
-    busy = None
+    busy = sync = None
     if links is not None:
-        links, busy = links
+        links, busy, sync = links
     import platform
     data = {**base, **compute, "name": args.name or f"{platform.node()} ({comm.Get_size()} ranks)", "device": "cpu",
             "measured_ranks": comm.Get_size()}
@@ -245,6 +273,7 @@ def main(argv=None) -> int:
         data["intra_node"] = links
         data.setdefault("inter_node", links)
         data["communication_cpu"] = busy
+        data["synchronization"] = sync
     Profile(data).save(args.output)
     rates = ", ".join(f"{f / 1e9:.1f}" for _, f in sorted(compute["matmul"]))
     print(f"wrote {args.output}: matmul {rates} GFLOP/s by size; bandwidth {compute['memory_bandwidth'] / 1e9:.1f} "
@@ -263,7 +292,8 @@ def main(argv=None) -> int:
     else:
         print("collectives over", min(cores, comm.Get_size()), "ranks (one per core): " + "; ".join(
             f"{k} alpha {v['alpha'] * 1e6:.1f} us, {1 / v['beta'] / 1e9 if v['beta'] else float('inf'):.2f} GB/s"
-            for k, v in links.items()) + f"; the ranks' cores busy {busy:.0%} of a collective's time")
+            for k, v in links.items()) + f"; the ranks' cores busy {busy:.0%} of a collective's time; a blocking "
+            f"call between computations waits {sync * 1e3:.2f} ms more for the slowest rank")
     return 0
 
 

@@ -24,10 +24,11 @@ examples refuse a job with), the busiest pipeline stage's. Time is the busiest s
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..nn.parallel.memory_plan import embedding_rows, forward_activation_bytes, stage_estimates
+from ..nn.parallel.memory_plan import BUCKET_BYTES, embedding_rows, forward_activation_bytes, stage_estimates
 from ..nn.parallel.pp.schedules import placement, simulate
 from ..nn.parallel.pp.stage import chunk_layers, global_chunk
 from .layouts import Candidate, model_facts
@@ -209,13 +210,19 @@ def _communication(c, config, model_class, cluster, profile, rates, plan, M, tok
     C, blocks = config.n_embd, max(_blocks(c, config, model_class))
     sp = c.tp if plan.sp else 1
 
+    sync = profile.data.get("synchronization", 0.0)
+
     def cost(what, collective, ranks, nbytes, count, stride, hidden_key):
         inter = not _inside_node(stride, ranks, cluster)
+        # a blocking call waits for the slowest rank: the skew between computing ranks, measured
+        # (DP's and ZeRO's traffic goes in buckets, each a call)
+        calls = count * (math.ceil(nbytes / BUCKET_BYTES) if what == "DP communication" else 1)
         one = profile.collective(collective, ranks, nbytes, inter) * rates.stretch
-        total = one * count * (1 - overlap[hidden_key])
+        total = (one * count + sync * calls * rates.stretch) * (1 - overlap[hidden_key])
         time[what] = time.get(what, 0.0) + total
         say(f"{what}: {count:g} x {collective} of {nbytes / 2**20:.2f} MB over {ranks} ranks "
             f"({'across nodes' if inter else 'in a node'}) = {one * 1e3:.3f} ms each"
+            f"{f', + {calls:g} waits for the slowest rank of {sync * 1e3:.2f} ms' if sync else ''}"
             f"{f', {overlap[hidden_key]:.0%} hidden' if overlap[hidden_key] else ''}: {total * 1e3:.1f} ms")
 
     if c.tp > 1:  # two all-reduces (SP: an all-gather and a reduce-scatter, the same ring traffic) each way

@@ -17,7 +17,8 @@ The file is JSON (docs/planning.md shows one):
      "threads": {"2": {"matmul": ..., "matmul_backward": ..., "attention": ..., "memory_bandwidth": ...,
                        "optimizer": ..., "loss": ...}},   # one rank's rates with that many threads
      "shared_cores": [[ranks_per_core, throughput]],  # the node's throughput when ranks share cores
-     "communication_cpu": share}                      # of a collective's time its rank's core is busy
+     "communication_cpu": share,                      # of a collective's time its rank's core is busy
+     "synchronization": seconds}                      # a blocking call's wait for the slowest rank
 
 The collectives are all_reduce, all_gather, reduce_scatter, all_to_all and send_recv. alpha and
 beta are a ring's per-step figures (what a datasheet gives: a link's latency and 1 / its
@@ -152,6 +153,9 @@ class Profile:
                 not isinstance(r, (list, tuple)) or len(r) != 2 or not all(_positive(v) for v in r) for r in shared):
             raise ValueError(f"profile {source}: shared_cores must be [ranks_per_core, throughput] rows of positive "
                              f"numbers, got {shared!r}")
+        if not isinstance(data.get("synchronization", 0.0), (int, float)) or data.get("synchronization", 0.0) < 0:
+            raise ValueError(f"profile {source}: synchronization must be seconds >= 0, got "
+                             f"{data['synchronization']!r}")
         busy = data.get("communication_cpu", 0.0)
         if not isinstance(busy, (int, float)) or not 0 <= busy <= 1:
             raise ValueError(f"profile {source}: communication_cpu must be a share in [0, 1], got {busy!r}")

@@ -216,6 +216,18 @@ def test_tensor_and_data_parallel_traffic_is_the_alpha_beta_models():
     assert pred.time["DP communication"] == pytest.approx(dp, rel=1e-3)
 
 
+def test_each_blocking_call_waits_the_measured_synchronization():
+    """synchronization: seconds a blocking collective waits for the slowest computing rank, once
+    per call (TP: four a block and micro-batch; DP: one a 25 MB bucket)."""
+    cfg, c = GPT2_PRESETS["tiny"], parse("dp=2,tp=2,sp=1,mb=2")
+    plain = predict(c, cfg, GPT2, CLUSTER, FLAT, 8, 64)
+    waits = predict(c, cfg, GPT2, CLUSTER, Profile({**FLAT.data, "synchronization": 1e-3}), 8, 64)
+    M = 8 // (2 * 2)
+    assert waits.time["TP communication"] - plain.time["TP communication"] == pytest.approx(
+        M * cfg.n_layer * 4 * 1e-3)
+    assert waits.time["DP communication"] - plain.time["DP communication"] == pytest.approx(1e-3)  # one bucket
+
+
 def test_the_pipeline_bubble_is_the_simulators():
     cfg = GPT2_PRESETS["small"]
     for text in ("pp=2,schedule=1f1b,mb=1", "pp=2,schedule=zbv,vpp=2,mb=1", "pp=4,schedule=gpipe,mb=2"):
