@@ -75,7 +75,7 @@ def main(argv=None) -> int:
                    help="the share of DP / ZeRO traffic hidden behind compute (the profiles say 0)")
     args = p.parse_args(argv)
     from infinitrain.plan import Cluster, Profile, best_layouts, parse, predict, refusal
-    from infinitrain.plan.__main__ import model_of
+    from infinitrain.plan.layouts import model_of
     print(f"{'run':<16} {'model':<10} {'GPUs':>5} {'layout':<38} | {'tok/s/GPU':>9} {'published':>9} {'ratio':>5} | "
           f"{'MFU':>4} {'pub':>4} | {'GB/GPU':>6} | the planner's best layout (tok/s/GPU)")
     for run in RUNS:

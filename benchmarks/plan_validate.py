@@ -5,10 +5,16 @@ which the process's own ~350 MB is not part of, so the prediction it is held to 
 memory plan's "process"; the step: the median of the steps after the first), with the errors.
 The issue's bar: memory within 10% and step time within 15% for 90% of the configurations.
 
-    mpiexec -n 2 python -m infinitrain.plan calibrate --output profile.json     # this machine's rates
+    mpiexec -n 8 python -m infinitrain.plan calibrate --output profile.json     # this machine's rates
+        # (8: the most ranks a configuration puts on the node, so that calibrate measures the
+        # node's throughput with ranks taking turns on its cores; on an idle machine)
     python benchmarks/plan_validate.py --profile profile.json                   # every configuration
     python benchmarks/plan_validate.py --profile profile.json --only pp= --steps 6
     python benchmarks/plan_validate.py --memory_only --steps 2 --only llama3      # no profile, memory only
+    python benchmarks/plan_validate.py --profile profile.json --save measured.json  # also keep what was measured
+    python benchmarks/plan_validate.py --profile profile.json --measured benchmarks/plan_measured.json
+        # predictions only, held to a saved table of measured runs (plan_measured.json: the runs
+        # the docs' table comes from, each configuration's passes and their mean)
     python benchmarks/plan_validate.py --profile profile.json --choice gpt2,small,8,128,2
         # the planner's first choice for one job against the best of its layouts measured:
         # its --choice_top best by prediction and --choice_spread more spread over the ranking
@@ -18,6 +24,7 @@ Step times need an idle machine: ranks sharing cores with other work run at what
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -59,7 +66,7 @@ _PEAKS = re.compile(r"^peak used per rank \(MB\): ([0-9 ]+) \|", re.M)
 def predicted(example, model, G, T, layout, ranks, profile):
     """(the prediction, its command's flags) of one configuration on this machine."""
     from infinitrain.plan import Cluster, parse, predict, refusal
-    from infinitrain.plan.__main__ import model_of
+    from infinitrain.plan.layouts import model_of
     config, cls, _ = model_of(model, None, example)
     c = parse(layout)
     why = refusal(c, config, cls, G, T)
@@ -89,7 +96,7 @@ def choice(args, profile) -> int:
     """The planner's ranking of one job's layouts held against their measured steps: is its first
     choice within 10% of the best one measured?"""
     from infinitrain.plan import Cluster, best_layouts
-    from infinitrain.plan.__main__ import model_of
+    from infinitrain.plan.layouts import model_of
     example, model, G, T, ranks = args.choice.split(",")
     G, T, ranks = int(G), int(T), int(ranks)
     config, cls, _ = model_of(model, None, example)
@@ -124,7 +131,8 @@ def choice(args, profile) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default=None, help="this machine's profile (default: calibrate one first, 2 ranks)")
+    p.add_argument("--profile", default=None,
+                   help="this machine's profile (default: calibrate one first, on --max_ranks ranks)")
     p.add_argument("--only", default=None, help="only the configurations whose line holds this text")
     p.add_argument("--max_ranks", type=int, default=8)
     p.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
@@ -135,52 +143,91 @@ def main(argv=None) -> int:
                    help="measure the planner's ranking of one job's layouts instead of the configurations")
     p.add_argument("--choice_top", type=int, default=4)
     p.add_argument("--choice_spread", type=int, default=6)
+    p.add_argument("--measured", default=None, metavar="FILE",
+                   help="hold the predictions to a saved table of measured runs (JSON, as --save writes) instead "
+                        "of running the configurations")
+    p.add_argument("--save", default=None, metavar="FILE", help="write what was measured (JSON) for --measured")
     args = p.parse_args(argv)
-    from infinitrain.plan import Profile
+    from infinitrain.plan import Profile, parse
     if args.memory_only:
         profile = Profile({})
+    elif args.profile is None and args.measured:
+        raise SystemExit("--measured needs the --profile the predictions are made with")
     elif args.profile is None:
         args.profile = "/tmp/plan_validate_profile.json"
-        subprocess.run(start(2, find_mpiexec()) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output",
-                                                   args.profile], check=True)
+        calibrate = [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output", args.profile]
+        subprocess.run(start(args.max_ranks, find_mpiexec()) + calibrate, check=True)
     if not args.memory_only:
         profile = Profile.load(args.profile)
     if args.choice:
         return choice(args, profile)
+    if args.measured:
+        saved = json.loads(Path(args.measured).read_text())
+        rows = [(c["example"], c["model"], c["global_batch"], c["sequence_length"], c["layout"]) for c in
+                saved["configurations"]]
+        runs = {row: c for row, c in zip(rows, saved["configurations"])}
+        print(f"measured: {args.measured} ({saved.get('measured', 'no date')})")
+    else:
+        rows, runs = CONFIGS, None
     which = "none (memory only)" if args.memory_only else f"{args.profile} ({profile['name']})"
     print(f"profile {which}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start")
     print(f"{'example':<7} {'model':<6} {'layout':<46} {'n':>2} | {'MB pred':>8} {'MB meas':>8} {'err':>6}"
           + ("" if args.memory_only else f" | {'ms pred':>8} {'ms meas':>8} {'err':>6}"))
-    mem_ok = time_ok = done = 0
-    for example, model, G, T, layout in CONFIGS:
+    results = []
+    for example, model, G, T, layout in rows:
         line = f"{example} {model} {layout}"
         if args.only and args.only not in line:
             continue
-        from infinitrain.plan import parse
         ranks = parse(layout).world_size
         if ranks > args.max_ranks:
             continue
         pred, flags = predicted(example, model, G, T, layout, ranks, profile)
         mem_pred = pred.memory_per_rank - pred.memory.get("process", 0.0)
         t0 = time.perf_counter()
-        try:
-            mem, step = measure(example, model, flags, ranks, args.steps, args.timeout)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            print(f"{example:<7} {model:<6} {layout:<46} {ranks:>2} | failed: {e}", flush=True)
-            continue
+        if runs is not None:  # the saved passes: the busiest rank's peak and the mean of their steps
+            run = runs[(example, model, G, T, layout)]
+            mem, step = max(run["peak_used_mb"]) * 2**20, statistics.mean(run["step_ms"]) / 1e3
+        else:
+            try:
+                mem, step = measure(example, model, flags, ranks, args.steps, args.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(f"{example:<7} {model:<6} {layout:<46} {ranks:>2} | failed: {e}", flush=True)
+                continue
         e_mem, e_time = mem_pred / mem - 1, pred.step_time / step - 1
-        done += 1
-        mem_ok += abs(e_mem) <= 0.10
-        time_ok += abs(e_time) <= 0.15
+        results.append({"example": example, "model": model, "global_batch": G, "sequence_length": T,
+                        "layout": layout, "ranks": ranks, "peak_used_mb": [round(mem / 2**20)],
+                        "step_ms": [round(step * 1e3)], "predicted_mb": round(mem_pred / 2**20),
+                        "predicted_ms": round(pred.step_time * 1e3), "memory_error": e_mem, "time_error": e_time})
         timing = "" if args.memory_only else \
             f" | {pred.step_time * 1e3:8.0f} {step * 1e3:8.0f} {e_time:+6.0%}"
+        took = "" if runs is not None else f"   ({time.perf_counter() - t0:.0f} s)"
         print(f"{example:<7} {model:<6} {layout:<46} {ranks:>2} | {mem_pred / 2**20:8.0f} {mem / 2**20:8.0f} "
-              f"{e_mem:+6.0%}{timing}   ({time.perf_counter() - t0:.0f} s)", flush=True)
-    if done:
-        timing = "" if args.memory_only else f", step time within 15% for {time_ok} ({time_ok / done:.0%})"
-        print(f"{done} configurations: memory within 10% for {mem_ok} ({mem_ok / done:.0%}){timing}; load average "
-              f"{os.getloadavg()[0]:.1f} at the end")
+              f"{e_mem:+6.0%}{timing}{took}", flush=True)
+    if results:
+        summary(results, args.memory_only)
+    if args.save and runs is None:
+        kept = [{k: r[k] for k in ("example", "model", "global_batch", "sequence_length", "layout", "ranks",
+                                   "peak_used_mb", "step_ms")} for r in results]
+        Path(args.save).write_text(json.dumps({
+            "machine": os.uname().nodename, "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "step_ms": f"the median of steps 2-{args.steps}", "configurations": kept}, indent=1) + "\n")
+        print(f"wrote {args.save}")
     return 0
+
+
+def summary(results, memory_only: bool) -> None:
+    """The counts within the issue's bars, and the step-time errors' medians by ranks."""
+    n = len(results)
+    mem_ok = sum(abs(r["memory_error"]) <= 0.10 for r in results)
+    text = f"{n} configurations: memory within 10% for {mem_ok} ({mem_ok / n:.0%})"
+    if not memory_only:
+        time_ok = sum(abs(r["time_error"]) <= 0.15 for r in results)
+        by_ranks = {}
+        for r in results:
+            by_ranks.setdefault(r["ranks"], []).append(r["time_error"])
+        text += f", step time within 15% for {time_ok} ({time_ok / n:.0%}); median step-time error " + ", ".join(
+            f"{statistics.median(e):+.0%} at {k} rank{'s' if k > 1 else ''}" for k, e in sorted(by_ranks.items()))
+    print(f"{text}; load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

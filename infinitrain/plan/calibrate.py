@@ -1,28 +1,36 @@
 """`python -m infinitrain.plan calibrate`: this machine's rates, measured through the engine's
-own ops, written as a profile (profile.py). Run it on the ranks a job would use (mpiexec -n N
-python -m infinitrain.plan calibrate --output FILE): every rank measures its compute at once,
-so that ranks sharing cores see what they will get while training, and the collectives are
-timed over all N ranks with mpi4py. On one process the collectives keep the profile's
-defaults (or --base's figures), and it says so.
+own ops, written as a profile (profile.py). Run it on as many ranks as the jobs to plan will
+put on a node, the cores or more (mpiexec -n 8 python -m infinitrain.plan calibrate --output
+FILE on a 2-core node): one rank per core measures its compute at once with the others, one
+thread each (the tables); one rank alone with each thread count a rank of a job would run
+(threads: the BLAS's threads do not add up to cores); every rank at once where there are more
+ranks than cores (shared_cores: the node's throughput when ranks take turns); the collectives
+over one rank per core, with the share of their time the rank's core was busy
+(communication_cpu). Ranks not measuring wait asleep, not in a spinning MPI barrier. On one
+process the collectives keep the profile's defaults (or --base's figures), and it says so.
 
-    matmul:      it.matmul at the products a block makes ([B T, C] x [C, 4C] and the like)
-    attention:   nn.functional.scaled_dot_product_attention, causal, forward
-    bandwidth:   an elementwise add of 64 MB operands (three operands' bytes moved)
-    optimizer:   AdamW's step over 4M fp32 parameters
-    collectives: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv at 4 KB - 8 MB,
-                 the median of a few, fitted to alpha + beta bytes per ring step (profile.py)
+    matmul:          nn.functional.linear at the products a block makes ([B T, C] x [C, 4C] and
+                     the like) and a head's; matmul_backward: the same linear's backward
+    attention:       nn.functional.scaled_dot_product_attention, causal, forward
+    bandwidth:       an elementwise add of 64 MB operands (three operands' bytes moved)
+    optimizer:       AdamW's step over 4M fp32 parameters
+    loss:            nn.functional.cross_entropy's forward and backward over a head's logits
+    collectives:     all_reduce, all_gather, reduce_scatter, all_to_all, send_recv at 4 KB - 8 MB,
+                     the median of a few, fitted to alpha + beta bytes per ring step (profile.py);
+                     synchronization: what a 1 MB all-reduce between block-sized products costs
+                     beyond that (the skew between computing ranks)
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from ..nn.parallel.global_env import share_node_cores
-from .profile import COLLECTIVES, DEFAULT, Profile, fit_alpha_beta
+from .profile import COLLECTIVES, DEFAULT, Profile, collective_time, fit_alpha_beta
 
 SIZES = [2 ** k for k in range(12, 24, 2)]  # 4 KB .. 8 MB per collective
 # (tokens, width) of the blocks measured: the tiny presets' to GPT-2 124M's, short and long micro-batches
@@ -34,11 +42,10 @@ def _timed(fn, comm=None, least_seconds: float = 0.2) -> float:
     every rank, started together, over at least least_seconds. (The fastest single call, timed
     while the other ranks were between theirs, had a core to itself: on this project's 2-core
     machine it put two ranks' matrix products at twice what they reach together.)"""
-    fn()  # warm up
     t = time.perf_counter()
-    fn()
+    fn()  # warm up, and how long one call takes (a head-sized product takes seconds on one core)
     once = max(time.perf_counter() - t, 1e-9)
-    calls = max(3, int(least_seconds / once))
+    calls = max(1 if once > least_seconds else 3, int(least_seconds / once))
     if comm is not None and comm.Get_size() > 1:
         calls = comm.allreduce(calls, op=_min_op())
         comm.Barrier()
@@ -53,39 +60,123 @@ def _min_op():
     return MPI.MIN
 
 
-def measure_compute(comm=None) -> dict:
+def measure_compute(comm=None, full: bool = True) -> dict:
+    """The rates of this rank's threads, timed while every rank of comm runs them (full: every
+    table, else the block's products alone: what shared_cores compares)."""
     import infinitrain as it
     from infinitrain.nn import functional as F
     from infinitrain.optim import AdamW
     rng = np.random.default_rng(0)
 
-    def randn(*shape):
-        return it.from_numpy(rng.standard_normal(shape, dtype=np.float32))
-    matmul, attention = [], []
-    for tokens, C in SHAPES:
-        for k, n in ((C, 3 * C), (C, 4 * C), (4 * C, C), (C, 50304)):  # the last: a head
-            a, b = randn(tokens, k), randn(k, n)
-            matmul.append([2 * tokens * k * n, 2 * tokens * k * n / _timed(lambda: it.matmul(a, b), comm)])
+    def randn(*shape, grad=False):
+        t = it.from_numpy(rng.standard_normal(shape, dtype=np.float32))
+        return t.requires_grad_() if grad else t
+    matmul, backward, attention = [], [], []
+    for tokens, C in (SHAPES if full else SHAPES[-2:-1]):
+        for k, n in ((C, 3 * C), (C, 4 * C), (4 * C, C), (C, 50304))[:None if full else 2]:
+            x, w, dy = randn(tokens, k, grad=True), randn(n, k, grad=True), randn(tokens, n)
+            flops = 2 * tokens * k * n
+            fwd = _timed(lambda: F.linear(x, w), comm)
+            matmul.append([flops, flops / fwd])
+            if full:
+                both = _timed(lambda: F.linear(x, w).backward(dy), comm)
+                backward.append([flops, 2 * flops / max(both - fwd, 1e-9)])
+        if not full:
+            continue
         H = C // 64
         for B, T in ((1, tokens), (max(1, tokens // 128), 128)):
             q, kk, v = (randn(B, H, T, 64) for _ in range(3))
             flops = 2 * B * H * T * T * 64
             t = _timed(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True), comm)
             attention.append([flops, flops / t])
+    if not full:
+        return {"matmul": matmul}
     x, y = randn(16 * 2 ** 20), randn(16 * 2 ** 20)
     bandwidth = 3 * x.numel() * 4 / _timed(lambda: it.add(x, y), comm)
     p = it.nn.Parameter(randn(4 * 2 ** 20))
     p.grad = randn(4 * 2 ** 20)
     opt = AdamW([p], lr=1e-4)
     optimizer = p.numel() / _timed(opt.step, comm)
-    return {"matmul": matmul, "attention": attention, "memory_bandwidth": bandwidth, "optimizer": optimizer}
+    logits = randn(SHAPES[-1][0], 50304, grad=True)
+    targets = it.from_numpy(rng.integers(0, 50304, SHAPES[-1][0]).astype(np.int64))
+    loss = logits.numel() / _timed(lambda: F.cross_entropy(logits, targets).backward(), comm)
+    return {"matmul": matmul, "matmul_backward": backward, "attention": attention, "memory_bandwidth": bandwidth,
+            "optimizer": optimizer, "loss": loss}
+
+
+def _among(comm, ranks: int, fn):
+    """fn(the communicator of ranks 0..ranks-1) on those ranks, the others asleep until they are
+    done (an MPI barrier spins on its core); fn's result on rank 0's side, None elsewhere."""
+    active = comm.Get_rank() < ranks
+    sub = comm.Split(0 if active else 1, comm.Get_rank())
+    out = fn(sub) if active else None
+    sub.Free()
+    done = comm.Ibarrier()
+    while not done.Test():
+        time.sleep(0.002)
+    return out
+
+
+def measure_node(comm, cores: int) -> dict:
+    """What the job's threads and ranks get (profile.py): the tables on one rank per core with one
+    thread each; one rank alone with each thread count a job's rank would run (a divisor of the
+    cores); where comm has more ranks than cores, every multiple of the cores at once."""
+    from ..runtime import get_num_threads, set_num_threads
+    n = comm.Get_size()
+    per_core = min(n, cores)
+    set_num_threads(max(1, cores // per_core))
+    out = _among(comm, per_core, measure_compute)
+    if out is not None:
+        out["cores"] = get_num_threads()
+    threads = {}
+    for t in range(get_num_threads() + 1, cores + 1):
+        if cores % t == 0:
+            set_num_threads(t)
+            rates = _among(comm, 1, lambda sub: measure_compute(None))
+            if rates is not None:
+                threads[str(t)] = rates
+    set_num_threads(1)
+    shared = [[1, 1.0]]
+    base = comm.bcast(_among(comm, cores, lambda sub: _products(sub)) if n > cores else None)
+    for k in range(2, n // cores + 1):
+        if n >= k * cores and (k & (k - 1)) == 0:
+            rate = _among(comm, k * cores, lambda sub: _products(sub))
+            if rate is not None:
+                shared.append([k, rate / base])
+    if comm.Get_rank() != 0:
+        return {}
+    if threads:
+        out["threads"] = threads
+    if len(shared) > 1:
+        out["shared_cores"] = shared
+    return out
+
+
+def _products(comm, least_seconds: float = 0.5) -> float:
+    """The node's FLOP/s of a block's product with every rank of comm running it at once: all the
+    ranks' FLOPs over the span from the first start to the last end (each rank's own rate would
+    count the time it ran while others were still waiting to start as shared)."""
+    import infinitrain as it
+    from infinitrain.nn import functional as F
+    tokens, C = SHAPES[-2] if len(SHAPES) > 2 else SHAPES[-1]
+    rng = np.random.default_rng(0)
+    x, w = (it.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((tokens, C), (4 * C, C)))
+    once = _timed(lambda: F.linear(x, w), None, least_seconds=0.05)
+    calls = comm.allreduce(max(3, int(least_seconds / once)), op=_min_op())
+    comm.Barrier()
+    start = time.monotonic()  # one clock for the node's processes
+    for _ in range(calls):
+        F.linear(x, w)
+    spans = comm.allgather((start, time.monotonic()))
+    return comm.Get_size() * calls * 2 * tokens * C * 4 * C / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
 def measure_collectives(comm, repeats: int = 5) -> dict:
-    """alpha and beta of each collective over the communicator's ranks (rank 0's times)."""
+    """(alpha and beta of each collective over the communicator's ranks, the slowest rank's times;
+    the share of their time the ranks' cores were busy)."""
     from mpi4py import MPI
     n, rank = comm.Get_size(), comm.Get_rank()
-    out = {}
+    out, wall, cpu = {}, 0.0, 0.0
     for name in COLLECTIVES:
         times = []
         for size in SIZES:
@@ -109,12 +200,42 @@ def measure_collectives(comm, repeats: int = 5) -> dict:
             samples = []
             for _ in range(repeats):
                 comm.Barrier()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 run()
+                cpu += time.process_time() - c
+                wall += time.perf_counter() - t
                 samples.append(comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
             times.append(statistics.median(samples))
         out[name] = fit_alpha_beta(name, n if name != "send_recv" else 2, [s // 4 // n * n * 4 for s in SIZES], times)
-    return out
+    # the share of a collective's time its rank's core was busy (copying, reducing, polling)
+    busy = comm.allreduce(min(1.0, cpu / wall) if wall else 0.0) / n
+    return out, round(busy, 3), measure_synchronization(comm, out["all_reduce"])
+
+
+def measure_synchronization(comm, link: dict, calls: int = 60) -> float:
+    """Seconds a blocking collective costs beyond its alpha-beta time when the ranks compute
+    between calls, as a training step does: the skew between them (the slowest rank of each
+    call sets its end). A block-sized product and a 1 MB all-reduce in turn, against the
+    products alone, both with every rank running."""
+    import infinitrain as it
+    from infinitrain.nn import functional as F
+    from mpi4py import MPI
+    tokens, C = SHAPES[min(2, len(SHAPES) - 1)]
+    rng = np.random.default_rng(0)
+    x, w = (it.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((tokens, C), (4 * C, C)))
+    send, recv = np.ones(2 ** 18, np.float32), np.empty(2 ** 18, np.float32)
+
+    def loop(talk: bool) -> float:
+        comm.Barrier()
+        t = time.perf_counter()
+        for _ in range(calls):
+            F.linear(x, w)
+            if talk:
+                comm.Allreduce(send, recv, MPI.SUM)
+        return comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
+    loop(True)
+    extra = (loop(True) - loop(False)) / calls - collective_time(link, "all_reduce", comm.Get_size(), send.nbytes)
+    return max(0.0, extra)
 
 
 def main(argv=None) -> int:
@@ -125,34 +246,66 @@ def main(argv=None) -> int:
     p.add_argument("--base", default=None, help="a profile whose figures this one starts from (the inter-node link, "
                                                "the overlap shares, collectives on one process)")
     p.add_argument("--repeats", type=int, default=5, help="timings of each collective per size (their median)")
+    p.add_argument("--quick", action="store_true", help="the small shapes only (no 768-wide blocks or GPT-2 124M's "
+                                                      "head): a check that it runs, not a profile to plan with")
     args = p.parse_args(argv)
+    if args.quick:
+        global SHAPES
+        SHAPES = SHAPES[:2]
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     base = Profile.load(args.base).data if args.base else dict(DEFAULT)
-    # the threads a training job's rank gets (init()'s share of the node's cores), so that ranks
-    # measuring at once do not oversubscribe the cores: the rates are per those cores
-    cores = share_node_cores(comm)
-    compute = measure_compute(comm)
-    compute["cores"] = cores
-    links = measure_collectives(comm, args.repeats) if comm.Get_size() > 1 else None
+    # one rank per core, one thread each, for the tables; the rest of what a job's ranks get on
+    # this node (threads, ranks sharing cores) beside them: measure_node
+    cores = _node_cores(comm)
+    compute = measure_node(comm, cores)
+    links = _among(comm, min(cores, comm.Get_size()), lambda sub: measure_collectives(sub, args.repeats)
+                   if sub.Get_size() > 1 else None) if comm.Get_size() > 1 else None
     if comm.Get_rank() != 0:
         return 0
+    busy = sync = None
+    if links is not None:
+        links, busy, sync = links
     import platform
     data = {**base, **compute, "name": args.name or f"{platform.node()} ({comm.Get_size()} ranks)", "device": "cpu",
             "measured_ranks": comm.Get_size()}
     if links is not None:
         data["intra_node"] = links
         data.setdefault("inter_node", links)
+        data["communication_cpu"] = busy
+        data["synchronization"] = sync
     Profile(data).save(args.output)
     rates = ", ".join(f"{f / 1e9:.1f}" for _, f in sorted(compute["matmul"]))
     print(f"wrote {args.output}: matmul {rates} GFLOP/s by size; bandwidth {compute['memory_bandwidth'] / 1e9:.1f} "
-          f"GB/s; AdamW {compute['optimizer'] / 1e6:.0f}M parameters/s; measured with {compute['cores']:g} cores per "
-          "rank")
+          f"GB/s; AdamW {compute['optimizer'] / 1e6:.0f}M parameters/s; measured with "
+          f"{compute['cores']:g} thread(s) per rank, one rank per core of {cores}")
+    for t, rates in compute.get("threads", {}).items():
+        print(f"one rank with {t} threads: products x {_mean(rates['matmul']) / _mean(compute['matmul']):.2f} "
+              f"one thread's (by size: " + ", ".join(f"{r / f:.2f}" for (_, r), (_, f) in
+                                                  zip(rates["matmul"], compute["matmul"])) + ")")
+    if "shared_cores" in compute:
+        print("the node's products with k ranks per core, relative to one: " + ", ".join(
+            f"k={k:g}: {v:.2f}" for k, v in compute["shared_cores"]))
     if links is None:
         print("one process: the collectives keep the base profile's figures (run under mpiexec -n N to measure "
               "them)", file=sys.stderr)
     else:
-        print("collectives over", comm.Get_size(), "ranks: " + "; ".join(
+        print("collectives over", min(cores, comm.Get_size()), "ranks (one per core): " + "; ".join(
             f"{k} alpha {v['alpha'] * 1e6:.1f} us, {1 / v['beta'] / 1e9 if v['beta'] else float('inf'):.2f} GB/s"
-            for k, v in links.items()))
+            for k, v in links.items()) + f"; the ranks' cores busy {busy:.0%} of a collective's time; a blocking "
+            f"call between computations waits {sync * 1e3:.2f} ms more for the slowest rank")
     return 0
+
+
+def _mean(rows) -> float:
+    return len(rows) / sum(1 / r for _, r in rows)
+
+
+def _node_cores(comm) -> int:
+    """This node's cores: the set its ranks may run on, together."""
+    from mpi4py import MPI
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = len(set().union(*map(set, local.allgather(mine))))
+    local.Free()
+    return cores

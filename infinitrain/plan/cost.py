@@ -5,24 +5,30 @@ Memory is the memory plan's (nn.parallel.memory_plan.stage_estimates, the number
 examples refuse a job with), the busiest pipeline stage's. Time is the busiest stage's:
 
 - compute: the FLOPs of its blocks (and the head on the last stage) per micro-batch, the
-  matrix products at the profile's rate for the product a block's MLP makes (the size the rate
-  depends on), attention at its rate, and the elementwise work as the activations' bytes
-  (the memory plan's) moved three times (written, read back, their gradient written) at the
-  memory bandwidth; backward twice forward's products, full recomputation a forward more,
-  selective a sixth of one;
+  matrix products at the rate of the rank's threads for the product a block's MLP makes (the
+  size the rate depends on; profile.Rates: the threads' measured rates, the share of the cores
+  where ranks take turns on them), the backward's products (twice forward's FLOPs) at their own
+  measured rate, attention at its rate, the elementwise work as the activations' bytes (the
+  memory plan's) moved three times at the memory bandwidth, the logits through the loss at its
+  measured rate; full recomputation a block's forward more, selective a sixth of its products
+  (the head is not recomputed);
 - bubble: the pipeline schedule played out by the simulator (nn.parallel.pp.simulate) with
-  those forward and backward costs and the split's work per chunk; its idle time;
+  those forward and backward costs and the split's work per chunk; its idle time. Where ranks
+  share cores, a stage waiting for its neighbour leaves its core to the others but for the share
+  a rank waiting in MPI keeps busy (communication_cpu);
 - communication per group from the profile's alpha-beta model per collective (ring; a group
   inside one node uses the intra-node link, else the inter-node one), less the share the
-  profile says the engine hides behind computation (overlap, measured, 0 unless known);
+  profile says the engine hides behind computation (overlap, measured, 0 unless known), and
+  stretched where ranks share cores for the share of it their cores are busy;
 - optimizer: AdamW over the parameters the rank updates (its ZeRO share) at the profile's rate.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..nn.parallel.memory_plan import embedding_rows, forward_activation_bytes, stage_estimates
+from ..nn.parallel.memory_plan import BUCKET_BYTES, embedding_rows, forward_activation_bytes, stage_estimates
 from ..nn.parallel.pp.schedules import placement, simulate
 from ..nn.parallel.pp.stage import chunk_layers, global_chunk
 from .layouts import Candidate, model_facts
@@ -92,41 +98,57 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         f"{'fits' if fits else 'does NOT fit'}")
 
     time = {}
-    cores = cluster.cores_per_rank
+    rates = profile.rates(cluster.cores_per_node, cluster.ranks_per_node)
     C, T, B, L = config.n_embd, seq_len, c.batch_size, config.n_layer
     tokens = B * T // c.cp  # a rank's tokens of one micro-batch
     first, last, active, _ = model_facts(model_class, config)
     block = (active - first - last) / L  # the parameters a token multiplies with
     head = embedding_rows(config) * C
-    mm_rate = profile.matmul_rate(2 * tokens * C * 4 * C / c.tp, cores)
+    size = 2 * tokens * C * 4 * C / c.tp  # the MLP's product: the size a block's products are rated at
+    mm_rate, mm_back = rates.matmul(size), rates.matmul_backward(size)
     att_flops = 2 * tokens * C * T / c.tp  # causal: half of Q K^T and A V over the whole sequence (llm.c's 6LCT)
-    att_rate = profile.attention_rate(att_flops, cores)
+    att_rate = rates.attention(att_flops)
     # one block's activations of one micro-batch, as its forward writes them (the memory plan's,
     # without recomputation)
     per_block_acts = forward_activation_bytes(plan, config, B, T, dtype, recompute="none")[0]
-    logits = 2 * 4 * B * (T // c.cp) * embedding_rows(config) / c.tp  # the logits and their gradient
-    bw = profile.bandwidth(cores)
+    logits = B * (T // c.cp) * embedding_rows(config) / c.tp  # a rank's logits of one micro-batch
+    bw = rates.bandwidth
     f_mm, f_att, f_ew = 2 * tokens * block / c.tp / mm_rate, att_flops / att_rate, per_block_acts / bw
     f = f_mm + f_att + f_ew
+    b_mm = 2 * f_mm * mm_rate / mm_back  # the input's and the weight's gradients: twice forward's FLOPs
     extra = {"none": 0.0, "selective": f_mm / 6, "full": f}[c.recompute]
-    b = 2 * f + extra
-    say(f"per block and micro-batch ({B} x {T}/{c.cp} tokens, TP {c.tp}): products 2 x {tokens} x "
-        f"{block / 1e6:.2f}M / {c.tp} at {mm_rate / 1e9:.1f} GFLOP/s = {f_mm * 1e3:.2f} ms, attention "
-        f"{att_flops / 1e6:.1f} MFLOP at {att_rate / 1e9:.1f} GFLOP/s = {f_att * 1e3:.2f} ms, elementwise "
-        f"{per_block_acts / 2**20:.1f} MB at {bw / 1e9:.1f} GB/s = {f_ew * 1e3:.2f} ms; forward {f * 1e3:.2f} ms, "
-        f"backward 2 x forward{' + recomputation' if extra else ''} = {b * 1e3:.2f} ms")
+    b = b_mm + 2 * (f_att + f_ew) + extra
+    say(f"per block and micro-batch ({B} x {T}/{c.cp} tokens, TP {c.tp}"
+        f"{rates.describe()}): products 2 x {tokens} x {block / 1e6:.2f}M / {c.tp} at {mm_rate / 1e9:.1f} GFLOP/s "
+        f"= {f_mm * 1e3:.2f} ms, attention {att_flops / 1e6:.1f} MFLOP at {att_rate / 1e9:.1f} GFLOP/s = "
+        f"{f_att * 1e3:.2f} ms, elementwise {per_block_acts / 2**20:.1f} MB at {bw / 1e9:.1f} GB/s = "
+        f"{f_ew * 1e3:.2f} ms; forward {f * 1e3:.2f} ms; backward: products at {mm_back / 1e9:.1f} GFLOP/s "
+        f"{b_mm * 1e3:.2f} ms + 2 x the rest{' + recomputation' if extra else ''} = {b * 1e3:.2f} ms")
     head_flops = 2 * tokens * head / c.tp  # the head's product, at its own size's rate
-    head_rate = profile.matmul_rate(head_flops, cores)
-    head_f = head_flops / head_rate + 3 * logits / 2 / bw
-    say(f"the head: {head_flops / 1e6:.1f} MFLOP at {head_rate / 1e9:.1f} GFLOP/s and its logits' elementwise work = "
-        f"{head_f * 1e3:.2f} ms forward")
-    head_blocks = head_f / f if f else 0.0
+    head_rate, head_back = rates.matmul(head_flops), rates.matmul_backward(head_flops)
+    if rates.loss:  # the cross-entropy's measured rate, its forward a third of it (it is not recomputed)
+        loss_f, loss_b = logits / rates.loss / 3, 2 * logits / rates.loss / 3
+    else:  # the logits (float32) written, read back and their gradient written
+        loss_f, loss_b = 4 * logits / bw, 8 * logits / bw
+    head_f = head_flops / head_rate + loss_f
+    head_b = 2 * head_flops / head_back + loss_b
+    say(f"the head: {head_flops / 1e6:.1f} MFLOP at {head_rate / 1e9:.1f} GFLOP/s forward, twice that at "
+        f"{head_back / 1e9:.1f} backward, the loss over {logits / 1e6:.1f}M logits {(loss_f + loss_b) * 1e3:.2f} ms: "
+        f"{head_f * 1e3:.2f} ms forward, {head_b * 1e3:.2f} ms backward (the head is not recomputed)")
+    head_blocks = (head_f + head_b) / (f + b) if f + b else 0.0  # the head's work in blocks' worth
     work = _chunk_work(c, config, model_class, head_blocks)
     if c.pp > 1:
         sim = _simulate(plan.pipeline_schedule, c.pp, c.virtual_pipeline_parallel, M, f, b, work)
         where = placement(plan.pipeline_schedule)
         busy = [M * (f + b) * sum(work[global_chunk(s, v, c.pp, where)] for v in range(c.virtual_pipeline_parallel))
                 for s in range(c.pp)]
+        if rates.per_core > 1:  # ranks take turns on the cores, but a stage waiting for its
+            # neighbour leaves them its core but for the busy share of waiting in MPI
+            used = sum(u + rates.busy * (1 - u) for u in (s / sim["time"] for s in busy)) / c.pp
+            relief = rates.slowdown(max(1.0, rates.per_core * used)) / rates.slowdown(rates.per_core)
+            busy, sim = [s * relief for s in busy], {**sim, "time": sim["time"] * relief}
+            say(f"the stages busy {used:.0%} of the step on average: the cores shared by "
+                f"{max(1.0, rates.per_core * used):.2f} ranks each, not {rates.per_core:g} (x {relief:.2f})")
         time["compute"] = max(busy)
         time["pipeline bubble"] = max(0.0, sim["time"] - max(busy))  # (round-off where the busiest never waits)
         say(f"pipeline: {plan.pipeline_schedule} over {c.pp} stages x {c.virtual_pipeline_parallel} chunks, {M} "
@@ -137,10 +159,10 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         time["compute"] = M * (f + b) * (L + head_blocks)
         say(f"compute: {M} micro-batches x (forward + backward) x ({L} blocks + the head's {head_blocks:.2f}) "
             f"= {time['compute'] * 1e3:.1f} ms")
-    _communication(c, config, model_class, cluster, profile, plan, M, tokens, params, time, say)
+    _communication(c, config, model_class, cluster, profile, rates, plan, M, tokens, params, time, say)
     updated = params / (plan.dp_cp if plan.active_zero_stage >= 1 else 1)
-    time["optimizer"] = updated / profile.optimizer_rate(cores)
-    say(f"optimizer: AdamW over {updated / 1e6:.2f}M parameters at {profile.optimizer_rate(cores) / 1e6:.0f}M/s = "
+    time["optimizer"] = updated / rates.optimizer
+    say(f"optimizer: AdamW over {updated / 1e6:.2f}M parameters at {rates.optimizer / 1e6:.0f}M/s = "
         f"{time['optimizer'] * 1e3:.1f} ms")
     say("step: " + " + ".join(f"{k} {v * 1e3:.1f}" for k, v in time.items()) +
         f" = {sum(time.values()) * 1e3:.1f} ms")
@@ -181,19 +203,26 @@ def _chunk_work(c: Candidate, config, model_class, head_blocks: float) -> list:
     return work
 
 
-def _communication(c, config, model_class, cluster, profile, plan, M, tokens, params, time, say) -> None:
-    """Each group's exposed traffic per step, from the profile's alpha-beta model."""
+def _communication(c, config, model_class, cluster, profile, rates, plan, M, tokens, params, time, say) -> None:
+    """Each group's exposed traffic per step, from the profile's alpha-beta model, stretched where
+    ranks share cores (rates.stretch: the share of it their cores are busy with)."""
     overlap = profile["overlap"]
     C, blocks = config.n_embd, max(_blocks(c, config, model_class))
     sp = c.tp if plan.sp else 1
 
+    sync = profile.data.get("synchronization", 0.0)
+
     def cost(what, collective, ranks, nbytes, count, stride, hidden_key):
         inter = not _inside_node(stride, ranks, cluster)
-        one = profile.collective(collective, ranks, nbytes, inter)
-        total = one * count * (1 - overlap[hidden_key])
+        # a blocking call waits for the slowest rank: the skew between computing ranks, measured
+        # (DP's and ZeRO's traffic goes in buckets, each a call)
+        calls = count * (math.ceil(nbytes / BUCKET_BYTES) if what == "DP communication" else 1)
+        one = profile.collective(collective, ranks, nbytes, inter) * rates.stretch
+        total = (one * count + sync * calls * rates.stretch) * (1 - overlap[hidden_key])
         time[what] = time.get(what, 0.0) + total
         say(f"{what}: {count:g} x {collective} of {nbytes / 2**20:.2f} MB over {ranks} ranks "
             f"({'across nodes' if inter else 'in a node'}) = {one * 1e3:.3f} ms each"
+            f"{f', + {calls:g} waits for the slowest rank of {sync * 1e3:.2f} ms' if sync else ''}"
             f"{f', {overlap[hidden_key]:.0%} hidden' if overlap[hidden_key] else ''}: {total * 1e3:.1f} ms")
 
     if c.tp > 1:  # two all-reduces (SP: an all-gather and a reduce-scatter, the same ring traffic) each way

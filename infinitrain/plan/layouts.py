@@ -9,8 +9,12 @@ tests/tools/test_planner.py builds the real model of every layout proposed for t
 to hold this list to the models' constructors."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from types import SimpleNamespace
+
+import numpy as np
 
 from ..nn.parallel.context_parallel import ContextParallel
 from ..nn.parallel.context_parallel.a2a_attention import head_ranges
@@ -121,6 +125,47 @@ def parse(text: str) -> Candidate:
             default = None
         c = replace(c, pipeline_schedule=default)
     return c
+
+
+def model_of(name: str, config_file: str | None, example: str | None):
+    """(config, model class, the example that trains it) of a preset or a config file (the
+    model class's configuration fields as JSON)."""
+    from ..models import GPT2, GPT2_PRESETS, LLAMA3_PRESETS, LLaMA3
+    from ..models.gpt2 import LLMC_GPT2_MAGIC
+    from ..models.llama3 import LLMC_LLAMA3_MAGIC
+    families = {"gpt2": (GPT2, GPT2_PRESETS), "llama3": (LLaMA3, LLAMA3_PRESETS)}
+    if example is not None and example not in families:
+        raise ValueError(f"--example must be gpt2 or llama3, got {example!r}")
+    if Path(name).exists():  # a checkpoint: its header or config.json says the model, no weights read
+        from ..checkpoint import config_from_pretrained
+        from ..io import DataFormatError
+        try:
+            if Path(name).is_dir():
+                cls, config = config_from_pretrained(name, GPT2, LLaMA3)
+            else:
+                magic = int(np.fromfile(name, dtype="<i4", count=1)[0]) if Path(name).stat().st_size >= 4 else None
+                cls = {LLMC_GPT2_MAGIC: GPT2, LLMC_LLAMA3_MAGIC: LLaMA3}.get(magic)
+                if cls is None:
+                    raise DataFormatError(f"{name}: magic number {magic} is neither an llm.c GPT-2 checkpoint's "
+                                          f"({LLMC_GPT2_MAGIC}) nor a LLaMA-3 one's ({LLMC_LLAMA3_MAGIC})")
+                config = cls.config_from_llmc(name)
+        except DataFormatError as e:
+            raise ValueError(f"--model {name}: {e}") from None
+        return config, cls, "gpt2" if cls is GPT2 else "llama3"
+    if config_file:
+        fam = example or "gpt2"
+        cls = families[fam][0]
+        try:
+            fields = json.loads(Path(config_file).read_text())
+            return cls.config_class(**fields), cls, fam
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"--config {config_file}: not a {cls.config_class.__name__} as JSON ({e})") from None
+    for fam in ([example] if example else ["gpt2", "llama3"]):
+        cls, presets = families[fam]
+        if name in presets:
+            return presets[name], cls, fam
+    known = sorted(set(GPT2_PRESETS) | set(LLAMA3_PRESETS))
+    raise ValueError(f"--model {name!r} is no preset of {example or 'gpt2 or llama3'}; choose from {', '.join(known)}")
 
 
 _FACTS = {}

@@ -10,7 +10,15 @@ The file is JSON (docs/planning.md shows one):
      "optimizer": parameters_per_s,                               # AdamW's step, fp32
      "intra_node": {collective: {"alpha": s, "beta": s_per_byte}}, # one ring step's latency, a byte's time
      "inter_node": {...},                                         # the same across nodes (default: intra)
-     "overlap": {"dp": 0.0, "tp": 0.0, "cp": 0.0, "zero": 0.0}}   # the share of each group's traffic hidden
+     "overlap": {"dp": 0.0, "tp": 0.0, "cp": 0.0, "zero": 0.0},   # the share of each group's traffic hidden
+     # optional, measured by calibrate on a CPU (each absent: the simpler model it replaces)
+     "matmul_backward": [[flops, flop_per_s], ...],   # a linear's backward products (default: matmul's)
+     "loss": logits_per_s,                            # cross-entropy forward + backward over the logits
+     "threads": {"2": {"matmul": ..., "matmul_backward": ..., "attention": ..., "memory_bandwidth": ...,
+                       "optimizer": ..., "loss": ...}},   # one rank's rates with that many threads
+     "shared_cores": [[ranks_per_core, throughput]],  # the node's throughput when ranks share cores
+     "communication_cpu": share,                      # of a collective's time its rank's core is busy
+     "synchronization": seconds}                      # a blocking call's wait for the slowest rank
 
 The collectives are all_reduce, all_gather, reduce_scatter, all_to_all and send_recv. alpha and
 beta are a ring's per-step figures (what a datasheet gives: a link's latency and 1 / its
@@ -19,9 +27,18 @@ bandwidth): a collective over n ranks moving `nbytes` (the whole buffer) costs, 
     all_gather, reduce_scatter, all_to_all  (n-1) alpha +   (n-1)/n nbytes beta
     send_recv                                   alpha +          nbytes beta
 (Thakur, Rabenseifner and Gropp 2005), which is also how `calibrate` turns a measured line
-t = a + b nbytes at its n ranks into alpha and beta. The rates of a CPU scale with the cores a
-rank gets (cores per node / ranks per node) from those measured: an assumption the validation
-benchmark checks.
+t = a + b nbytes at its n ranks into alpha and beta.
+
+A CPU rank runs max(1, cores per node // ranks per node) threads (what init() gives it). Its
+rates are the "threads" entry's for that many threads where the profile has one (threads do not
+add up to cores: on this project's 2-core machine two threads make 1.3-2.1x one thread's
+products), else the tables' (measured at "cores" threads, one rank per core) scaled by threads /
+cores. Where ranks x threads exceed the node's cores, the ranks take turns: each gets its share
+of the cores (cores / (ranks x threads)) times the node's throughput at that many ranks per core
+("shared_cores", measured: switching between ranks costs caches), and its collectives stretch as
+much for the share of their time its core is busy moving bytes and polling ("communication_cpu":
+MPI over shared memory copies and polls on the rank's own core, so a rank waiting for its turn
+delays its peers; ~1 on a CPU, 0 on a GPU whose copies are the NIC's or NVLink's).
 """
 from __future__ import annotations
 
@@ -112,12 +129,6 @@ class Profile:
     def __init__(self, data: dict, source: str = "<dict>"):
         self.source = source
         data = {**DEFAULT, **data}
-        for key in ("matmul", "attention"):
-            rows = data[key]
-            if not isinstance(rows, list) or not rows or any(
-                    not isinstance(r, (list, tuple)) or len(r) != 2 or not all(_positive(v) for v in r) for r in rows):
-                raise ValueError(f"profile {source}: {key!r} must be a list of [flops, flop_per_s] rows of positive "
-                                 f"numbers, got {rows!r}")
         for key in ("memory_bandwidth", "optimizer", "cores"):
             if not _positive(data[key]):
                 raise ValueError(f"profile {source}: {key!r} must be a positive number, got {data[key]!r}")
@@ -131,6 +142,23 @@ class Profile:
                     raise ValueError(f"profile {source}: {where}.{c} must be {{'alpha': seconds, 'beta': seconds per "
                                      f"byte}} (numbers >= 0), got {link!r}")
             links[where] = {c: dict(given[c]) for c in COLLECTIVES}
+        _check_rates(data, source)
+        for n, rates in (data.get("threads") or {}).items():
+            if not str(n).isdigit() or int(n) < 1 or not isinstance(rates, dict):
+                raise ValueError(f"profile {source}: threads must map a thread count to its rates, got {n!r}: "
+                                 f"{rates!r}")
+            _check_rates(rates, f"{source} threads.{n}", required=())
+        shared = data.get("shared_cores", [[1, 1.0]])
+        if not isinstance(shared, list) or not shared or any(
+                not isinstance(r, (list, tuple)) or len(r) != 2 or not all(_positive(v) for v in r) for r in shared):
+            raise ValueError(f"profile {source}: shared_cores must be [ranks_per_core, throughput] rows of positive "
+                             f"numbers, got {shared!r}")
+        if not isinstance(data.get("synchronization", 0.0), (int, float)) or data.get("synchronization", 0.0) < 0:
+            raise ValueError(f"profile {source}: synchronization must be seconds >= 0, got "
+                             f"{data['synchronization']!r}")
+        busy = data.get("communication_cpu", 0.0)
+        if not isinstance(busy, (int, float)) or not 0 <= busy <= 1:
+            raise ValueError(f"profile {source}: communication_cpu must be a share in [0, 1], got {busy!r}")
         overlap = {**DEFAULT["overlap"], **(data.get("overlap") or {})}
         for k, v in overlap.items():
             if k not in OVERLAPS or not isinstance(v, (int, float)) or not 0 <= v <= 1:
@@ -158,8 +186,27 @@ class Profile:
     def __getitem__(self, key):
         return self.data[key]
 
+    def rates(self, cores_per_node: float, ranks_per_node: int) -> "Rates":
+        """A rank's rates on a node of `cores_per_node` cores running `ranks_per_node` ranks (for a
+        GPU profile, the profile's own)."""
+        if self["device"] != "cpu":
+            return Rates(self.data, 1.0, 1.0)
+        threads = max(1, int(cores_per_node // ranks_per_node))
+        measured = (self.data.get("threads") or {}).get(str(threads), {})
+        # what the "threads" entry lacks: the one-rank-per-core tables scaled by threads / cores
+        table = {k: measured[k] if k in measured else _scaled(self.data.get(k), threads / self["cores"])
+                 for k in RATES}
+        per_core = ranks_per_node * threads / cores_per_node  # > 1: the ranks take turns on the cores
+        rates = Rates(table, 1.0, 1.0)
+        rates.slowdown = lambda k: k / _linear(self.data.get("shared_cores", [[1, 1.0]]), k) if k > 1 else 1.0
+        rates.per_core, rates.busy = per_core, self.data.get("communication_cpu", 0.0)
+        if per_core > 1:
+            rates.scale = 1 / rates.slowdown(per_core)
+            rates.stretch = 1 + rates.busy * (rates.slowdown(per_core) - 1)
+        return rates
+
     def matmul_rate(self, flops: float, cores: float) -> float:
-        """FLOP/s of one product of `flops` on a rank of `cores` cores."""
+        """FLOP/s of one product of `flops` on a rank of `cores` cores (one rank per core: rates())."""
         return interpolate(self["matmul"], flops) * self._scale(cores)
 
     def attention_rate(self, flops: float, cores: float) -> float:
@@ -177,6 +224,84 @@ class Profile:
     def collective(self, collective: str, ranks: int, nbytes: float, inter_node: bool) -> float:
         return collective_time(self["inter_node" if inter_node else "intra_node"][collective], collective, ranks,
                                nbytes)
+
+
+class Rates:
+    """One rank's rates: its threads' tables (RATES: the profile's "threads" entry's, or the
+    tables scaled) times its share of the cores, and how much its collectives stretch where ranks
+    share cores."""
+
+    def __init__(self, table: dict, scale: float, stretch: float):
+        self.table, self.scale, self.stretch = table, scale, stretch
+        # ranks per core (threads counted), the busy share of a core waiting in MPI, and the
+        # slowdown of a rank at k ranks per core (k / the node's throughput there)
+        self.per_core, self.busy, self.slowdown = 1.0, 0.0, lambda k: 1.0
+
+    def describe(self) -> str:
+        """What --explain says of the share (nothing where a rank has its cores to itself)."""
+        if self.scale == 1.0:
+            return ""
+        return f", the ranks sharing cores: {self.scale:.2f} of the rates, collectives x {self.stretch:.2f}"
+
+    def matmul(self, flops: float) -> float:
+        """FLOP/s of a forward product of `flops`."""
+        return interpolate(self.table["matmul"], flops) * self.scale
+
+    def matmul_backward(self, flops: float) -> float:
+        """FLOP/s of a linear's backward products (the input's and the weight's gradients), by
+        the size of the forward product."""
+        return interpolate(self.table.get("matmul_backward") or self.table["matmul"], flops) * self.scale
+
+    def attention(self, flops: float) -> float:
+        return interpolate(self.table["attention"], flops) * self.scale
+
+    @property
+    def bandwidth(self) -> float:
+        return self.table["memory_bandwidth"] * self.scale
+
+    @property
+    def optimizer(self) -> float:
+        return self.table["optimizer"] * self.scale
+
+    @property
+    def loss(self) -> float | None:
+        """Logits per second through the cross-entropy's forward and backward (None: unmeasured)."""
+        rate = self.table.get("loss")
+        return rate * self.scale if rate else None
+
+
+RATES = ("matmul", "matmul_backward", "attention", "memory_bandwidth", "optimizer", "loss")
+
+
+def _scaled(rate, factor: float):
+    if rate is None:
+        return None
+    return [[s, r * factor] for s, r in rate] if isinstance(rate, list) else rate * factor
+
+
+def _check_rates(data: dict, source: str, required=("matmul", "attention")) -> None:
+    for key in ("matmul", "matmul_backward", "attention"):
+        rows = data.get(key)
+        if rows is None and key not in required:
+            continue
+        if not isinstance(rows, list) or not rows or any(
+                not isinstance(r, (list, tuple)) or len(r) != 2 or not all(_positive(v) for v in r) for r in rows):
+            raise ValueError(f"profile {source}: {key!r} must be a list of [flops, flop_per_s] rows of positive "
+                             f"numbers, got {rows!r}")
+    for key in ("memory_bandwidth", "optimizer", "loss"):
+        if key in data and not _positive(data[key]):
+            raise ValueError(f"profile {source}: {key!r} must be a positive number, got {data[key]!r}")
+
+
+def _linear(table, x: float) -> float:
+    """Linear between [x, y] rows, flat beyond the ends."""
+    rows = sorted((float(a), float(b)) for a, b in table)
+    if x <= rows[0][0]:
+        return rows[0][1]
+    for (x0, y0), (x1, y1) in zip(rows, rows[1:]):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return rows[-1][1]
 
 
 def _positive(v) -> bool:

@@ -142,6 +142,69 @@ def test_compute_is_the_models_flops_at_the_rate():
     assert pred.time["optimizer"] == pytest.approx(0, abs=1e-12)
 
 
+def test_backward_products_and_the_loss_at_their_measured_rates_and_the_head_not_recomputed():
+    """The backward's products (twice forward's FLOPs) at matmul_backward's rate, the logits
+    through the loss at its rate; full recomputation reruns the blocks' forward, not the head's."""
+    cfg = GPT2_PRESETS["tiny"]
+    profile = Profile({**FLAT.data, "matmul_backward": [[1, R / 2]], "loss": 1e9})
+    pred = predict(parse("mb=4"), cfg, GPT2, CLUSTER, profile, 8, 64)
+    first, block, last = GPT2.parameter_parts(cfg)
+    L, C, T = cfg.n_layer, cfg.n_embd, 64
+    n = L * (GPT2.active_parameters(cfg) - first - last) / L + cfg.padded_vocab_size * C
+    logits = 8 * T * cfg.padded_vocab_size
+    assert pred.time["compute"] == pytest.approx(8 * T * (2 * n + 4 * n * 2 + 6 * L * C * T) / R + logits / 1e9,
+                                                 rel=1e-9)
+    none, full = (predict(parse(f"mb=4,recompute={r}"), cfg, GPT2, CLUSTER, FLAT, 8, 64) for r in ("none", "full"))
+    f = none.passes[0]  # one block's forward on one micro-batch
+    assert full.time["compute"] - none.time["compute"] == pytest.approx(2 * L * f, rel=1e-9)
+
+
+def test_a_ranks_rates_are_its_threads_and_its_share_of_the_cores():
+    """A CPU rank runs cores // ranks threads at the "threads" entry's rates (else the tables
+    scaled by threads / cores); ranks beyond the cores share them at the node's measured
+    throughput, and their collectives stretch by the busy share of the cores they wait for."""
+    shared = Profile({**FLAT.data, "threads": {"2": {"matmul": [[1, 1.5 * R]]}}, "shared_cores": [[1, 1.0], [2, 0.8]],
+                      "communication_cpu": 0.5})
+    two_threads = shared.rates(cores_per_node=2, ranks_per_node=1)
+    assert two_threads.matmul(1e9) == pytest.approx(1.5 * R)  # measured: not twice one thread's
+    assert two_threads.attention(1e9) == pytest.approx(2 * R)  # no figure for 2 threads: scaled
+    one_each = shared.rates(2, 2)
+    assert (one_each.matmul(1e9), one_each.stretch) == (pytest.approx(R), 1.0)
+    two_per_core = shared.rates(2, 4)  # half a core each, at 0.8 of the node's throughput
+    assert two_per_core.matmul(1e9) == pytest.approx(R * 0.8 / 2)
+    assert two_per_core.stretch == pytest.approx(1 + 0.5 * (2 / 0.8 - 1))
+    old = FLAT.rates(4, 8)  # a profile without them: the rates scale with the cores a rank gets
+    assert (old.matmul(1e9), old.stretch) == (pytest.approx(R / 2), 1.0)
+    pred = predict(parse("dp=4,mb=2"), GPT2_PRESETS["tiny"], GPT2, Cluster(1, 4, 2, 64 * 2**30), shared, 8, 64)
+    link = FLAT["intra_node"]["all_reduce"]
+    params = stage_parameters(parse("dp=4,mb=2").plan(), GPT2_PRESETS["tiny"], GPT2)[0][0]
+    assert pred.time["DP communication"] == pytest.approx(
+        collective_time(link, "all_reduce", 4, params * 4) * two_per_core.stretch, rel=1e-3)
+    with pytest.raises(ValueError, match="communication_cpu"):
+        Profile({**FLAT.data, "communication_cpu": 2})
+
+
+def test_pipeline_stages_waiting_leave_the_shared_cores_to_the_busy_ones():
+    """Ranks beyond the cores: a stage waiting for its neighbour takes only the busy share of
+    its core (communication_cpu); all of it (1) is the plain share, none (0) the busy time alone."""
+    cfg, c = GPT2_PRESETS["tiny"], parse("dp=2,pp=2,schedule=1f1b,mb=2")
+    alone, node = Cluster(1, 4, 4, 64 * 2**30), Cluster(1, 4, 2, 64 * 2**30)
+    polling, sleeping = (Profile({**FLAT.data, "communication_cpu": busy}) for busy in (1.0, 0.0))
+    base = predict(c, cfg, GPT2, alone, polling, 8, 64)
+    assert predict(c, cfg, GPT2, node, polling, 8, 64).time["compute"] == pytest.approx(2 * base.time["compute"])
+    pred = predict(c, cfg, GPT2, node, sleeping, 8, 64)
+    total = base.time["compute"] + base.time["pipeline bubble"]
+    used = 2 * sum(s / total for s in _stage_busy(base)) / 2  # ranks per core x the stages' mean busy share
+    assert pred.time["compute"] == pytest.approx(base.time["compute"] * max(1.0, used), rel=1e-6)
+
+
+def _stage_busy(pred) -> list:
+    """Each stage's busy time of a two-stage 1F1B prediction (the busiest is time["compute"])."""
+    f, b = pred.passes
+    M = 2  # 8 sequences / (dp 2 x mb 2)
+    return [M * (f + b) * w for w in pred.chunk_work]
+
+
 def test_tensor_and_data_parallel_traffic_is_the_alpha_beta_models():
     cfg = GPT2_PRESETS["tiny"]
     pred = predict(parse("dp=2,tp=2,sp=1,mb=2"), cfg, GPT2, CLUSTER, FLAT, 8, 64)
@@ -151,6 +214,18 @@ def test_tensor_and_data_parallel_traffic_is_the_alpha_beta_models():
     params = stage_parameters(parse("dp=2,tp=2,sp=1,mb=2").plan(), cfg, GPT2)[0][0] / 2  # its TP half
     dp = collective_time(link["all_reduce"], "all_reduce", 2, params * 4)
     assert pred.time["DP communication"] == pytest.approx(dp, rel=1e-3)
+
+
+def test_each_blocking_call_waits_the_measured_synchronization():
+    """synchronization: seconds a blocking collective waits for the slowest computing rank, once
+    per call (TP: four a block and micro-batch; DP: one a 25 MB bucket)."""
+    cfg, c = GPT2_PRESETS["tiny"], parse("dp=2,tp=2,sp=1,mb=2")
+    plain = predict(c, cfg, GPT2, CLUSTER, FLAT, 8, 64)
+    waits = predict(c, cfg, GPT2, CLUSTER, Profile({**FLAT.data, "synchronization": 1e-3}), 8, 64)
+    M = 8 // (2 * 2)
+    assert waits.time["TP communication"] - plain.time["TP communication"] == pytest.approx(
+        M * cfg.n_layer * 4 * 1e-3)
+    assert waits.time["DP communication"] - plain.time["DP communication"] == pytest.approx(1e-3)  # one bucket
 
 
 def test_the_pipeline_bubble_is_the_simulators():
@@ -252,7 +327,7 @@ def test_layout_auto_trains_with_the_layout_the_plan_picks(tmp_path):
 def test_calibrate_on_two_ranks_measures_the_collectives(tmp_path):
     import sys
     out = run(launch(2) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output", tmp_path / "p.json",
-                           "--repeats", "1"], timeout=300, check=True)
+                           "--repeats", "1", "--quick"], timeout=300, check=True)
     assert "collectives over 2 ranks" in out.stdout
     profile = Profile.load(tmp_path / "p.json")
     assert profile["measured_ranks"] == 2 and profile["intra_node"]["all_reduce"]["beta"] > 0
