@@ -93,6 +93,7 @@ def make_step(framework: str, arch: str, cfg, dtype: str, device: str = "cuda"):
             sys.path.insert(0, str(HERE))
             from torch_llama import TorchLLaMA3
             model = TorchLLaMA3(cfg)
+    model = model.to(device)  # the buffers made from numpy (the rotary tables) too
     compiled = framework == "torch-compiled"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0,
                             **({"fused": True} if compiled else {}))
