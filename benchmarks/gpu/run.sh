@@ -7,7 +7,7 @@
 #   bash PACK_DIR/run.sh PACK_DIR [OUT_DIR]          (OUT_DIR default /tmp/gpu-out; every step's log goes there)
 #
 # Every step is capped by `timeout`, and all of them by GPU_BUDGET seconds (default 480): a step that would start with
-# less than 20 s left is skipped, so the summary always comes. About 6-7 minutes on an H200 (torch.compile's
+# less than 20 s left is skipped, so the summary always comes. About 5-7 minutes on an H200 (torch.compile's
 # warm-ups about 2 of them). Settings (environment):
 #   GPU_SKIP        comma-separated parts to leave out: tests, memcheck, gpt2, llama, infinitrain, eager, compile,
 #                   kernels, attention (e.g. GPU_SKIP=compile,memcheck,llama)
