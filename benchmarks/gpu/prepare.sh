@@ -25,7 +25,10 @@ proj=$(cd "${1:?usage: prepare.sh PROJECT_DIR PACK_DIR}" && pwd); pack=${2:?usag
 here=$(cd "$(dirname "$0")" && pwd)
 arch=${INFINITRAIN_CUDA_ARCHITECTURES:-90}
 python=${PYTHON:-python3}
-rm -rf "$pack"; mkdir -p "$pack/site" "$pack/proj" "$pack/data" "$pack/whl"; pack=$(cd "$pack" && pwd)
+# only what this script makes is replaced: other files in PACK_DIR (scripts of your own) stay
+mkdir -p "$pack"; pack=$(cd "$pack" && pwd)
+rm -rf "$pack/site" "$pack/proj" "$pack/data" "$pack/whl" "$pack/run.sh"
+mkdir -p "$pack/site" "$pack/proj" "$pack/data" "$pack/whl"
 if [ -n "${GPU_PACK_LIBS:-}" ]; then
   for lib in libinfinitrain.so libinfinitrain_cuda.so; do
     [ -f "$GPU_PACK_LIBS/$lib" ] || { echo "prepare.sh: GPU_PACK_LIBS=$GPU_PACK_LIBS has no $lib" >&2; exit 1; }
