@@ -90,6 +90,10 @@ def memcheck(out: Path, done: dict) -> str:
     return f"{m.group(1)} errors" + (f" ({note})" if note and m.group(1) == "0" else "")
 
 
+def memory(mb: float) -> str:
+    return f"{mb / 1024:.1f} GiB" if mb >= 1024 else f"{mb:.0f} MiB"
+
+
 def training(out: Path, done: dict) -> list[str]:
     rows, peak = [], None
     for key, label in MODELS.items():
@@ -111,7 +115,7 @@ def training(out: Path, done: dict) -> list[str]:
             peak = r.get("peak_tflops", peak)
             ratio = f"{r['tok_s'] / eager:.2f}x" if eager else ""
             rows.append(f"| {cell(name)} | {shape} | {FRAMEWORKS[fw]} | {r['tok_s']:,.0f} | {r['ms']:.1f} | "
-                        f"{100 * r['mfu']:.1f} % | {r['peak_mb'] / 1024:.1f} GiB | {r['loss']:.3f} | {ratio} |")
+                        f"{100 * r['mfu']:.1f} % | {memory(r['peak_mb'])} | {r['loss']:.3f} | {ratio} |")
     if not rows:
         return []
     head = [f"### Training step: bf16 autocast, AdamW, the median step after warm-up (MFU against "

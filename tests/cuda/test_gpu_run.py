@@ -210,7 +210,8 @@ def test_the_gpu_run_on_the_emulated_gpu_prints_its_table(tmp_path, tmp_path_fac
     for model in ("GPT-2 tiny", "LLaMA-3 tiny"):
         r = rows[(model, "infinitrain")]
         assert r[1] == "1 × 8"
-        float(r[3].replace(",", "")), float(r[4]), float(r[5].rstrip(" %")), float(r[6].rstrip(" GiB"))
+        tok_s, ms, mfu, peak = float(r[3].replace(",", "")), float(r[4]), float(r[5][:-2]), float(r[6][:-4])
+        assert min(tok_s, ms, peak) > 0 and mfu >= 0 and r[5].endswith(" %") and r[6].endswith(" MiB"), r
         assert 10 < float(r[7]) < 11.5  # ln(50257) = 10.8: a random model's first loss
         for fw in ("PyTorch eager", "torch.compile"):  # PyTorch's CPU build here, or none
             assert rows[(model, fw)][3] == "no CUDA", rows[(model, fw)]
