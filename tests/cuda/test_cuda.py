@@ -473,6 +473,8 @@ FLASH_CASES = [  # head size, Tq, Tk, causal, heads, kv heads
     (128, 65, 65, False, 2, 1),  # head size 128, not causal, one kv head
     (64, 7, 97, True, 2, 2),  # fewer queries than keys: the bottom-right diagonal (a CP block)
     (128, 33, 97, True, 4, 1),  # head size 128, causal, fewer queries than keys, one kv head
+    (64, 97, 7, False, 2, 2),  # more queries than keys (not causal: the API refuses it causal)
+    (128, 70, 200, False, 2, 2),  # not causal, Tq != Tk, four key tiles at head size 128
 ]
 
 
@@ -524,7 +526,7 @@ def test_an_unknown_attention_kernel_setting_is_refused_by_name(monkeypatch, nam
 def test_16_bit_attention_runs_on_the_tensor_core_kernels():
     """The routing: the same call with INFINITRAIN_CUDA_ATTENTION=reference (the row kernels)
     gives other bits (the flash kernels round probabilities to 16 bits before P V), both close;
-    =mma (the mma.sync flash kernels) is close too."""
+    =wmma (the WMMA flash kernels, kept beside the default mma.sync ones) is close too."""
     code = ("import numpy as np, infinitrain as it; from infinitrain.kernels import neural as knn;"
             "r = np.random.default_rng(0); q, k, v = (it.from_numpy(r.uniform(-2, 2, (1, 2, 70, 64))"
             ".astype(np.float32)).to('bfloat16').to('cuda') for _ in range(3));"
@@ -532,9 +534,9 @@ def test_16_bit_attention_runs_on_the_tensor_core_kernels():
     flash = run([sys.executable, "-c", code], check=True).stdout.strip()
     reference = run([sys.executable, "-c", code], check=True,
                     env=dict(ENV, INFINITRAIN_CUDA_ATTENTION="reference")).stdout.strip()
-    mma = run([sys.executable, "-c", code], check=True,
-               env=dict(ENV, INFINITRAIN_CUDA_ATTENTION="mma")).stdout.strip()
-    a, b, c = (np.frombuffer(bytes.fromhex(x), np.float32) for x in (flash, reference, mma))
+    wmma = run([sys.executable, "-c", code], check=True,
+               env=dict(ENV, INFINITRAIN_CUDA_ATTENTION="wmma")).stdout.strip()
+    a, b, c = (np.frombuffer(bytes.fromhex(x), np.float32) for x in (flash, reference, wmma))
     assert not np.array_equal(a, b) and np.abs(a - b).max() < 0.05 and np.abs(a - c).max() < 0.05
 
 

@@ -372,12 +372,12 @@ void launch_backward(cudaStream_t s, const FlashShape &f, void *dq, void *dk, vo
 
 bool aligned(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-// INFINITRAIN_CUDA_ATTENTION: reference (the row kernels), mma (attention_mma.cu) or, by
-// default, the WMMA kernels here, the ones a real GPU has checked so far. Read at every call (a
+// INFINITRAIN_CUDA_ATTENTION: reference (the row kernels), wmma (the kernels here) or, by
+// default, mma (attention_mma.cu: on an H200, 1.8x these at GPT-2's shape). Read at every call (a
 // getenv is far below a launch), so a test can compare the kernels in one process.
 const char *attention_choice() {
     const char *choice = getenv("INFINITRAIN_CUDA_ATTENTION");
-    return choice ? choice : "wmma";
+    return choice ? choice : "mma";
 }
 }  // namespace
 

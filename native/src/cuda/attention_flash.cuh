@@ -28,7 +28,7 @@ void flash_attention_backward(cudaStream_t s, it_dtype dtype, const FlashShape &
                               const float *delta);
 
 // The same on mma.sync with the tiles in registers (attention_mma.cu): what the two above run
-// where INFINITRAIN_CUDA_ATTENTION=mma
+// unless INFINITRAIN_CUDA_ATTENTION is wmma (or reference)
 void mma_attention_forward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *out, float *lse,
                            const void *q, const void *k, const void *v);
 void mma_attention_backward(cudaStream_t s, it_dtype dtype, const FlashShape &f, void *dq, void *dk, void *dv,

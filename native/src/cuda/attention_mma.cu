@@ -1,7 +1,6 @@
 // Flash attention with its tiles in registers: FlashAttention-2 (Dao, 2023) on mma.sync, the
-// 16-bit path of it_attention_forward / _backward with INFINITRAIN_CUDA_ATTENTION=mma
-// (attention_flash.cu routes; its WMMA kernels stay the default until a real GPU has checked
-// and timed these).
+// 16-bit path of it_attention_forward / _backward (attention_flash.cu routes here unless
+// INFINITRAIN_CUDA_ATTENTION asks for its WMMA kernels or the reference ones).
 //
 // Each warp owns 16 rows (queries in the forward and dQ passes, keys in the dK/dV pass); a block
 // of 4 warps owns 64. The tiles the warps share (K and V, or Q and dO) stream through shared
@@ -28,12 +27,16 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 // asynchronously; rows past the end read as zeros (no NaN reaches a product)
 template <typename T, int D, int LD, int ROWS>
 __device__ __forceinline__ void async_rows(T *dst, const T *src, int64_t first, int64_t total) {
-    constexpr int kChunks = D / 8;  // 16 bytes each
+    constexpr int kChunks = D / 8, kPer = ROWS * kChunks / kThreads;  // 16 bytes each; copies a thread
+    static_assert(ROWS * kChunks % kThreads == 0, "every thread issues the same number of copies");
+    const int64_t rest = total - first;
+    const int rows = rest > ROWS ? ROWS : (rest > 0 ? (int)rest : 0);  // rows that exist
+    const T *base = src + first * D;
 #pragma unroll
-    for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
-        const int r = i / kChunks, c = (i % kChunks) * 8;
-        const bool valid = first + r < total;
-        cp_async16(dst + r * LD + c, valid ? src + (first + r) * D + c : src, valid);
+    for (int it = 0; it < kPer; it++) {
+        const int i = threadIdx.x + it * kThreads, r = i / kChunks, c = (i % kChunks) * 8;
+        const bool valid = r < rows;
+        cp_async16(dst + r * LD + c, valid ? base + r * D + c : src, valid);
     }
 }
 
@@ -108,6 +111,12 @@ template <int N> __device__ __forceinline__ void zero(float (&acc)[N][4]) {
     for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 }
 
+// Causal query blocks in reverse order: the last ones see the most keys, and the GPU ends on the
+// light ones instead of waiting on a heavy straggler
+__device__ __forceinline__ unsigned int heavy_first(int causal) {
+    return causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 template <typename T, int D, int BC>
 __global__ void __launch_bounds__(kThreads) mma_forward(T *out, float *lse, const T *q, const T *k, const T *v,
@@ -118,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward(T *out, float *lse, cons
     IT_DYNAMIC_SHARED(T, smem);
     const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int64_t bh = blockIdx.y, b = bh / H, h = bh % H, kvh = b * (H / group) + h / group;
-    const int64_t q0 = (int64_t)blockIdx.x * kRows, row0 = q0 + 16 * w, shift = Tk - Tq;
+    const int64_t q0 = (int64_t)heavy_first(causal) * kRows, row0 = q0 + 16 * w, shift = Tk - Tq;
     const T *kb = k + kvh * Tk * D, *vb = v + kvh * Tk * D;
 
     async_rows<T, D, LD, kRows>(smem, q + bh * Tq * D, q0, Tq);
@@ -164,14 +173,18 @@ __global__ void __launch_bounds__(kThreads) mma_forward(T *out, float *lse, cons
             float s[BC / 8][4];
             zero(s);
             product_bt<T, D, BC, LD>(s, qa, ks);
+            // whether some row of the warp must not see some key of the tile (the same for the warp)
+            const bool masked = k0 + BC > Tk || (causal && k0 + BC - 1 > row0 + shift);
 #pragma unroll
             for (int i = 0; i < 2; i++) {  // the online softmax of row g + 8i
+                const int64_t lim = last[i] - k0;  // the last column of the tile my row sees
+                const int seen = lim < 0 ? -1 : (lim > BC ? BC : (int)lim);
                 float mx = -INFINITY;
 #pragma unroll
                 for (int n = 0; n < BC / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        float x = k0 + 8 * n + 2 * t + e <= last[i] ? s[n][2 * i + e] * sl2 : -INFINITY;
+                        float x = !masked || 8 * n + 2 * t + e <= seen ? s[n][2 * i + e] * sl2 : -INFINITY;
                         s[n][2 * i + e] = x;
                         mx = fmaxf(mx, x);
                     }
@@ -223,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) mma_backward_dq(T *dq, const T *dout
     IT_DYNAMIC_SHARED(T, smem);
     const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int64_t bh = blockIdx.y, b = bh / H, h = bh % H, kvh = b * (H / group) + h / group;
-    const int64_t q0 = (int64_t)blockIdx.x * kRows, row0 = q0 + 16 * w, shift = Tk - Tq;
+    const int64_t q0 = (int64_t)heavy_first(causal) * kRows, row0 = q0 + 16 * w, shift = Tk - Tq;
     const T *kb = k + kvh * Tk * D, *vb = v + kvh * Tk * D;
 
     async_rows<T, D, LD, kRows>(smem, q + bh * Tq * D, q0, Tq);
@@ -246,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) mma_backward_dq(T *dq, const T *dout
     for (int i = 0; i < 2; i++) {
         const int64_t r = row0 + g + 8 * i;
         const float x = r < Tq ? lse[bh * Tq + r] : -INFINITY;
-        lse2[i] = x * kLog2e;
+        lse2[i] = r < Tq ? x * kLog2e : INFINITY;  // a row past the end: p = 0 with no mask
         dl[i] = r < Tq ? delta[bh * Tq + r] : 0.0f;
         last[i] = causal ? r + shift : Tk - 1;
         if (last[i] > Tk - 1) last[i] = Tk - 1;
@@ -281,12 +294,20 @@ __global__ void __launch_bounds__(kThreads) mma_backward_dq(T *dq, const T *dout
             zero(dp);
             product_bt<T, D, BC, LD>(s, qa, ks);   // S = Q K^T
             product_bt<T, D, BC, LD>(dp, da, vs);  // dP = dO V^T
+            // a tile every row of the warp sees whole (those rows then saw a key: their lse is finite)
+            const bool masked = k0 + BC > Tk || (causal && k0 + BC - 1 > row0 + shift);
+            int seen[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int64_t lim = last[i] - k0;
+                seen[i] = lim < 0 ? -1 : (lim > BC ? BC : (int)lim);
+            }
 #pragma unroll
             for (int n = 0; n < BC / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = e >> 1;
-                    float p = k0 + 8 * n + 2 * t + (e & 1) <= last[i] ? exp2f(s[n][e] * sl2 - lse2[i]) : 0.0f;
+                    float p = !masked || 8 * n + 2 * t + (e & 1) <= seen[i] ? exp2f(s[n][e] * sl2 - lse2[i]) : 0.0f;
                     s[n][e] = p * (dp[n][e] - dl[i]);  // dS
                 }
             product_pb<T, D, BC, LD>(acc, s, ks);  // dQ += dS K
@@ -304,8 +325,9 @@ __global__ void __launch_bounds__(kThreads) mma_backward_dkv(T *dk, T *dv, const
                                                              int64_t H, int64_t group, int64_t Tq, int64_t Tk,
                                                              int causal, float scale) {
     constexpr int LD = D + 8, STAGE = 2 * BQ * LD;  // a stage: a Q tile and a dO tile
-    IT_DYNAMIC_SHARED(T, smem);                      // K, V of the block's keys, then two stages
+    IT_DYNAMIC_SHARED(T, smem);  // K, V of the block's keys, two stages, then each stage's lse and delta
     T *ks = smem, *vs = smem + kRows * LD, *stages = smem + 2 * kRows * LD;
+    float *rows = (float *)(stages + 2 * STAGE);  // [stage][lse in log2 units | delta][BQ]
     const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int64_t KV = H / group, bg = blockIdx.y, b = bg / KV, kvh = bg % KV;
     const int64_t k0 = (int64_t)blockIdx.x * kRows, key0 = k0 + 16 * w, shift = Tk - Tq;
@@ -324,8 +346,15 @@ __global__ void __launch_bounds__(kThreads) mma_backward_dkv(T *dk, T *dv, const
         async_rows<T, D, LD, BQ>(st, q + bh * Tq * D, i0, Tq);
         async_rows<T, D, LD, BQ>(st + BQ * LD, dout + bh * Tq * D, i0, Tq);
         cp_async_commit();
+        float *r = rows + (j & 1) * 2 * BQ;  // read by the tile's products once the barrier has passed
+        for (int i = threadIdx.x; i < BQ; i += kThreads) {
+            const bool real = i0 + i < Tq;  // a query past the end: +inf, so p = 0 with no mask
+            r[i] = real ? lse[bh * Tq + i0 + i] * kLog2e : INFINITY;
+            r[BQ + i] = real ? delta[bh * Tq + i0 + i] : 0.0f;
+        }
     };
     if (tiles > 0) issue(0);
+    else cp_async_wait<0>();  // (K and V are never read: nothing left in flight at the exit)
 
     const float sl2 = scale * kLog2e;
     float dka[D / 8][4], dva[D / 8][4];
@@ -339,8 +368,9 @@ __global__ void __launch_bounds__(kThreads) mma_backward_dkv(T *dk, T *dv, const
             cp_async_wait<0>();
         }
         __syncthreads();
-        const int64_t bh = b * H + kvh * group + j / per_head, i0 = i_first + (j % per_head) * BQ;
+        const int64_t i0 = i_first + (j % per_head) * BQ;
         const T *qs = stages + (j & 1) * STAGE, *dos = qs + BQ * LD;
+        const float *l2s = rows + (j & 1) * 2 * BQ, *dls = l2s + BQ;
         if (!causal || i0 + BQ - 1 >= key0 - shift) {  // some query of the tile sees one of my keys
             uint32_t a[D / 16][4];
             float s[BQ / 8][4], dp[BQ / 8][4];
@@ -352,16 +382,25 @@ __global__ void __launch_bounds__(kThreads) mma_backward_dkv(T *dk, T *dv, const
 #pragma unroll
             for (int c = 0; c < D / 16; c++) load_a<LD>(a[c], vs, 16 * w, 16 * c);
             product_bt<T, D, BQ, LD>(dp, a, dos);  // dP^T = V dO^T
+            // a tile whose every query sees every key of the warp needs no mask (those queries saw a
+            // key, so their lse is finite); the same for the whole warp
+            const bool masked = key0 + 16 > Tk || (causal && i0 < key0 + 15 - shift);
+            // a column j sees my key key0 + g + 8i where j >= key - shift - i0 (and key < Tk)
+            int from[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int64_t key = key0 + g + 8 * i, lim = causal ? key - shift - i0 : 0;
+                from[i] = key >= Tk ? BQ : (lim < 0 ? 0 : (lim > BQ ? BQ : (int)lim));
+            }
 #pragma unroll
             for (int n = 0; n < BQ / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {  // the query of columns 8n + 2t + e
-                    const int64_t qi = i0 + 8 * n + 2 * t + e;
-                    const float l2 = qi < Tq ? lse[bh * Tq + qi] * kLog2e : -INFINITY, dl = qi < Tq ? delta[bh * Tq + qi] : 0.0f;
+                    const int col = 8 * n + 2 * t + e;
+                    const float l2 = l2s[col], dl = dls[col];
 #pragma unroll
                     for (int i = 0; i < 2; i++) {  // my keys key0 + g + 8i
-                        const int64_t key = key0 + g + 8 * i;
-                        const bool seen = key < Tk && l2 != -INFINITY && (!causal || qi >= key - shift);
+                        const bool seen = !masked || (col >= from[i] && l2 != -INFINITY);
                         const float p = seen ? exp2f(s[n][2 * i + e] * sl2 - l2) : 0.0f;
                         s[n][2 * i + e] = p;
                         dp[n][2 * i + e] = p * (dp[n][2 * i + e] - dl);  // dS^T
@@ -404,7 +443,8 @@ void launch_backward(cudaStream_t s, const FlashShape &f, void *dq, void *dk, vo
     if (D == 64 && BQ == 64 && dkv_tile && !strcmp(dkv_tile, "32"))
         return launch_backward<T, D, 32>(s, f, dq, dk, dv, dout, q, k, v, lse, delta);
     constexpr int BC = kTile<D>;
-    const size_t q_bytes = 2 * 2 * BC * (D + 8) * sizeof(T), kv_bytes = (2 * kRows + 2 * 2 * BQ) * (D + 8) * sizeof(T);
+    const size_t q_bytes = 2 * 2 * BC * (D + 8) * sizeof(T),
+                 kv_bytes = (2 * kRows + 2 * 2 * BQ) * (D + 8) * sizeof(T) + 2 * 2 * BQ * sizeof(float);
     if (!allow_shared(mma_backward_dq<T, D, BC>, q_bytes) || !allow_shared(mma_backward_dkv<T, D, BQ>, kv_bytes))
         return;
     dim3 qgrid((unsigned int)((f.Tq + kRows - 1) / kRows), (unsigned int)(f.B * f.H));

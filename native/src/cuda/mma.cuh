@@ -24,13 +24,24 @@
 
 #include "common.cuh"
 
-// two floats as one register of two 16-bit values, the first in the low half
+// two floats as one register of two 16-bit values, the first in the low half (on a GPU one
+// conversion instruction for both, the same rounding as two)
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *(uint32_t *)&v;
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *(uint32_t *)&v;
+    }
+#else
     T a = from_f<T>(lo), b = from_f<T>(hi);
     uint16_t x, y;
     memcpy(&x, &a, 2);
     memcpy(&y, &b, 2);
     return (uint32_t)x | ((uint32_t)y << 16);
+#endif
 }
 
 #if defined(__CUDACC__)

@@ -130,8 +130,9 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix
 
 // The PTX building blocks of native/src/cuda/mma.cuh (mma.sync.m16n8k16, ldmatrix, cp.async) in
 // the layouts the PTX ISA documents, each warp-collective as on the hardware. cp.async is
-// deferred: a copy lands in shared memory only when its thread waits for its group, so a kernel
-// that reads a tile it has not waited for reads stale values here instead of luckily right ones.
+// deferred: a copy lands in shared memory only when its thread waits for its group, and the
+// destination reads as NaN from the issue on, so a kernel that reads a tile it has not waited
+// for, or one another warp has started to refill, reads garbage instead of luckily right values.
 namespace emu_ptx {
 struct Staging {
     float a[16][16], b[16][8];
@@ -217,6 +218,9 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) { ldmatrix(r, r
 
 inline void cp_async16(void *dst, const void *src, bool valid) {
     if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) emu::fail("a cp.async of 16 bytes that is not 16-byte aligned");
+    // the destination is garbage (NaN) from the issue until the wait: a warp still reading a stage
+    // that another has started to refill reads NaN here, not the old values a GPU might still show
+    memset(dst, 0xff, 16);
     emu_ptx::pending().open.push_back({(unsigned char *)dst, (const unsigned char *)src, valid});
 }
 inline void cp_async_commit() {
