@@ -119,6 +119,34 @@ __global__ void unary_grad_kernel(int op, T *dinp, const T *dout, const T *saved
     }
 }
 
+// both operands contiguous and of the output's shape (the residual adds, gradients summed): no
+// index arithmetic, V elements at a time (common.cuh)
+template <typename T, int V>
+__global__ void binary_flat_kernel(int op, T *out, const T *a, const T *b, int64_t n) {
+    GRID_STRIDE(p, n / V) {
+        Vec<T, V> x = ((const Vec<T, V> *)a)[p], y = ((const Vec<T, V> *)b)[p];
+#pragma unroll
+        for (int e = 0; e < V; e++) store_acc(x.x, e, binary_op(op, load_acc(x.x, e), load_acc(y.x, e)));
+        ((Vec<T, V> *)out)[p] = x;
+    }
+    GRID_STRIDE(i, n % V) {
+        int64_t j = n / V * V + i;
+        store_acc(out, j, binary_op(op, load_acc(a, j), load_acc(b, j)));
+    }
+}
+
+// whether every operand of s is laid out contiguously in its shape (dimensions of one aside)
+static bool all_contiguous(const Strided &s, int operands) {
+    for (int k = 0; k < operands; k++) {
+        int64_t expect = 1;
+        for (int d = s.ndim - 1; d >= 0; d--) {
+            if (s.shape[d] != 1 && s.stride[k][d] != expect) return false;
+            expect *= s.shape[d];
+        }
+    }
+    return true;
+}
+
 template <typename T>
 __global__ void binary_kernel(int op, T *out, const T *a, const T *b, Strided s, int64_t n) {
     GRID_STRIDE(i, n) {
@@ -243,9 +271,19 @@ it_status it_cuda_binary(it_device device, it_binary_op op, it_dtype dtype, void
         binary_int_kernel<uint8_t><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (uint8_t *)out,
                                                                       (const uint8_t *)a, (const uint8_t *)b, st, n);
     } else {
-        FLOAT_OR_DOUBLE(dtype, "it_binary",
-                        binary_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>(
-                            (int)op, (T *)out, (const T *)a, (const T *)b, st, n));
+        const bool flat = all_contiguous(st, 2), vec = flat && vec_aligned({out, a, b});
+        FLOAT_OR_DOUBLE(dtype, "it_binary", {
+            constexpr int V = 16 / sizeof(T);
+            if (vec)
+                binary_flat_kernel<T, V><<<it_blocks(n / V), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)a,
+                                                                                 (const T *)b, n);
+            else if (flat)
+                binary_flat_kernel<T, 1><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)a,
+                                                                             (const T *)b, n);
+            else
+                binary_kernel<T><<<it_blocks(n), IT_THREADS, 0, s>>>((int)op, (T *)out, (const T *)a, (const T *)b,
+                                                                     st, n);
+        });
     }
     CU_LAUNCHED();
     return IT_OK;

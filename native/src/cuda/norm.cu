@@ -168,16 +168,23 @@ __global__ void norm_bwd_col_chunks(float *partial, const T *dout, const T *inp,
     }
 }
 
+// a warp per column: lane l adds chunks l, l + 32, ... in order, then the lanes in a fixed tree
 template <typename T>
 __global__ void norm_bwd_col_sums(T *dw, T *db, const float *partial, int64_t C, int64_t chunks) {
-    GRID_STRIDE(c, C) {
+    const int lane = threadIdx.x & 31;
+    for (int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; c < C;
+         c += (int64_t)blockDim.x * gridDim.x / 32) {
         float sw = 0, sb = 0;
-        for (int64_t k = 0; k < chunks; k++) {
+        for (int64_t k = lane; k < chunks; k += 32) {
             sw += partial[k * C + c];
             sb += partial[(chunks + k) * C + c];
         }
-        dw[c] = from_f<T>(sw);
-        if (db) db[c] = from_f<T>(sb);
+        sw = warp_sum(sw);
+        sb = warp_sum(sb);
+        if (lane == 0) {
+            dw[c] = from_f<T>(sw);
+            if (db) db[c] = from_f<T>(sb);
+        }
     }
 }
 
@@ -278,7 +285,7 @@ static it_status norm_backward(it_device device, it_dtype dtype, void *dinp, voi
             else
                 norm_bwd_col_chunks<T, 1><<<it_blocks(chunks * cols), IT_THREADS, 0, s>>>(
                     partial, (const T *)dout, (const T *)inp, mean, rstd, rows, cols, chunks, len, rms);
-            norm_bwd_col_sums<T><<<it_blocks(cols), IT_THREADS, 0, s>>>((T *)dweight, (T *)dbias, partial, cols,
+            norm_bwd_col_sums<T><<<it_blocks(cols * 32), IT_THREADS, 0, s>>>((T *)dweight, (T *)dbias, partial, cols,
                                                                        chunks);
         }
     });

@@ -65,17 +65,22 @@ __global__ void column_chunks(int op, typename Acc<T>::type *partial, const T *i
     }
 }
 
+// a warp per output: lane l combines chunks l, l + 32, ... in order, then the lanes combine in a
+// fixed tree (deterministic; a thread walking hundreds of chunks alone left the GPU idle)
 template <typename T>
 __global__ void column_partials(int op, T *out, const typename Acc<T>::type *partial, int64_t outer, int64_t n,
                                 int64_t inner, int64_t chunks) {
     using C = typename Acc<T>::type;
-    GRID_STRIDE(w, outer * inner) {
+    const int lane = threadIdx.x & 31;
+    for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < outer * inner;
+         w += (int64_t)blockDim.x * gridDim.x / 32) {  // whole warps: every lane takes the same w
         int64_t o = w / inner, i = w % inner;
         const C *p = partial + o * chunks * inner + i;
-        C acc = p[0];
-        for (int64_t c = 1; c < chunks; c++) acc = combine(op, acc, p[c * inner]);
+        C acc = identity<C>(op);
+        for (int64_t c = lane; c < chunks; c += 32) acc = combine(op, acc, p[c * inner]);
+        for (int d = 16; d > 0; d >>= 1) acc = combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, d));
         if (op == IT_MEAN) acc /= (C)n;
-        store_acc(out, w, acc);
+        if (lane == 0) store_acc(out, w, acc);
     }
 }
 
@@ -163,8 +168,8 @@ it_status it_cuda_reduce(it_device device, it_reduce_op op, it_dtype dtype, void
             else
                 column_chunks<T, 1><<<it_blocks(outputs * chunks), IT_THREADS, 0, s>>>(
                     (int)op, (C *)partial, (const T *)inp, outer, n, inner, chunks, len);
-            column_partials<T><<<it_blocks(outputs), IT_THREADS, 0, s>>>((int)op, (T *)out, (const C *)partial,
-                                                                        outer, n, inner, chunks);
+            column_partials<T><<<it_blocks(outputs * 32), IT_THREADS, 0, s>>>((int)op, (T *)out, (const C *)partial,
+                                                                             outer, n, inner, chunks);
         }
     });
     cudaError_t launched = cudaPeekAtLastError();
