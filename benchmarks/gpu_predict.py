@@ -8,10 +8,12 @@ run's): the predictions the next GPU run checks.
                                                              # profiler, as benchmarks/gpu/run.sh writes it)
 
 The model of each family: a product's time is its FLOPs at the rate such kernels reach on the
-GPU (cuBLAS's large bf16 products 80 % of the dense peak, the H200 run's reached 77 %; attention at
-the rates PyTorch's FlashAttention-2 backend reached on the H200 at GPT-2's shape, 155 TFLOP/s
-forward and 115 backward); a memory-bound kernel's is the bytes it must move at 80 % of the
-memory bandwidth. "Measured" is the H200 run of 2026-11-27 (main 8fbef9e: CUPTI, one step).
+GPU (cuBLAS's large bf16 products 80 % of the dense peak, the H200 runs reached 72-77 %; attention
+at the rates cuDNN's fused kernels reached on the H200 at GPT-2's shape, 225 TFLOP/s forward and
+179 backward, though the backward here does 7 products to their 5: the price of a dQ without
+atomics); a memory-bound kernel's is the bytes it must move at 80 % of the memory bandwidth.
+"Measured" is the first H200 run (2026-11-27, main 8fbef9e: CUPTI, one step), before the kernels
+these figures led to.
 Prints figures; asserts nothing.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ GPUS = {  # dense bf16 TFLOP/s, memory TB/s (SXM datasheets)
     "h200": dict(name="H200 SXM", tflops=989.0, tbs=4.8),
 }
 GEMM_EFFICIENCY, BANDWIDTH_EFFICIENCY = 0.80, 0.80
-ATTENTION_FWD_TFLOPS, ATTENTION_BWD_TFLOPS = 155.0, 115.0
+ATTENTION_FWD_TFLOPS, ATTENTION_BWD_TFLOPS = 225.0, 179.0
 
 # kernel-name patterns of each family (infinitrain's kernels and cuBLAS's), and the H200's
 # measured ms at 16 x 1024 (2026-11-27; attention: the WMMA kernels)
@@ -33,12 +35,13 @@ FAMILIES = {
     "matrix products (cuBLAS)": (r"gemm|cutlass|sm90_xmma|nvjet|cublas", 16.0),
     "attention forward": (r"flash_forward|mma_forward|attention_fwd", 5.2),
     "attention backward": (r"flash_backward|mma_backward|attention_d(kv|q)|attention_delta", 18.6),
-    "float casts": (r"cast_kernel", 4.8),
+    "float casts": (r"cast_kernel|cast_float_kernel", 4.8),
     "bias gradients": (r"column_chunks|column_partials|row_chunks|row_partials|reduce_kernel", 4.4),
     "cross-entropy": (r"ce_fwd|ce_bwd|cross_entropy", 4.7),
     "GELU": (r"unary_kernel|unary_grad_kernel|gelu", 4.7),
     "LayerNorm": (r"layernorm|norm_bwd", 4.4),
     "head split / merge copies": (r"copy_strided|copy_kernel", 2.9),
+    "residual adds, gradient sums": (r"binary_flat_kernel|binary_kernel", None),
     "AdamW": (r"adamw", 1.0),
     "embedding": (r"embedding", 0.3),
 }
@@ -85,6 +88,9 @@ def work(s: Shape) -> dict[str, tuple[float, float]]:
         "LayerNorm": (0.0, (2 * L + 1) * N * C * f32 * 5),
         # q, k, v to head-major and the output back, forward and backward
         "head split / merge copies": (0.0, L * 8 * N * C * bf * 2),
+        # float32 [N, C] adds, two operands read and one written: two residual adds a layer forward,
+        # and the residual stream's gradient summed with each branch's in backward
+        "residual adds, gradient sums": (0.0, L * 4 * N * C * f32 * 3),
         # parameter, gradient, two moments read; parameter, two moments written (float32)
         "AdamW": (0.0, params * f32 * 7),
         "embedding": (0.0, N * C * f32 * 3),
@@ -107,9 +113,24 @@ def predict(s: Shape, gpu: dict) -> dict[str, float]:
     return out
 
 
+def _family(name: str) -> str | None:
+    for family, (pattern, _) in FAMILIES.items():
+        if re.search(pattern, name, re.I):
+            return family
+    return None
+
+
 def measured_from(path: str) -> dict[str, float]:
-    """Each family's GPU ms from a PyTorch profiler table (its 'CUDA total' column)."""
+    """Each family's GPU ms from a run's kernel table: benchmarks/gpu/kprof.py's JSON, or a
+    PyTorch profiler table (its 'CUDA total' column)."""
     totals = dict.fromkeys(FAMILIES, 0.0)
+    if path.endswith(".json"):
+        import json
+        for k in json.load(open(path))["kernels"]:
+            family = _family(k["name"])
+            if family:
+                totals[family] += k["ms"]
+        return totals
     unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
     for line in open(path):
         cells = re.split(r"\s{2,}", line.strip())
@@ -118,11 +139,10 @@ def measured_from(path: str) -> dict[str, float]:
         times = [c for c in cells if re.fullmatch(r"[\d.]+(us|ms|s)", c)]
         if not times:
             continue
-        for family, (pattern, _) in FAMILIES.items():
-            if re.search(pattern, cells[0], re.I):
-                value, u = re.fullmatch(r"([\d.]+)(us|ms|s)", times[-2] if len(times) > 1 else times[0]).groups()
-                totals[family] += float(value) * unit[u]
-                break
+        family = _family(cells[0])
+        if family:
+            value, u = re.fullmatch(r"([\d.]+)(us|ms|s)", times[-2] if len(times) > 1 else times[0]).groups()
+            totals[family] += float(value) * unit[u]
     return totals
 
 
@@ -142,10 +162,11 @@ def main(argv=None):
     print("|---|--:|--:|--:|--:|" + ("--:|" if new else ""))
     for family, ms in pred.items():
         flops, nbytes = w[family]
-        row = f"| {family} | {flops / 1e9:.0f} | {nbytes / 1e9:.2f} | {ms:.2f} | {FAMILIES[family][1]:.1f} |"
+        last = FAMILIES[family][1]
+        row = f"| {family} | {flops / 1e9:.0f} | {nbytes / 1e9:.2f} | {ms:.2f} | {'-' if last is None else last} |"
         print(row + (f" {new[family]:.2f} |" if new else ""))
     total = sum(pred.values())
-    last = sum(m for _, m in FAMILIES.values())
+    last = sum(m for _, m in FAMILIES.values() if m is not None)
     print(f"| **step (sum)** | | | **{total:.1f}** | {last:.1f} |" + (f" {sum(new.values()):.1f} |" if new else ""))
     print(f"tokens/s at the ceiling: {s.N / total * 1e3:,.0f} (eager PyTorch measured 231,223 on the H200)")
 
