@@ -173,6 +173,7 @@ def test_memory_never_written_reads_as_nan(emulated):
     ("async-copy-unwaited", "no error", "no error", 64),  # cp.async read before cp.async.wait_group
     ("big-shared", "invalid configuration argument", "no error", None),  # 64 KB without cudaFuncSetAttribute
     ("big-shared-allowed", "no error", "no error", 0),
+    ("ldmatrix-past-shared", "no error", "an ldmatrix row outside the block's shared memory", None),
 ])
 def test_the_emulator_catches_kernels_that_break_the_programming_model(emulated, case, launch, running, wrong):
     out_dir, _ = emulated

@@ -554,6 +554,7 @@ extern "C" cudaError_t emu_func_set_attribute(const void *kernel, cudaFuncAttrib
 }
 
 unsigned char *dynamic_shared() { return block->shared.data(); }
+size_t dynamic_shared_bytes() { return block->shared.size(); }
 
 void launch_grid(const char *name, const void *kernel, dim3 grid, dim3 threads, size_t shared_bytes,
                  cudaStream_t stream, std::function<void()> thread_body) {

@@ -48,6 +48,14 @@ __global__ void dynamic_shared(float *out, const float *src) {
     out[threadIdx.x] = part[16383 - threadIdx.x];
 }
 
+// an ldmatrix one row past the end of the block's dynamic shared memory
+__global__ void ldmatrix_past_shared(float *out) {
+    IT_DYNAMIC_SHARED(unsigned char, part);
+    uint32_t r[4];
+    ldmatrix_x4(r, part + 16 * (threadIdx.x % 32) + 16);  // rows 1..32 of a 32-row (512-byte) buffer
+    out[threadIdx.x] = (float)r[0];
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "";
     float *out;
@@ -68,7 +76,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "big-shared-allowed")) {
         cudaFuncSetAttribute(dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
         dynamic_shared<<<1, 64, 64 * 1024, 0>>>(out, src);
-    } else return 2;
+    } else if (!strcmp(what, "ldmatrix-past-shared")) ldmatrix_past_shared<<<1, 64, 512, 0>>>(out);
+    else return 2;
     cudaError_t launch = cudaGetLastError();
     float host[64];
     cudaMemcpyAsync(host, out, sizeof host, cudaMemcpyDefault, 0);

@@ -265,6 +265,7 @@ void launch_grid(const char *name, const void *kernel, dim3 grid, dim3 block, si
                  cudaStream_t stream, std::function<void()> thread_body);
 // the block's dynamic shared memory (extern __shared__): the launch's bytes, 0xff (NaN) until written
 unsigned char *dynamic_shared();
+size_t dynamic_shared_bytes();  // the launch's dynamic shared memory, 0 if none
 
 // Queues host work on `stream`, run in order with its kernels (the emulated cuBLAS and NCCL).
 void enqueue_task(cudaStream_t stream, std::function<void()> task);

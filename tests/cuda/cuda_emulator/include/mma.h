@@ -177,6 +177,20 @@ inline Pending &pending() {
 
 inline uint32_t shared_address(const void *p) { return (uint32_t)(uintptr_t)p; }
 
+namespace emu_ptx {
+// In a kernel with dynamic shared memory (the ones built on these instructions), 16 bytes at p
+// must lie inside it: a GPU's shared window is the block's, and a generic address outside it is
+// undefined behaviour there (here, a silent read of host memory)
+inline bool in_shared(const void *p) {
+    const unsigned char *base = emu::dynamic_shared(), *q = (const unsigned char *)p;
+    return emu::dynamic_shared_bytes() == 0 || (q >= base && q + 16 <= base + emu::dynamic_shared_bytes());
+}
+inline bool touches_shared(const void *p) {
+    const unsigned char *base = emu::dynamic_shared(), *q = (const unsigned char *)p;
+    return emu::dynamic_shared_bytes() && q + 16 > base && q < base + emu::dynamic_shared_bytes();
+}
+}  // namespace emu_ptx
+
 template <typename T> void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     emu_ptx::Staging &s = emu_ptx::staging(emu::current->warp);
     const int l = emu::lane(), g = l >> 2, t = l & 3;
@@ -202,6 +216,7 @@ template <typename T> void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint
 
 inline void ldmatrix(uint32_t (&r)[4], const void *row, bool trans) {
     if ((uintptr_t)row % 16) emu::fail("an ldmatrix row address that is not 16-byte aligned");
+    if (!emu_ptx::in_shared(row)) emu::fail("an ldmatrix row outside the block's shared memory");
     emu_ptx::Staging &s = emu_ptx::staging(emu::current->warp);
     const int l = emu::lane(), g = l >> 2, t = l & 3;
     s.rows[l] = (const unsigned char *)row;
@@ -218,6 +233,8 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) { ldmatrix(r, r
 
 inline void cp_async16(void *dst, const void *src, bool valid) {
     if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) emu::fail("a cp.async of 16 bytes that is not 16-byte aligned");
+    if (!emu_ptx::in_shared(dst)) emu::fail("a cp.async to an address outside the block's shared memory");
+    if (emu_ptx::touches_shared(src)) emu::fail("a cp.async from shared memory (its source must be global)");
     // the destination is garbage (NaN) from the issue until the wait: a warp still reading a stage
     // that another has started to refill reads NaN here, not the old values a GPU might still show
     memset(dst, 0xff, 16);
