@@ -20,11 +20,11 @@ static inline int64_t visible(int64_t i, int64_t Tq, int64_t Tk, int causal) {
     return causal ? i + (Tk - Tq) + 1 : Tk;
 }
 
-/* Adds the bias rows of (b, h) to the visible part of scores s [Tq, Tk] (rows ld apart). */
-IT_HOT static void add_bias(float *s, int64_t ld, const float *bias, int64_t stride_query, int64_t Tq,
+/* Adds the bias rows of (b, h) to the visible part of scores s [Tq, Tk]. */
+IT_HOT static void add_bias(float *s, const float *bias, int64_t stride_query, int64_t Tq,
                             int64_t Tk, int causal) {
     for (int64_t i = 0; i < Tq; i++) {
-        float *row = s + i * ld;
+        float *row = s + i * Tk;
         const float *brow = bias + i * stride_query;
         int64_t n = visible(i, Tq, Tk, causal);
         for (int64_t j = 0; j < n; j++) row[j] += brow[j];
@@ -55,18 +55,18 @@ IT_HOT static void masked_softmax(float *s, float *lse, int64_t Tq, int64_t Tk, 
     }
 }
 
-/* p = exp(s - lse) where visible, 0 elsewhere (recomputed probabilities; rows ld apart). */
-IT_HOT static void masked_probs(float *s, int64_t ld, const float *lse, int64_t Tq, int64_t Tk, int causal) {
+/* p = exp(s - lse) where visible, 0 elsewhere (recomputed probabilities). */
+IT_HOT static void masked_probs(float *s, const float *lse, int64_t Tq, int64_t Tk, int causal) {
     for (int64_t i = 0; i < Tq; i++) {
-        float *row = s + i * ld;
+        float *row = s + i * Tk;
         int64_t n = lse[i] == -INFINITY ? 0 : visible(i, Tq, Tk, causal);
         for (int64_t j = 0; j < n; j++) row[j] = masked_exp(row[j], lse[i]);
         for (int64_t j = n; j < Tk; j++) row[j] = 0.0f;
     }
 }
 
-/* The dropout of rows first_row.. of a [Tq, Tk] block (rows ld apart) of the first Tk of
- * all_keys keys: dst = src * keep / (1 - p). */
+/* The dropout of rows first_row.. of a [Tq, Tk] block of the first Tk of all_keys keys:
+ * dst = src * keep / (1 - p). */
 typedef struct { uint64_t key, drop_below; float keep_scale; } dropout_plan;
 
 static dropout_plan plan_dropout(const it_attention_options *o) {
@@ -78,24 +78,24 @@ static dropout_plan plan_dropout(const it_attention_options *o) {
     return d;
 }
 
-IT_HOT static void apply_dropout(float *dst, const float *src, int64_t ld, const dropout_plan *d,
+IT_HOT static void apply_dropout(float *dst, const float *src, const dropout_plan *d,
                                  uint64_t first_row, int64_t Tq, int64_t Tk, int64_t all_keys) {
     for (int64_t i = 0; i < Tq; i++)
         for (int64_t j = 0; j < Tk; j++)
-            dst[i * ld + j] = attention_keeps(d->key, first_row + (uint64_t)i, all_keys, j, d->drop_below)
-                                  ? src[i * ld + j] * d->keep_scale : 0.0f;
+            dst[i * Tk + j] = attention_keeps(d->key, first_row + (uint64_t)i, all_keys, j, d->drop_below)
+                                  ? src[i * Tk + j] * d->keep_scale : 0.0f;
 }
 
-/* dS = P * (dP - rowsum(dO * O)), in place in dp [Tq, Tk] (p and dp rows ld apart). With dropout, dp holds the
+/* dS = P * (dP - rowsum(dO * O)), in place in dp [Tq, Tk]. With dropout, dp holds the
  * gradient of the dropped probabilities P' and dP = dP' * keep / (1 - p); rowsum(dO * O) is
  * still sum_j P'_ij dP'_ij, since O = P' V. */
-IT_HOT static void softmax_grad(float *dp, const float *p, int64_t ld, const float *dout, const float *out,
+IT_HOT static void softmax_grad(float *dp, const float *p, const float *dout, const float *out,
                                 int64_t Tq, int64_t Tk, int64_t D, const dropout_plan *drop,
                                 uint64_t first_row, int64_t all_keys) {
-    if (drop->drop_below) apply_dropout(dp, dp, ld, drop, first_row, Tq, Tk, all_keys);
+    if (drop->drop_below) apply_dropout(dp, dp, drop, first_row, Tq, Tk, all_keys);
     for (int64_t i = 0; i < Tq; i++) {
         float di = it_vdot(dout + i * D, out + i * D, D);
-        for (int64_t j = 0; j < Tk; j++) dp[i * ld + j] = p[i * ld + j] * (dp[i * ld + j] - di);
+        for (int64_t j = 0; j < Tk; j++) dp[i * Tk + j] = p[i * Tk + j] * (dp[i * Tk + j] - di);
     }
 }
 
@@ -187,9 +187,9 @@ it_status it_attention_forward(it_device device, it_dtype dtype, void *out, floa
                 int64_t nq = Tq - i0 < QUERY_BLOCK ? Tq - i0 : QUERY_BLOCK;
                 int64_t kn = block_keys(i0 + nq, Tq, Tk, causal);
                 it_sgemm(0, 1, nq, kn, D, scale, qf + i0 * D, D, kf, D, 0.0f, s, kn);
-                if (bias) add_bias(s, kn, bias + i0 * options->bias_stride_query, options->bias_stride_query, nq, kn, causal);
+                if (bias) add_bias(s, bias + i0 * options->bias_stride_query, options->bias_stride_query, nq, kn, causal);
                 masked_softmax(s, lse + bh * Tq + i0, nq, kn, causal);
-                if (drop.drop_below) apply_dropout(s, s, kn, &drop, (uint64_t)(bh * Tq + i0), nq, kn, Tk);
+                if (drop.drop_below) apply_dropout(s, s, &drop, (uint64_t)(bh * Tq + i0), nq, kn, Tk);
                 it_sgemm(0, 0, nq, D, kn, 1.0f, s, kn, vf, D, 0.0f, of + i0 * D, D);
             }
             it_row_store(dtype, out, bh * QD, of, QD);
@@ -248,34 +248,20 @@ it_status it_attention_backward(it_device device, it_dtype dtype, void *dq, void
                 const float *of = it_row_load(dtype, out, bh * QD, QD, ob);
                 const float *bias = bias_of(options, b, h);
                 float *dqf = it_row_dest(dtype, dq, bh * QD, dqb);
-                /* Each query block's P, dS (and P') rows are kept in [Tq, Tk] matrices, so that dV
-                 * and dK are then one product per key block over every query row that sees it:
-                 * a reduction as deep as those rows instead of 64-deep updates per query block. */
                 for (int64_t i0 = 0; i0 < Tq; i0 += QUERY_BLOCK) {
                     int64_t nq = Tq - i0 < QUERY_BLOCK ? Tq - i0 : QUERY_BLOCK;
                     int64_t kn = block_keys(i0 + nq, Tq, Tk, causal);
                     const float *qi = qf + i0 * D, *gi = gf + i0 * D;
-                    float *pi = p + i0 * Tk, *dpi = dp + i0 * Tk, *pdi = pd + i0 * Tk;
                     uint64_t row0 = (uint64_t)(bh * Tq + i0);
-                    it_sgemm(0, 1, nq, kn, D, scale, qi, D, kf, D, 0.0f, pi, Tk);
-                    if (bias) add_bias(pi, Tk, bias + i0 * options->bias_stride_query, options->bias_stride_query, nq, kn, causal);
-                    masked_probs(pi, Tk, lse + bh * Tq + i0, nq, kn, causal);
-                    if (drop.drop_below) apply_dropout(pdi, pi, Tk, &drop, row0, nq, kn, Tk);
-                    it_sgemm(0, 1, nq, kn, D, 1.0f, gi, D, vf, D, 0.0f, dpi, Tk);   /* dP' = dO V^T */
-                    softmax_grad(dpi, pi, Tk, gi, of + i0 * D, nq, kn, D, &drop, row0, Tk); /* dS */
-                    it_sgemm(0, 0, nq, D, kn, scale, dpi, Tk, kf, D, 0.0f, dqf + i0 * D, D); /* dQ = s dS K */
-                }
-                /* Key block [j0, kn) (kn: query block i0's last key + 1) is seen by the rows of
-                 * query block i0 and every later one, whose P and dS were written that far. */
-                for (int64_t i0 = 0, j0 = 0; i0 < Tq && j0 < Tk; i0 += QUERY_BLOCK) {
-                    int64_t nq = Tq - i0 < QUERY_BLOCK ? Tq - i0 : QUERY_BLOCK;
-                    int64_t kn = block_keys(i0 + nq, Tq, Tk, causal), rows = Tq - i0;
-                    if (kn <= j0) continue;
-                    it_sgemm(1, 0, kn - j0, D, rows, 1.0f, pd + i0 * Tk + j0, Tk, gf + i0 * D, D, 1.0f,
-                             dvf + j0 * D, D);  /* dV += P'^T dO */
-                    it_sgemm(1, 0, kn - j0, D, rows, scale, dp + i0 * Tk + j0, Tk, qf + i0 * D, D, 1.0f,
-                             dkf + j0 * D, D);  /* dK += s dS^T Q */
-                    j0 = kn;
+                    it_sgemm(0, 1, nq, kn, D, scale, qi, D, kf, D, 0.0f, p, kn);
+                    if (bias) add_bias(p, bias + i0 * options->bias_stride_query, options->bias_stride_query, nq, kn, causal);
+                    masked_probs(p, lse + bh * Tq + i0, nq, kn, causal);
+                    if (drop.drop_below) apply_dropout(pd, p, &drop, row0, nq, kn, Tk);
+                    it_sgemm(1, 0, kn, D, nq, 1.0f, pd, kn, gi, D, 1.0f, dvf, D);  /* dV += P'^T dO */
+                    it_sgemm(0, 1, nq, kn, D, 1.0f, gi, D, vf, D, 0.0f, dp, kn);   /* dP' = dO V^T */
+                    softmax_grad(dp, p, gi, of + i0 * D, nq, kn, D, &drop, row0, Tk); /* dS */
+                    it_sgemm(0, 0, nq, D, kn, scale, dp, kn, kf, D, 0.0f, dqf + i0 * D, D); /* dQ = s dS K */
+                    it_sgemm(1, 0, kn, D, nq, scale, dp, kn, qi, D, 1.0f, dkf, D); /* dK += s dS^T Q */
                 }
                 it_row_store(dtype, dq, bh * QD, dqf, QD);
             }
