@@ -16,8 +16,8 @@ fastest (on a GPU by default stock, i.e. eager, and compiled). Prints median tok
 steps (after warm-up; with --rounds N the best of N rounds that run the frameworks in turn, so that
 on a shared machine each sees the same load), peak memory (RSS of the process on the CPU, the
 allocator's peak on a GPU), the ratios, and with --device cuda the model FLOPs utilisation (llm.c's
-count) against --peak_tflops (default 989, an H100 SXM's dense bf16). Needs PyTorch (`pip install '.[compare]'`; a CUDA build of
-it for --device cuda).
+count) against --peak_tflops (default 989, an H100 SXM's dense bf16). Needs PyTorch
+(`pip install '.[compare]'`; a CUDA build of it for --device cuda).
 """
 from __future__ import annotations
 
