@@ -13,10 +13,11 @@ autocast in both. PyTorch runs as configured by --torch: `stock`; `tuned` (glibc
 to give memory back or map it afresh: MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_ huge); `compiled`
 (tuned, plus torch.compile of the model and AdamW(fused=True)); the ratio is taken against the
 fastest (on a GPU by default stock, i.e. eager, and compiled). Prints median tok/s over the measured
-steps (after warm-up), peak memory (RSS of the process on the CPU, the allocator's peak on a GPU),
-the ratios, and with --device cuda the model FLOPs utilisation (llm.c's count) against --peak_tflops
-(default 989, an H100 SXM's dense bf16). Needs PyTorch (`pip install '.[compare]'`; a CUDA build of
-it for --device cuda).
+steps (after warm-up; with --rounds N the best of N rounds that run the frameworks in turn, so that
+on a shared machine each sees the same load), peak memory (RSS of the process on the CPU, the
+allocator's peak on a GPU), the ratios, and with --device cuda the model FLOPs utilisation (llm.c's
+count) against --peak_tflops (default 989, an H100 SXM's dense bf16). Needs PyTorch
+(`pip install '.[compare]'`; a CUDA build of it for --device cuda).
 """
 from __future__ import annotations
 
@@ -103,6 +104,21 @@ def child(framework: str, config: str, threads: int, steps: int, warmup: int, de
     return {"tok_s": B * T / median, "ms": median * 1e3, "rss_mb": peak}
 
 
+def run_child(a, fw: str, config: str, n: int) -> dict:
+    """One framework's measurement in a fresh process."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n))
+    if fw in ("torch-tuned", "torch-compiled"):
+        env.update(TUNED_MALLOC)
+    out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--warmup",
+                          str(a.warmup), "--device", a.device, "--dtype", a.dtype,
+                          *(["--B", str(a.B)] if a.B else []), *(["--T", str(a.T)] if a.T else []),
+                          "--child", fw, config, str(n)],
+                         env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{fw} {config} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
@@ -117,9 +133,12 @@ def main() -> None:
                         "(default: stock on the CPU, stock and compiled on a GPU)")
     p.add_argument("--B", type=int, default=None, help="batch size of every configuration run (default: its own)")
     p.add_argument("--T", type=int, default=None, help="sequence length of every configuration run (default: its own)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every framework this many times, interleaved, and keep each one's best round "
+                        "(on a shared machine the rounds see the same load)")
     p.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "CONFIG", "THREADS"), help=argparse.SUPPRESS)
     a = p.parse_args()
-    for flag in ("B", "T"):
+    for flag in ("B", "T", "rounds"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             p.error(f"--{flag} must be at least 1, got {getattr(a, flag)}")
     if a.T is not None:
@@ -147,19 +166,11 @@ def main() -> None:
           f"{torch_cols} {'peak mem':>9s} | {'speed':>6s} {'memory':>6s}" + (" | MFU it / torch" if gpu else ""))
     for config in a.configs:
         for n in a.threads:
-            res = {}
-            for fw in ["infinitrain"] + [f"torch-{v}" for v in a.torch]:
-                env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n))
-                if fw in ("torch-tuned", "torch-compiled"):
-                    env.update(TUNED_MALLOC)
-                out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--warmup",
-                                      str(a.warmup), "--device", a.device, "--dtype", a.dtype,
-                                      *(["--B", str(a.B)] if a.B else []), *(["--T", str(a.T)] if a.T else []),
-                                      "--child", fw, config, str(n)],
-                                     env=env, capture_output=True, text=True)
-                if out.returncode != 0:
-                    sys.exit(f"{fw} {config} failed:\n{out.stderr[-2000:]}")
-                res[fw] = json.loads(out.stdout.strip().splitlines()[-1])
+            runs = {}  # framework -> one result per round; the rounds interleave the frameworks
+            for _ in range(a.rounds):
+                for fw in ["infinitrain"] + [f"torch-{v}" for v in a.torch]:
+                    runs.setdefault(fw, []).append(run_child(a, fw, config, n))
+            res = {fw: max(r, key=lambda x: x["tok_s"]) for fw, r in runs.items()}
             i = res["infinitrain"]
             t = max((res[f"torch-{v}"] for v in a.torch), key=lambda r: r["tok_s"])
             cols = "".join(f" {res[f'torch-{v}']['tok_s']:14.0f}" for v in a.torch)

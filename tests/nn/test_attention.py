@@ -81,12 +81,13 @@ def test_a_row_with_every_key_masked_out_gives_zeros_and_no_gradient(rng):
         _close(ours, theirs)
 
 
-def test_dropout_on_the_probabilities_is_the_same_mask_forward_and_backward(rng):
+@pytest.mark.parametrize("L,S", [(16, 32), (130, 140)])  # one query block of 64 rows, and three
+def test_dropout_on_the_probabilities_is_the_same_mask_forward_and_backward(rng, L, S):
     """With values the identity, the output is the dropped probabilities P' themselves: the
     kept share is about 1 - p and every kept one is P / (1 - p). Then the gradients equal
     PyTorch's attention with that very mask applied by hand, so the backward pass recomputed
     the forward's mask; the same seed gives the same mask, another seed another."""
-    B, H, L, S, p = 2, 3, 16, 32, 0.3
+    B, H, p = 2, 3, 0.3
     q, k = (rng.standard_normal((B, H, n, S)).astype(np.float32) for n in (L, S))
     eye = np.broadcast_to(np.eye(S, dtype=np.float32), (B, H, S, S)).copy()
     it.manual_seed(5)

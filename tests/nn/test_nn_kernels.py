@@ -281,6 +281,40 @@ def test_attention_blocks_numerical(causal, Tq, Tk, rng):
     np.testing.assert_allclose(dv.numpy(), numerical_grad(lambda a: f(q, k, a), v), rtol=1e-4, atol=1e-4)
 
 
+def attention_grads_ref(q, k, v, g, causal, bias):
+    """dq, dk, dv of sum(attention(q, k, v) * g) in float64, from the softmax's gradient."""
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    ke, ve = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = q @ np.swapaxes(ke, -1, -2) / np.sqrt(D) + bias
+    if causal:
+        s = np.where(np.tril(np.ones((Tq, Tk), bool), Tk - Tq), s, -np.inf)
+    p = softmax_ref(s)
+    dp = g @ np.swapaxes(ve, -1, -2)
+    ds = p * (dp - np.sum(dp * p, -1, keepdims=True)) / np.sqrt(D)
+    dk, dv = np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ g
+    return ds @ ke, dk.reshape(B, Hkv, group, Tk, D).sum(2), dv.reshape(B, Hkv, group, Tk, D).sum(2)
+
+
+@pytest.mark.parametrize("causal,Tq,Tk,masked", [(True, 150, 150, False), (True, 100, 170, True),
+                                                 (False, 130, 70, True)])
+def test_attention_backward_over_several_query_blocks(causal, Tq, Tk, masked, rng):
+    """Longer than one query block (64 rows): dK and dV are summed over the blocks' rows."""
+    B, H, Hkv, D = 2, 4, 2, 16
+    q, g = rng.standard_normal((2, B, H, Tq, D))
+    k, v = rng.standard_normal((2, B, Hkv, Tk, D))
+    bias = np.zeros((B, H, Tq, Tk))
+    if masked:  # an additive mask: random, some keys -inf (never the first: no row is all masked)
+        bias = rng.standard_normal(bias.shape)
+        bias[..., 1:][rng.random((B, H, Tq, Tk - 1)) < 0.2] = -np.inf
+    t = [it.tensor(a.astype(np.float32)) for a in (q, k, v, g, bias)]
+    out, lse = nn.attention(*t[:3], causal=causal, bias=t[4])
+    grads = nn.attention_backward(t[3], *t[:3], out, lse, causal=causal, bias=t[4])
+    for ours, ref in zip(grads, attention_grads_ref(q, k, v, g, causal, bias)):
+        np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_merge_of_blocks_is_the_whole(dtype, rng):
     """Attention over keys [0, 7) then [7, 12) merged by log-sum-exp equals attention over all

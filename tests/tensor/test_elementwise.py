@@ -162,6 +162,17 @@ def test_swiglu_gradient_numerical(rng):
     np.testing.assert_allclose(db.numpy(), numerical_grad(lambda x: f(a, x), b), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("width", [768, 3000])
+def test_column_sums_are_each_column_added_in_order(width, rng):
+    """A bias gradient: one output row, its columns split among the threads; each column is
+    still the rows added one after another in float32, to the bit."""
+    a = rng.standard_normal((300, width)).astype(np.float32)
+    acc = np.zeros(width, np.float32)
+    for row in a:
+        acc += row
+    np.testing.assert_array_equal(it.tensor(a).sum(0).numpy(), acc)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dim", [((10007,), None), ((3, 5, 7), 1), ((3, 5, 7), 2),
                                        ((3, 5, 7), 0), ((2, 4099), -1), ((4, 3, 2), (0, 2))])

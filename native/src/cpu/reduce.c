@@ -3,6 +3,8 @@
  * not depend on the thread count. */
 #include "common.h"
 
+#include <omp.h>
+
 IT_HOT static float block_sum(const float *x, int64_t n) { return it_vsum(x, n); }
 
 static float block_extreme(const float *x, int64_t n, int is_max) {
@@ -89,14 +91,23 @@ it_status it_reduce(it_device device, it_reduce_op op, it_dtype dtype, void *out
         return IT_OK;
     }
 
-    int64_t nchunks = (inner + IT_CHUNK - 1) / IT_CHUNK;
+    /* Columns are split among the threads (each column summed over n in order, so the split
+     * changes no bits): a bias gradient ([1, tokens, 768]) is one output row, which chunks of
+     * IT_CHUNK columns would leave to a single thread. */
+    int64_t width = IT_CHUNK, threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (outer < 2 * threads) {
+        int64_t even = (inner + 2 * threads - 1) / (2 * threads);
+        even = (even + 63) / 64 * 64;  /* whole cache lines of columns */
+        width = even < width ? even : width;
+    }
+    int64_t nchunks = (inner + width - 1) / width;
 #pragma omp parallel if (outer * n * inner > 32768)
     {
         float acc[IT_CHUNK], buf[IT_CHUNK];
 #pragma omp for schedule(static)
         for (int64_t w = 0; w < outer * nchunks; w++) {
-            int64_t o = w / nchunks, i0 = (w % nchunks) * IT_CHUNK;
-            int64_t len = inner - i0 < IT_CHUNK ? inner - i0 : IT_CHUNK;
+            int64_t o = w / nchunks, i0 = (w % nchunks) * width;
+            int64_t len = inner - i0 < width ? inner - i0 : width;
             for (int64_t i = 0; i < len; i++) acc[i] = 0.0f;
             for (int64_t j = 0; j < n; j++) {
                 const float *x = it_row_load(dtype, inp, (o * n + j) * inner + i0, len, buf);
