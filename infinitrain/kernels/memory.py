@@ -29,6 +29,10 @@ def copy_into(dst: Tensor, src, non_blocking: bool = False) -> None:
         src = one
     if not isinstance(src, Tensor):
         raise TypeError(f"cannot copy a {type(src).__name__} into a tensor")
+    if _plain_across_devices(dst, src):  # straight into dst: no staging buffer, no second pass over the bytes
+        if dst.nbytes:
+            check(lib.it_memcpy(dst.device.native, dst._ptr(), src.device.native, src._ptr(), dst.nbytes))
+        return
     if src.dtype is not dst.dtype or src.device != dst.device:  # as PyTorch: across devices too
         src = convert(src, dst.dtype, dst.device)
     elif src._storage is dst._storage:
@@ -41,6 +45,12 @@ def copy_into(dst: Tensor, src, non_blocking: bool = False) -> None:
     check(lib.it_copy_strided(dst.device.native, dst.dtype.native, dst._ptr(),
                               int64_array(dst.stride()), src._ptr(), int64_array(src.stride()),
                               int64_array(dst.shape), dst.ndim))
+
+
+def _plain_across_devices(dst: Tensor, src: Tensor) -> bool:
+    """Whether copying src into dst is one copy of contiguous bytes between two devices."""
+    return (src.device != dst.device and src.dtype is dst.dtype and src.shape == dst.shape
+            and src.is_contiguous() and dst.is_contiguous())
 
 
 def _queues(dst: Tensor, src: Tensor) -> bool:

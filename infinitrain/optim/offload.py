@@ -191,6 +191,11 @@ class OffloadOptimizer:
         for m, p in zip(self.masters, self.params):
             if m is not None:
                 m.copy_(p.detach())
+        # parameter index -> (its storage, that storage's version) just after this optimizer last
+        # wrote the weights to the GPU: while they match, the master copy is current and the
+        # step need not read the weights back (a loaded checkpoint or a broadcast changes them;
+        # the first step always reads them)
+        self._pushed = {}
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self._copies = _GradCopies(self.params) if any(on_gpu) else None
         self.streamed_bytes = 0  # of the last step's gradients, how many bytes went to the host during backward
@@ -319,12 +324,13 @@ class OffloadOptimizer:
         if self._copies is not None:
             self.streamed_bytes = self._copies.bytes
             self._copies.clear()
-        for i in live:  # the weights as they are now (a checkpoint may have loaded them since)
-            if self.masters[i] is not None:
+        for i in live:  # the weights as they are now, where something else wrote them since
+            if self.masters[i] is not None and self._pushed.get(i) != self._written(i):
                 self.masters[i].copy_(self.params[i].detach())
         targets = {} if self.offload_params else \
             {i: self._flat(self.params[i] if self.masters[i] is None else self.masters[i]) for i in live}
         blocks = [b for b in self.blocks if any(c[0] in live for c in b.chunks)]
+        chunks_left = {i: len(self.chunks_of[i]) for i in live}
         for b, array in self.store.stream(blocks):
             buffer = from_numpy(array)
             for i, start, end, at in b.chunks:
@@ -339,9 +345,17 @@ class OffloadOptimizer:
                 else:
                     target = targets[i][start:end]
                 self.optimizer.update(target, grads[i][start:end], state, self.group_of[i], first[i])
-        for i in live:  # the updated weights back to the GPU, queued on its stream
-            if self.masters[i] is not None:
-                self.params[i].detach().copy_(self.masters[i], non_blocking=True)
+                chunks_left[i] -= 1
+                if chunks_left[i] == 0 and self.masters[i] is not None:
+                    # the updated weights back to the GPU, queued on its stream: the copy runs
+                    # while the host updates the next parameters
+                    self.params[i].detach().copy_(self.masters[i], non_blocking=True)
+                    self._pushed[i] = self._written(i)
+
+    def _written(self, i: int) -> tuple:
+        """What identifies parameter i's weights as last written: its storage and version."""
+        storage = self.params[i]._storage
+        return storage, storage.version
 
     def _host_grad(self, i: int):
         """Parameter i's gradient in host memory: its streamed copy (waited for, and scaled as

@@ -696,6 +696,36 @@ def test_offloaded_optimizer_state_trains_a_gpu_model_as_the_gpu_optimizer(tmp_p
         np.testing.assert_array_equal(a, b)
 
 
+@needs_gpu
+def test_offloaded_steps_read_back_only_weights_written_behind_their_back():
+    """The host keeps the master weights between steps: a step reads a GPU weight back only when
+    something else wrote it since the last step copied it there (a loaded checkpoint, an in-place
+    edit: its storage's version moved), and then updates the value written, as the GPU's own AdamW
+    does (the same bits)."""
+    from infinitrain.optim import AdamW, OffloadOptimizer
+    runs = []
+    for offload in (False, True):
+        it.manual_seed(0)
+        model = nn.Linear(8, 4).to("cuda")
+        opt = AdamW(model.parameters(), lr=1e-2)
+        opt = OffloadOptimizer(opt, "cpu") if offload else opt
+        x = it.randn(3, 8).to("cuda")
+        for step in range(3):
+            model(x).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if offload:
+                assert all(opt._pushed[i] == opt._written(i) for i in range(2)), "a weight the step wrote looks foreign"
+            if step == 1:
+                with it.no_grad():
+                    model.weight.mul_(0.5)  # written behind the optimizer's back: the next step must see it
+                if offload:
+                    assert opt._pushed[0] != opt._written(0) and opt._pushed[1] == opt._written(1)
+        runs.append([p.detach().cpu().numpy() for p in model.parameters()])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
 ZERO3_OFFLOAD = """
 import sys
 import numpy as np
