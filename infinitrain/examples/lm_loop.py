@@ -285,7 +285,7 @@ class TrainingLoop:
         batches = [self.train_data.next_batch() for _ in range(self.accum)]
         if self.checker is not None:
             self.checker.begin_step(step)
-        loss = self.trainer.forward_backward(batches, self.forward_context)
+        loss = self.trainer.forward_backward(batches, self.forward_context, step_during_backward=args.grad_clip == 0)
         if self.checker is not None:
             self.checker.end_step()
         self.stop_if_not_finite(step, "loss", loss)  # before the step writes it into the weights

@@ -47,10 +47,10 @@ import warnings
 
 import numpy as np
 
-from .. import _trace, cuda
 from ..autograd import no_grad
 from ..creation import empty, from_numpy, zeros
 from .offload_store import BUFFERS, PIECE, Block, FileStore, HostStore, OffloadError, layout
+from .offload_stream import EarlyUpdates, GradCopies
 
 __all__ = ["BUFFER_MB", "OffloadError", "OffloadOptimizer", "offload_target", "offloaded", "staging_bytes"]
 
@@ -100,48 +100,6 @@ def _host_views(params: list) -> list:
         out.append(flat[at:at + n].view(*p.shape) if p is not None else None)
         at += n
     return out
-
-
-class _GradCopies:
-    """Gradient copies to the host queued on a stream of their own, and what the step must know
-    of them: which parameters were streamed (`streamed`), the events that mark them done and the
-    device gradients they read (kept alive until then), a clipping factor to apply after."""
-
-    def __init__(self, params):
-        self.device = next(p.device for p in params if p.device.type != "cpu")
-        self.stream = cuda.Stream(self.device)
-        self.clear()
-
-    def clear(self) -> None:
-        self.armed, self.streamed, self.pending, self.factor, self.bytes = False, set(), [], None, 0
-
-    def queue(self, items, after=None) -> None:
-        """items: (host tensor, parameter index, device gradient); after: a cuda.Event the copies
-        follow (None: the current stream as it stands)."""
-        if after is None:
-            after = cuda.Event(self.device)
-            after.record()
-        self.stream.wait_event(after)
-        nbytes = sum(g.nbytes for _, _, g in items)
-        with cuda.stream(self.stream), _trace.span("offload gradients", "memcpy", {"bytes": nbytes}):
-            for host, i, g in items:
-                host.copy_(g, non_blocking=True)
-                self.streamed.add(i)
-        self.bytes += nbytes
-        self.pending.append((self.stream.record_event(), [g for _, _, g in items]))
-
-    def wait(self) -> None:
-        """The host waits for every queued copy."""
-        for done, _ in self.pending:
-            done.synchronize()
-        self.pending = []
-
-    def fence(self) -> None:
-        """The current stream waits for every queued copy (the host does not): what it queues
-        next may change the gradients they read, so nothing more streams until re-armed."""
-        self.armed = False
-        if self.pending:
-            self.pending[-1][0].wait()
 
 
 class OffloadOptimizer:
@@ -196,8 +154,9 @@ class OffloadOptimizer:
         # step need not read the weights back (a loaded checkpoint or a broadcast changes them;
         # the first step always reads them)
         self._pushed = {}
+        self._early, self._pool = None, None  # the updates made during backward (EarlyUpdates), their worker
         self.index = {id(p): i for i, p in enumerate(self.params)}
-        self._copies = _GradCopies(self.params) if any(on_gpu) else None
+        self._copies = GradCopies(self.params) if any(on_gpu) else None
         self.streamed_bytes = 0  # of the last step's gradients, how many bytes went to the host during backward
         entries = len(self.keys) + (1 if offload_params else 0)  # the parameter last
         per_block = max(PIECE, int(buffer_mb * 2**20) // (4 * entries))
@@ -254,17 +213,27 @@ class OffloadOptimizer:
         return self.optimizer.numbered_groups()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._finish_early()  # the updates made stay made; their copies back come before what follows
         if self._copies is not None:  # the device may overwrite the gradients once copied
             self._copies.fence()
             self._copies.clear()
         self.optimizer.zero_grad(set_to_none)
 
     # ---- gradients streamed to the host during backward (parameters on a GPU) -------------
-    def arm(self) -> None:
+    def arm(self, update: bool = False, hold=()) -> None:
         """The next grads_ready calls are for the step's final gradients (TrainStep arms for the
-        step's last backward: earlier micro-batches' gradients would only be copied again)."""
+        step's last backward: earlier micro-batches' gradients would only be copied again).
+        update=True: the host also updates each parameter as soon as its gradient has landed,
+        while backward goes on, and copies its weights back (the step then only waits), for a
+        caller that knows nothing will change the gradients after this backward: no clipping,
+        no loss scaling, each gradient handed over once; hold: parameters whose gradients do
+        change after their reduction (updated at the step, as usual). Only with the state in
+        host memory (device="cpu"); elsewhere update is ignored."""
         if self._copies is not None:
             self._copies.armed = True
+            if update and self.device == "cpu" and not self.offload_params:
+                self._finish_early()
+                self._early = EarlyUpdates(self, {self.index[id(p)] for p in hold if id(p) in self.index})
 
     @no_grad()
     def grads_ready(self, params, after=None) -> None:
@@ -282,11 +251,16 @@ class OffloadOptimizer:
         event = getattr(after, "event", None)  # a device event (NCCL): the copies follow it there
         if after is not None and event is None:
             after.wait()  # a backend without one: the gradients are final once it is done
-        self._copies.queue([(self.host_grads[i], i, g) for i, g in items], event)
+        landed = self._copies.queue([(self.host_grads[i], i, g) for i, g in items], event)
+        if self._early is not None:
+            self._early.submit([i for i, _ in items], landed)
 
     def grads_changed(self, params) -> None:
         """The device gradients of params are about to change (a fix-up after their reduction):
         the step copies them again. Call it before changing them."""
+        if self._early is not None and (late := self._early.done & {self.index.get(id(p)) for p in params}):
+            raise RuntimeError(f"OffloadOptimizer: the gradients of parameters {sorted(late)} change after the "
+                               "host updated them during backward: arm(update=True) needs hold= to name them")
         if self._copies is not None and self._copies.streamed:
             self._copies.fence()  # and disarms: what streamed from now on would miss the change
             for p in params:
@@ -297,6 +271,9 @@ class OffloadOptimizer:
         already streamed are multiplied by it at the step, the same float32 product. Call it
         before scaling them, or after a grads_changed call made since they were streamed (which
         orders the copies before any change)."""
+        if self._early is not None and self._early.done:
+            raise RuntimeError("OffloadOptimizer: gradients scaled (clipped) after the host updated them during "
+                               "backward: arm(update=True) is only for steps without clipping")
         if self._copies is not None and self._copies.streamed:
             self._copies.fence()
             self._copies.factor = factor if self._copies.factor is None else self._copies.factor * factor
@@ -310,9 +287,36 @@ class OffloadOptimizer:
     def _flat(self, t):
         return t.detach().reshape(-1)
 
+    def _finish_early(self) -> set:
+        """The parameters updated during backward (none unless armed with update=True), once
+        their updates and copies back are done."""
+        early, self._early = self._early, None
+        return early.finish() if early is not None else set()
+
+    def _update_param(self, i: int, grad) -> None:
+        """Parameter i's whole update on the host (state in host memory): its counters, then the
+        optimizer's update of its master weights chunk by chunk."""
+        first = i not in self.counts
+        counts = self.counts.setdefault(i, self.optimizer.counters())
+        for k in counts:
+            counts[k] += 1
+        g, target = self._flat(grad), self._flat(self.masters[i])
+        for b, start, end, at in self.chunks_of[i]:
+            _, array = next(self.store.stream([b]))
+            buffer = from_numpy(array)
+            state = dict(counts)
+            for k, key in enumerate(self.keys):
+                state[key] = buffer[k * b.numel + at:k * b.numel + at + end - start]
+            self.optimizer.update(target[start:end], g[start:end], state, self.group_of[i], first)
+
     @no_grad()
     def step(self) -> None:
-        live = {i for i, p in enumerate(self.params) if p.grad is not None}
+        early = self._finish_early()  # (the parameters updated during backward are done)
+        live = {i for i, p in enumerate(self.params) if p.grad is not None} - early
+        grads = {i: self._flat(self._host_grad(i) if self.on_gpu[i] else self.params[i].grad) for i in live}
+        if self._copies is not None:
+            self.streamed_bytes = self._copies.bytes
+            self._copies.clear()
         if not live:
             return
         first = {i: i not in self.counts for i in live}
@@ -320,10 +324,6 @@ class OffloadOptimizer:
             counts = self.counts.setdefault(i, self.optimizer.counters())
             for k in counts:
                 counts[k] += 1
-        grads = {i: self._flat(self._host_grad(i) if self.on_gpu[i] else self.params[i].grad) for i in live}
-        if self._copies is not None:
-            self.streamed_bytes = self._copies.bytes
-            self._copies.clear()
         for i in live:  # the weights as they are now, where something else wrote them since
             if self.masters[i] is not None and self._pushed.get(i) != self._written(i):
                 self.masters[i].copy_(self.params[i].detach())
@@ -403,6 +403,9 @@ class OffloadOptimizer:
 
     def close(self) -> None:
         """Frees the offloaded state (its scratch file). The optimizer is unusable after."""
+        self._finish_early()
+        if self._pool is not None:
+            self._pool.shutdown()
         self.store.close()
 
     def __del__(self):

@@ -28,6 +28,8 @@ p.add_argument("--model", choices=["gpt2", "llama3"], default="gpt2")
 p.add_argument("--zero", type=int, default=0)
 p.add_argument("--tp", type=int, default=1, help="tensor parallel with sequence parallelism")
 p.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B)")
+p.add_argument("--no_clip", action="store_true",
+               help="never clip: on one DP rank the host then updates each parameter during backward")
 args = p.parse_args()
 env = parallel.init(tensor_parallel=args.tp, pipeline_parallel=args.pp, device="cuda")
 
@@ -55,7 +57,7 @@ for offload in ("none", "cpu"):
             data = np.random.default_rng(10 * step + m + 100 * env.dp_rank).integers(0, 300, (2, 17))
             micro.append(tuple(it.from_numpy(data[:, s].copy()).to(env.device) for s in (slice(0, -1), slice(1, None))))
         with profile() as prof:
-            history.append(trainer.step(micro, grad_clip=0.3 if step % 2 else 100.0))
+            history.append(trainer.step(micro, grad_clip=0.0 if args.no_clip else 0.3 if step % 2 else 100.0))
         if offload == "cpu":
             streamed.add(trainer.offloaded.streamed_bytes if trainer.offloaded is not None else 0)
             events = prof.events
@@ -64,6 +66,9 @@ for offload in ("none", "cpu"):
             copies = [e for e in events if e[0] == "offload gradients"]
             assert (len(copies) > 0) == (max(streamed) > 0), (len(copies), streamed)
             assert all(backward[3] <= e[3] <= backward[4] for e in copies), "a copy queued outside backward"
+            if args.no_clip and env.world.size == 1 and step > 0:  # (the first step reads every weight back)
+                updates = [e for e in events if e[0] == "offload update"]
+                assert updates and min(e[3] for e in updates) <= backward[4], "no update began during backward"
     with trainer.gathered_parameters():
         runs[offload] = history, [q.detach().cpu().numpy().copy() for q in model.parameters()]
 assert runs["cpu"][0] == runs["none"][0], runs

@@ -97,21 +97,22 @@ def test_parallel_training_over_nccl_on_two_emulated_gpus_matches_one_cpu_proces
 # models alternating (every layout equals one process for both models in tests/parallel)
 STREAMING = [(["--zero", "0"], 1, 2, "gpt2"), (["--zero", "2"], 0.5, 2, "gpt2"),
              (["--zero", "3"], 0.5, 2, "llama3"), (["--tp", "2"], None, 2, "gpt2"),
-             (["--pp", "2"], 1, 4, "llama3"), (["--pp", "2"], 0, 2, "gpt2")]
+             (["--pp", "2"], 1, 4, "llama3"), (["--pp", "2"], 0, 2, "gpt2"), (["--no_clip"], 1, 1, "llama3")]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("layout,share,n,model", STREAMING,
                          ids=["DDP-gpt2", "ZeRO2-gpt2", "ZeRO3-llama3", "TP2+SP-gpt2",
-                              "PP2xDP2-llama3", "PP2-gpt2"])
+                              "PP2xDP2-llama3", "PP2-gpt2", "one-rank-updates-in-backward-llama3"])
 def test_offloaded_gradients_stream_during_backward_over_nccl_with_the_same_bits(emulated, model, layout, share, n):
     """n ranks on as many emulated GPUs (tests/cuda/offload_streaming.py): DDP streams each
     bucket once its all-reduce is done on the device, ZeRO 2 and 3 each rank's shard as its
     reduce-scatter lands (ZeRO-1 reduces after backward: nothing to stream), TP + SP streams
     every gradient and copies again the ones finalize_grads sums over TP, a pipeline's chunk
     reducers each bucket after the chunk's last backward (the tied embedding copied again after
-    its sum over the stages; on one DP rank there is no reducer: nothing streams); each the bits
-    of the run without offload."""
+    its sum over the stages; on one DP rank there is no reducer: nothing streams); one rank
+    without clipping, where the host also updates each parameter during backward; each the
+    bits of the run without offload."""
     _, env = emulated
     out = mpirun(n, [HERE / "offload_streaming.py", "--model", model, *layout],
                  env=dict(env, INFINITRAIN_EMULATED_GPUS=str(n)), check=False)

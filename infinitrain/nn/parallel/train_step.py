@@ -118,17 +118,20 @@ class TrainStep:
 
     def step(self, micro_batches, forward_context=None, grad_clip: float = 0.0) -> tuple:
         """forward_backward, then optimizer_step: (the step's loss, the gradient norm)."""
-        loss = self.forward_backward(micro_batches, forward_context)
+        loss = self.forward_backward(micro_batches, forward_context, step_during_backward=grad_clip == 0)
         return loss, self.optimizer_step(grad_clip)
 
-    def forward_backward(self, micro_batches, forward_context=None) -> float:
+    def forward_backward(self, micro_batches, forward_context=None, step_during_backward: bool = False) -> float:
         """Forward and backward of the step's micro-batches [(idx, targets)] (this DP rank's);
-        the gradients are their mean. Returns the mean loss over them and over DP."""
+        the gradients are their mean. Returns the mean loss over them and over DP.
+        step_during_backward: the caller's optimizer_step will not clip, so with the optimizer's
+        state offloaded to host memory from a GPU, on one data-parallel rank, the host may update
+        each parameter while the last backward goes on (OffloadOptimizer.arm); the same bits."""
         # the MoE layers' auxiliary losses start their backward as the loss does (nn.moe.aux_loss)
         with aux_loss_scale(1.0 / len(micro_batches)):
-            return self._forward_backward(micro_batches, forward_context)
+            return self._forward_backward(micro_batches, forward_context, step_during_backward)
 
-    def _forward_backward(self, micro_batches, forward_context) -> float:
+    def _forward_backward(self, micro_batches, forward_context, step_during_backward: bool = False) -> float:
         context = forward_context or nullcontext
         if self.pipe is not None:
             if self.streaming is not None:  # the chunks' reducers hand over only after their last backward
@@ -141,7 +144,9 @@ class TrainStep:
             for m, (x, y) in enumerate(micro_batches):
                 sync = m == M - 1 or self.net is self.model
                 if m == M - 1 and self.streaming is not None:
-                    self.streaming.arm()
+                    # on one DP rank each gradient is handed over once, by its own hook
+                    early = step_during_backward and self.net is self.model and not self.zero
+                    self.streaming.arm(update=early, hold=changed_after_reduction(self.model) if early else ())
                 with (nullcontext() if sync else self.net.no_sync()):
                     with context(), record_function("forward"):
                         _, part = self.net(x, y, return_logits=False)

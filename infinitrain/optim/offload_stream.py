@@ -1,0 +1,110 @@
+"""What moves between a GPU and the host while backward goes on, for OffloadOptimizer: the
+gradients' copies to the host (GradCopies), and, where the caller knows that nothing changes
+the gradients after backward, the host's update of each parameter as soon as its gradient has
+landed, with its weights copied back (EarlyUpdates): ZeRO-Offload's schedule, in which the
+gradients' copies hide behind backward, taken one step further so that the host's update hides
+there too."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import _trace, cuda
+from .._native import lib
+from ..autograd import no_grad
+
+
+class GradCopies:
+    """Gradient copies to the host queued on a stream of their own, and what the step must know
+    of them: which parameters were streamed (`streamed`), the events that mark them done and the
+    device gradients they read (kept alive until then), a clipping factor to apply after."""
+
+    def __init__(self, params):
+        self.device = next(p.device for p in params if p.device.type != "cpu")
+        self.stream = cuda.Stream(self.device)
+        self.clear()
+
+    def clear(self) -> None:
+        self.armed, self.streamed, self.pending, self.factor, self.bytes = False, set(), [], None, 0
+
+    def queue(self, items, after=None):
+        """items: (host tensor, parameter index, device gradient); after: a cuda.Event the copies
+        follow (None: the current stream as it stands). Returns the event that marks them done."""
+        if after is None:
+            after = cuda.Event(self.device)
+            after.record()
+        self.stream.wait_event(after)
+        nbytes = sum(g.nbytes for _, _, g in items)
+        with cuda.stream(self.stream), _trace.span("offload gradients", "memcpy", {"bytes": nbytes}):
+            for host, i, g in items:
+                host.copy_(g, non_blocking=True)
+                self.streamed.add(i)
+        self.bytes += nbytes
+        self.pending.append((self.stream.record_event(), [g for _, _, g in items]))
+        return self.pending[-1][0]
+
+    def wait(self) -> None:
+        """The host waits for every queued copy."""
+        for done, _ in self.pending:
+            done.synchronize()
+        self.pending = []
+
+    def fence(self) -> None:
+        """The current stream waits for every queued copy (the host does not): what it queues
+        next may change the gradients they read, so nothing more streams until re-armed."""
+        self.armed = False
+        if self.pending:
+            self.pending[-1][0].wait()
+
+
+class EarlyUpdates:
+    """The host's updates made during one backward, by one worker thread: for each batch of
+    parameters handed over (their gradients' copies queued, `landed` the event after them) it
+    waits for the copies, runs the optimizer's update on the master weights and queues the
+    weights' copies back to the GPU on the copy stream. A parameter's gradient is final when it
+    is handed over, and everything on the GPU that reads the weight is queued before that, so
+    the copy back may overwrite it while backward goes on. finish() joins the worker and makes
+    the current stream wait for the copies back before the next forward."""
+
+    def __init__(self, owner, hold):
+        self.owner, self.hold = owner, hold  # hold: indices whose gradients change after backward
+        self.done, self.futures, self.copied = set(), [], None
+        if owner._pool is None:
+            owner._pool = ThreadPoolExecutor(1, thread_name_prefix="offload-update")
+            # the worker leaves a core to the thread that queues backward's kernels
+            owner._pool.submit(lib.it_set_num_threads, max(1, lib.it_get_num_threads() - 1)).result()
+
+    def submit(self, ids, landed) -> None:
+        off = self.owner
+        # a weight written behind the optimizer's back is read back at the step, as without this
+        ids = [i for i in ids if i not in self.hold and off.masters[i] is not None
+               and off._pushed.get(i) == off._written(i)]
+        again = [f"parameter {i} {tuple(off.params[i].shape)}" for i in ids if i in self.done]
+        if again:
+            raise RuntimeError(f"OffloadOptimizer: the gradient of {', '.join(again)} arrived twice in one backward, "
+                               "after the host had updated it: updating during backward needs each gradient once")
+        if ids:
+            self.done.update(ids)
+            self.futures.append(off._pool.submit(self._run, ids, landed))
+
+    @no_grad()
+    def _run(self, ids, landed) -> None:
+        off = self.owner
+        landed.synchronize()
+        with _trace.span("offload update", "user", {"parameters": len(ids)}):
+            for i in ids:
+                off._update_param(i, off.host_grads[i])
+        with cuda.stream(off._copies.stream):
+            for i in ids:
+                off.params[i].detach().copy_(off.masters[i], non_blocking=True)
+            self.copied = off._copies.stream.record_event()
+
+    def finish(self) -> set:
+        """Waits for the worker (raising what it raised), orders the current stream after the
+        weights copied back; returns the indices updated."""
+        for f in self.futures:
+            f.result()
+        if self.copied is not None:
+            self.copied.wait()
+        for i in self.done:
+            self.owner._pushed[i] = self.owner._written(i)
+        return self.done
