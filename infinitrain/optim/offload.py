@@ -47,7 +47,9 @@ import warnings
 
 import numpy as np
 
+from .._native import lib
 from ..autograd import no_grad
+from ..kernels import elementwise as ew
 from ..creation import empty, from_numpy, zeros
 from .offload_store import BUFFERS, PIECE, Block, FileStore, HostStore, OffloadError, layout
 from .offload_stream import EarlyUpdates, GradCopies
@@ -155,6 +157,7 @@ class OffloadOptimizer:
         # the first step always reads them)
         self._pushed = {}
         self._early, self._pool = None, None  # the updates made during backward (EarlyUpdates), their worker
+        self._pieces = {}  # parameter index -> its views into host memory (_host_pieces)
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self._copies = GradCopies(self.params) if any(on_gpu) else None
         self.streamed_bytes = 0  # of the last step's gradients, how many bytes went to the host during backward
@@ -293,21 +296,37 @@ class OffloadOptimizer:
         early, self._early = self._early, None
         return early.finish() if early is not None else set()
 
-    def _update_param(self, i: int, grad) -> None:
-        """Parameter i's whole update on the host (state in host memory): its counters, then the
-        optimizer's update of its master weights chunk by chunk."""
-        first = i not in self.counts
-        counts = self.counts.setdefault(i, self.optimizer.counters())
-        for k in counts:
-            counts[k] += 1
-        g, target = self._flat(grad), self._flat(self.masters[i])
-        for b, start, end, at in self.chunks_of[i]:
-            _, array = next(self.store.stream([b]))
-            buffer = from_numpy(array)
-            state = dict(counts)
-            for k, key in enumerate(self.keys):
-                state[key] = buffer[k * b.numel + at:k * b.numel + at + end - start]
-            self.optimizer.update(target[start:end], g[start:end], state, self.group_of[i], first)
+    def _update_params(self, ids) -> None:
+        """The whole update on the host of parameters ids (state in host memory, gradients in
+        host_grads): their counters, then the optimizer's update of their master weights, the
+        pieces of one group in one call (AdamW: one multi-tensor kernel over them)."""
+        groups = {}
+        for i in ids:
+            first = i not in self.counts
+            counts = self.counts.setdefault(i, self.optimizer.counters())
+            for k in counts:
+                counts[k] += 1
+            updates = groups.setdefault(id(self.group_of[i]), (self.group_of[i], []))[1]
+            for target, grad, state in self._host_pieces(i):
+                updates.append((target, grad, {**counts, **state}, first))
+        for group, updates in groups.values():
+            self.optimizer.update_group(updates, group)
+
+    def _host_pieces(self, i: int) -> list:
+        """Parameter i's (master weights, host gradient, state tensors) per chunk of the host
+        store: views made once, since the host memory behind them stays where it is."""
+        pieces = self._pieces.get(i)
+        if pieces is None:
+            g, target = self._flat(self.host_grads[i]), self._flat(self.masters[i])
+            pieces = []
+            for b, start, end, at in self.chunks_of[i]:
+                _, array = next(self.store.stream([b]))
+                buffer = from_numpy(array)
+                pieces.append((target[start:end], g[start:end],
+                               {key: buffer[k * b.numel + at:k * b.numel + at + end - start]
+                                for k, key in enumerate(self.keys)}))
+            self._pieces[i] = pieces
+        return pieces
 
     @no_grad()
     def step(self) -> None:
@@ -363,8 +382,8 @@ class OffloadOptimizer:
         copies, host = self._copies, self.host_grads[i]
         if i in copies.streamed:
             copies.wait()
-            if copies.factor is not None:
-                host.mul_(copies.factor)
+            if copies.factor is not None:  # in place: one pass, the same product as the device's
+                ew.scalar(lib.IT_SCALAR_MUL, host, copies.factor, out=host)
         else:
             host.copy_(self.params[i].grad)
         return host

@@ -6,6 +6,7 @@ gradients' copies hide behind backward, taken one step further so that the host'
 there too."""
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import _trace, cuda
@@ -68,6 +69,7 @@ class EarlyUpdates:
     def __init__(self, owner, hold):
         self.owner, self.hold = owner, hold  # hold: indices whose gradients change after backward
         self.done, self.futures, self.copied = set(), [], None
+        self.handed, self.lock = [], threading.Lock()  # (indices, the event after their copies), not yet taken
         if owner._pool is None:
             owner._pool = ThreadPoolExecutor(1, thread_name_prefix="offload-update")
             # the worker leaves a core to the thread that queues backward's kernels
@@ -84,15 +86,23 @@ class EarlyUpdates:
                                "after the host had updated it: updating during backward needs each gradient once")
         if ids:
             self.done.update(ids)
-            self.futures.append(off._pool.submit(self._run, ids, landed))
+            with self.lock:
+                self.handed.append((ids, landed))
+            self.futures.append(off._pool.submit(self._run))
 
     @no_grad()
-    def _run(self, ids, landed) -> None:
+    def _run(self) -> None:
+        """Everything handed over since the worker last looked, in one go: the copies are queued
+        in order on one stream, so the last one's event says they have all landed."""
+        with self.lock:
+            handed, self.handed = self.handed, []
+        if not handed:
+            return
         off = self.owner
-        landed.synchronize()
+        handed[-1][1].synchronize()
+        ids = [i for batch, _ in handed for i in batch]
         with _trace.span("offload update", "user", {"parameters": len(ids)}):
-            for i in ids:
-                off._update_param(i, off.host_grads[i])
+            off._update_params(ids)
         with cuda.stream(off._copies.stream):
             for i in ids:
                 off.params[i].detach().copy_(off.masters[i], non_blocking=True)
