@@ -52,7 +52,7 @@ from ..autograd import no_grad
 from ..kernels import elementwise as ew
 from ..creation import empty, from_numpy, zeros
 from .offload_store import BUFFERS, PIECE, Block, FileStore, HostStore, OffloadError, layout
-from .offload_stream import EarlyUpdates, GradCopies
+from .offload_stream import EarlyUpdates, GradCopies, update_batch
 
 __all__ = ["BUFFER_MB", "OffloadError", "OffloadOptimizer", "offload_target", "offloaded", "staging_bytes"]
 
@@ -158,6 +158,7 @@ class OffloadOptimizer:
         self._pushed = {}
         self._early, self._pool = None, None  # the updates made during backward (EarlyUpdates), their worker
         self._pieces = {}  # parameter index -> its views into host memory (_host_pieces)
+        self.update_batch = update_batch(self.params)
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self._copies = GradCopies(self.params) if any(on_gpu) else None
         self.streamed_bytes = 0  # of the last step's gradients, how many bytes went to the host during backward
@@ -336,6 +337,12 @@ class OffloadOptimizer:
         if self._copies is not None:
             self.streamed_bytes = self._copies.bytes
             self._copies.clear()
+        for i in live:  # the weights as they are now, where something else wrote them since
+            if self.masters[i] is not None and self._pushed.get(i) != self._written(i):
+                self.masters[i].copy_(self.params[i].detach())
+        if isinstance(self.store, HostStore) and not self.offload_params:
+            self._update_and_push(sorted(i for i in live if self.masters[i] is not None))
+            live = {i for i in live if self.masters[i] is None}
         if not live:
             return
         first = {i: i not in self.counts for i in live}
@@ -343,9 +350,6 @@ class OffloadOptimizer:
             counts = self.counts.setdefault(i, self.optimizer.counters())
             for k in counts:
                 counts[k] += 1
-        for i in live:  # the weights as they are now, where something else wrote them since
-            if self.masters[i] is not None and self._pushed.get(i) != self._written(i):
-                self.masters[i].copy_(self.params[i].detach())
         targets = {} if self.offload_params else \
             {i: self._flat(self.params[i] if self.masters[i] is None else self.masters[i]) for i in live}
         blocks = [b for b in self.blocks if any(c[0] in live for c in b.chunks)]
@@ -370,6 +374,20 @@ class OffloadOptimizer:
                     # while the host updates the next parameters
                     self.params[i].detach().copy_(self.masters[i], non_blocking=True)
                     self._pushed[i] = self._written(i)
+
+    def _update_and_push(self, ids) -> None:
+        """Parameters ids (on a GPU, state in host memory) updated a batch at a time, each
+        batch's weights copied back on the GPU's stream while the host updates the next."""
+        batch, numel = [], 0
+        for n, i in enumerate(ids):
+            batch.append(i)
+            numel += self.params[i].numel()
+            if numel >= self.update_batch or n == len(ids) - 1:
+                self._update_params(batch)
+                for j in batch:
+                    self.params[j].detach().copy_(self.masters[j], non_blocking=True)
+                    self._pushed[j] = self._written(j)
+                batch, numel = [], 0
 
     def _written(self, i: int) -> tuple:
         """What identifies parameter i's weights as last written: its storage and version."""

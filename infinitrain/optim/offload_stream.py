@@ -13,6 +13,14 @@ from .. import _trace, cuda
 from .._native import lib
 from ..autograd import no_grad
 
+UPDATE_BATCH = 4 * 2**20  # parameters' elements updated on the host in one go, before their copies back
+
+
+def update_batch(params) -> int:
+    """How many elements the host updates in one go: UPDATE_BATCH, or an eighth of a smaller
+    model's (so that its copies back still overlap the updates)."""
+    return min(UPDATE_BATCH, max(1, sum(p.numel() for p in params) // 8))
+
 
 class GradCopies:
     """Gradient copies to the host queued on a stream of their own, and what the step must know
@@ -70,6 +78,7 @@ class EarlyUpdates:
         self.owner, self.hold = owner, hold  # hold: indices whose gradients change after backward
         self.done, self.futures, self.copied = set(), [], None
         self.handed, self.lock = [], threading.Lock()  # (indices, the event after their copies), not yet taken
+        self.handed_numel = 0
         if owner._pool is None:
             owner._pool = ThreadPoolExecutor(1, thread_name_prefix="offload-update")
             # the worker leaves a core to the thread that queues backward's kernels
@@ -88,7 +97,12 @@ class EarlyUpdates:
             self.done.update(ids)
             with self.lock:
                 self.handed.append((ids, landed))
-            self.futures.append(off._pool.submit(self._run))
+            # the worker wakes for a batch, not for each parameter: every wake-up takes the
+            # interpreter's lock from the thread that queues backward's kernels
+            self.handed_numel += sum(off.params[i].numel() for i in ids)
+            if self.handed_numel >= off.update_batch:
+                self.handed_numel = 0
+                self.futures.append(off._pool.submit(self._run))
 
     @no_grad()
     def _run(self) -> None:
@@ -111,6 +125,7 @@ class EarlyUpdates:
     def finish(self) -> set:
         """Waits for the worker (raising what it raised), orders the current stream after the
         weights copied back; returns the indices updated."""
+        self.futures.append(self.owner._pool.submit(self._run))  # what is left
         for f in self.futures:
             f.result()
         if self.copied is not None:
