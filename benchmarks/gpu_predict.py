@@ -4,6 +4,7 @@ run's): the predictions the next GPU run checks.
 
     python benchmarks/gpu_predict.py                        # GPT-2 124M, bf16 autocast, 16 x 1024, H200
     python benchmarks/gpu_predict.py --gpu h100 --B 8 --T 1024
+    python benchmarks/gpu_predict.py --model gpt2-medium    # any GPT-2 preset of infinitrain.models
     python benchmarks/gpu_predict.py --kernels OUT/kernels.log   # a run's per-kernel table (PyTorch's
                                                              # profiler, as benchmarks/gpu/run.sh writes it)
 
@@ -55,6 +56,16 @@ class Shape:
     C: int = 768
     H: int = 12
     V: int = 50304  # padded as llm.c and the engine pad it
+    P: int = 1024  # positions (the block size)
+
+    @classmethod
+    def preset(cls, name: str, B: int, T: int) -> "Shape":
+        """The sizes of infinitrain's GPT-2 preset `name` at batch B x T."""
+        from infinitrain.models import GPT2_PRESETS
+        if name not in GPT2_PRESETS:
+            raise SystemExit(f"--model {name!r}: not a GPT-2 preset ({', '.join(GPT2_PRESETS)})")
+        c = GPT2_PRESETS[name]
+        return cls(B=B, T=T, L=c.n_layer, C=c.n_embd, H=c.n_head, V=c.padded_vocab_size, P=c.block_size)
 
     @property
     def N(self):
@@ -67,7 +78,7 @@ def work(s: Shape) -> dict[str, tuple[float, float]]:
     master weights; the minimum each kernel must read and write)."""
     N, C, L, V, B, T, H = s.N, s.C, s.L, s.V, s.B, s.T, s.H
     linear = L * 12 * C * C + C * V  # the weights of every product (q/k/v, projection, MLP, head)
-    params = L * (12 * C * C + 13 * C) + V * C + 1024 * C + 2 * C
+    params = L * (12 * C * C + 13 * C) + V * C + s.P * C + 2 * C
     product = L * B * H * T * T * (C // H)  # one T x T x d product of every layer over the causal half
     bf, f32 = 2, 4
     return {
@@ -149,14 +160,16 @@ def measured_from(path: str) -> dict[str, float]:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", default="h200", choices=sorted(GPUS))
+    p.add_argument("--model", default="gpt2", help="a GPT-2 preset (default gpt2: 124M)")
     p.add_argument("--B", type=int, default=16)
     p.add_argument("--T", type=int, default=1024)
     p.add_argument("--kernels", help="a run's per-kernel table to put beside the predictions")
     args = p.parse_args(argv)
-    s, gpu = Shape(B=args.B, T=args.T), GPUS[args.gpu]
+    s, gpu = Shape.preset(args.model, args.B, args.T), GPUS[args.gpu]
     pred, w = predict(s, gpu), work(s)
     new = measured_from(args.kernels) if args.kernels else None
-    print(f"GPT-2 124M, bf16 autocast, {s.B} x {s.T}, {gpu['name']} ({gpu['tflops']:.0f} TFLOP/s, {gpu['tbs']} TB/s)")
+    print(f"GPT-2 {args.model} ({s.L} layers x {s.C}), bf16 autocast, {s.B} x {s.T}, "
+          f"{gpu['name']} ({gpu['tflops']:.0f} TFLOP/s, {gpu['tbs']} TB/s)")
     head = "| kernels | GFLOP | GB | ceiling ms | H200 measured ms (2026-11-27) |" + (" this run ms |" if new else "")
     print(head)
     print("|---|--:|--:|--:|--:|" + ("--:|" if new else ""))

@@ -30,6 +30,9 @@ def test_the_ceilings_follow_from_flops_and_bytes():
     work = gpu_predict.work(s)
     assert work["attention backward"][0] == 3.5 * work["attention forward"][0]
     params = s.L * (12 * s.C * s.C + 13 * s.C) + s.V * s.C + 1024 * s.C + 2 * s.C
+    assert gpu_predict.Shape.preset("gpt2", 16, 1024) == s  # the defaults are GPT-2 124M's preset
+    medium = gpu_predict.Shape.preset("gpt2-medium", 16, 1024)
+    assert (medium.L, medium.C, medium.H) == (24, 1024, 16)
     assert work["AdamW"][1] == params * 4 * 7  # ~124M float32 parameters, 7 accesses each
     h100, h200 = (gpu_predict.predict(s, gpu_predict.GPUS[g]) for g in ("h100", "h200"))
     assert h100["matrix products (cuBLAS)"] == h200["matrix products (cuBLAS)"]  # the same tensor cores
