@@ -160,3 +160,35 @@ def test_the_examples_start_from_and_end_as_a_transformers_folder(tmp_path, name
     assert one.keys() == two.keys()
     for k in one:  # (atol: Adam turns round-off into steps where the exact gradient is 0, GPT-2's key bias)
         np.testing.assert_allclose(two[k], one[k], rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+@pytest.mark.slow
+def test_llama_trains_step_for_step_as_transformers_llama(tmp_path):
+    """LLaMA's training step is PyTorch's: from the same weights (save_pretrained, loaded as
+    LlamaForCausalLM), the same batches and AdamW without warm-up at a rate high enough that the
+    loss climbs above the first step's (the shape of the LLaMA-3.2-1B GPU run's rise at lr 1e-4,
+    docs/cuda.md), every step's loss agrees to float32 round-off: the climb is the optimizer's,
+    in both."""
+    it.manual_seed(1)
+    model = llama3("tiny")
+    model.save_pretrained(tmp_path / "w")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "w", dtype=torch.float32)
+    adamw = dict(lr=5e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    ours_opt, theirs_opt = it.optim.AdamW(model.parameters(), **adamw), torch.optim.AdamW(hf.parameters(), **adamw)
+    rng, ours, theirs = np.random.default_rng(0), [], []
+    for _ in range(8):
+        batch = rng.integers(0, model.config.vocab_size, (4, 33))
+        x, y = batch[:, :-1], batch[:, 1:]
+        _, loss = model(it.tensor(x), it.tensor(y))
+        loss.backward()
+        ours_opt.step()
+        ours_opt.zero_grad()
+        ours.append(loss.item())
+        logits = hf(torch.tensor(x)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(y).reshape(-1))
+        loss.backward()
+        theirs_opt.step()
+        theirs_opt.zero_grad()
+        theirs.append(loss.item())
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    assert max(theirs[1:]) > theirs[0] + 0.05, theirs  # the rate is past where the loss falls at once
