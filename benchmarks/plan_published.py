@@ -7,6 +7,21 @@ printed beside the published ones, with the planner's own best layout for that c
     python benchmarks/plan_published.py
     python benchmarks/plan_published.py --overlap 0.9      # DP/FSDP traffic 90% hidden, as the anchors' prefetching
 
+Megatron-LM's weak-scaling table (GPT models 1.7B-1T, vocabulary 51,200, sequence 2,048, on up
+to 3,072 A100 80 GB of NVIDIA's Selene, 8 to a node): github.com/NVIDIA/Megatron-LM README.md,
+"Our codebase is capable of efficiently training very large ... language models" (the table
+image images/cases_april2021.png, the README of January 2022, commit 0747e8e558), the same runs
+as Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM" (arXiv 2104.04473), Table 1. The table gives hidden size, layers, the model-parallel
+size, GPUs, the batch and teraFLOP/s per GPU; the paper's TP x PP split of the model-parallel
+size (TP up to 8, a node's GPUs, PP the rest), full activation recomputation (its FLOP count
+96 B s l h^2 (1 + s / 6h + V / 16 l h) has the recomputed forward in it) and the attention heads
+are the paper's Table 1 as recalled, not re-read here (the README's table, read, has only the
+model-parallel size, which each TP x PP multiplies out to); the micro-batch (1) and the plain 1F1B schedule are this
+script's assumptions (the table does not give them). Published tokens/s per GPU: the
+teraFLOP/s per GPU over that count per token; the MFU column counts both in this script's
+convention (flops_per_token).
+
 The published figures come from other engines (TorchTitan's FSDP2, llm.c's CUDA trainer) on
 their own machines (TorchTitan's H100s ran at a 500 W limit with HBM2e); the planner predicts
 this engine's layouts at the profile's rates: read the ratio as how optimistic the model is,
@@ -40,6 +55,43 @@ class Published:
     tokens_per_gpu: float
     note: str
     source: str
+    config: dict | None = None  # a GPT-2-shaped model's fields where no preset is it
+    search: bool = True         # also search the planner's best layout (minutes at thousands of GPUs)
+
+
+MEGATRON_SOURCE = ("github.com/NVIDIA/Megatron-LM README.md (Jan 2022, 0747e8e558), images/cases_april2021.png; "
+                   "arXiv 2104.04473 Table 1")
+# (billions, hidden, layers, heads, TP, PP, GPUs, batch, teraFLOP/s per GPU): the README's table,
+# the heads and the TP x PP split of its model-parallel size from the paper's Table 1
+MEGATRON_TABLE = [
+    (1.7, 2304, 24, 24, 1, 1, 32, 512, 137), (3.6, 3072, 30, 32, 2, 1, 64, 512, 138),
+    (7.5, 4096, 36, 32, 4, 1, 128, 512, 142), (18.4, 6144, 40, 48, 8, 1, 256, 1024, 135),
+    (39.1, 8192, 48, 64, 8, 2, 512, 1536, 138), (76.1, 10240, 60, 80, 8, 4, 1024, 1792, 140),
+    (145.6, 12288, 80, 96, 8, 8, 1536, 2304, 148), (310.1, 16384, 96, 128, 8, 16, 1920, 2160, 155),
+    (529.6, 20480, 105, 128, 8, 35, 2520, 2520, 163), (1008.0, 25600, 128, 160, 8, 64, 3072, 3072, 163),
+]
+MEGATRON_SEQ, MEGATRON_VOCAB = 2048, 51200
+
+
+def megatron_tokens_per_gpu(hidden: int, layers: int, teraflops: float) -> float:
+    """The published teraFLOP/s per GPU as tokens/s per GPU: the paper's count per token with
+    full recomputation, 96 l h^2 (1 + s / 6h + V / 16 l h)."""
+    h, s, V = hidden, MEGATRON_SEQ, MEGATRON_VOCAB
+    return teraflops * 1e12 / (96 * layers * h * h * (1 + s / (6 * h) + V / (16 * layers * h)))
+
+
+def megatron_runs() -> list:
+    runs = []
+    for size, h, layers, heads, tp, pp, gpus, batch, tflops in MEGATRON_TABLE:
+        dp = gpus // (tp * pp)
+        layout = f"dp={dp},tp={tp},sp=0,pp={pp}" + (",schedule=1f1b" if pp > 1 else "") + ",recompute=full,mb=1"
+        runs.append(Published(
+            "Megatron-LM", f"{size:g}B", "gpt2", "a100-sxm-80gb", gpus // 8, 8, 80, batch, MEGATRON_SEQ, layout,
+            megatron_tokens_per_gpu(h, layers, tflops), f"GPT {size:g}B, {tflops} TFLOP/s per GPU published "
+            f"({tflops / 312:.0%} of peak, recomputation counted)", MEGATRON_SOURCE,
+            config={"n_embd": h, "n_layer": layers, "n_head": heads, "vocab_size": MEGATRON_VOCAB,
+                    "block_size": MEGATRON_SEQ}, search=gpus <= 128))
+    return runs
 
 
 RUNS = [
@@ -58,7 +110,7 @@ RUNS = [
     Published("llm.c", "gpt2-xl", "gpt2", "h100-sxm", 1, 8, 80, 1024, 1024,
               "dp=8,zero=1,mb=16", 0.50 * 989e12 / (6 * 1.558e9 + 6 * 48 * 1600 * 1024), "GPT-2 1558M at "
               "'~50% MFU' (1M-token steps, 24 hours on one 8xH100 node)", "github.com/karpathy/llm.c/discussions/677"),
-]
+] + megatron_runs()
 
 
 def flops_per_token(config, model_class, seq: int) -> float:
@@ -81,7 +133,11 @@ def main(argv=None) -> int:
     for run in RUNS:
         profile = Profile.load(run.profile)
         profile.data["overlap"] = {**profile["overlap"], "dp": args.overlap, "zero": args.overlap}
-        config, cls, _ = model_of(run.model, None, run.example)
+        if run.config:
+            from infinitrain.models import GPT2
+            config, cls = GPT2.config_class(**run.config), GPT2
+        else:
+            config, cls, _ = model_of(run.model, None, run.example)
         cluster = Cluster(run.nodes, run.gpus_per_node, run.gpus_per_node, run.memory_gb * GiB * run.gpus_per_node,
                           "cuda")
         c = parse(run.layout)
@@ -94,11 +150,12 @@ def main(argv=None) -> int:
         per_token = flops_per_token(config, cls, run.seq)
         mfu, pub_mfu = rate * per_token / PEAK[run.profile], run.tokens_per_gpu * per_token / PEAK[run.profile]
         # (the published micro-batch: the search over every one takes minutes at 128 ranks)
-        best = best_layouts(world, config, cls, cluster, profile, run.global_batch, run.seq, "bfloat16",
-                            max_tp=run.gpus_per_node, max_cp=8, micro_batches=[c.batch_size])
+        best = [] if not run.search else best_layouts(
+            world, config, cls, cluster, profile, run.global_batch, run.seq, "bfloat16", max_tp=run.gpus_per_node,
+            max_cp=8, micro_batches=[c.batch_size])
         fit = next((b for b in best if b.fits), None)
         choice = (f"{fit.candidate.name} ({run.global_batch * run.seq / fit.step_time / world:,.0f})" if fit
-                  else "none fits")
+                  else "none fits" if run.search else "not searched")
         print(f"{run.who:<16} {run.model:<10} {world:>5} {run.layout:<38} | {rate:9,.0f} {run.tokens_per_gpu:9,.0f} "
               f"{rate / run.tokens_per_gpu:5.2f} | {mfu:4.0%} {pub_mfu:4.0%} | {pred.memory_per_rank / GiB:6.1f} | "
               f"{choice}", flush=True)

@@ -6,7 +6,8 @@ examples refuse a job with), the busiest pipeline stage's. Time is the busiest s
 
 - compute: the FLOPs of its blocks (and the head on the last stage) per micro-batch, the
   matrix products at the rate of the rank's threads for the product a block's MLP makes (the
-  size the rate depends on; profile.Rates: the threads' measured rates, the share of the cores
+  size the rate depends on; the head's product from the profile's head tables, measured at its
+  own [C, vocab] shape; profile.Rates: the threads' measured rates, the share of the cores
   where ranks take turns on them), the backward's products (twice forward's FLOPs) at their own
   measured rate, attention at its rate, the elementwise work as the activations' bytes (the
   memory plan's) moved three times at the memory bandwidth, the logits through the loss at its
@@ -14,8 +15,8 @@ examples refuse a job with), the busiest pipeline stage's. Time is the busiest s
   (the head is not recomputed);
 - bubble: the pipeline schedule played out by the simulator (nn.parallel.pp.simulate) with
   those forward and backward costs and the split's work per chunk; its idle time. Where ranks
-  share cores, a stage waiting for its neighbour leaves its core to the others but for the share
-  a rank waiting in MPI keeps busy (communication_cpu);
+  share cores, a stage waiting for its neighbour leaves its core to the others (the pipeline's
+  wait sleeps rather than spinning in MPI);
 - communication per group from the profile's alpha-beta model per collective (ring; a group
   inside one node uses the intra-node link, else the inter-node one), less the share the
   profile says the engine hides behind computation (overlap, measured, 0 unless known), and
@@ -125,7 +126,7 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         f"{f_ew * 1e3:.2f} ms; forward {f * 1e3:.2f} ms; backward: products at {mm_back / 1e9:.1f} GFLOP/s "
         f"{b_mm * 1e3:.2f} ms + 2 x the rest{' + recomputation' if extra else ''} = {b * 1e3:.2f} ms")
     head_flops = 2 * tokens * head / c.tp  # the head's product, at its own size's rate
-    head_rate, head_back = rates.matmul(head_flops), rates.matmul_backward(head_flops)
+    head_rate, head_back = rates.matmul(head_flops, head=True), rates.matmul_backward(head_flops, head=True)
     if rates.loss:  # the cross-entropy's measured rate, its forward a third of it (it is not recomputed)
         loss_f, loss_b = logits / rates.loss / 3, 2 * logits / rates.loss / 3
     else:  # the logits (float32) written, read back and their gradient written
@@ -143,8 +144,9 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         busy = [M * (f + b) * sum(work[global_chunk(s, v, c.pp, where)] for v in range(c.virtual_pipeline_parallel))
                 for s in range(c.pp)]
         if rates.per_core > 1:  # ranks take turns on the cores, but a stage waiting for its
-            # neighbour leaves them its core but for the busy share of waiting in MPI
-            used = sum(u + rates.busy * (1 - u) for u in (s / sim["time"] for s in busy)) / c.pp
+            # neighbour leaves its core to the others: the pipeline's wait sleeps (pp/p2p.py's
+            # _block), it does not spin in MPI, so only the stages' busy shares count
+            used = sum(s / sim["time"] for s in busy) / c.pp
             relief = rates.slowdown(max(1.0, rates.per_core * used)) / rates.slowdown(rates.per_core)
             busy, sim = [s * relief for s in busy], {**sim, "time": sim["time"] * relief}
             say(f"the stages busy {used:.0%} of the step on average: the cores shared by "

@@ -13,6 +13,8 @@ The file is JSON (docs/planning.md shows one):
      "overlap": {"dp": 0.0, "tp": 0.0, "cp": 0.0, "zero": 0.0},   # the share of each group's traffic hidden
      # optional, measured by calibrate on a CPU (each absent: the simpler model it replaces)
      "matmul_backward": [[flops, flop_per_s], ...],   # a linear's backward products (default: matmul's)
+     "matmul_head": ..., "matmul_backward_head": ...,  # the same at the head's [C, vocab] shape (default:
+                                                       # the block's tables; calibrate measures both)
      "loss": logits_per_s,                            # cross-entropy forward + backward over the logits
      "threads": {"2": {"matmul": ..., "matmul_backward": ..., "attention": ..., "memory_bandwidth": ...,
                        "optimizer": ..., "loss": ...}},   # one rank's rates with that many threads
@@ -243,14 +245,19 @@ class Rates:
             return ""
         return f", the ranks sharing cores: {self.scale:.2f} of the rates, collectives x {self.stretch:.2f}"
 
-    def matmul(self, flops: float) -> float:
-        """FLOP/s of a forward product of `flops`."""
-        return interpolate(self.table["matmul"], flops) * self.scale
+    def matmul(self, flops: float, head: bool = False) -> float:
+        """FLOP/s of a forward product of `flops` (head: the vocabulary's product, rated from its
+        own table where the profile has one: at equal FLOPs a [tokens, C] x [C, vocab] product
+        runs at another rate than a block's square ones, so the two are not interpolated together)."""
+        return interpolate(self._table("matmul", head), flops) * self.scale
 
-    def matmul_backward(self, flops: float) -> float:
+    def matmul_backward(self, flops: float, head: bool = False) -> float:
         """FLOP/s of a linear's backward products (the input's and the weight's gradients), by
         the size of the forward product."""
-        return interpolate(self.table.get("matmul_backward") or self.table["matmul"], flops) * self.scale
+        return interpolate(self._table("matmul_backward", head) or self._table("matmul", head), flops) * self.scale
+
+    def _table(self, key: str, head: bool):
+        return (self.table.get(key + "_head") if head else None) or self.table.get(key)
 
     def attention(self, flops: float) -> float:
         return interpolate(self.table["attention"], flops) * self.scale
@@ -270,7 +277,8 @@ class Rates:
         return rate * self.scale if rate else None
 
 
-RATES = ("matmul", "matmul_backward", "attention", "memory_bandwidth", "optimizer", "loss")
+RATES = ("matmul", "matmul_backward", "matmul_head", "matmul_backward_head", "attention", "memory_bandwidth",
+         "optimizer", "loss")
 
 
 def _scaled(rate, factor: float):
@@ -280,7 +288,7 @@ def _scaled(rate, factor: float):
 
 
 def _check_rates(data: dict, source: str, required=("matmul", "attention")) -> None:
-    for key in ("matmul", "matmul_backward", "attention"):
+    for key in ("matmul", "matmul_backward", "matmul_head", "matmul_backward_head", "attention"):
         rows = data.get(key)
         if rows is None and key not in required:
             continue

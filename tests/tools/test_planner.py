@@ -185,17 +185,38 @@ def test_a_ranks_rates_are_its_threads_and_its_share_of_the_cores():
 
 
 def test_pipeline_stages_waiting_leave_the_shared_cores_to_the_busy_ones():
-    """Ranks beyond the cores: a stage waiting for its neighbour takes only the busy share of
-    its core (communication_cpu); all of it (1) is the plain share, none (0) the busy time alone."""
+    """Ranks beyond the cores: a stage waiting for its neighbour sleeps (pp/p2p.py), so it leaves
+    its core to the busy stages whatever a collective keeps busy (communication_cpu): the cores
+    are shared by ranks per core x the stages' mean busy share of the step, not all the ranks."""
     cfg, c = GPT2_PRESETS["tiny"], parse("dp=2,pp=2,schedule=1f1b,mb=2")
     alone, node = Cluster(1, 4, 4, 64 * 2**30), Cluster(1, 4, 2, 64 * 2**30)
     polling, sleeping = (Profile({**FLAT.data, "communication_cpu": busy}) for busy in (1.0, 0.0))
     base = predict(c, cfg, GPT2, alone, polling, 8, 64)
-    assert predict(c, cfg, GPT2, node, polling, 8, 64).time["compute"] == pytest.approx(2 * base.time["compute"])
     pred = predict(c, cfg, GPT2, node, sleeping, 8, 64)
     total = base.time["compute"] + base.time["pipeline bubble"]
     used = 2 * sum(s / total for s in _stage_busy(base)) / 2  # ranks per core x the stages' mean busy share
-    assert pred.time["compute"] == pytest.approx(base.time["compute"] * max(1.0, used), rel=1e-6)
+    assert 1.0 < used < 2.0
+    assert pred.time["compute"] == pytest.approx(base.time["compute"] * used, rel=1e-6)
+    assert predict(c, cfg, GPT2, node, polling, 8, 64).time["compute"] == pytest.approx(pred.time["compute"])
+
+
+def test_the_heads_product_at_the_head_tables_rate_the_blocks_at_theirs():
+    """The head's [C, vocab] product is rated from matmul_head / matmul_backward_head (measured at
+    its own shape), the blocks' from matmul / matmul_backward, however close their FLOPs."""
+    cfg = GPT2_PRESETS["tiny"]
+    split = Profile({**FLAT.data, "matmul_backward": [[1, R]], "matmul_head": [[1, R / 2]],
+                     "matmul_backward_head": [[1, R / 4]]})
+    rates = split.rates(1, 1)
+    assert (rates.matmul(1e9), rates.matmul(1e9, head=True)) == (pytest.approx(R), pytest.approx(R / 2))
+    assert rates.matmul_backward(1e9, head=True) == pytest.approx(R / 4)
+    assert FLAT.rates(1, 1).matmul(1e9, head=True) == pytest.approx(R)  # no head table: the blocks'
+    one = Cluster(1, 1, 1, 64 * 2**30)
+    flat, pred = (predict(parse("mb=4"), cfg, GPT2, one, p, 8, 64) for p in (FLAT, split))
+    head = 8 * 64 * cfg.padded_vocab_size * cfg.n_embd * 2  # the head's forward FLOPs, one step
+    # forward at R / 2 (one head's time more), backward's 2 x FLOPs at R / 4 (three heads' times more)
+    assert pred.time["compute"] - flat.time["compute"] == pytest.approx(head / R + 3 * 2 * head / R, rel=1e-6)
+    with pytest.raises(ValueError, match="matmul_head"):
+        Profile({**FLAT.data, "matmul_head": [[1, -1]]})
 
 
 def _stage_busy(pred) -> list:
