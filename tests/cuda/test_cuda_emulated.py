@@ -123,6 +123,17 @@ def test_offloaded_gradients_stream_during_backward_over_nccl_with_the_same_bits
         assert streamed == (everything if share is None else int(everything * share)), ranks
 
 
+@pytest.mark.mpi
+def test_weights_broadcast_into_the_parameters_between_offloaded_steps_are_kept(emulated):
+    """tests/cuda/offload_broadcast.py on two emulated GPUs: after the first step every rank takes
+    rank 0's weights by broadcast; a collective moves no storage version, so the host masters kept
+    between steps (commit d01a541) were stale on rank 1 and the next step wrote its old weights back."""
+    _, env = emulated
+    out = mpirun(2, [HERE / "offload_broadcast.py"], env=dict(env, INFINITRAIN_EMULATED_GPUS="2"), check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count(": OK") == 2, out.stdout
+
+
 def test_the_gpu_offload_benchmark_compares_the_three_ways_on_the_emulated_gpu(emulated):
     """benchmarks/offload.py --device cuda: the GPU's AdamW, the host's with the gradients copied
     at the step, and with them streamed during backward; the same losses, and only the last

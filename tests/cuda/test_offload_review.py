@@ -1,0 +1,123 @@
+"""Review of the offload's host masters kept between steps and its updates during backward
+(issue 53): cases where the offloaded AdamW must give the GPU AdamW's bits, or fail loudly.
+Run on a GPU, or on the emulated one:
+    INFINITRAIN_CUDA_LIBRARY=/tmp/emu/libinfinitrain_cuda.so python -m pytest -q tests/cuda/test_offload_review.py
+"""
+import numpy as np
+import pytest
+
+import infinitrain as it
+from infinitrain import nn
+from infinitrain.optim import AdamW, OffloadOptimizer
+
+GPU = it.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA device on this machine")
+
+
+def _weights(model):
+    return [p.detach().cpu().numpy().copy() for p in model.parameters()]
+
+
+@needs_gpu
+def test_a_weight_written_through_a_dlpack_alias_between_steps_is_not_overwritten():
+    """A GPU weight written by another library between steps (torch/CuPy through DLPack or
+    __cuda_array_interface__, loading weights, an EMA swap) moves no version of the parameter's
+    storage: the host master is stale, and the next offloaded step updates (and writes back) the
+    old weights instead of the loaded ones. The GPU AdamW updates what was written."""
+    runs = []
+    for offload in (False, True):
+        it.manual_seed(0)
+        model = nn.Linear(8, 4).to("cuda")
+        opt = AdamW(model.parameters(), lr=1e-2)
+        opt = OffloadOptimizer(opt, "cpu") if offload else opt
+        x = it.randn(3, 8).to("cuda")
+        for step in range(3):
+            model(x).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 0:
+                alias = it.from_dlpack(model.weight.detach().__dlpack__())  # as another library holds it
+                with it.no_grad():
+                    alias.mul_(0.5)
+        runs.append(_weights(model))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_gpu
+def test_a_gradient_that_arrives_again_after_its_early_update_is_an_error():
+    """arm(update=True) promises each gradient once per backward; commit afdc9ad says a second
+    arrival is an error. It is only when the worker has not yet queued the first update's copy
+    back: once it has, the parameter's storage version moved, EarlyUpdates.submit filters it out
+    as 'written behind the optimizer's back' before checking `done`, and the step (which skips
+    everything in `done`) silently drops the second contribution. Here the second backward
+    comes after the worker has finished (a parameter used by two losses, each backward on its own,
+    or used again by a replay after its gradient was accumulated)."""
+    runs = []
+    for offload in (False, True):
+        it.manual_seed(0)
+        model = nn.Linear(8, 4).to("cuda")
+        opt = AdamW(model.parameters(), lr=1e-2)
+        off = OffloadOptimizer(opt, "cpu") if offload else None
+        if off is not None:
+            for p in off.params:
+                p.register_post_accumulate_grad_hook(lambda p: off.grads_ready((p,)))
+        opt = off or opt
+        x = it.randn(3, 8).to("cuda")
+        for step in range(3):
+            if off is not None and step > 0:
+                off.arm(update=True)
+            model(x).square().sum().backward()
+            if off is not None and off._early is not None:
+                for f in list(off._early.futures):  # the worker has taken and copied back what was handed over
+                    f.result()
+            try:
+                model(x).sum().backward()  # the same parameters' gradients again
+            except RuntimeError as e:
+                assert "arrived twice" in str(e)
+                return  # the error the contract promises
+            opt.step()
+            opt.zero_grad()
+        runs.append(_weights(model))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_gpu
+@pytest.mark.parametrize("between", ["arm", "state_dict"])
+def test_a_second_backward_of_the_same_step_does_not_update_a_parameter_twice(between):
+    """Two backward passes before one step, each armed with update=True (TrainStep.forward_backward
+    called twice with step_during_backward=True, accumulating): arm() joined the first EarlyUpdates
+    and dropped the set it had updated, so the second backward updated the same parameters again
+    (with the accumulated gradient), silently. state_dict() between backward and step read the state
+    while the worker could still be writing it. Either is an error now, or the GPU AdamW's bits."""
+    runs = []
+    for offload in (False, True):
+        it.manual_seed(0)
+        model = nn.Linear(8, 4).to("cuda")
+        opt = AdamW(model.parameters(), lr=1e-2)
+        off = OffloadOptimizer(opt, "cpu") if offload else None
+        if off is not None:
+            for p in off.params:
+                p.register_post_accumulate_grad_hook(lambda p: off.grads_ready((p,)))
+        opt = off or opt
+        x = it.randn(3, 8).to("cuda")
+        for step in range(3):
+            try:
+                for _ in range(2):
+                    if off is not None and step > 0 and between == "arm":
+                        off.arm(update=True)
+                    model(x).square().sum().backward()
+                    if off is not None and step > 0 and between == "state_dict":
+                        if off._early is None:
+                            off.arm(update=True)
+                        else:
+                            opt.state_dict()  # (a checkpoint taken between backward and step)
+            except RuntimeError as e:
+                assert "arrived twice" in str(e)
+                return
+            opt.step()
+            opt.zero_grad()
+        runs.append(_weights(model))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
