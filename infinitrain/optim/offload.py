@@ -157,6 +157,9 @@ class OffloadOptimizer:
         # the first step always reads them)
         self._pushed = {}
         self._early, self._pool = None, None  # the updates made during backward (EarlyUpdates), their worker
+        # the parameters updated during this step's backward passes, by EarlyUpdates since joined:
+        # the step skips them, and a gradient of theirs arriving again is an error
+        self._updated_early = set()
         self._pieces = {}  # parameter index -> its views into host memory (_host_pieces)
         self.update_batch = update_batch(self.params)
         self.index = {id(p): i for i, p in enumerate(self.params)}
@@ -218,6 +221,7 @@ class OffloadOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._finish_early()  # the updates made stay made; their copies back come before what follows
+        self._updated_early = set()
         if self._copies is not None:  # the device may overwrite the gradients once copied
             self._copies.fence()
             self._copies.clear()
@@ -237,7 +241,8 @@ class OffloadOptimizer:
             self._copies.armed = True
             if update and self.device == "cpu" and not self.offload_params:
                 self._finish_early()
-                self._early = EarlyUpdates(self, {self.index[id(p)] for p in hold if id(p) in self.index})
+                self._early = EarlyUpdates(self, {self.index[id(p)] for p in hold if id(p) in self.index},
+                                           self._updated_early)
 
     @no_grad()
     def grads_ready(self, params, after=None) -> None:
@@ -262,7 +267,7 @@ class OffloadOptimizer:
     def grads_changed(self, params) -> None:
         """The device gradients of params are about to change (a fix-up after their reduction):
         the step copies them again. Call it before changing them."""
-        if self._early is not None and (late := self._early.done & {self.index.get(id(p)) for p in params}):
+        if late := self._updated_during_backward() & {self.index.get(id(p)) for p in params}:
             raise RuntimeError(f"OffloadOptimizer: the gradients of parameters {sorted(late)} change after the "
                                "host updated them during backward: arm(update=True) needs hold= to name them")
         if self._copies is not None and self._copies.streamed:
@@ -275,7 +280,7 @@ class OffloadOptimizer:
         already streamed are multiplied by it at the step, the same float32 product. Call it
         before scaling them, or after a grads_changed call made since they were streamed (which
         orders the copies before any change)."""
-        if self._early is not None and self._early.done:
+        if self._updated_during_backward():
             raise RuntimeError("OffloadOptimizer: gradients scaled (clipped) after the host updated them during "
                                "backward: arm(update=True) is only for steps without clipping")
         if self._copies is not None and self._copies.streamed:
@@ -292,10 +297,15 @@ class OffloadOptimizer:
         return t.detach().reshape(-1)
 
     def _finish_early(self) -> set:
-        """The parameters updated during backward (none unless armed with update=True), once
-        their updates and copies back are done."""
+        """The parameters updated during this step's backward passes (none unless armed with
+        update=True), once their updates and copies back are done."""
         early, self._early = self._early, None
-        return early.finish() if early is not None else set()
+        if early is not None:
+            self._updated_early |= early.finish()
+        return self._updated_early
+
+    def _updated_during_backward(self) -> set:
+        return self._updated_early | (self._early.done if self._early is not None else set())
 
     def _update_params(self, ids) -> None:
         """The whole update on the host of parameters ids (state in host memory, gradients in
@@ -331,7 +341,7 @@ class OffloadOptimizer:
 
     @no_grad()
     def step(self) -> None:
-        early = self._finish_early()  # (the parameters updated during backward are done)
+        early, self._updated_early = self._finish_early(), set()  # (those updated during backward are done)
         live = {i for i, p in enumerate(self.params) if p.grad is not None} - early
         grads = {i: self._flat(self._host_grad(i) if self.on_gpu[i] else self.params[i].grad) for i in live}
         if self._copies is not None:
@@ -409,6 +419,7 @@ class OffloadOptimizer:
     @no_grad()
     def state_dict(self) -> dict:
         """The wrapped optimizer's state_dict, whole (read back from where it is kept)."""
+        self._finish_early()  # not while the worker writes it
         full = {i: {key: zeros(*self.params[i].shape) for key in self.keys} for i in self.counts}
         blocks = [b for b in self.blocks if any(c[0] in full for c in b.chunks)]
         for b, array in self.store.stream(blocks, write=False):
@@ -425,6 +436,7 @@ class OffloadOptimizer:
     def load_state_dict(self, state_dict: dict) -> None:
         """Takes the wrapped optimizer's state_dict (checked as it would check it) into where the
         state is kept."""
+        self._finish_early()  # not while the worker writes it
         loaded = self.optimizer.checked_state(state_dict)
         entries = {i: loaded[p] for i, p in enumerate(self.params) if loaded.get(p)}
         for b, array in self.store.stream(self.blocks):

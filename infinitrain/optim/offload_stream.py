@@ -74,8 +74,9 @@ class EarlyUpdates:
     the copy back may overwrite it while backward goes on. finish() joins the worker and makes
     the current stream wait for the copies back before the next forward."""
 
-    def __init__(self, owner, hold):
+    def __init__(self, owner, hold, before=frozenset()):
         self.owner, self.hold = owner, hold  # hold: indices whose gradients change after backward
+        self.before = before  # indices updated by an earlier backward of the same step
         self.done, self.futures, self.copied = set(), [], None
         self.handed, self.lock = [], threading.Lock()  # (indices, the event after their copies), not yet taken
         self.handed_numel = 0
@@ -86,13 +87,15 @@ class EarlyUpdates:
 
     def submit(self, ids, landed) -> None:
         off = self.owner
-        # a weight written behind the optimizer's back is read back at the step, as without this
-        ids = [i for i in ids if i not in self.hold and off.masters[i] is not None
-               and off._pushed.get(i) == off._written(i)]
-        again = [f"parameter {i} {tuple(off.params[i].shape)}" for i in ids if i in self.done]
+        # checked before the filter below: once the worker has copied a parameter back, its
+        # version has moved, and the filter would drop a second arrival without a word
+        again = [f"parameter {i} {tuple(off.params[i].shape)}" for i in ids if i in self.done or i in self.before]
         if again:
             raise RuntimeError(f"OffloadOptimizer: the gradient of {', '.join(again)} arrived twice in one backward, "
                                "after the host had updated it: updating during backward needs each gradient once")
+        # a weight written behind the optimizer's back is read back at the step, as without this
+        ids = [i for i in ids if i not in self.hold and off.masters[i] is not None
+               and off._pushed.get(i) == off._written(i)]
         if ids:
             self.done.update(ids)
             with self.lock:
