@@ -352,6 +352,9 @@ class OffloadOptimizer:
                 self.masters[i].copy_(self.params[i].detach())
         if isinstance(self.store, HostStore) and not self.offload_params:
             self._update_and_push(sorted(i for i in live if self.masters[i] is not None))
+            # recorded once every copy back is queued: parameters that are views of one storage
+            # (ZeRO's shards) move each other's version, and would all look written elsewhere
+            self._record_pushed(early | live)
             live = {i for i in live if self.masters[i] is None}
         if not live:
             return
@@ -383,7 +386,7 @@ class OffloadOptimizer:
                     # the updated weights back to the GPU, queued on its stream: the copy runs
                     # while the host updates the next parameters
                     self.params[i].detach().copy_(self.masters[i], non_blocking=True)
-                    self._pushed[i] = self._written(i)
+        self._record_pushed(early | live)
 
     def _update_and_push(self, ids) -> None:
         """Parameters ids (on a GPU, state in host memory) updated a batch at a time, each
@@ -396,8 +399,13 @@ class OffloadOptimizer:
                 self._update_params(batch)
                 for j in batch:
                     self.params[j].detach().copy_(self.masters[j], non_blocking=True)
-                    self._pushed[j] = self._written(j)
                 batch, numel = [], 0
+
+    def _record_pushed(self, ids) -> None:
+        """Parameters ids (those with a master) as this step left them on the GPU."""
+        for i in ids:
+            if self.masters[i] is not None:
+                self._pushed[i] = self._written(i)
 
     def _written(self, i: int) -> tuple:
         """What identifies parameter i's weights as last written: its storage and version."""

@@ -121,3 +121,23 @@ def test_a_second_backward_of_the_same_step_does_not_update_a_parameter_twice(be
         runs.append(_weights(model))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+@needs_gpu
+def test_parameters_sharing_one_storage_are_not_read_back_every_step():
+    """ZeRO 1/2's shards are views of one flat tensor per bucket (as OffloadOptimizer sees them):
+    each shard's copy back moves the version of the storage they share, so after a step only the
+    last shard's record matches and every later step reads all the others back from the GPU (one
+    synchronous copy each), which is what keeping the masters was to save. The same bits either
+    way; recording the versions once the step's copies are all queued keeps them current."""
+    from infinitrain.optim import AdamW, OffloadOptimizer
+    it.manual_seed(0)
+    flat = it.randn(40).to("cuda")
+    params = [nn.Parameter(flat[:32].view(4, 8)), nn.Parameter(flat[32:])]
+    opt = OffloadOptimizer(AdamW(params, lr=1e-2), "cpu")
+    x = it.randn(3, 8).to("cuda")
+    for _ in range(2):
+        (x @ params[0].t() + params[1][:4]).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        assert all(opt._pushed[i] == opt._written(i) for i in range(2)), "a weight the step wrote looks foreign"
