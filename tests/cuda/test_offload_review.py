@@ -19,6 +19,8 @@ def _weights(model):
 
 
 @needs_gpu
+@pytest.mark.xfail(strict=True, reason="known limitation: a write through another library's view of the memory "
+                   "moves no version here, and the offloaded optimizer's host master overwrites it")
 def test_a_weight_written_through_a_dlpack_alias_between_steps_is_not_overwritten():
     """A GPU weight written by another library between steps (torch/CuPy through DLPack or
     __cuda_array_interface__, loading weights, an EMA swap) moves no version of the parameter's
