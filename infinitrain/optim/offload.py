@@ -153,8 +153,8 @@ class OffloadOptimizer:
                 m.copy_(p.detach())
         # parameter index -> (its storage, that storage's version) just after this optimizer last
         # wrote the weights to the GPU: while they match, the master copy is current and the
-        # step need not read the weights back (a loaded checkpoint or an in-place edit changes them, a collective not yet;
-        # the first step always reads them)
+        # step need not read the weights back (a loaded checkpoint or an in-place edit changes
+        # them, a collective not yet; the first step always reads them)
         self._pushed = {}
         self._early, self._pool = None, None  # the updates made during backward (EarlyUpdates), their worker
         # the parameters updated during this step's backward passes, by EarlyUpdates since joined:
