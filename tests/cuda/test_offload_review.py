@@ -18,6 +18,20 @@ def _weights(model):
     return [p.detach().cpu().numpy().copy() for p in model.parameters()]
 
 
+def _linear(offload: bool, streamed: bool = False):
+    """(model, optimizer, the OffloadOptimizer or None, input): a seeded Linear on the GPU with
+    AdamW, offloaded to the host when asked; streamed: each gradient handed over by its own hook,
+    as TrainStep does on one rank."""
+    it.manual_seed(0)
+    model = nn.Linear(8, 4).to("cuda")
+    opt = AdamW(model.parameters(), lr=1e-2)
+    off = OffloadOptimizer(opt, "cpu") if offload else None
+    if off is not None and streamed:
+        for p in off.params:
+            p.register_post_accumulate_grad_hook(lambda p: off.grads_ready((p,)))
+    return model, off or opt, off, it.randn(3, 8).to("cuda")
+
+
 @needs_gpu
 @pytest.mark.xfail(strict=True, reason="known limitation: a write through another library's view of the memory "
                    "moves no version here, and the offloaded optimizer's host master overwrites it")
@@ -28,11 +42,7 @@ def test_a_weight_written_through_a_dlpack_alias_between_steps_is_not_overwritte
     old weights instead of the loaded ones. The GPU AdamW updates what was written."""
     runs = []
     for offload in (False, True):
-        it.manual_seed(0)
-        model = nn.Linear(8, 4).to("cuda")
-        opt = AdamW(model.parameters(), lr=1e-2)
-        opt = OffloadOptimizer(opt, "cpu") if offload else opt
-        x = it.randn(3, 8).to("cuda")
+        model, opt, _, x = _linear(offload)
         for step in range(3):
             model(x).square().sum().backward()
             opt.step()
@@ -57,15 +67,7 @@ def test_a_gradient_that_arrives_again_after_its_early_update_is_an_error():
     or used again by a replay after its gradient was accumulated)."""
     runs = []
     for offload in (False, True):
-        it.manual_seed(0)
-        model = nn.Linear(8, 4).to("cuda")
-        opt = AdamW(model.parameters(), lr=1e-2)
-        off = OffloadOptimizer(opt, "cpu") if offload else None
-        if off is not None:
-            for p in off.params:
-                p.register_post_accumulate_grad_hook(lambda p: off.grads_ready((p,)))
-        opt = off or opt
-        x = it.randn(3, 8).to("cuda")
+        model, opt, off, x = _linear(offload, streamed=True)
         for step in range(3):
             if off is not None and step > 0:
                 off.arm(update=True)
@@ -95,15 +97,7 @@ def test_a_second_backward_of_the_same_step_does_not_update_a_parameter_twice(be
     while the worker could still be writing it. Either is an error now, or the GPU AdamW's bits."""
     runs = []
     for offload in (False, True):
-        it.manual_seed(0)
-        model = nn.Linear(8, 4).to("cuda")
-        opt = AdamW(model.parameters(), lr=1e-2)
-        off = OffloadOptimizer(opt, "cpu") if offload else None
-        if off is not None:
-            for p in off.params:
-                p.register_post_accumulate_grad_hook(lambda p: off.grads_ready((p,)))
-        opt = off or opt
-        x = it.randn(3, 8).to("cuda")
+        model, opt, off, x = _linear(offload, streamed=True)
         for step in range(3):
             try:
                 for _ in range(2):
