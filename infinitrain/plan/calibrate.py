@@ -34,7 +34,12 @@ from .profile import COLLECTIVES, DEFAULT, Profile, collective_time, fit_alpha_b
 
 SIZES = [2 ** k for k in range(12, 24, 2)]  # 4 KB .. 8 MB per collective
 # (tokens, width) of the blocks measured: the tiny presets' to GPT-2 124M's, short and long micro-batches
-SHAPES = [(128, 64), (128, 256), (512, 256), (256, 768), (1024, 768)]
+SHAPES = [(128, 64), (128, 256), (256, 256), (512, 256), (1024, 256), (256, 768), (1024, 768)]
+# (tokens, width) of the heads measured, at every micro-batch's tokens: the head's [C, vocab] product is
+# not monotone in its tokens here (backward at C 256: 53, 69, 57 GFLOP/s at 128, 256, 512 tokens),
+# so a rate read between two measured token counts can miss by 20%
+HEAD_SHAPES = [(128, 64), (128, 256), (256, 256), (512, 256), (1024, 256), (128, 768), (256, 768), (512, 768),
+               (1024, 768)]
 
 
 def _timed(fn, comm=None, least_seconds: float = 0.2) -> float:
@@ -75,18 +80,18 @@ def measure_compute(comm=None, full: bool = True) -> dict:
     # product runs at another rate, and a table by FLOPs alone would blend the two
     tables = {k: [] for k in ("matmul", "matmul_backward", "matmul_head", "matmul_backward_head")}
     attention = []
-    for tokens, C in (SHAPES if full else SHAPES[-2:-1]):
-        for k, n in ((C, 3 * C), (C, 4 * C), (4 * C, C), (C, 50304))[:None if full else 2]:
-            x, w, dy = randn(tokens, k, grad=True), randn(n, k, grad=True), randn(tokens, n)
-            flops = 2 * tokens * k * n
-            which = "_head" if n == 50304 else ""
-            fwd = _timed(lambda: F.linear(x, w), comm)
-            tables["matmul" + which].append([flops, flops / fwd])
-            if full:
-                both = _timed(lambda: F.linear(x, w).backward(dy), comm)
-                tables["matmul_backward" + which].append([flops, 2 * flops / max(both - fwd, 1e-9)])
-        if not full:
-            continue
+    products = [(tokens, k, n) for tokens, C in (SHAPES if full else SHAPES[-2:-1])
+                for k, n in ((C, 3 * C), (C, 4 * C), (4 * C, C))[:None if full else 2]]
+    for tokens, k, n in products + ([(tokens, C, 50304) for tokens, C in HEAD_SHAPES] if full else []):
+        x, w, dy = randn(tokens, k, grad=True), randn(n, k, grad=True), randn(tokens, n)
+        flops = 2 * tokens * k * n
+        which = "_head" if n == 50304 else ""
+        fwd = _timed(lambda: F.linear(x, w), comm)
+        tables["matmul" + which].append([flops, flops / fwd])
+        if full:
+            both = _timed(lambda: F.linear(x, w).backward(dy), comm)
+            tables["matmul_backward" + which].append([flops, 2 * flops / max(both - fwd, 1e-9)])
+    for tokens, C in SHAPES if full else ():
         H = C // 64
         for B, T in ((1, tokens), (max(1, tokens // 128), 128)):
             q, kk, v = (randn(B, H, T, 64) for _ in range(3))
@@ -146,8 +151,13 @@ def measure_node(comm, cores: int) -> dict:
             rate = _among(comm, k * cores, lambda sub: _products(sub))
             if rate is not None:
                 shared.append([k, rate / base])
+    # a pipeline stage waiting for its neighbour beside the busy ones: one per core, asleep in
+    # the engine's own wait
+    beside = _among(comm, 2 * cores, lambda sub: _products(sub, computing=cores)) if n >= 2 * cores else None
     if comm.Get_rank() != 0:
         return {}
+    if beside is not None:
+        out["pipeline_wait_cpu"] = round(_waiting_share(beside / base, shared), 3)
     if threads:
         out["threads"] = threads
     if len(shared) > 1:
@@ -155,23 +165,52 @@ def measure_node(comm, cores: int) -> dict:
     return out
 
 
-def _products(comm, least_seconds: float = 0.5) -> float:
+def _products(comm, least_seconds: float = 0.5, computing: int | None = None) -> float:
     """The node's FLOP/s of a block's product with every rank of comm running it at once: all the
     ranks' FLOPs over the span from the first start to the last end (each rank's own rate would
-    count the time it ran while others were still waiting to start as shared)."""
+    count the time it ran while others were still waiting to start as shared). computing: only
+    that many ranks compute; each other rank waits for a message from one of them as a pipeline
+    stage waits for its neighbour (pp/p2p.py's sleep_until), which they send when done."""
     import infinitrain as it
     from infinitrain.nn import functional as F
+
+    from ..nn.parallel.pp.p2p import sleep_until
     tokens, C = SHAPES[-2] if len(SHAPES) > 2 else SHAPES[-1]
     rng = np.random.default_rng(0)
     x, w = (it.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((tokens, C), (4 * C, C)))
     once = _timed(lambda: F.linear(x, w), None, least_seconds=0.05)
     calls = comm.allreduce(max(3, int(least_seconds / once)), op=_min_op())
+    rank, computing = comm.Get_rank(), computing or comm.Get_size()
+    token = np.zeros(1, np.int8)
     comm.Barrier()
-    start = time.monotonic()  # one clock for the node's processes
-    for _ in range(calls):
-        F.linear(x, w)
-    spans = comm.allgather((start, time.monotonic()))
-    return comm.Get_size() * calls * 2 * tokens * C * 4 * C / (max(e for _, e in spans) - min(s for s, _ in spans))
+    span = None
+    if rank < computing:
+        start = time.monotonic()  # one clock for the node's processes
+        for _ in range(calls):
+            F.linear(x, w)
+        span = (start, time.monotonic())
+        for peer in range(rank + computing, comm.Get_size(), computing):
+            comm.Send(token, peer)
+    else:
+        request = comm.Irecv(token, rank % computing)
+        sleep_until(lambda: request.Test())
+    spans = [s for s in comm.allgather(span) if s]
+    return computing * calls * 2 * tokens * C * 4 * C / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def _waiting_share(throughput: float, shared: list) -> float:
+    """The share of a core a sleeping wait takes, as the cost model counts it (profile.py): with
+    one busy rank and one waiting rank per core the busy ranks run at 1 / slowdown(1 + share) of
+    their rate alone, slowdown(k) = k / the node's throughput at k ranks per core."""
+    from .profile import _linear
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        if _linear(shared, 1 + mid) / (1 + mid) > throughput:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
 
 
 def measure_collectives(comm, repeats: int = 5) -> dict:
@@ -223,7 +262,7 @@ def measure_synchronization(comm, link: dict, calls: int = 60) -> float:
     import infinitrain as it
     from infinitrain.nn import functional as F
     from mpi4py import MPI
-    tokens, C = SHAPES[min(2, len(SHAPES) - 1)]
+    tokens, C = 512, 256  # a block's product of GPT-2 small at four sequences
     rng = np.random.default_rng(0)
     x, w = (it.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((tokens, C), (4 * C, C)))
     send, recv = np.ones(2 ** 18, np.float32), np.empty(2 ** 18, np.float32)
@@ -253,8 +292,8 @@ def main(argv=None) -> int:
                                                       "head): a check that it runs, not a profile to plan with")
     args = p.parse_args(argv)
     if args.quick:
-        global SHAPES
-        SHAPES = SHAPES[:2]
+        global SHAPES, HEAD_SHAPES
+        SHAPES, HEAD_SHAPES = SHAPES[:2], HEAD_SHAPES[:2]
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     base = Profile.load(args.base).data if args.base else dict(DEFAULT)
@@ -286,6 +325,9 @@ def main(argv=None) -> int:
         print(f"one rank with {t} threads: products x {_mean(rates['matmul']) / _mean(compute['matmul']):.2f} "
               f"one thread's (by size: " + ", ".join(f"{r / f:.2f}" for (_, r), (_, f) in
                                                   zip(rates["matmul"], compute["matmul"])) + ")")
+    if "pipeline_wait_cpu" in compute:
+        print(f"a pipeline stage asleep in its wait beside each busy rank takes {compute['pipeline_wait_cpu']:.0%} "
+              "of a core")
     if "shared_cores" in compute:
         print("the node's products with k ranks per core, relative to one: " + ", ".join(
             f"k={k:g}: {v:.2f}" for k, v in compute["shared_cores"]))

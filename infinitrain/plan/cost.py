@@ -145,11 +145,10 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
                 for s in range(c.pp)]
         if rates.per_core > 1:  # ranks take turns on the cores, but a stage waiting for its
             # neighbour leaves its core to the others. Its wait sleeps in backoffs of up to 1 ms
-            # (pp/p2p.py's _block), and waking that often still takes the cores from the busy
-            # stages: taken as the busy share a rank waiting in MPI keeps (communication_cpu)
-            # until this wait's own share is measured (counting the busy shares alone put the
-            # stages sharing 2 cores 12-20% fast, and made the planner choose them)
-            used = sum(u + rates.busy * (1 - u) for u in (s / sim["time"] for s in busy)) / c.pp
+            # (pp/p2p.py's sleep_until), and waking that often still takes a share of a core from
+            # the busy stages: the profile's measured pipeline_wait_cpu (counting the busy shares
+            # alone put the stages sharing 2 cores 12-20% fast, and made the planner choose them)
+            used = sum(u + rates.waiting * (1 - u) for u in (s / sim["time"] for s in busy)) / c.pp
             relief = rates.slowdown(max(1.0, rates.per_core * used)) / rates.slowdown(rates.per_core)
             busy, sim = [s * relief for s in busy], {**sim, "time": sim["time"] * relief}
             say(f"the stages busy {used:.0%} of the step on average: the cores shared by "

@@ -20,6 +20,8 @@ The file is JSON (docs/planning.md shows one):
                        "optimizer": ..., "loss": ...}},   # one rank's rates with that many threads
      "shared_cores": [[ranks_per_core, throughput]],  # the node's throughput when ranks share cores
      "communication_cpu": share,                      # of a collective's time its rank's core is busy
+     "pipeline_wait_cpu": share,                      # of a core a pipeline stage waiting asleep takes
+                                                      # from the busy ranks (default: communication_cpu)
      "synchronization": seconds}                      # a blocking call's wait for the slowest rank
 
 The collectives are all_reduce, all_gather, reduce_scatter, all_to_all and send_recv. alpha and
@@ -158,9 +160,10 @@ class Profile:
         if not isinstance(data.get("synchronization", 0.0), (int, float)) or data.get("synchronization", 0.0) < 0:
             raise ValueError(f"profile {source}: synchronization must be seconds >= 0, got "
                              f"{data['synchronization']!r}")
-        busy = data.get("communication_cpu", 0.0)
-        if not isinstance(busy, (int, float)) or not 0 <= busy <= 1:
-            raise ValueError(f"profile {source}: communication_cpu must be a share in [0, 1], got {busy!r}")
+        for key in ("communication_cpu", "pipeline_wait_cpu"):
+            busy = data.get(key, 0.0)
+            if not isinstance(busy, (int, float)) or isinstance(busy, bool) or not 0 <= busy <= 1:
+                raise ValueError(f"profile {source}: {key} must be a share in [0, 1], got {busy!r}")
         overlap = {**DEFAULT["overlap"], **(data.get("overlap") or {})}
         for k, v in overlap.items():
             if k not in OVERLAPS or not isinstance(v, (int, float)) or not 0 <= v <= 1:
@@ -202,6 +205,7 @@ class Profile:
         rates = Rates(table, 1.0, 1.0)
         rates.slowdown = lambda k: k / _linear(self.data.get("shared_cores", [[1, 1.0]]), k) if k > 1 else 1.0
         rates.per_core, rates.busy = per_core, self.data.get("communication_cpu", 0.0)
+        rates.waiting = self.data.get("pipeline_wait_cpu", rates.busy)
         if per_core > 1:
             rates.scale = 1 / rates.slowdown(per_core)
             rates.stretch = 1 + rates.busy * (rates.slowdown(per_core) - 1)
@@ -238,6 +242,7 @@ class Rates:
         # ranks per core (threads counted), the busy share of a core waiting in MPI, and the
         # slowdown of a rank at k ranks per core (k / the node's throughput there)
         self.per_core, self.busy, self.slowdown = 1.0, 0.0, lambda k: 1.0
+        self.waiting = 0.0  # the share of a core a pipeline stage asleep in its wait takes
 
     def describe(self) -> str:
         """What --explain says of the share (nothing where a rank has its cores to itself)."""

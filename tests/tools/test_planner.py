@@ -185,18 +185,32 @@ def test_a_ranks_rates_are_its_threads_and_its_share_of_the_cores():
 
 
 def test_pipeline_stages_waiting_leave_the_shared_cores_to_the_busy_ones():
-    """Ranks beyond the cores: a stage waiting for its neighbour takes only the busy share of
-    its core (communication_cpu: its wait sleeps in short backoffs, and waking takes a share);
-    all of it (1) is the plain share, none (0) the busy time alone."""
+    """Ranks beyond the cores: a stage waiting for its neighbour takes only the measured share of
+    its core (pipeline_wait_cpu: its wait sleeps in short backoffs, and waking takes a share;
+    absent, the share a rank waiting in MPI keeps); all of it (1) is the plain share, none (0)
+    the busy time alone, a quarter between the two."""
     cfg, c = GPT2_PRESETS["tiny"], parse("dp=2,pp=2,schedule=1f1b,mb=2")
     alone, node = Cluster(1, 4, 4, 64 * 2**30), Cluster(1, 4, 2, 64 * 2**30)
-    polling, sleeping = (Profile({**FLAT.data, "communication_cpu": busy}) for busy in (1.0, 0.0))
+    polling, sleeping = (Profile({**FLAT.data, "pipeline_wait_cpu": share}) for share in (1.0, 0.0))
     base = predict(c, cfg, GPT2, alone, polling, 8, 64)
     assert predict(c, cfg, GPT2, node, polling, 8, 64).time["compute"] == pytest.approx(2 * base.time["compute"])
-    pred = predict(c, cfg, GPT2, node, sleeping, 8, 64)
     total = base.time["compute"] + base.time["pipeline bubble"]
-    used = 2 * sum(s / total for s in _stage_busy(base)) / 2  # ranks per core x the stages' mean busy share
-    assert pred.time["compute"] == pytest.approx(base.time["compute"] * max(1.0, used), rel=1e-6)
+    busy = [s / total for s in _stage_busy(base)]
+    for profile, share in ((sleeping, 0.0), (Profile({**FLAT.data, "pipeline_wait_cpu": 0.25}), 0.25),
+                           (Profile({**FLAT.data, "communication_cpu": 0.25}), 0.25)):
+        used = 2 * sum(u + share * (1 - u) for u in busy) / 2  # ranks per core x the stages' mean share of a core
+        pred = predict(c, cfg, GPT2, node, profile, 8, 64)
+        assert pred.time["compute"] == pytest.approx(base.time["compute"] * max(1.0, used), rel=1e-6)
+    with pytest.raises(ValueError, match="pipeline_wait_cpu"):
+        Profile({**FLAT.data, "pipeline_wait_cpu": 1.5})
+
+
+def test_calibrate_turns_the_throughput_beside_waiting_ranks_into_their_share_of_a_core():
+    """With one busy and one waiting rank per core, the busy ones at 0.8 of their rate alone, and
+    the node's throughput at 2 ranks per core 0.9: (1 - 0.1 w) / (1 + w) = 0.8, so w = 2/9."""
+    from infinitrain.plan.calibrate import _waiting_share
+    assert _waiting_share(0.8, [[1, 1.0], [2, 0.9]]) == pytest.approx(2 / 9, abs=1e-9)
+    assert _waiting_share(1.05, [[1, 1.0], [2, 0.9]]) == pytest.approx(0.0, abs=1e-9)  # no cost measured: none
 
 
 def test_the_heads_product_at_the_head_tables_rate_the_blocks_at_theirs():
@@ -344,10 +358,16 @@ def test_layout_auto_trains_with_the_layout_the_plan_picks(tmp_path):
 
 
 @pytest.mark.mpi
-def test_calibrate_on_two_ranks_measures_the_collectives(tmp_path):
+def test_calibrate_on_four_ranks_measures_the_collectives_and_the_shared_cores(tmp_path):
+    """Four ranks on this 2-core machine (CI's too): two ranks per core, and a pipeline wait
+    beside each busy rank."""
+    import os
     import sys
-    out = run(launch(2) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output", tmp_path / "p.json",
+    cores = len(os.sched_getaffinity(0))
+    out = run(launch(4) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output", tmp_path / "p.json",
                            "--repeats", "1", "--quick"], timeout=300, check=True)
-    assert "collectives over 2 ranks" in out.stdout
+    assert f"collectives over {min(cores, 4)} ranks" in out.stdout
     profile = Profile.load(tmp_path / "p.json")
-    assert profile["measured_ranks"] == 2 and profile["intra_node"]["all_reduce"]["beta"] > 0
+    assert profile["measured_ranks"] == 4 and profile["intra_node"]["all_reduce"]["beta"] > 0
+    if cores <= 2:
+        assert 0 <= profile["pipeline_wait_cpu"] <= 1 and profile["shared_cores"][-1][0] == 4 // cores

@@ -102,19 +102,27 @@ class P2P:
 
     def _block(self, work, describe) -> None:
         start = time.monotonic()
-        deadline = start + self.timeout
-        pause = 0.0
-        while not work.is_completed():
-            if time.monotonic() > deadline:
-                s = self.stage
-                raise PipelineTimeout(
-                    f"rank {self.group.ranks[s.stage]} (pipeline stage {s.stage} of {s.size}) waited "
-                    f"{self.timeout:.0f} s for {describe()}: that rank died or hung. If a stage is "
-                    "legitimately that slow, raise the pipeline timeout (--pipeline_timeout)")
-            # sleeping, not spinning: ranks oversubscribing cores need them to compute
-            time.sleep(pause)
-            pause = min(max(2 * pause, 1e-5), 1e-3)
+        if not sleep_until(work.is_completed, start + self.timeout):
+            s = self.stage
+            raise PipelineTimeout(
+                f"rank {self.group.ranks[s.stage]} (pipeline stage {s.stage} of {s.size}) waited "
+                f"{self.timeout:.0f} s for {describe()}: that rank died or hung. If a stage is "
+                "legitimately that slow, raise the pipeline timeout (--pipeline_timeout)")
         self.wait_s += time.monotonic() - start
+
+
+def sleep_until(done, deadline: float = float("inf")) -> bool:
+    """Poll done() until it holds (True) or time.monotonic() passes the deadline (False),
+    sleeping between polls in pauses doubling from 10 us to 1 ms: sleeping, not spinning, because
+    ranks oversubscribing cores need them to compute (what such a wait still takes from them,
+    waking that often, is the planner's measured pipeline_wait_cpu)."""
+    pause = 0.0
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(max(2 * pause, 1e-5), 1e-3)
+    return True
 
 
 _SENT = ("this activation was sent to the next pipeline stage and its memory given back (the "
