@@ -173,23 +173,7 @@ class profile:
         asynchronous one, a transfer on the communication thread's track), `hidden_ns` the part
         of it during which a kernel ran on another thread, `share` their ratio (None without
         communication). An asynchronous call only queues its collective and is not counted."""
-        comm, compute = [], []
-        for _name, cat, _tid, t0, t1, args in self.events:
-            if cat == "kernel":
-                compute.append((t0, t1))
-            elif cat == "comm" and not (args and args.get("async")):
-                comm.append((t0, t1))
-        comm, compute = _union(comm), _union(compute)
-        comm_ns = sum(t1 - t0 for t0, t1 in comm)
-        hidden, i, j = 0, 0, 0
-        while i < len(comm) and j < len(compute):  # the two sorted unions, side by side
-            lo, hi = max(comm[i][0], compute[j][0]), min(comm[i][1], compute[j][1])
-            hidden += max(0, hi - lo)
-            if comm[i][1] < compute[j][1]:
-                i += 1
-            else:
-                j += 1
-        return {"comm_ns": comm_ns, "hidden_ns": hidden, "share": hidden / comm_ns if comm_ns else None}
+        return communication_overlap((cat, t0, t1, args) for _name, cat, _tid, t0, t1, args in self.events)
 
     # ---- the Chrome trace ---------------------------------------------------------------------
     def _trace_events(self, rank: int) -> list:
@@ -228,6 +212,28 @@ class profile:
             events = [e for part in gathered for e in part]
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+
+def communication_overlap(events) -> dict:
+    """Profile.communication_overlap over (category, start, end, args) spans of one rank: a
+    live profile's or a Chrome trace's (python -m infinitrain.plan overlap reads those)."""
+    comm, compute = [], []
+    for cat, t0, t1, args in events:
+        if cat == "kernel":
+            compute.append((t0, t1))
+        elif cat == "comm" and not (args and args.get("async")):
+            comm.append((t0, t1))
+    comm, compute = _union(comm), _union(compute)
+    comm_ns = sum(t1 - t0 for t0, t1 in comm)
+    hidden, i, j = 0, 0, 0
+    while i < len(comm) and j < len(compute):  # the two sorted unions, side by side
+        lo, hi = max(comm[i][0], compute[j][0]), min(comm[i][1], compute[j][1])
+        hidden += max(0, hi - lo)
+        if comm[i][1] < compute[j][1]:
+            i += 1
+        else:
+            j += 1
+    return {"comm_ns": comm_ns, "hidden_ns": hidden, "share": hidden / comm_ns if comm_ns else None}
 
 
 def _union(spans: list) -> list:

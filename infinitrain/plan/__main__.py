@@ -4,6 +4,7 @@
         --nodes 4 --cores_per_node 64 --memory_per_node 256 --profile profile.json
     python -m infinitrain.plan --model small ... --explain dp=2,tp=2,sp=1,pp=1,cp=1,zero=1,recompute=none,mb=2
     python -m infinitrain.plan calibrate --output profile.json     (under mpiexec -n N for the collectives)
+    python -m infinitrain.plan overlap --profile profile.json dp=dp_trace.json   (the overlap a --profile run measured)
 
 Every layout the examples accept is listed (--top of them), those that fit first, by predicted
 step time, with its memory per rank and step time by component and the command that runs it;
@@ -95,6 +96,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["calibrate"]:
         from .calibrate import main as calibrate
         return calibrate(argv[1:])
+    if argv[:1] == ["overlap"]:
+        from .overlap import main as overlap
+        return overlap(argv[1:])
     args = _args(argv)
     try:
         config, cls, example = model_of(args.model, args.config, args.example)

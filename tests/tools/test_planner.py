@@ -371,3 +371,26 @@ def test_calibrate_on_four_ranks_measures_the_collectives_and_the_shared_cores(t
     assert profile["measured_ranks"] == 4 and profile["intra_node"]["all_reduce"]["beta"] > 0
     if cores <= 2:
         assert 0 <= profile["pipeline_wait_cpu"] <= 1 and profile["shared_cores"][-1][0] == 4 // cores
+
+
+def test_overlap_sets_a_groups_share_from_a_trace_of_the_profiler(tmp_path, capsys):
+    """`plan overlap`: the share of a trace's communication during which its rank computed,
+    over every rank (rank 0: 4 ms of a 10 ms transfer beside a kernel; rank 1: 0 of 10 ms; an
+    asynchronous call only queues and is not counted), written into the profile's overlap."""
+    from infinitrain.plan.__main__ import main
+
+    def span(pid, cat, ts, dur, **args):
+        return {"name": cat, "cat": cat, "ph": "X", "pid": pid, "tid": 0, "ts": ts, "dur": dur, "args": args}
+    events = [span(0, "comm", 0, 10_000), span(0, "kernel", 6_000, 9_000),
+              span(0, "comm", 20_000, 5_000, **{"async": True}), span(1, "comm", 0, 10_000),
+              span(1, "kernel", 10_000, 1_000)]
+    (tmp_path / "dp.json").write_text(json.dumps({"traceEvents": events}))
+    FLAT.save(tmp_path / "p.json")
+    assert main(["overlap", "--profile", str(tmp_path / "p.json"), f"dp={tmp_path / 'dp.json'}"]) == 0
+    assert "dp: " in capsys.readouterr().out
+    written = Profile.load(tmp_path / "p.json")
+    assert written["overlap"]["dp"] == pytest.approx(0.2) and written["overlap"]["tp"] == FLAT["overlap"]["tp"]
+    (tmp_path / "none.json").write_text(json.dumps({"traceEvents": [span(0, "kernel", 0, 5)]}))
+    assert main(["overlap", "--profile", str(tmp_path / "p.json"), f"dp={tmp_path / 'none.json'}"]) == 2
+    assert "no communication" in capsys.readouterr().err
+    assert main(["overlap", "--profile", str(tmp_path / "p.json"), f"pp={tmp_path / 'dp.json'}"]) == 2
