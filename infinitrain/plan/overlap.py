@@ -35,10 +35,15 @@ def trace_overlap(path) -> dict:
     if not isinstance(events, list):
         raise ValueError(f"{path}: no traceEvents list: not a trace written by --profile")
     ranks = defaultdict(list)
-    for e in events:
+    for i, e in enumerate(events):
         if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in ("comm", "kernel"):
-            t0 = float(e["ts"]) * 1e3
-            ranks[e.get("pid", 0)].append((e["cat"], t0, t0 + float(e["dur"]) * 1e3, e.get("args")))
+            try:
+                t0, t1 = float(e["ts"]) * 1e3, (float(e["ts"]) + float(e["dur"])) * 1e3
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(f"{path}: event {i} ({e.get('name')!r}) has no numeric ts and dur: not a trace "
+                                 "written by --profile") from None
+            args = e.get("args")
+            ranks[e.get("pid", 0)].append((e["cat"], t0, t1, args if isinstance(args, dict) else None))
     per_rank = [communication_overlap(spans) for spans in ranks.values()]
     comm = sum(r["comm_ns"] for r in per_rank)
     if not comm:

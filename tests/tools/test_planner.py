@@ -394,3 +394,8 @@ def test_overlap_sets_a_groups_share_from_a_trace_of_the_profiler(tmp_path, caps
     assert main(["overlap", "--profile", str(tmp_path / "p.json"), f"dp={tmp_path / 'none.json'}"]) == 2
     assert "no communication" in capsys.readouterr().err
     assert main(["overlap", "--profile", str(tmp_path / "p.json"), f"pp={tmp_path / 'dp.json'}"]) == 2
+    (tmp_path / "bad.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "comm", "ts": 0}]}))
+    assert main(["overlap", "--profile", str(tmp_path / "p.json"), f"dp={tmp_path / 'bad.json'}"]) == 2
+    assert "no numeric ts and dur" in capsys.readouterr().err
+    (tmp_path / "cut.json").write_text(json.dumps({"traceEvents": events})[:100])
+    assert main(["overlap", "--profile", str(tmp_path / "p.json"), f"dp={tmp_path / 'cut.json'}"]) == 2
