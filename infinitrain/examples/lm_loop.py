@@ -223,32 +223,38 @@ class TrainingLoop:
         self.log(f"saved the model in transformers' format to {self.args.save_pretrained}", flush=True)
 
     def run(self) -> None:
-        args = self.args
         signal.signal(signal.SIGTERM, self.on_sigterm)
-        for step in range(self.first, args.num_iteration + 1):
-            self.current_step = step
-            if self.val_data is not None and args.val_loss_every and step == 1:
-                self.evaluate(0)  # before training
-            if self.profiling.starts(step):
-                self.prof.__enter__()
-            self.step(step)
-            if self.profiling.ends(step):
-                self.prof.__exit__(None, None, None)
-                self.profiling.report(self.prof, self.env, self.log)
-            if args.save and args.save_interval and step % args.save_interval == 0:
-                self.save(step)
-            else:
-                self.finish_save()
-            # after steps that are multiples of the intervals, as llm.c; the last step's are finish()'s
-            if step < args.num_iteration and self.val_data is not None and args.val_loss_every \
-                    and step % args.val_loss_every == 0:
-                self.evaluate(step)
-            if step < args.num_iteration and self.tokenizer is not None and args.sample_every \
-                    and step % args.sample_every == 0:
-                sample(self.model, self.tokenizer, args, self.env, self.plan, self.pipe)
-            if step < args.num_iteration and self.preempted():
-                self.stop_preempted(step)
+        with CtrlCInFinalizers() as ctrl_c:
+            for step in range(self.first, self.args.num_iteration + 1):
+                self.run_step(step)
+                ctrl_c.raise_if_caught()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # after the steps, a SIGTERM ends the process again
+
+    def run_step(self, step: int) -> None:
+        """A step and what surrounds it: evaluation, profiling, the checkpoint, the sample, preemption."""
+        args = self.args
+        self.current_step = step
+        if self.val_data is not None and args.val_loss_every and step == 1:
+            self.evaluate(0)  # before training
+        if self.profiling.starts(step):
+            self.prof.__enter__()
+        self.step(step)
+        if self.profiling.ends(step):
+            self.prof.__exit__(None, None, None)
+            self.profiling.report(self.prof, self.env, self.log)
+        if args.save and args.save_interval and step % args.save_interval == 0:
+            self.save(step)
+        else:
+            self.finish_save()
+        # after steps that are multiples of the intervals, as llm.c; the last step's are finish()'s
+        if step < args.num_iteration and self.val_data is not None and args.val_loss_every \
+                and step % args.val_loss_every == 0:
+            self.evaluate(step)
+        if step < args.num_iteration and self.tokenizer is not None and args.sample_every \
+                and step % args.sample_every == 0:
+            sample(self.model, self.tokenizer, args, self.env, self.plan, self.pipe)
+        if step < args.num_iteration and self.preempted():
+            self.stop_preempted(step)
 
     def on_sigterm(self, signum, frame) -> None:
         """SIGTERM (a scheduler's preemption, Slurm's --signal, a `kill`): noted, acted on at the
@@ -377,6 +383,32 @@ class TrainingLoop:
 
 
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143, as a process ended by SIGTERM
+
+
+class CtrlCInFinalizers:
+    """Ctrl-C that Python would drop: the SIGINT handler raises KeyboardInterrupt at the next
+    Python line the main thread runs, and when that line is a finalizer's (a __del__, a weakref
+    callback, a generator closed by the garbage collector) Python prints "Exception ignored in"
+    and carries on, and so would training. While this is installed (sys.unraisablehook), such a
+    KeyboardInterrupt is noted instead, and raise_if_caught() raises it at the next step boundary."""
+
+    def __enter__(self):
+        self.caught, self.previous = False, sys.unraisablehook
+        sys.unraisablehook = self._unraisable
+        return self
+
+    def _unraisable(self, unraisable) -> None:
+        if unraisable.exc_type is KeyboardInterrupt:
+            self.caught = True  # (and no traceback: the interrupt gets its one line)
+        else:
+            self.previous(unraisable)
+
+    def raise_if_caught(self) -> None:
+        if self.caught:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        sys.unraisablehook = self.previous
 
 
 def _mpi_max():

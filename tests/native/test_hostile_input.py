@@ -324,21 +324,71 @@ def test_ctrl_c_during_a_save_leaves_nothing_behind(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step_000001"]
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """preexec_fn of a child that the test sends SIGINT: its SIGINT at the default and unblocked,
+    as a program started from a terminal has it, whatever the test runner's. A runner started in
+    the background by a shell without job control (`pytest ... &` in a script) ignores SIGINT;
+    the ignore survives exec, and a Python started ignoring SIGINT installs no KeyboardInterrupt
+    handler: the child would train on through the test's Ctrl-C."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_training_is_one_line_naming_the_last_checkpoint(tmp_path):
     import signal
     write_shard(tmp_path / "t.bin", np.tile(np.random.default_rng(0).integers(0, 50257, 200), 10))
     proc = run([sys.executable, "-m", "infinitrain.examples.gpt2", "--input_bin", tmp_path / "t.bin", "--model", "tiny",
                 "--batch_size", "2", "--sequence_length", "16", "--num_iteration", "100000", "--save", tmp_path / "ck",
-                "--save_interval", "2"], wait=False)
-    for line in proc.stdout:
-        if line.startswith("saved"):
-            break
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+                "--save_interval", "2"], wait=False, preexec_fn=_sigint_as_from_a_terminal)
+    try:
+        for line in proc.stdout:
+            if line.startswith("saved"):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:  # failed: not 100000 steps on a core for the rest of the run
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().startswith("interrupted at step") and "the last complete checkpoint is" in err, err
     assert not list((tmp_path / "ck").glob(".*tmp*"))
+
+
+@pytest.mark.slow
+def test_the_ctrl_c_test_trains_with_sigint_at_its_default_even_under_a_runner_that_ignores_it():
+    import signal
+    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler"
+             " and signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, []))"]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `pytest ... &` in a script starts it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        inherited = run(probe, check=True).stdout
+        given = run(probe, check=True, preexec_fn=_sigint_as_from_a_terminal).stdout
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+    assert (inherited.strip(), given.strip()) == ("False", "True")
+
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_training(capsys):
+    """The SIGINT handler raises KeyboardInterrupt at the next Python line, which may be a
+    __del__'s: Python prints that one and drops it. The training loop's guard keeps it."""
+    from infinitrain.examples.lm_loop import CtrlCInFinalizers
+
+    class Finalized:
+        def __del__(self):
+            raise KeyboardInterrupt  # where Ctrl-C's handler raised it
+
+    before = sys.unraisablehook
+    with CtrlCInFinalizers() as ctrl_c:
+        ctrl_c.raise_if_caught()  # nothing yet
+        Finalized()  # dropped at once
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c.raise_if_caught()
+    assert sys.unraisablehook is before and capsys.readouterr().err == ""
 
 
 # ---- llm.c headers ----------------------------------------------------------------------------
