@@ -50,7 +50,8 @@ def _timed(fn, comm=None, least_seconds: float = 0.2) -> float:
     t = time.perf_counter()
     fn()  # warm up, and how long one call takes (a head-sized product takes seconds on one core)
     once = max(time.perf_counter() - t, 1e-9)
-    calls = max(1 if once > least_seconds else 3, int(least_seconds / once))
+    # three calls at least: one call of a head-sized product, timed alone, wandered by 25% here
+    calls = max(3, int(least_seconds / once))
     if comm is not None and comm.Get_size() > 1:
         calls = comm.allreduce(calls, op=_min_op())
         comm.Barrier()
@@ -120,8 +121,12 @@ def _among(comm, ranks: int, fn):
     out = fn(sub) if active else None
     sub.Free()
     done = comm.Ibarrier()
+    pause = 0.001
     while not done.Test():
-        time.sleep(0.002)
+        # long naps: a rank waking every 2 ms took the cores from the ranks measuring (their
+        # products 10-20% slower, an OpenMP team of two threads up to 2x)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
     return out
 
 
@@ -288,9 +293,13 @@ def main(argv=None) -> int:
     p.add_argument("--base", default=None, help="a profile whose figures this one starts from (the inter-node link, "
                                                "the overlap shares, collectives on one process)")
     p.add_argument("--repeats", type=int, default=5, help="timings of each collective per size (their median)")
+    p.add_argument("--passes", type=int, default=3, help="measure the compute this many times and keep each "
+                                                           "figure's median (default 3)")
     p.add_argument("--quick", action="store_true", help="the small shapes only (no 768-wide blocks or GPT-2 124M's "
                                                       "head): a check that it runs, not a profile to plan with")
     args = p.parse_args(argv)
+    if args.passes < 1:
+        p.error(f"--passes must be 1 or more, got {args.passes}")
     if args.quick:
         global SHAPES, HEAD_SHAPES
         SHAPES, HEAD_SHAPES = SHAPES[:2], HEAD_SHAPES[:2]
@@ -300,9 +309,20 @@ def main(argv=None) -> int:
     # one rank per core, one thread each, for the tables; the rest of what a job's ranks get on
     # this node (threads, ranks sharing cores) beside them: measure_node
     cores = _node_cores(comm)
-    compute = measure_node(comm, cores)
+    # each figure the median of the passes': one pass's single timings wander by 20% on a shared
+    # (virtual) machine, the median of three by a few percent
+    compute = _median([measure_node(comm, cores) for _ in range(args.passes)])
     links = _among(comm, min(cores, comm.Get_size()), lambda sub: measure_collectives(sub, args.repeats)
                    if sub.Get_size() > 1 else None) if comm.Get_size() > 1 else None
+    # the wait for the slowest rank again where ranks take turns on the cores: a rank that is not
+    # running when its peers reach a collective keeps them waiting (with 4 ranks to a core, for
+    # most of a scheduler's time slice)
+    link = comm.bcast(links[0]["all_reduce"] if links is not None else None)
+    shared_sync = []
+    for k in (2, 4):
+        if link is not None and comm.Get_size() >= k * cores:
+            s = _among(comm, k * cores, lambda sub: measure_synchronization(sub, link))
+            shared_sync.append([k, s])
     if comm.Get_rank() != 0:
         return 0
     busy = sync = None
@@ -316,6 +336,8 @@ def main(argv=None) -> int:
         data.setdefault("inter_node", links)
         data["communication_cpu"] = busy
         data["synchronization"] = sync
+        if shared_sync:
+            data["synchronization_shared"] = [[1, sync]] + shared_sync
     Profile(data).save(args.output)
     rates = ", ".join(f"{f / 1e9:.1f}" for _, f in sorted(compute["matmul"]))
     print(f"wrote {args.output}: matmul {rates} GFLOP/s by size; bandwidth {compute['memory_bandwidth'] / 1e9:.1f} "
@@ -338,8 +360,22 @@ def main(argv=None) -> int:
         print("collectives over", min(cores, comm.Get_size()), "ranks (one per core): " + "; ".join(
             f"{k} alpha {v['alpha'] * 1e6:.1f} us, {1 / v['beta'] / 1e9 if v['beta'] else float('inf'):.2f} GB/s"
             for k, v in links.items()) + f"; the ranks' cores busy {busy:.0%} of a collective's time; a blocking "
-            f"call between computations waits {sync * 1e3:.2f} ms more for the slowest rank")
+            f"call between computations waits {sync * 1e3:.2f} ms more for the slowest rank" + "".join(
+                f", {s * 1e3:.2f} ms at {k} ranks per core" for k, s in shared_sync))
     return 0
+
+
+def _median(passes: list):
+    """Passes of the same measurement merged figure by figure: the median of each number, and of
+    each row's rate in a [size, rate] table (the rows in the same order in every pass)."""
+    first = passes[0]
+    if isinstance(first, dict):
+        return {k: _median([p[k] for p in passes]) for k in first}
+    if isinstance(first, list):
+        return [[row[0], statistics.median(p[i][1] for p in passes)] for i, row in enumerate(first)]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return statistics.median(passes)
+    return first
 
 
 def _mean(rows) -> float:

@@ -165,6 +165,11 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
             f"= {time['compute'] * 1e3:.1f} ms")
     _communication(c, config, model_class, cluster, profile, rates, plan, M, tokens, params, time, say)
     updated = params / (plan.dp_cp if plan.active_zero_stage >= 1 else 1)
+    if plan.dp_cp > 1:  # DDP's passes over the gradients: each copied into its bucket (read and write)
+        # and averaged there (mul_: read and write), at the memory bandwidth
+        time["DP buckets"] = 4 * params * 4 / rates.bandwidth
+        say(f"DP buckets: 4 passes over {params * 4 / 2**20:.1f} MB of gradients (the copy into the buckets, the "
+            f"average) at {rates.bandwidth / 1e9:.1f} GB/s = {time['DP buckets'] * 1e3:.1f} ms")
     time["optimizer"] = updated / rates.optimizer
     say(f"optimizer: AdamW over {updated / 1e6:.2f}M parameters at {rates.optimizer / 1e6:.0f}M/s = "
         f"{time['optimizer'] * 1e3:.1f} ms")
@@ -214,7 +219,9 @@ def _communication(c, config, model_class, cluster, profile, rates, plan, M, tok
     C, blocks = config.n_embd, max(_blocks(c, config, model_class))
     sp = c.tp if plan.sp else 1
 
-    sync = profile.data.get("synchronization", 0.0)
+    # measured where ranks take turns on the cores: it holds their turns, and is not stretched again
+    sync, sync_shared = profile.synchronization(rates.per_core)
+    sync_stretch = 1.0 if sync_shared else rates.stretch
 
     def cost(what, collective, ranks, nbytes, count, stride, hidden_key):
         inter = not _inside_node(stride, ranks, cluster)
@@ -222,7 +229,7 @@ def _communication(c, config, model_class, cluster, profile, rates, plan, M, tok
         # (DP's and ZeRO's traffic goes in buckets, each a call)
         calls = count * (math.ceil(nbytes / BUCKET_BYTES) if what == "DP communication" else 1)
         one = profile.collective(collective, ranks, nbytes, inter) * rates.stretch
-        total = (one * count + sync * calls * rates.stretch) * (1 - overlap[hidden_key])
+        total = (one * count + sync * calls * sync_stretch) * (1 - overlap[hidden_key])
         time[what] = time.get(what, 0.0) + total
         say(f"{what}: {count:g} x {collective} of {nbytes / 2**20:.2f} MB over {ranks} ranks "
             f"({'across nodes' if inter else 'in a node'}) = {one * 1e3:.3f} ms each"

@@ -22,7 +22,8 @@ The file is JSON (docs/planning.md shows one):
      "communication_cpu": share,                      # of a collective's time its rank's core is busy
      "pipeline_wait_cpu": share,                      # of a core a pipeline stage waiting asleep takes
                                                       # from the busy ranks (default: communication_cpu)
-     "synchronization": seconds}                      # a blocking call's wait for the slowest rank
+     "synchronization": seconds,                      # a blocking call's wait for the slowest rank
+     "synchronization_shared": [[ranks_per_core, seconds]]}  # the same where ranks take turns on the cores
 
 The collectives are all_reduce, all_gather, reduce_scatter, all_to_all and send_recv. alpha and
 beta are a ring's per-step figures (what a datasheet gives: a link's latency and 1 / its
@@ -160,6 +161,12 @@ class Profile:
         if not isinstance(data.get("synchronization", 0.0), (int, float)) or data.get("synchronization", 0.0) < 0:
             raise ValueError(f"profile {source}: synchronization must be seconds >= 0, got "
                              f"{data['synchronization']!r}")
+        waits = data.get("synchronization_shared", [[1, 0.0]])
+        if not isinstance(waits, list) or not waits or any(
+                not isinstance(r, (list, tuple)) or len(r) != 2 or not _positive(r[0])
+                or not isinstance(r[1], (int, float)) or r[1] < 0 for r in waits):
+            raise ValueError(f"profile {source}: synchronization_shared must be [ranks_per_core, seconds >= 0] rows, "
+                             f"got {waits!r}")
         for key in ("communication_cpu", "pipeline_wait_cpu"):
             busy = data.get(key, 0.0)
             if not isinstance(busy, (int, float)) or isinstance(busy, bool) or not 0 <= busy <= 1:
@@ -226,6 +233,15 @@ class Profile:
 
     def _scale(self, cores: float) -> float:
         return 1.0 if self["device"] != "cpu" else cores / self["cores"]
+
+    def synchronization(self, ranks_per_core: float) -> tuple:
+        """(seconds a blocking call waits for the slowest rank, whether that was measured with the
+        ranks taking turns on the cores as many to a core): the measured figure at that many ranks
+        per core where the profile has them (linear between), else the one-per-core figure."""
+        waits = self.data.get("synchronization_shared")
+        if ranks_per_core > 1 and waits:
+            return _linear(waits, ranks_per_core), True
+        return self.data.get("synchronization", 0.0), False
 
     def collective(self, collective: str, ranks: int, nbytes: float, inter_node: bool) -> float:
         return collective_time(self["inter_node" if inter_node else "intra_node"][collective], collective, ranks,

@@ -205,6 +205,15 @@ def test_pipeline_stages_waiting_leave_the_shared_cores_to_the_busy_ones():
         Profile({**FLAT.data, "pipeline_wait_cpu": 1.5})
 
 
+def test_calibrate_keeps_each_figures_median_over_its_passes():
+    from infinitrain.plan.calibrate import _median
+    passes = [{"matmul": [[1, 10.0], [2, 20.0]], "loss": 3.0, "threads": {"2": {"optimizer": 5.0}}, "cores": 1},
+              {"matmul": [[1, 30.0], [2, 21.0]], "loss": 1.0, "threads": {"2": {"optimizer": 7.0}}, "cores": 1},
+              {"matmul": [[1, 20.0], [2, 99.0]], "loss": 2.0, "threads": {"2": {"optimizer": 6.0}}, "cores": 1}]
+    assert _median(passes) == {"matmul": [[1, 20.0], [2, 21.0]], "loss": 2.0, "threads": {"2": {"optimizer": 6.0}},
+                               "cores": 1}
+
+
 def test_calibrate_turns_the_throughput_beside_waiting_ranks_into_their_share_of_a_core():
     """With one busy and one waiting rank per core, the busy ones at 0.8 of their rate alone, and
     the node's throughput at 2 ranks per core 0.9: (1 - 0.1 w) / (1 + w) = 0.8, so w = 2/9."""
@@ -365,7 +374,7 @@ def test_calibrate_on_four_ranks_measures_the_collectives_and_the_shared_cores(t
     import sys
     cores = len(os.sched_getaffinity(0))
     out = run(launch(4) + [sys.executable, "-m", "infinitrain.plan", "calibrate", "--output", tmp_path / "p.json",
-                           "--repeats", "1", "--quick"], timeout=300, check=True)
+                           "--repeats", "1", "--passes", "1", "--quick"], timeout=300, check=True)
     assert f"collectives over {min(cores, 4)} ranks" in out.stdout
     profile = Profile.load(tmp_path / "p.json")
     assert profile["measured_ranks"] == 4 and profile["intra_node"]["all_reduce"]["beta"] > 0
