@@ -94,8 +94,7 @@ class EarlyUpdates:
             raise RuntimeError(f"OffloadOptimizer: the gradient of {', '.join(again)} arrived twice in one backward, "
                                "after the host had updated it: updating during backward needs each gradient once")
         # a weight written behind the optimizer's back is read back at the step, as without this
-        ids = [i for i in ids if i not in self.hold and off.masters[i] is not None
-               and off._pushed.get(i) == off._written(i)]
+        ids = [i for i in ids if i not in self.hold and off.masters[i] is not None and off._current(i)]
         if ids:
             self.done.update(ids)
             with self.lock:
