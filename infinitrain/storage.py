@@ -9,7 +9,13 @@ from .device import device as Device
 class Storage:
     # version: bumped by every in-place write through a tensor method, so that autograd can tell
     # that a tensor it saved for backward was changed since (through it, a view or .detach())
-    __slots__ = ("handle", "ptr", "nbytes", "device", "_keepalive", "version", "__weakref__")
+    # exports: bumped each time the memory is handed to another library that may write it (DLPack,
+    # __cuda_array_interface__); aliases: how many of those may still write it now (a DLPack export
+    # until its consumer lets go; an interface export for good, its consumer never says). Writes
+    # there move no version (autograd, as PyTorch's, does not see them); the offloaded optimizer's
+    # host masters look at these two instead
+    __slots__ = ("handle", "ptr", "nbytes", "device", "_keepalive", "version", "exports", "aliases",
+                 "__weakref__")
 
     def __init__(self, nbytes: int, device: Device):
         out = ffi.new("it_storage **")
@@ -25,6 +31,12 @@ class Storage:
         # allocate() starts it again: ZeRO-3 refills released memory with the same values, the
         # same way each time, so a tensor saved between two refills still reads as unchanged
         self.version = 0
+        self.exports = self.aliases = 0
+
+    def exported(self) -> None:
+        """This memory is handed to another library, which may write it behind every version."""
+        self.exports += 1
+        self.aliases += 1
 
     def release(self, why: str) -> None:
         """Gives the memory back now, while tensors still view this storage (ZeRO-3 frees a
