@@ -3,6 +3,8 @@
 Run on a GPU, or on the emulated one:
     INFINITRAIN_CUDA_LIBRARY=/tmp/emu/libinfinitrain_cuda.so python -m pytest -q tests/cuda/test_offload_review.py
 """
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -32,25 +34,42 @@ def _linear(offload: bool, streamed: bool = False):
     return model, off or opt, off, it.randn(3, 8).to("cuda")
 
 
+def _alias(weight, how: str):
+    """weight's memory as another library would hold it: through DLPack or the CUDA array interface."""
+    if how == "cuda_array_interface":
+        return it.dlpack.from_cuda_array_interface(weight.detach())
+    return it.from_dlpack(weight.detach().__dlpack__())
+
+
 @needs_gpu
-def test_a_weight_written_through_a_dlpack_alias_between_steps_is_not_overwritten():
+@pytest.mark.parametrize("how", ["dlpack-held", "dlpack-dropped", "cuda_array_interface"])
+def test_a_weight_written_through_a_dlpack_alias_between_steps_is_not_overwritten(how):
     """A GPU weight written by another library between steps (torch/CuPy through DLPack or
     __cuda_array_interface__, loading weights, an EMA swap) moves no version of the parameter's
     storage, so the host master was stale and the next offloaded step updated (and wrote back) the
-    old weights instead of the written ones. The export itself is counted on the storage now, and
-    the step reads back a weight exported since it last wrote it, or held by another library."""
+    old weights instead of the written ones. An export is counted on the storage now: the step
+    reads back a weight exported since it last wrote it (an alias dropped at once), or still held
+    by another library (written again a step later); once the last DLPack alias is let go, the
+    master is kept again after one read-back. The GPU AdamW updates what was written."""
     runs = []
     for offload in (False, True):
-        model, opt, _, x = _linear(offload)
-        for step in range(3):
+        model, opt, off, x = _linear(offload)
+        alias = None
+        for step in range(4):
             model(x).square().sum().backward()
             opt.step()
             opt.zero_grad()
-            if step == 0:
-                alias = it.from_dlpack(model.weight.detach().__dlpack__())  # as another library holds it
+            if step == 0 or (step == 1 and how != "dlpack-dropped"):
+                alias = alias if alias is not None and how != "dlpack-dropped" else _alias(model.weight, how)
                 with it.no_grad():
                     alias.mul_(0.5)
+                if how == "dlpack-dropped":
+                    alias = None
+            if step == 2 and how == "dlpack-held":
+                alias = None
         runs.append(_weights(model))
+        if off is not None:  # a DLPack alias let go costs no read-back after; the interface's never goes
+            assert off._current(0) is (how != "cuda_array_interface")
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
 
@@ -136,3 +155,24 @@ def test_parameters_sharing_one_storage_are_not_read_back_every_step():
         opt.step()
         opt.zero_grad()
         assert all(opt._pushed[i] == opt._written(i) for i in range(2)), "a weight the step wrote looks foreign"
+
+
+@needs_gpu
+def test_the_shards_zero_gathers_after_the_step_are_not_read_back():
+    """ZeRO 1/2 all-gather every rank's updated shard into the flat parameters after the step,
+    which moves the version of the storage the offloaded shards view: same_weights() says the
+    write leaves this optimizer's weights as it wrote them (ZeRO's step wraps its all-gather in
+    it), where a write outside it makes the next step read them back."""
+    from infinitrain.optim import AdamW, OffloadOptimizer
+    it.manual_seed(0)
+    flat = it.randn(40).to("cuda")
+    params = [nn.Parameter(flat[:32].view(4, 8)), nn.Parameter(flat[32:])]
+    opt = OffloadOptimizer(AdamW(params, lr=1e-2), "cpu")
+    x = it.randn(3, 8).to("cuda")
+    for step in range(2):
+        (x @ params[0].t() + params[1][:4]).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        with it.no_grad(), opt.same_weights() if step == 0 else contextlib.nullcontext():
+            flat.copy_(flat.clone())  # the all-gather's write, its values unchanged
+        assert all(opt._current(i) for i in range(2)) is (step == 0)
