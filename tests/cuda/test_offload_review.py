@@ -176,3 +176,29 @@ def test_the_shards_zero_gathers_after_the_step_are_not_read_back():
         with it.no_grad(), opt.same_weights() if step == 0 else contextlib.nullcontext():
             flat.copy_(flat.clone())  # the all-gather's write, its values unchanged
         assert all(opt._current(i) for i in range(2)) is (step == 0)
+
+
+@needs_gpu
+def test_a_failed_update_during_backward_still_orders_the_copies_back_before_what_follows():
+    """arm(update=True): the worker updates the parameters and queues their copies back, then a
+    later batch of its fails. The step raises the failure, and the weights already queued for the
+    GPU are ordered before what the current stream does next (the emulated GPU's copy stream runs
+    only when something waits for it: read unordered, a weight would be the old one); no master
+    is taken as current after (the next step reads the weights back)."""
+    model, opt, off, x = _linear(True, streamed=True)
+    model(x).square().sum().backward()
+    opt.step()
+    opt.zero_grad()
+    off.arm(update=True)
+    model(x).square().sum().backward()
+    for f in list(off._early.futures):  # every parameter updated, its copy back queued
+        f.result()
+
+    def fail():
+        raise RuntimeError("the host update failed")
+    off._early.futures.append(off._pool.submit(fail))  # a later batch's failure
+    with pytest.raises(RuntimeError, match="the host update failed"):
+        opt.step()
+    for i in range(2):
+        np.testing.assert_array_equal(off.params[i].detach().cpu().numpy(), off.masters[i].numpy())
+    assert not any(off._current(i) for i in range(2))
