@@ -14,9 +14,9 @@ def group():
     return parallel.MPIProcessGroup(MPI.COMM_SELF, [0])
 
 
-def _moves(t, run) -> bool:
+def _moves(t, write) -> bool:
     before = t._storage.version
-    run()
+    write()
     return t._storage.version > before
 
 
@@ -29,7 +29,7 @@ def test_each_collective_moves_the_version_of_what_it_writes_and_of_nothing_else
     assert _moves(whole, lambda: group.all_gather(whole, x))
     assert _moves(out, lambda: group.reduce_scatter(out, whole))
     assert _moves(out, lambda: group.all_to_all_single(out, x))
-    assert not any(_moves(t, run) for t, run in ((x, lambda: group.all_gather(whole, x)),
+    assert not any(_moves(t, write) for t, write in ((x, lambda: group.all_gather(whole, x)),
                                                  (whole, lambda: group.reduce_scatter(out, whole)),
                                                  (x, lambda: group.all_to_all_single(out, x))))
     got, sent = it.zeros(4), []
