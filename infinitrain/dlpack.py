@@ -75,8 +75,7 @@ def _released(address: int) -> None:
     """The consumer of the export at address is done with it: one alias fewer of its storage."""
     entry = _EXPORTED.pop(address, None)
     if entry is not None:
-        storage = entry[3]._storage
-        storage.aliases = max(0, storage.aliases - 1)  # (0 if the storage took new memory since)
+        entry[3]._storage.unexported()
 
 
 @_DELETER

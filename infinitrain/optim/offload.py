@@ -152,11 +152,11 @@ class OffloadOptimizer:
         for m, p in zip(self.masters, self.params):
             if m is not None:
                 m.copy_(p.detach())
-        # parameter index -> (its storage, that storage's version and exports) just after this
-        # optimizer last wrote the weights to the GPU: while they match (_current), the master copy
-        # is current and the step need not read the weights back (a loaded checkpoint, an in-place
-        # edit, a collective into them, their memory handed to another library change them; the
-        # first step always reads them)
+        # parameter index -> (its storage, that storage's version and alias_version) just after
+        # this optimizer last wrote the weights to the GPU: while they match (_current), the master
+        # copy is current and the step need not read the weights back (a loaded checkpoint, an
+        # in-place edit, a collective into them, their memory handed to another library or let go
+        # by one change them; the first step always reads them)
         self._pushed = {}
         self._early, self._pool = None, None  # the updates made during backward (EarlyUpdates), their worker
         # the parameters updated during this step's backward passes, by EarlyUpdates since joined:
@@ -420,14 +420,15 @@ class OffloadOptimizer:
                 self._pushed[i] = self._written(i)
 
     def _written(self, i: int) -> tuple:
-        """What identifies parameter i's weights as last written: its storage, version and exports."""
+        """What identifies parameter i's weights as last written: its storage, version and alias_version."""
         storage = self.params[i]._storage
-        return storage, storage.version, storage.exports
+        return storage, storage.version, storage.alias_version
 
     def _current(self, i: int) -> bool:
         """Whether parameter i's weights are as this optimizer last wrote them: nothing wrote them
-        since (no in-place op, no collective, no new export), and no other library holds their
-        memory now (it may write it any time: read back every step while it does)."""
+        since (no in-place op, no collective, no other library handed or letting go of their
+        memory), and no other library holds it now (it may write it any time: the weights are
+        read back every step while it does)."""
         return self._pushed.get(i) == self._written(i) and not self.params[i]._storage.aliases
 
     def _host_grad(self, i: int):

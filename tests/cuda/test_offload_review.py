@@ -41,16 +41,25 @@ def _alias(weight, how: str):
     return it.from_dlpack(weight.detach().__dlpack__())
 
 
+# after which steps another library takes a weight's memory, writes it, lets go of it
+ALIAS_SCHEDULES = {
+    "dlpack-dropped": {0: "take write drop", 1: "take write drop"},    # all between two steps
+    "dlpack-held": {0: "take write", 1: "write", 2: "drop"},            # held across steps, written later
+    "dlpack-written-then-dropped": {0: "take write", 1: "write drop"},  # the last write just before letting go
+    "cuda_array_interface": {0: "take write", 1: "write"},              # its consumer never says it is done
+}
+
+
 @needs_gpu
-@pytest.mark.parametrize("how", ["dlpack-held", "dlpack-dropped", "cuda_array_interface"])
+@pytest.mark.parametrize("how", list(ALIAS_SCHEDULES))
 def test_a_weight_written_through_a_dlpack_alias_between_steps_is_not_overwritten(how):
     """A GPU weight written by another library between steps (torch/CuPy through DLPack or
     __cuda_array_interface__, loading weights, an EMA swap) moves no version of the parameter's
     storage, so the host master was stale and the next offloaded step updated (and wrote back) the
-    old weights instead of the written ones. An export is counted on the storage now: the step
-    reads back a weight exported since it last wrote it (an alias dropped at once), or still held
-    by another library (written again a step later); once the last DLPack alias is let go, the
-    master is kept again after one read-back. The GPU AdamW updates what was written."""
+    old weights instead of the written ones. The storage counts who holds its memory now: the step
+    reads a weight back while another library holds it, and once after one took it or let it go;
+    then the master is kept again (for a DLPack alias: the interface's consumer never lets go).
+    The GPU AdamW updates what was written."""
     runs = []
     for offload in (False, True):
         model, opt, off, x = _linear(offload)
@@ -59,16 +68,16 @@ def test_a_weight_written_through_a_dlpack_alias_between_steps_is_not_overwritte
             model(x).square().sum().backward()
             opt.step()
             opt.zero_grad()
-            if step == 0 or (step == 1 and how != "dlpack-dropped"):
-                alias = alias if alias is not None and how != "dlpack-dropped" else _alias(model.weight, how)
-                with it.no_grad():
-                    alias.mul_(0.5)
-                if how == "dlpack-dropped":
+            for action in ALIAS_SCHEDULES[how].get(step, "").split():
+                if action == "take":
+                    alias = _alias(model.weight, "cuda_array_interface" if how == "cuda_array_interface" else "dlpack")
+                elif action == "write":
+                    with it.no_grad():
+                        alias.mul_(0.5)
+                else:
                     alias = None
-            if step == 2 and how == "dlpack-held":
-                alias = None
         runs.append(_weights(model))
-        if off is not None:  # a DLPack alias let go costs no read-back after; the interface's never goes
+        if off is not None:
             assert off._current(0) is (how != "cuda_array_interface")
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
