@@ -71,14 +71,21 @@ _get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char
 _EXPORTED = {}  # address of a DLManagedTensor -> what it points into, alive until its deleter runs
 
 
+def _released(address: int) -> None:
+    """The consumer of the export at address is done with it: one alias fewer of its storage."""
+    entry = _EXPORTED.pop(address, None)
+    if entry is not None:
+        entry[3]._storage.unexported()
+
+
 @_DELETER
 def _delete(managed):
-    _EXPORTED.pop(ctypes.addressof(managed.contents), None)
+    _released(ctypes.addressof(managed.contents))
 
 
 @_VERSIONED_DELETER
 def _delete_versioned(managed):
-    _EXPORTED.pop(ctypes.addressof(managed.contents), None)
+    _released(ctypes.addressof(managed.contents))
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -112,6 +119,7 @@ def to_dlpack(t, stream=None, max_version=None):
         managed.deleter = _delete
     address = ctypes.addressof(managed)
     _EXPORTED[address] = (managed, shape, strides, t)
+    t._storage.exported()  # writable (flags 0; numpy alone reads the unversioned capsule as read-only)
     name = b"dltensor_versioned" if versioned else b"dltensor"
     return _api.PyCapsule_New(address, name, ctypes.cast(_capsule_gone, ctypes.c_void_p))
 

@@ -9,7 +9,13 @@ from .device import device as Device
 class Storage:
     # version: bumped by every in-place write through a tensor method, so that autograd can tell
     # that a tensor it saved for backward was changed since (through it, a view or .detach())
-    __slots__ = ("handle", "ptr", "nbytes", "device", "_keepalive", "version", "__weakref__")
+    # aliases: how many other libraries may write the memory now, having been handed it (DLPack:
+    # until the consumer lets go; __cuda_array_interface__: for good, its consumer never says);
+    # alias_version: moves each time one is handed it or lets go. Their writes move no version
+    # (autograd, as PyTorch's, does not see them); the offloaded optimizer's host masters look at
+    # these two as well
+    __slots__ = ("handle", "ptr", "nbytes", "device", "_keepalive", "version", "aliases", "alias_version",
+                 "__weakref__")
 
     def __init__(self, nbytes: int, device: Device):
         out = ffi.new("it_storage **")
@@ -25,6 +31,17 @@ class Storage:
         # allocate() starts it again: ZeRO-3 refills released memory with the same values, the
         # same way each time, so a tensor saved between two refills still reads as unchanged
         self.version = 0
+        self.aliases = self.alias_version = 0
+
+    def exported(self) -> None:
+        """This memory is handed to another library, which may write it behind every version."""
+        self.aliases += 1
+        self.alias_version += 1
+
+    def unexported(self) -> None:
+        """A library handed this memory lets go of it (having maybe written it until now)."""
+        self.aliases = max(0, self.aliases - 1)  # (0 if the storage took new memory since)
+        self.alias_version += 1
 
     def release(self, why: str) -> None:
         """Gives the memory back now, while tensors still view this storage (ZeRO-3 frees a

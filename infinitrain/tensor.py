@@ -334,6 +334,7 @@ class Tensor:
         if self.device.type != "cuda":
             raise AttributeError("__cuda_array_interface__ is for CUDA tensors; this one is on the CPU")
         typestr = np.dtype(np.uint16).str if self.dtype is _dt.bfloat16 else self.dtype.numpy.str
+        self._storage.exported()  # writable (the False of "data"), for as long as the consumer likes
         return {"version": 3, "shape": self._shape, "typestr": typestr, "data": (self.data_ptr(), False),
                 "strides": tuple(s * self.itemsize for s in self._strides)}
 

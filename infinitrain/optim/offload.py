@@ -44,6 +44,7 @@ middle of training.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -151,10 +152,11 @@ class OffloadOptimizer:
         for m, p in zip(self.masters, self.params):
             if m is not None:
                 m.copy_(p.detach())
-        # parameter index -> (its storage, that storage's version) just after this optimizer last
-        # wrote the weights to the GPU: while they match, the master copy is current and the
-        # step need not read the weights back (a loaded checkpoint or an in-place edit changes
-        # them, a collective not yet; the first step always reads them)
+        # parameter index -> (its storage, that storage's version and alias_version) just after
+        # this optimizer last wrote the weights to the GPU: while they match (_current), the master
+        # copy is current and the step need not read the weights back (a loaded checkpoint, an
+        # in-place edit, a collective into them, their memory handed to another library or let go
+        # by one change them; the first step always reads them)
         self._pushed = {}
         self._early, self._pool = None, None  # the updates made during backward (EarlyUpdates), their worker
         # the parameters updated during this step's backward passes, by EarlyUpdates since joined:
@@ -348,7 +350,7 @@ class OffloadOptimizer:
             self.streamed_bytes = self._copies.bytes
             self._copies.clear()
         for i in live:  # the weights as they are now, where something else wrote them since
-            if self.masters[i] is not None and self._pushed.get(i) != self._written(i):
+            if self.masters[i] is not None and not self._current(i):
                 self.masters[i].copy_(self.params[i].detach())
         if isinstance(self.store, HostStore) and not self.offload_params:
             self._update_and_push(sorted(i for i in live if self.masters[i] is not None))
@@ -401,6 +403,16 @@ class OffloadOptimizer:
                     self.params[j].detach().copy_(self.masters[j], non_blocking=True)
                 batch, numel = [], 0
 
+    @contextmanager
+    def same_weights(self):
+        """For writes into the parameters that leave the weights as this optimizer last wrote them
+        (ZeRO 1/2's all-gather after the step, which writes each rank's own shard with its own
+        values): the parameters current before are current after, and the next step need not read
+        them back (the collective moved their storage's version)."""
+        current = [i for i in self._pushed if self._current(i)]
+        yield
+        self._record_pushed(current)
+
     def _record_pushed(self, ids) -> None:
         """Parameters ids (those with a master) as this step left them on the GPU."""
         for i in ids:
@@ -408,9 +420,16 @@ class OffloadOptimizer:
                 self._pushed[i] = self._written(i)
 
     def _written(self, i: int) -> tuple:
-        """What identifies parameter i's weights as last written: its storage and version."""
+        """What identifies parameter i's weights as last written: its storage, version and alias_version."""
         storage = self.params[i]._storage
-        return storage, storage.version
+        return storage, storage.version, storage.alias_version
+
+    def _current(self, i: int) -> bool:
+        """Whether parameter i's weights are as this optimizer last wrote them: nothing wrote them
+        since (no in-place op, no collective, no other library handed or letting go of their
+        memory), and no other library holds it now (it may write it any time: the weights are
+        read back every step while it does)."""
+        return self._pushed.get(i) == self._written(i) and not self.params[i]._storage.aliases
 
     def _host_grad(self, i: int):
         """Parameter i's gradient in host memory: its streamed copy (waited for, and scaled as

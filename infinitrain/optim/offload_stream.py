@@ -10,8 +10,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import _trace, cuda
-from .._native import lib
 from ..autograd import no_grad
+from ..runtime import get_num_threads, set_num_threads
 
 UPDATE_BATCH = 4 * 2**20  # parameters' elements updated on the host in one go, before their copies back
 
@@ -82,8 +82,13 @@ class EarlyUpdates:
         self.handed_numel = 0
         if owner._pool is None:
             owner._pool = ThreadPoolExecutor(1, thread_name_prefix="offload-update")
-            # the worker leaves a core to the thread that queues backward's kernels
-            owner._pool.submit(lib.it_set_num_threads, max(1, lib.it_get_num_threads() - 1)).result()
+            # the worker leaves a core to the thread that queues backward's kernels. OpenMP's count
+            # is the calling thread's own, but set_num_threads sets OpenBLAS's too, for the whole
+            # process (infinitrain.h has no OpenMP-only setter): the caller sets its count again
+            # (OpenMP's unchanged, OpenBLAS's back); the update uses no BLAS
+            threads = get_num_threads()
+            owner._pool.submit(set_num_threads, max(1, threads - 1)).result()
+            set_num_threads(threads)
 
     def submit(self, ids, landed) -> None:
         off = self.owner
@@ -94,8 +99,7 @@ class EarlyUpdates:
             raise RuntimeError(f"OffloadOptimizer: the gradient of {', '.join(again)} arrived twice in one backward, "
                                "after the host had updated it: updating during backward needs each gradient once")
         # a weight written behind the optimizer's back is read back at the step, as without this
-        ids = [i for i in ids if i not in self.hold and off.masters[i] is not None
-               and off._pushed.get(i) == off._written(i)]
+        ids = [i for i in ids if i not in self.hold and off.masters[i] is not None and off._current(i)]
         if ids:
             self.done.update(ids)
             with self.lock:
@@ -121,18 +125,30 @@ class EarlyUpdates:
         with _trace.span("offload update", "user", {"parameters": len(ids)}):
             off._update_params(ids)
         with cuda.stream(off._copies.stream):
-            for i in ids:
-                off.params[i].detach().copy_(off.masters[i], non_blocking=True)
-            self.copied = off._copies.stream.record_event()
+            try:
+                for i in ids:
+                    off.params[i].detach().copy_(off.masters[i], non_blocking=True)
+            finally:  # the copies queued before a failure are ordered too (finish)
+                self.copied = off._copies.stream.record_event()
 
     def finish(self) -> set:
-        """Waits for the worker (raising what it raised), orders the current stream after the
-        weights copied back; returns the indices updated."""
-        self.futures.append(self.owner._pool.submit(self._run))  # what is left
-        for f in self.futures:
-            f.result()
+        """Waits for the worker, orders the current stream after the weights copied back, then
+        raises what the worker raised (no master is then taken as current: the next step reads
+        the weights back); returns the indices updated."""
+        error = None
+        try:
+            self.futures.append(self.owner._pool.submit(self._run))  # what is left
+        except RuntimeError as e:  # (a pool shut down)
+            error = e
+        for f in self.futures:  # every one: a batch after a failed one may still queue its copies
+            try:
+                f.result()
+            except BaseException as e:  # re-raised below, once the copies are ordered
+                error = error or e
         if self.copied is not None:
             self.copied.wait()
+        if error is not None:
+            raise error
         for i in self.done:
             self.owner._pushed[i] = self.owner._written(i)
         return self.done

@@ -124,12 +124,11 @@ def test_offloaded_gradients_stream_during_backward_over_nccl_with_the_same_bits
 
 
 @pytest.mark.mpi
-@pytest.mark.xfail(strict=True, reason="known bug: collectives do not move the written tensor's version, so the "
-                   "offloaded optimizer's host master overwrites a broadcast made between steps")
 def test_weights_broadcast_into_the_parameters_between_offloaded_steps_are_kept(emulated):
     """tests/cuda/offload_broadcast.py on two emulated GPUs: after the first step every rank takes
-    rank 0's weights by broadcast; a collective moves no storage version, so the host masters kept
-    between steps (commit d01a541) were stale on rank 1 and the next step wrote its old weights back."""
+    rank 0's weights by broadcast. A collective moved no storage version, so the host masters kept
+    between steps (commit d01a541) were stale on rank 1 and the next step wrote its old weights
+    back; every collective now moves the version of the tensor it writes."""
     _, env = emulated
     out = mpirun(2, [HERE / "offload_broadcast.py"], env=dict(env, INFINITRAIN_EMULATED_GPUS="2"), check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

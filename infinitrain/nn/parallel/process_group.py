@@ -5,6 +5,7 @@ the tensors' own memory) and, with the CUDA path, NCCL (bootstrapped through MPI
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from enum import Enum
 from math import prod
@@ -20,6 +21,9 @@ from . import watchdog
 # garbage (equal byte counts) or fail deep in MPI. One small exchange per collective.
 CHECK_COLLECTIVES = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
 _POINT_TO_POINT = frozenset(("send", "recv", "isend", "irecv"))
+# every other operation writes into its first tensor (all_reduce's, broadcast's, the output of
+# all_gather, reduce_scatter and all_to_all_single, irecv's buffer)
+_WRITE_NOTHING = frozenset(("send", "isend", "barrier"))
 _ROWS_DIFFER = frozenset(("all_to_all_single",))  # each rank sends and receives its own number of rows
 
 
@@ -76,14 +80,29 @@ def traced_collective(payload: int | None):
     """Decorator for a backend's operations: while a profiler runs, records the call with the
     bytes of its argument number `payload` (the data that travels) and the group's size; while
     a watchdog runs, enters it in the flight recorder until it completes (a returned Work: when
-    that completes)."""
+    that completes). The tensor an operation writes into (its first) moves to a new version."""
     def wrap(fn):
         name = fn.__name__
 
         checked = name not in _POINT_TO_POINT
+        written = None if name in _WRITE_NOTHING else list(inspect.signature(fn).parameters)[1]  # (after self)
 
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
+            result = run(self, *args, **kwargs)
+            if written is not None:
+                t = args[0] if args else kwargs.get(written)
+                if isinstance(t, Tensor):
+                    # as an in-place op's write, when it is launched (it lands when the Work
+                    # completes, which whoever reads the values waits for anyway): what compares
+                    # versions sees it (autograd's saved tensors, the offloaded optimizer's host
+                    # masters, autocast's cast cache). PyTorch's c10d ops move no version; here a
+                    # collective into a tensor saved for backward is an error at backward, not a
+                    # gradient silently computed from the overwritten values
+                    t._storage.version += 1
+            return result
+
+        def run(self, *args, **kwargs):
             rec, flight = _trace.active, watchdog.recorder
             if CHECK_COLLECTIVES and checked and self.size > 1:
                 # recorded as an operation of its own: a rank that never comes to the exchange

@@ -231,8 +231,11 @@ class ZeroOptimizer(ZeroGrads, ZeroState):
             self.optimizer.step()
         if self.stage == 3:  # the pieces are the parameters; each unit gathers them when it runs
             return
-        for b in self.buckets:  # every rank's updated piece, to every rank
-            b.group.all_gather(b.flat_param, b.shard_param.clone())
+        # every rank's updated piece, to every rank; this rank's piece is written with the values
+        # it holds, which an offloaded optimizer's host masters need not read back
+        with getattr(self.optimizer, "same_weights", nullcontext)():
+            for b in self.buckets:
+                b.group.all_gather(b.flat_param, b.shard_param.clone())
 
     def gathered_parameters(self, write: bool = False):
         """A context in which every parameter of the model is whole (stage 3 gathers them; the
