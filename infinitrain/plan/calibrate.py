@@ -110,7 +110,28 @@ def measure_compute(comm=None, full: bool = True) -> dict:
     logits = randn(SHAPES[-1][0], 50304, grad=True)
     targets = it.from_numpy(rng.integers(0, 50304, SHAPES[-1][0]).astype(np.int64))
     loss = logits.numel() / _timed(lambda: F.cross_entropy(logits, targets).backward(), comm)
-    return {**tables, "attention": attention, "memory_bandwidth": bandwidth, "optimizer": optimizer, "loss": loss}
+    loss_parallel = _vocab_parallel_loss(randn, comm)
+    return {**tables, "attention": attention, "memory_bandwidth": bandwidth, "optimizer": optimizer, "loss": loss,
+            "loss_parallel": loss_parallel}
+
+
+def _vocab_parallel_loss(randn, comm) -> float:
+    """Logits per second through TP's vocabulary-parallel cross-entropy, forward and backward:
+    one rank's half of the vocabulary at TP 2, with the padded columns the last rank holds, on a
+    group of this rank alone (its three numbers per row cross no one). It runs as separate
+    elementwise passes, not the fused kernel of F.cross_entropy: about three times its time."""
+    from mpi4py import MPI
+
+    from ..nn.parallel import MPIProcessGroup
+    from ..nn.parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+    from ..nn.parallel.tensor_parallel.shard import TensorParallel
+    import infinitrain as it
+    tokens, columns = SHAPES[-1][0], 50304 // 2
+    vocab = columns - (50304 - 50257)  # GPT-2's padded columns, all on the last rank's half
+    tp = TensorParallel(MPIProcessGroup(MPI.COMM_SELF, [comm.Get_rank() if comm is not None else 0]))
+    logits = randn(tokens, columns, grad=True)
+    targets = it.from_numpy(np.random.default_rng(1).integers(0, vocab, tokens).astype(np.int64))
+    return logits.numel() / _timed(lambda: vocab_parallel_cross_entropy(logits, targets, vocab, tp).backward(), comm)
 
 
 def _among(comm, ranks: int, fn):

@@ -127,8 +127,9 @@ def predict(c: Candidate, config, model_class, cluster: Cluster, profile, global
         f"{b_mm * 1e3:.2f} ms + 2 x the rest{' + recomputation' if extra else ''} = {b * 1e3:.2f} ms")
     head_flops = 2 * tokens * head / c.tp  # the head's product, at its own size's rate
     head_rate, head_back = rates.matmul(head_flops, head=True), rates.matmul_backward(head_flops, head=True)
-    if rates.loss:  # the cross-entropy's measured rate, its forward a third of it (it is not recomputed)
-        loss_f, loss_b = logits / rates.loss / 3, 2 * logits / rates.loss / 3
+    loss_rate = (rates.loss_parallel or rates.loss) if c.tp > 1 else rates.loss  # TP: the vocabulary-parallel one's
+    if loss_rate:  # the cross-entropy's measured rate, its forward a third of it (it is not recomputed)
+        loss_f, loss_b = logits / loss_rate / 3, 2 * logits / loss_rate / 3
     else:  # the logits (float32) written, read back and their gradient written
         loss_f, loss_b = 4 * logits / bw, 8 * logits / bw
     head_f = head_flops / head_rate + loss_f

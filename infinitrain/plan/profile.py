@@ -16,6 +16,7 @@ The file is JSON (docs/planning.md shows one):
      "matmul_head": ..., "matmul_backward_head": ...,  # the same at the head's [C, vocab] shape (default:
                                                        # the block's tables; calibrate measures both)
      "loss": logits_per_s,                            # cross-entropy forward + backward over the logits
+     "loss_parallel": logits_per_s,                   # the same for TP's vocabulary-parallel cross-entropy
      "threads": {"2": {"matmul": ..., "matmul_backward": ..., "attention": ..., "memory_bandwidth": ...,
                        "optimizer": ..., "loss": ...}},   # one rank's rates with that many threads
      "shared_cores": [[ranks_per_core, throughput]],  # the node's throughput when ranks share cores
@@ -292,6 +293,12 @@ class Rates:
         return self.table["optimizer"] * self.scale
 
     @property
+    def loss_parallel(self) -> float | None:
+        """Logits per second through TP's vocabulary-parallel cross-entropy (None: unmeasured)."""
+        rate = self.table.get("loss_parallel")
+        return rate * self.scale if rate else None
+
+    @property
     def loss(self) -> float | None:
         """Logits per second through the cross-entropy's forward and backward (None: unmeasured)."""
         rate = self.table.get("loss")
@@ -299,7 +306,7 @@ class Rates:
 
 
 RATES = ("matmul", "matmul_backward", "matmul_head", "matmul_backward_head", "attention", "memory_bandwidth",
-         "optimizer", "loss")
+         "optimizer", "loss", "loss_parallel")
 
 
 def _scaled(rate, factor: float):
@@ -317,7 +324,7 @@ def _check_rates(data: dict, source: str, required=("matmul", "attention")) -> N
                 not isinstance(r, (list, tuple)) or len(r) != 2 or not all(_positive(v) for v in r) for r in rows):
             raise ValueError(f"profile {source}: {key!r} must be a list of [flops, flop_per_s] rows of positive "
                              f"numbers, got {rows!r}")
-    for key in ("memory_bandwidth", "optimizer", "loss"):
+    for key in ("memory_bandwidth", "optimizer", "loss", "loss_parallel"):
         if key in data and not _positive(data[key]):
             raise ValueError(f"profile {source}: {key!r} must be a positive number, got {data[key]!r}")
 

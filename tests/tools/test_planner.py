@@ -159,6 +159,22 @@ def test_backward_products_and_the_loss_at_their_measured_rates_and_the_head_not
     assert full.time["compute"] - none.time["compute"] == pytest.approx(2 * L * f, rel=1e-9)
 
 
+def test_tps_loss_at_the_vocabulary_parallel_rate():
+    """Under TP the head's logits go through the vocabulary-parallel cross-entropy at its own
+    measured rate (separate passes, not the fused kernel); without TP, or unmeasured, the loss's."""
+    cfg, two = GPT2_PRESETS["tiny"], Cluster(1, 2, 2, 64 * 2**30)
+    fused = Profile({**FLAT.data, "loss": 1e9})
+    split = Profile({**FLAT.data, "loss": 1e9, "loss_parallel": 2.5e8})
+    logits = 8 * 64 * cfg.padded_vocab_size / 2  # a rank's half of the vocabulary
+    tp_fused, tp_split = (predict(parse("tp=2,mb=8"), cfg, GPT2, two, p, 8, 64) for p in (fused, split))
+    assert tp_split.time["compute"] - tp_fused.time["compute"] == pytest.approx(logits / 2.5e8 - logits / 1e9,
+                                                                                rel=1e-9)
+    dp = [predict(parse("dp=2,mb=4"), cfg, GPT2, two, p, 8, 64).time["compute"] for p in (fused, split)]
+    assert dp[0] == dp[1]
+    with pytest.raises(ValueError, match="loss_parallel"):
+        Profile({**FLAT.data, "loss_parallel": -1.0})
+
+
 def test_a_ranks_rates_are_its_threads_and_its_share_of_the_cores():
     """A CPU rank runs cores // ranks threads at the "threads" entry's rates (else the tables
     scaled by threads / cores); ranks beyond the cores share them at the node's measured
