@@ -146,6 +146,16 @@ def test_a_second_backward_of_the_same_step_does_not_update_a_parameter_twice(be
         np.testing.assert_array_equal(a, b)
 
 
+def _shards_of_one_storage():
+    """Two parameters viewing one flat GPU tensor (ZeRO 1/2's shards of a bucket, as
+    OffloadOptimizer sees them), their offloaded AdamW and an input: (flat, params, opt, x)."""
+    from infinitrain.optim import AdamW, OffloadOptimizer
+    it.manual_seed(0)
+    flat = it.randn(40).to("cuda")
+    params = [nn.Parameter(flat[:32].view(4, 8)), nn.Parameter(flat[32:])]
+    return flat, params, OffloadOptimizer(AdamW(params, lr=1e-2), "cpu"), it.randn(3, 8).to("cuda")
+
+
 @needs_gpu
 def test_parameters_sharing_one_storage_are_not_read_back_every_step():
     """ZeRO 1/2's shards are views of one flat tensor per bucket (as OffloadOptimizer sees them):
@@ -153,12 +163,7 @@ def test_parameters_sharing_one_storage_are_not_read_back_every_step():
     last shard's record matches and every later step reads all the others back from the GPU (one
     synchronous copy each), which is what keeping the masters was to save. The same bits either
     way; recording the versions once the step's copies are all queued keeps them current."""
-    from infinitrain.optim import AdamW, OffloadOptimizer
-    it.manual_seed(0)
-    flat = it.randn(40).to("cuda")
-    params = [nn.Parameter(flat[:32].view(4, 8)), nn.Parameter(flat[32:])]
-    opt = OffloadOptimizer(AdamW(params, lr=1e-2), "cpu")
-    x = it.randn(3, 8).to("cuda")
+    _, params, opt, x = _shards_of_one_storage()
     for _ in range(2):
         (x @ params[0].t() + params[1][:4]).square().sum().backward()
         opt.step()
@@ -172,12 +177,7 @@ def test_the_shards_zero_gathers_after_the_step_are_not_read_back():
     which moves the version of the storage the offloaded shards view: same_weights() says the
     write leaves this optimizer's weights as it wrote them (ZeRO's step wraps its all-gather in
     it), where a write outside it makes the next step read them back."""
-    from infinitrain.optim import AdamW, OffloadOptimizer
-    it.manual_seed(0)
-    flat = it.randn(40).to("cuda")
-    params = [nn.Parameter(flat[:32].view(4, 8)), nn.Parameter(flat[32:])]
-    opt = OffloadOptimizer(AdamW(params, lr=1e-2), "cpu")
-    x = it.randn(3, 8).to("cuda")
+    flat, params, opt, x = _shards_of_one_storage()
     for step in range(2):
         (x @ params[0].t() + params[1][:4]).square().sum().backward()
         opt.step()
